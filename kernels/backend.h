@@ -1,0 +1,19 @@
+// Backend selection: the CPU reference backend always; the CUDA backend when
+// the build has one and a GPU is present.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "kernels/ops.h"
+
+namespace mpiformer {
+
+// threads: CPU threads for the kernels and BLAS (0: OpenMP's default).
+std::unique_ptr<Ops> make_cpu_ops(int threads);
+
+// GPUs visible to this process (0 without a CUDA build).
+int cuda_device_count();
+bool cuda_backend_built();
+
+}  // namespace mpiformer

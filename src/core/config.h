@@ -1,0 +1,121 @@
+// The configuration of a run, as parsed from the command line and --config.
+// Plain data: parsing and validation live in src/app/options.*.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/ops.h"
+
+namespace mpiformer {
+
+enum class ModelKind { kLm, kSeq2seq, kMlm };
+enum class PositionKind { kLearned, kSinusoidal };
+enum class SyntheticTask { kNone, kReverse, kCopy, kSort };
+enum class ScheduleKind { kConstant, kPolynomial, kInverseSqrt, kCosine };
+enum class DeviceKind { kCpu, kCuda };
+enum class Precision { kFp32, kBf16, kFp16 };
+
+const char* to_string(ModelKind k);
+const char* to_string(PositionKind k);
+const char* to_string(SyntheticTask k);
+const char* to_string(ScheduleKind k);
+const char* to_string(DeviceKind k);
+const char* to_string(Precision k);
+const char* to_string(Activation k);
+const char* to_string(AttentionScale k);
+
+// Reserved token ids shared by every model kind and the synthetic tasks.
+struct SpecialTokens {
+  int pad = 0;
+  int bos = 1;
+  int eos = 2;
+  int unk = 3;
+  int mask = 4;
+  int sep = 5;
+  static constexpr int kCount = 6;  // ids below this are never data symbols
+};
+
+struct ModelConfig {
+  ModelKind kind = ModelKind::kLm;
+  int layers = 2;      // lm and mlm
+  int enc_layers = 2;  // seq2seq
+  int dec_layers = 2;  // seq2seq
+  int d_model = 64;
+  int heads = 4;
+  int d_ff = 256;
+  int vocab = 32;
+  int max_len = 64;  // longest sequence (positions table size)
+  float dropout = 0.0f;
+  bool pre_norm = true;
+  PositionKind positions = PositionKind::kLearned;
+  bool tied_embeddings = true;
+  Activation activation = Activation::kGelu;
+  AttentionScale attention_scale = AttentionScale::kStandard;
+  float attention_ref_len = 512.0f;
+  float ln_eps = 1e-5f;
+  SpecialTokens special;
+};
+
+struct OptimConfig {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.98f;
+  float eps = 1e-9f;
+  float weight_decay = 0.0f;
+  bool decay_all = false;  // also decay biases, norms and embeddings
+  float clip_norm = 1.0f;  // 0 disables clipping
+  ScheduleKind schedule = ScheduleKind::kInverseSqrt;
+  int64_t warmup = 100;
+  float end_lr = 0.0f;     // polynomial and cosine: LR at the last step
+  float poly_power = 1.0f;
+};
+
+struct TrainConfig {
+  ModelConfig model;
+  OptimConfig optim;
+
+  // data
+  std::string data_dir;  // --data (real shards; later issue)
+  SyntheticTask synthetic = SyntheticTask::kNone;
+  int max_tokens = 4096;     // padded tokens per micro-batch
+  int max_sentences = 0;     // 0: no limit
+  int min_len = 1;           // synthetic sequence lengths
+  float label_smoothing = 0.1f;
+  float mlm_probability = 0.15f;
+
+  // loop
+  std::string out_dir;
+  std::string config_file;
+  std::string resume = "none";
+  int accum_steps = 1;
+  int64_t steps = 1000;
+  uint64_t seed = 1;
+  int log_every = 10;
+  int eval_every = 0;         // 0: only at the end
+  int eval_batches = 8;
+  int checkpoint_every = 0;   // 0: none
+  DeviceKind device = DeviceKind::kCpu;
+  Precision precision = Precision::kFp32;
+  int threads = 0;            // 0: all cores shared among local ranks
+};
+
+// `mpiformer bench`: a model shape and a fixed batch, timed after warm-up.
+struct BenchConfig {
+  ModelConfig model;
+  OptimConfig optim;
+  int batch = 8;
+  int seq = 128;       // sequence length (lm/mlm), target length (seq2seq)
+  int min_seq = 0;     // >0: lengths drawn uniformly from [min_seq, seq] (padding)
+  int src_seq = 0;     // seq2seq source length; 0: same as seq
+  int steps = 10;
+  int warmup_steps = 3;
+  float label_smoothing = 0.1f;
+  uint64_t seed = 1;
+  DeviceKind device = DeviceKind::kCpu;
+  Precision precision = Precision::kFp32;
+  int threads = 0;
+  double peak_tflops = 0.0;  // 0: estimate for the device
+};
+
+}  // namespace mpiformer

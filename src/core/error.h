@@ -1,0 +1,23 @@
+// Errors. A UsageError is a bad flag or value: one line naming the flag and
+// what is allowed, exit code 2, before any work starts. Anything else that
+// goes wrong is a std::runtime_error (exit code 1); under MPI the rank that
+// saw it prints "[rank r] message" and aborts every rank.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace mpiformer {
+
+constexpr int kExitUsage = 2;
+constexpr int kExitFailure = 1;
+
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Throws UsageError("--flag: message").
+[[noreturn]] void usage_error(const std::string& flag, const std::string& message);
+
+}  // namespace mpiformer

@@ -1,0 +1,47 @@
+// The MPI control plane: rank, size, local rank (ranks sharing a node, from
+// MPI_Comm_split_type SHARED), small reductions and the error exit. Model
+// code never calls MPI; it sees this interface.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+
+namespace mpiformer {
+
+class Communicator {
+ public:
+  // Initialises MPI (MPI_THREAD_FUNNELED) unless already initialised.
+  Communicator(int* argc, char*** argv);
+  ~Communicator();  // finalises MPI if it initialised it
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int local_rank() const { return local_rank_; }
+  int local_size() const { return local_size_; }
+  bool is_root() const { return rank_ == 0; }
+
+  int64_t allreduce_sum(int64_t x) const;
+  double allreduce_sum(double x) const;
+  // In place, element-wise SUM over all ranks.  x: (n)
+  void allreduce_sum(double* x, int n) const;
+  void allreduce_sum(float* x, size_t n) const;
+  // True on every rank when it is true on any rank (agreed status flags).
+  bool any(bool flag) const;
+  void barrier() const;
+
+  // Prints "[rank r] message" to stderr and ends every rank with `code`.
+  [[noreturn]] void abort(const std::string& message, int code) const;
+
+ private:
+  int rank_ = 0;
+  int size_ = 1;
+  int local_rank_ = 0;
+  int local_size_ = 1;
+  bool owns_mpi_ = false;
+};
+
+}  // namespace mpiformer

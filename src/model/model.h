@@ -1,0 +1,66 @@
+// The Transformer family: lm (decoder-only, causal), seq2seq (encoder-decoder
+// with cross-attention) and mlm (encoder-only with an MLM head), built from
+// the shared blocks of src/model/. The model calls only kernels/ops.h.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "kernels/ops.h"
+#include "src/core/config.h"
+#include "src/data/batch.h"
+#include "src/model/parameters.h"
+
+namespace mpiformer {
+
+// The largest micro-batch the model must hold; activations are allocated once
+// for it, so the step loop never allocates.
+struct ModelCapacity {
+  int max_tokens = 0;  // packed rows of one side (decoder, or encoder)
+  int max_len = 0;     // longest sequence
+};
+
+// Which dropout masks a forward pass uses: a pass is identified by
+// (seed, step, micro-batch), so resumed and re-run steps draw the same masks.
+struct PassId {
+  uint64_t seed = 0;
+  int64_t step = 0;
+  int micro = 0;
+};
+
+class Model {
+ public:
+  Model(Ops& ops, const ModelConfig& config, const ModelCapacity& capacity);
+  ~Model();
+
+  // Initialises every parameter deterministically from `seed`.
+  void init_parameters(uint64_t seed);
+
+  // Forward and backward of one micro-batch. Gradients are accumulated into
+  // parameters().grads() scaled by grad_scale (1 / global target tokens of the
+  // step), so K micro-batches on W ranks add up to the gradient of the global
+  // mean loss. Returns the un-normalised sums.
+  LossSums forward_backward(const Batch& batch, float label_smoothing, float grad_scale,
+                            const PassId& pass);
+
+  // Forward only, dropout off: loss sums for evaluation.
+  LossSums evaluate(const Batch& batch, float label_smoothing);
+
+  ParameterSet& parameters() { return *params_; }
+  const ModelConfig& config() const { return config_; }
+  const ModelCapacity& capacity() const { return capacity_; }
+
+  // Non-embedding parameters plus the output projection (DESIGN.md section 9).
+  int64_t flop_parameters() const;
+  // Training FLOPs per token for a context of T tokens: 6 N + 12 L d T.
+  double training_flops_per_token(int T) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  ModelConfig config_;
+  ModelCapacity capacity_;
+  std::unique_ptr<ParameterSet> params_;
+};
+
+}  // namespace mpiformer
