@@ -1,1 +1,40 @@
-// placeholder: being written
+// Backend selection (kernels/backend.h).
+#include "kernels/backend.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include "kernels/cpu/cpu_ops.h"
+
+#ifdef MPIFORMER_HAVE_CUDA
+#include "kernels/cuda/device.h"
+#endif
+
+namespace mpiformer {
+
+std::unique_ptr<Ops> make_cpu_ops(int threads) {
+  if (threads > 0) {
+    // One pool for our loops and for BLAS (OpenBLAS's OpenMP build).
+    omp_set_num_threads(threads);
+    openblas_set_num_threads(threads);
+  }
+  return std::make_unique<CpuOps>();
+}
+
+int cuda_device_count() {
+#ifdef MPIFORMER_HAVE_CUDA
+  return cuda::device_count();
+#else
+  return 0;
+#endif
+}
+
+bool cuda_backend_built() {
+#ifdef MPIFORMER_HAVE_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+}  // namespace mpiformer

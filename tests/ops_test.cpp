@@ -1,1 +1,898 @@
-// placeholder: being written
+// The CPU ops against finite differences and naive scalar references.
+//
+// Gradient checks: for a fixed random R, L(x) = sum(out(x) * R) accumulated
+// in double; every analytic gradient element is compared with the central
+// difference (L(x + h) - L(x - h)) / 2h, h = 1e-2. The forward runs in fp32,
+// so L carries a rounding error of ~1e-6 that the difference amplifies to
+// ~1e-4, and the truncation error is ~h^2 |f'''| / 6 ~ 1e-5: hence a
+// relative tolerance of 1e-2 with an absolute floor of 2e-3 (kRtol, kAtol).
+#include "kernels/ops.h"
+
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <numeric>
+#include <ostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kernels/cpu/vec_math.h"
+
+namespace mpiformer {
+namespace {
+
+using Vec = std::vector<float>;
+
+constexpr float kH = 1e-2f;     // finite-difference step
+constexpr double kRtol = 1e-2;  // relative tolerance of a gradient element
+constexpr double kAtol = 2e-3;  // absolute floor for near-zero gradients
+
+Vec random_vec(size_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  Vec v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// sum(out * r) in double.  out, r: (n)
+double weighted_sum(const float* out, const Vec& r) {
+  double sum = 0.0;
+  for (size_t i = 0; i < r.size(); ++i) sum += static_cast<double>(out[i]) * r[i];
+  return sum;
+}
+
+// Central differences of `loss` with respect to every element of x (x is
+// perturbed in place and restored).
+Vec numeric_grad(Vec& x, const std::function<double()>& loss, float h = kH) {
+  Vec grad(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float saved = x[i];
+    x[i] = saved + h;
+    const double plus = loss();
+    x[i] = saved - h;
+    const double minus = loss();
+    x[i] = saved;
+    grad[i] = static_cast<float>((plus - minus) / (2.0 * h));
+  }
+  return grad;
+}
+
+void expect_close(const Vec& actual, const Vec& expected, double rtol, double atol,
+                  const std::string& what) {
+  ASSERT_EQ(actual.size(), expected.size()) << what;
+  int failures = 0;
+  for (size_t i = 0; i < actual.size(); ++i) {
+    const double a = actual[i], e = expected[i];
+    const double tol = atol + rtol * std::max(std::fabs(a), std::fabs(e));
+    if (!(std::fabs(a - e) <= tol) && failures++ < 10) {
+      ADD_FAILURE() << what << "[" << i << "]: got " << a << ", expected " << e;
+    }
+  }
+}
+
+void expect_grad_close(const Vec& analytic, const Vec& numeric, const std::string& what) {
+  expect_close(analytic, numeric, kRtol, kAtol, what);
+}
+
+Vec add_vec(const Vec& a, const Vec& b) {
+  Vec out(a.size());
+  for (size_t i = 0; i < a.size(); ++i) out[i] = a[i] + b[i];
+  return out;
+}
+
+// Ragged batch from per-sequence lengths; owns its offsets.
+struct RaggedBatch {
+  std::vector<int32_t> offsets{0};
+  explicit RaggedBatch(const std::vector<int>& lengths) {
+    for (int len : lengths) offsets.push_back(offsets.back() + len);
+  }
+  Ragged view() const {
+    Ragged r;
+    r.host_offsets = offsets.data();
+    r.device_offsets = offsets.data();
+    r.batch = static_cast<int>(offsets.size()) - 1;
+    r.total = offsets.back();
+    for (int b = 0; b < r.batch; ++b) r.max_len = std::max(r.max_len, r.length(b));
+    return r;
+  }
+};
+
+class OpsTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<Ops> ops = make_cpu_ops(0);
+};
+
+// ---- helpers in ops_common.cpp ------------------------------------------
+
+TEST(OpsCommonTest, AttentionProbsSize) {
+  RaggedBatch q({3, 1, 5}), k({2, 4, 5});
+  EXPECT_EQ(attention_probs_size(q.view(), k.view(), 2), 2u * (3 * 2 + 1 * 4 + 5 * 5));
+}
+
+TEST(OpsCommonTest, AttentionScale) {
+  AttentionConfig cfg;
+  cfg.head_dim = 16;
+  EXPECT_FLOAT_EQ(attention_scale(cfg, 7), 0.25f);
+  cfg.scale = AttentionScale::kLogLength;
+  cfg.ref_len = 64.0f;
+  EXPECT_FLOAT_EQ(attention_scale(cfg, 64), 0.25f);  // n = ref_len: the standard scale
+  EXPECT_FLOAT_EQ(attention_scale(cfg, 8), 0.125f);  // ln 8 / ln 64 = 1/2
+  EXPECT_FLOAT_EQ(attention_scale(cfg, 1), 0.0f);
+}
+
+TEST(OpsCommonTest, LabelSmoothingConstant) {
+  EXPECT_DOUBLE_EQ(label_smoothing_constant(0.0f, 10), 0.0);
+  const double e = 0.1f;
+  EXPECT_NEAR(label_smoothing_constant(0.1f, 10),
+              -((1 - e) * std::log(1 - e) + e * std::log(e / 9)), 1e-12);
+  EXPECT_NEAR(label_smoothing_constant(1.0f, 10), std::log(9.0), 1e-12);  // 0 ln 0 = 0
+}
+
+// ---- vec_math.h -----------------------------------------------------------
+
+TEST(VecMathTest, FastExpIsAccurate) {
+  double worst = 0.0;
+  for (float x = -87.0f; x <= 88.0f; x += 0.00731f) {
+    const double exact = std::exp(static_cast<double>(x));
+    worst = std::max(worst, std::fabs(cpu::fast_exp(x) - exact) / exact);
+  }
+  EXPECT_LT(worst, 3e-7);  // ~2.5 ulp
+  EXPECT_EQ(cpu::fast_exp(0.0f), 1.0f);
+  EXPECT_EQ(cpu::fast_exp(-1000.0f), 0.0f);
+  EXPECT_TRUE(std::isfinite(cpu::fast_exp(1000.0f)));
+}
+
+// ---- backend selection ------------------------------------------------------
+
+TEST(BackendTest, CudaDiscoveryNeverFails) {
+  // 0 on a machine without a driver or GPU, never an exception or abort.
+  const int devices = cuda_device_count();
+  EXPECT_GE(devices, 0);
+  if (!cuda_backend_built()) {
+    EXPECT_EQ(devices, 0);
+  }
+  EXPECT_NE(make_cpu_ops(0), nullptr);
+}
+
+// ---- memory ---------------------------------------------------------------
+
+TEST_F(OpsTest, AllocateIsAlignedZeroedAndTracked) {
+  EXPECT_EQ(ops->name(), "cpu");
+  void* a = ops->allocate(1000);
+  void* b = ops->allocate(2001);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(a) % 64, 0u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(b) % 64, 0u);
+  const auto* bytes = static_cast<const unsigned char*>(b);
+  EXPECT_TRUE(std::all_of(bytes, bytes + 2001, [](unsigned char c) { return c == 0; }));
+  ops->release(a);
+  void* c = ops->allocate(500);
+  EXPECT_EQ(ops->peak_allocated_bytes(), 3001u);
+  ops->release(b);
+  ops->release(c);
+  ops->release(nullptr);
+  EXPECT_EQ(ops->peak_allocated_bytes(), 3001u);
+
+  Vec src = random_vec(10, 1), dst(10);
+  float* device = static_cast<float*>(ops->allocate(10 * sizeof(float)));
+  ops->copy_to_device(device, src.data(), 10 * sizeof(float));
+  ops->copy_to_host(dst.data(), device, 10 * sizeof(float));
+  EXPECT_EQ(src, dst);
+  ops->fill_zero(device, 10);
+  EXPECT_TRUE(std::all_of(device, device + 10, [](float x) { return x == 0.0f; }));
+  ops->release(device);
+}
+
+// ---- elementwise ----------------------------------------------------------
+
+TEST_F(OpsTest, Add) {
+  Vec a = random_vec(1001, 1), b = random_vec(1001, 2), out(1001);
+  ops->add(out.data(), a.data(), b.data(), a.size());
+  EXPECT_EQ(out, add_vec(a, b));
+  ops->add(a.data(), a.data(), b.data(), a.size());  // aliased
+  EXPECT_EQ(a, out);
+}
+
+TEST_F(OpsTest, GeluForwardMatchesFormula) {
+  Vec x = random_vec(200, 3, -6.0f, 6.0f);
+  x.insert(x.end(), {-50.0f, -10.0f, 0.0f, 10.0f, 50.0f});
+  Vec out(x.size());
+  ops->activation_forward(out.data(), x.data(), x.size(), Activation::kGelu);
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double xi = x[i];
+    const double expected =
+        0.5 * xi * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (xi + 0.044715 * xi * xi * xi)));
+    EXPECT_NEAR(out[i], expected, 1e-6 + 1e-6 * std::fabs(expected)) << "x = " << xi;
+  }
+}
+
+TEST_F(OpsTest, ActivationBackwardMatchesFiniteDifferences) {
+  for (Activation act : {Activation::kGelu, Activation::kRelu}) {
+    Vec x = random_vec(64, 4, -3.0f, 3.0f);
+    // keep ReLU inputs away from its kink, farther than the FD step
+    for (float& xi : x) {
+      if (std::fabs(xi) < 0.1f) xi = xi < 0 ? -0.1f : 0.1f;
+    }
+    const Vec r = random_vec(x.size(), 5);
+    Vec out(x.size()), dx(x.size());
+    const auto loss = [&] {
+      ops->activation_forward(out.data(), x.data(), x.size(), act);
+      return weighted_sum(out.data(), r);
+    };
+    ops->activation_backward(dx.data(), r.data(), x.data(), x.size(), act);
+    expect_grad_close(dx, numeric_grad(x, loss), act == Activation::kGelu ? "gelu" : "relu");
+  }
+}
+
+TEST_F(OpsTest, ReluForwardInPlace) {
+  Vec x = {-1.0f, 0.0f, 2.0f, -0.5f, 3.0f};
+  ops->activation_forward(x.data(), x.data(), x.size(), Activation::kRelu);
+  EXPECT_EQ(x, (Vec{0.0f, 0.0f, 2.0f, 0.0f, 3.0f}));
+}
+
+// ---- dropout --------------------------------------------------------------
+
+TEST_F(OpsTest, DropoutZeroIsIdentity) {
+  const Vec x = random_vec(100, 6);
+  Vec out(x.size()), in_place = x;
+  ops->dropout_forward(out.data(), x.data(), x.size(), 0.0f, 1, 2);
+  EXPECT_EQ(out, x);
+  ops->dropout_forward(in_place.data(), in_place.data(), x.size(), 0.0f, 1, 2);
+  EXPECT_EQ(in_place, x);
+  ops->dropout_backward(out.data(), x.data(), x.size(), 0.0f, 1, 2);
+  EXPECT_EQ(out, x);
+}
+
+TEST_F(OpsTest, DropoutKeepRateScaleAndMask) {
+  const size_t n = 200000;
+  const float p = 0.1f;
+  const Vec ones(n, 1.0f);
+  Vec fwd(n), bwd(n), in_place = ones, other_stream(n);
+  ops->dropout_forward(fwd.data(), ones.data(), n, p, 42, 7);
+  ops->dropout_backward(bwd.data(), ones.data(), n, p, 42, 7);
+  ops->dropout_forward(in_place.data(), in_place.data(), n, p, 42, 7);
+  ops->dropout_forward(other_stream.data(), ones.data(), n, p, 42, 8);
+  EXPECT_EQ(fwd, bwd);  // backward regenerates the forward mask
+  EXPECT_EQ(fwd, in_place);
+  EXPECT_NE(fwd, other_stream);
+  size_t kept = 0;
+  for (size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(fwd[i] != 0.0f, dropout_keep(42, 7, i, p)) << i;
+    if (fwd[i] != 0.0f) {
+      ++kept;
+      ASSERT_FLOAT_EQ(fwd[i], 1.0f / (1.0f - p));
+    }
+  }
+  // Binomial: the standard deviation of the keep rate is sqrt(p(1-p)/n) ~ 7e-4.
+  EXPECT_NEAR(static_cast<double>(kept) / n, 1.0 - p, 5e-3);
+}
+
+// The backend may restate the keep test for speed; it must keep exactly the
+// elements dropout_keep() keeps, whatever p and wherever the chunks split.
+TEST_F(OpsTest, DropoutMaskAgreesWithDropoutKeep) {
+  const size_t n = 70001;
+  const Vec ones(n, 1.0f);
+  Vec out(n);
+  for (float p : {1e-7f, 0.05f, 0.37f, 0.5f, 0.9f, 0.9999999f, 1.0f}) {
+    ops->dropout_forward(out.data(), ones.data(), n, p, 1234, 99);
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(out[i] != 0.0f, dropout_keep(1234, 99, i, p)) << "p = " << p << ", i = " << i;
+    }
+  }
+}
+
+TEST_F(OpsTest, DropoutBackwardMatchesFiniteDifferences) {
+  Vec x = random_vec(80, 9);
+  const Vec r = random_vec(x.size(), 10);
+  Vec out(x.size()), dx(x.size());
+  const auto loss = [&] {
+    ops->dropout_forward(out.data(), x.data(), x.size(), 0.3f, 5, 11);
+    return weighted_sum(out.data(), r);
+  };
+  ops->dropout_backward(dx.data(), r.data(), x.size(), 0.3f, 5, 11);
+  expect_grad_close(dx, numeric_grad(x, loss), "dropout dx");
+}
+
+// ---- embeddings -----------------------------------------------------------
+
+TEST_F(OpsTest, EmbeddingForwardBackward) {
+  const int V = 6, C = 5;
+  const std::vector<int32_t> ids = {3, 0, 3, 5, 1, 3, 0};  // repeats accumulate
+  const int N = static_cast<int>(ids.size());
+  const float scale = 1.5f;
+  Vec table = random_vec(V * C, 12);
+  const Vec r = random_vec(N * C, 13);
+  Vec out(N * C);
+  ops->embedding_forward(out.data(), ids.data(), table.data(), N, C, scale);
+  for (int i = 0; i < N; ++i) {
+    for (int c = 0; c < C; ++c) EXPECT_EQ(out[i * C + c], table[ids[i] * C + c] * scale);
+  }
+  const auto loss = [&] {
+    ops->embedding_forward(out.data(), ids.data(), table.data(), N, C, scale);
+    return weighted_sum(out.data(), r);
+  };
+  const Vec before = random_vec(V * C, 14);
+  Vec dtable = before;
+  ops->embedding_backward(dtable.data(), r.data(), ids.data(), N, C, scale);
+  expect_grad_close(dtable, add_vec(before, numeric_grad(table, loss)), "dtable (+=)");
+}
+
+TEST_F(OpsTest, PositionalAddForwardBackward) {
+  const int L = 5, C = 4;
+  const std::vector<int32_t> positions = {0, 1, 2, 0, 1, 0, 1, 2, 3};  // lengths {3, 2, 4}
+  const int N = static_cast<int>(positions.size());
+  Vec table = random_vec(L * C, 15);
+  Vec x = random_vec(N * C, 16);
+  const Vec r = random_vec(N * C, 17);
+  Vec out = x;
+  ops->positional_add_forward(out.data(), positions.data(), table.data(), N, C);
+  for (int i = 0; i < N; ++i) {
+    for (int c = 0; c < C; ++c) {
+      EXPECT_EQ(out[i * C + c], x[i * C + c] + table[positions[i] * C + c]);
+    }
+  }
+  const auto loss = [&] {
+    out = x;
+    ops->positional_add_forward(out.data(), positions.data(), table.data(), N, C);
+    return weighted_sum(out.data(), r);
+  };
+  const Vec before = random_vec(L * C, 18);
+  Vec dtable = before;
+  ops->positional_add_backward(dtable.data(), r.data(), positions.data(), N, C);
+  expect_grad_close(dtable, add_vec(before, numeric_grad(table, loss)), "dtable (+=)");
+  // d out / d x is the identity
+  expect_grad_close(r, numeric_grad(x, loss), "dx");
+}
+
+// ---- layer norm -----------------------------------------------------------
+
+TEST_F(OpsTest, LayerNormForwardMatchesReference) {
+  const int N = 3, C = 37;
+  const Vec x = random_vec(N * C, 19, -2.0f, 3.0f);
+  const Vec gamma = random_vec(C, 20), beta = random_vec(C, 21);
+  Vec out(N * C), mean(N), rstd(N);
+  ops->layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), gamma.data(), beta.data(),
+                         N, C, 1e-5f);
+  for (int i = 0; i < N; ++i) {
+    double m = 0.0, var = 0.0;
+    for (int c = 0; c < C; ++c) m += x[i * C + c];
+    m /= C;
+    for (int c = 0; c < C; ++c) var += (x[i * C + c] - m) * (x[i * C + c] - m);
+    const double rs = 1.0 / std::sqrt(var / C + 1e-5);  // biased variance
+    EXPECT_NEAR(mean[i], m, 1e-6);
+    EXPECT_NEAR(rstd[i], rs, 1e-5 * rs);
+    for (int c = 0; c < C; ++c) {
+      EXPECT_NEAR(out[i * C + c], (x[i * C + c] - m) * rs * gamma[c] + beta[c], 1e-5);
+    }
+  }
+}
+
+TEST_F(OpsTest, LayerNormBackwardMatchesFiniteDifferences) {
+  const int N = 5, C = 8;
+  const float eps = 1e-5f;
+  Vec x = random_vec(N * C, 22);
+  Vec gamma = random_vec(C, 23, 0.5f, 1.5f), beta = random_vec(C, 24);
+  const Vec r = random_vec(N * C, 25);
+  Vec out(N * C), mean(N), rstd(N);
+  const auto loss = [&] {
+    ops->layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), gamma.data(),
+                           beta.data(), N, C, eps);
+    return weighted_sum(out.data(), r);
+  };
+  loss();  // mean and rstd at the unperturbed point
+  const Vec dx_before = random_vec(N * C, 26), dgamma_before = random_vec(C, 27),
+            dbeta_before = random_vec(C, 28);
+  for (bool accumulate : {false, true}) {
+    SCOPED_TRACE(accumulate ? "accumulate" : "overwrite");
+    Vec dx = dx_before, dgamma = dgamma_before, dbeta = dbeta_before;
+    ops->layernorm_backward(dx.data(), dgamma.data(), dbeta.data(), r.data(), x.data(),
+                            gamma.data(), mean.data(), rstd.data(), N, C, accumulate);
+    Vec mean_saved = mean, rstd_saved = rstd;
+    const Vec num_dx = numeric_grad(x, loss);
+    const Vec num_dgamma = numeric_grad(gamma, loss);
+    const Vec num_dbeta = numeric_grad(beta, loss);
+    expect_grad_close(dx, accumulate ? add_vec(dx_before, num_dx) : num_dx, "dx");
+    expect_grad_close(dgamma, add_vec(dgamma_before, num_dgamma), "dgamma (+=)");
+    expect_grad_close(dbeta, add_vec(dbeta_before, num_dbeta), "dbeta (+=)");
+    mean = mean_saved, rstd = rstd_saved;
+  }
+}
+
+// Parameter-gradient sums are reduced in a fixed order: the same bits for
+// any thread count. (Sizes are above the threading threshold.)
+TEST_F(OpsTest, LayerNormBackwardIndependentOfThreadCount) {
+  const int N = 701, C = 96;
+  const Vec x = random_vec(N * C, 29), gamma = random_vec(C, 30), beta = random_vec(C, 31);
+  const Vec dout = random_vec(N * C, 32);
+  Vec out(N * C), mean(N), rstd(N);
+  ops->layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), gamma.data(), beta.data(),
+                         N, C, 1e-5f);
+  const int threads = omp_get_max_threads();
+  std::vector<Vec> results;
+  for (int t : {1, 2, 3}) {
+    omp_set_num_threads(t);
+    Vec dx(N * C), dgamma(C), dbeta(C);
+    ops->layernorm_backward(dx.data(), dgamma.data(), dbeta.data(), dout.data(), x.data(),
+                            gamma.data(), mean.data(), rstd.data(), N, C, false);
+    dgamma.insert(dgamma.end(), dbeta.begin(), dbeta.end());
+    results.push_back(dgamma);
+  }
+  omp_set_num_threads(threads);
+  EXPECT_EQ(results[0], results[1]);
+  EXPECT_EQ(results[0], results[2]);
+}
+
+// ---- matmul ---------------------------------------------------------------
+
+TEST_F(OpsTest, MatmulForwardMatchesReference) {
+  const int N = 37, IC = 65, OC = 33;
+  const Vec x = random_vec(N * IC, 33), w = random_vec(OC * IC, 34), b = random_vec(OC, 35);
+  for (bool with_bias : {true, false}) {
+    Vec out(N * OC, 123.0f);  // stale contents must not leak into the result
+    ops->matmul_forward(out.data(), x.data(), w.data(), with_bias ? b.data() : nullptr, N, IC, OC);
+    for (int i = 0; i < N; ++i) {
+      for (int o = 0; o < OC; ++o) {
+        double expected = with_bias ? b[o] : 0.0;
+        for (int c = 0; c < IC; ++c) expected += static_cast<double>(x[i * IC + c]) * w[o * IC + c];
+        ASSERT_NEAR(out[i * OC + o], expected, 1e-5 * (1.0 + std::fabs(expected))) << i << "," << o;
+      }
+    }
+  }
+}
+
+TEST_F(OpsTest, MatmulBackwardMatchesFiniteDifferences) {
+  const int N = 5, IC = 6, OC = 7;
+  Vec x = random_vec(N * IC, 36), w = random_vec(OC * IC, 37), b = random_vec(OC, 38);
+  const Vec r = random_vec(N * OC, 39);
+  const Vec dx_before = random_vec(N * IC, 40), dw_before = random_vec(OC * IC, 41),
+            db_before = random_vec(OC, 42);
+  for (bool with_bias : {true, false}) {
+    for (bool accumulate : {false, true}) {
+      SCOPED_TRACE(std::string(with_bias ? "bias" : "no bias") +
+                   (accumulate ? ", accumulate" : ", overwrite"));
+      Vec out(N * OC);
+      const auto loss = [&] {
+        ops->matmul_forward(out.data(), x.data(), w.data(), with_bias ? b.data() : nullptr, N, IC,
+                            OC);
+        return weighted_sum(out.data(), r);
+      };
+      Vec dx = dx_before, dw = dw_before, db = db_before;
+      ops->matmul_backward(dx.data(), dw.data(), with_bias ? db.data() : nullptr, r.data(),
+                           x.data(), w.data(), N, IC, OC, accumulate);
+      const Vec num_dx = numeric_grad(x, loss);
+      expect_grad_close(dx, accumulate ? add_vec(dx_before, num_dx) : num_dx, "dx");
+      expect_grad_close(dw, add_vec(dw_before, numeric_grad(w, loss)), "dweight (+=)");
+      if (with_bias) {
+        expect_grad_close(db, add_vec(db_before, numeric_grad(b, loss)), "dbias (+=)");
+      } else {
+        EXPECT_EQ(db, db_before);
+      }
+    }
+  }
+  // dx = null skips the input gradient
+  Vec dw = dw_before;
+  ops->matmul_backward(nullptr, dw.data(), nullptr, r.data(), x.data(), w.data(), N, IC, OC, false);
+  Vec out(N * OC);
+  const auto loss = [&] {
+    ops->matmul_forward(out.data(), x.data(), w.data(), nullptr, N, IC, OC);
+    return weighted_sum(out.data(), r);
+  };
+  expect_grad_close(dw, add_vec(dw_before, numeric_grad(w, loss)), "dweight without dx");
+}
+
+// ---- softmax --------------------------------------------------------------
+
+TEST_F(OpsTest, SoftmaxForwardHonoursValid) {
+  const int R = 4, L = 6;
+  const float scale = 0.7f;
+  const Vec x = random_vec(R * L, 43, -3.0f, 3.0f);
+  const std::vector<int32_t> valid = {6, 3, 1, 0};
+  Vec probs(R * L, 9.0f);
+  ops->softmax_forward(probs.data(), x.data(), R, L, scale, valid.data());
+  for (int r = 0; r < R; ++r) {
+    double denom = 0.0;
+    for (int j = 0; j < valid[r]; ++j) denom += std::exp(scale * x[r * L + j]);
+    for (int j = 0; j < L; ++j) {
+      const double expected = j < valid[r] ? std::exp(scale * x[r * L + j]) / denom : 0.0;
+      EXPECT_NEAR(probs[r * L + j], expected, 1e-6) << r << "," << j;
+    }
+  }
+  ops->softmax_forward(probs.data(), x.data(), R, L, scale, nullptr);  // all columns valid
+  for (int r = 0; r < R; ++r) {
+    EXPECT_NEAR(std::accumulate(&probs[r * L], &probs[r * L + L], 0.0), 1.0, 1e-6);
+  }
+}
+
+TEST_F(OpsTest, SoftmaxBackwardMatchesFiniteDifferences) {
+  const int R = 4, L = 6;
+  const float scale = 0.7f;
+  Vec x = random_vec(R * L, 44, -2.0f, 2.0f);
+  const std::vector<int32_t> valid = {6, 3, 1, 0};
+  const Vec r = random_vec(R * L, 45);
+  Vec probs(R * L), dx(R * L);
+  const auto loss = [&] {
+    ops->softmax_forward(probs.data(), x.data(), R, L, scale, valid.data());
+    return weighted_sum(probs.data(), r);
+  };
+  loss();
+  ops->softmax_backward(dx.data(), r.data(), probs.data(), R, L, scale);
+  expect_grad_close(dx, numeric_grad(x, loss), "softmax dx");
+  Vec in_place = r;  // dx may alias dprobs
+  ops->softmax_backward(in_place.data(), in_place.data(), probs.data(), R, L, scale);
+  EXPECT_EQ(in_place, dx);
+}
+
+// ---- attention ------------------------------------------------------------
+
+struct AttentionCase {
+  std::string name;
+  std::vector<int> q_lengths, k_lengths;
+  int heads = 2, head_dim = 3;
+  bool causal = false;
+  AttentionScale scale = AttentionScale::kStandard;
+  bool fused = true;  // q, k, v column slices of one (N, 3C + pad) tensor
+};
+
+// Naive reference: per sequence and head, masked softmax(q k^T * scale_i) v in
+// double. Also returns the probabilities in the layout of attention_forward.
+// q: (Nq, .) rows q_stride apart, k, v: (Nk, .) rows kv_stride apart
+void reference_attention(std::vector<double>& out, std::vector<double>& probs, const float* q,
+                         int q_stride, const float* k, const float* v, int kv_stride,
+                         const RaggedBatch& qs, const RaggedBatch& ks, const AttentionConfig& cfg) {
+  const int H = cfg.heads, D = cfg.head_dim, C = H * D;
+  out.assign(static_cast<size_t>(qs.offsets.back()) * C, 0.0);
+  probs.clear();
+  for (size_t b = 0; b + 1 < qs.offsets.size(); ++b) {
+    const int Lq = qs.offsets[b + 1] - qs.offsets[b], Lk = ks.offsets[b + 1] - ks.offsets[b];
+    for (int h = 0; h < H; ++h) {
+      for (int i = 0; i < Lq; ++i) {
+        const int visible = cfg.causal ? i + 1 : Lk;
+        const double scale = attention_scale(cfg, visible);
+        const float* qi = q + static_cast<size_t>(qs.offsets[b] + i) * q_stride + h * D;
+        std::vector<double> s(Lk, 0.0);
+        double max_s = -1e300, denom = 0.0;
+        for (int j = 0; j < visible; ++j) {
+          const float* kj = k + static_cast<size_t>(ks.offsets[b] + j) * kv_stride + h * D;
+          for (int d = 0; d < D; ++d) s[j] += static_cast<double>(qi[d]) * kj[d];
+          s[j] *= scale;
+          max_s = std::max(max_s, s[j]);
+        }
+        for (int j = 0; j < visible; ++j) denom += std::exp(s[j] - max_s);
+        for (int j = 0; j < Lk; ++j) {
+          const double p = j < visible ? std::exp(s[j] - max_s) / denom : 0.0;
+          probs.push_back(p);
+          const float* vj = v + static_cast<size_t>(ks.offsets[b] + j) * kv_stride + h * D;
+          for (int d = 0; d < D; ++d) out[(qs.offsets[b] + i) * C + h * D + d] += p * vj[d];
+        }
+      }
+    }
+  }
+}
+
+// Names the case in test output instead of dumping its bytes.
+void PrintTo(const AttentionCase& tc, std::ostream* os) {
+  *os << tc.name;
+}
+
+class AttentionTest : public OpsTest, public ::testing::WithParamInterface<AttentionCase> {};
+
+TEST_P(AttentionTest, ForwardMatchesNaiveAndBackwardMatchesFiniteDifferences) {
+  const AttentionCase& tc = GetParam();
+  AttentionConfig cfg;
+  cfg.heads = tc.heads;
+  cfg.head_dim = tc.head_dim;
+  cfg.causal = tc.causal;
+  cfg.scale = tc.scale;
+  cfg.ref_len = 4.0f;
+  const int C = tc.heads * tc.head_dim;
+  const RaggedBatch qs(tc.q_lengths), ks(tc.k_lengths);
+  const int Nq = qs.offsets.back(), Nk = ks.offsets.back();
+  const float kSentinel = 7.0f;  // in pad columns: must survive the backward pass
+
+  // Storage. Fused: one (N, 3C + 2) tensor holding q | k | v | pad. Cross:
+  // q (Nq, C + 1) and a fused kv (Nk, 2C + 1), each with a pad column.
+  const int q_stride = tc.fused ? 3 * C + 2 : C + 1;
+  const int kv_stride = tc.fused ? 3 * C + 2 : 2 * C + 1;
+  Vec qbuf = random_vec(static_cast<size_t>(Nq) * q_stride, 46, -1.5f, 1.5f);
+  Vec kvbuf = tc.fused ? Vec() : random_vec(static_cast<size_t>(Nk) * kv_stride, 47, -1.5f, 1.5f);
+  Vec& kv_storage = tc.fused ? qbuf : kvbuf;
+  const int k_column = tc.fused ? C : 0;
+  float* q = qbuf.data();
+  const auto k = [&] { return kv_storage.data() + k_column; };
+  const auto v = [&] { return kv_storage.data() + k_column + C; };
+
+  const Ragged qv = qs.view(), kv = ks.view();
+  Vec out(static_cast<size_t>(Nq) * C), probs(attention_probs_size(qv, kv, cfg.heads));
+  ops->attention_forward(out.data(), probs.data(), q, q_stride, k(), v(), kv_stride, qv, kv, cfg);
+
+  std::vector<double> ref_out, ref_probs;
+  reference_attention(ref_out, ref_probs, q, q_stride, k(), v(), kv_stride, qs, ks, cfg);
+  ASSERT_EQ(ref_probs.size(), probs.size());
+  for (size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(out[i], ref_out[i], 1e-5) << "out " << i;
+  for (size_t i = 0; i < probs.size(); ++i) {
+    EXPECT_NEAR(probs[i], ref_probs[i], 1e-6) << "probs " << i;
+  }
+
+  // Backward.
+  const Vec r = random_vec(out.size(), 48);
+  const auto loss = [&] {
+    ops->attention_forward(out.data(), probs.data(), q, q_stride, k(), v(), kv_stride, qv, kv, cfg);
+    return weighted_sum(out.data(), r);
+  };
+  loss();
+  Vec dqbuf(qbuf.size(), kSentinel), dkvbuf(kvbuf.size(), kSentinel);
+  Vec& dkv_storage = tc.fused ? dqbuf : dkvbuf;
+  ops->attention_backward(dqbuf.data(), dkv_storage.data() + k_column,
+                          dkv_storage.data() + k_column + C, r.data(), probs.data(), q, q_stride,
+                          k(), v(), kv_stride, qv, kv, cfg);
+
+  // Compare the written columns with finite differences, and check that the
+  // pad columns still hold the sentinel.
+  const auto check = [&](Vec& buf, const Vec& grad, int rows, int stride, int written,
+                         const std::string& what) {
+    const Vec numeric = numeric_grad(buf, loss);
+    Vec got, want;
+    for (int i = 0; i < rows; ++i) {
+      for (int c = 0; c < stride; ++c) {
+        const size_t at = static_cast<size_t>(i) * stride + c;
+        if (c < written) {
+          got.push_back(grad[at]);
+          want.push_back(numeric[at]);
+        } else {
+          EXPECT_EQ(grad[at], kSentinel) << what << " pad column overwritten at " << at;
+        }
+      }
+    }
+    expect_grad_close(got, want, what);
+  };
+  if (tc.fused) {
+    check(qbuf, dqbuf, Nq, q_stride, 3 * C, "dqkv");
+  } else {
+    check(qbuf, dqbuf, Nq, q_stride, C, "dq");
+    check(kvbuf, dkvbuf, Nk, kv_stride, 2 * C, "dkv");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, AttentionTest,
+    ::testing::Values(
+        AttentionCase{"causal_ragged", {3, 1, 5}, {3, 1, 5}, 2, 3, true},
+        // longer than the 64-query blocks of the causal path
+        AttentionCase{"causal_multi_block", {70, 3, 129}, {70, 3, 129}, 1, 2, true},
+        AttentionCase{"bidirectional_ragged", {3, 1, 5}, {3, 1, 5}, 2, 3, false},
+        AttentionCase{
+            "causal_log_length", {3, 1, 5}, {3, 1, 5}, 2, 3, true, AttentionScale::kLogLength},
+        AttentionCase{
+            "bidirectional_log_length", {4, 2}, {4, 2}, 1, 4, false, AttentionScale::kLogLength},
+        AttentionCase{"cross", {2, 4, 3}, {3, 1, 5}, 2, 3, false, AttentionScale::kStandard, false},
+        AttentionCase{
+            "cross_log_length", {2, 4}, {5, 3}, 3, 2, false, AttentionScale::kLogLength, false},
+        AttentionCase{"cross_empty_sequences",
+                      {0, 2, 3},
+                      {3, 0, 2},
+                      2,
+                      3,
+                      false,
+                      AttentionScale::kStandard,
+                      false}),
+    [](const ::testing::TestParamInfo<AttentionCase>& info) { return info.param.name; });
+
+// Sizes above the threading threshold, so the (sequence, head) tasks run in
+// parallel: the forward pass against the naive reference, the backward pass
+// as a directional derivative along a random u over the fused QKV tensor,
+// sum(dqkv * u) against (L(qkv + h u) - L(qkv - h u)) / 2h.
+TEST_F(OpsTest, AttentionAtScaleInParallel) {
+  for (bool causal : {true, false}) {
+    SCOPED_TRACE(causal ? "causal" : "bidirectional");
+    AttentionConfig cfg;
+    cfg.heads = 4;
+    cfg.head_dim = 16;
+    cfg.causal = causal;
+    const int C = cfg.heads * cfg.head_dim, stride = 3 * C;
+    const RaggedBatch seqs({40, 7, 150, 1, 65});
+    const Ragged view = seqs.view();
+    ASSERT_GE(attention_probs_size(view, view, cfg.heads) * cfg.head_dim, 1u << 15);
+    Vec qkv = random_vec(static_cast<size_t>(view.total) * stride, 55);
+    Vec out(static_cast<size_t>(view.total) * C),
+        probs(attention_probs_size(view, view, cfg.heads));
+    const auto forward = [&](const Vec& input) {
+      ops->attention_forward(out.data(), probs.data(), input.data(), stride, input.data() + C,
+                             input.data() + 2 * C, stride, view, view, cfg);
+    };
+    forward(qkv);
+    std::vector<double> ref_out, ref_probs;
+    reference_attention(ref_out, ref_probs, qkv.data(), stride, qkv.data() + C, qkv.data() + 2 * C,
+                        stride, seqs, seqs, cfg);
+    for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], ref_out[i], 1e-5) << i;
+
+    const Vec r = random_vec(out.size(), 56), u = random_vec(qkv.size(), 57);
+    Vec dqkv(qkv.size());
+    ops->attention_backward(dqkv.data(), dqkv.data() + C, dqkv.data() + 2 * C, r.data(),
+                            probs.data(), qkv.data(), stride, qkv.data() + C, qkv.data() + 2 * C,
+                            stride, view, view, cfg);
+    double analytic = 0.0;
+    for (size_t i = 0; i < u.size(); ++i) analytic += static_cast<double>(dqkv[i]) * u[i];
+    const auto loss_along_u = [&](float t) {
+      Vec moved = qkv;
+      for (size_t i = 0; i < moved.size(); ++i) moved[i] += t * u[i];
+      forward(moved);
+      return weighted_sum(out.data(), r);
+    };
+    const double numeric = (loss_along_u(kH) - loss_along_u(-kH)) / (2.0 * kH);
+    EXPECT_NEAR(analytic, numeric, kRtol * std::fabs(numeric) + kAtol);
+  }
+}
+
+// ---- cross entropy --------------------------------------------------------
+
+// -sum_j q_j log p_j - constant in double, for one row.
+double reference_row_loss(const float* x, int target, int V, float e) {
+  double max_x = x[0];
+  for (int j = 0; j < V; ++j) max_x = std::max(max_x, static_cast<double>(x[j]));
+  double sum = 0.0;
+  for (int j = 0; j < V; ++j) sum += std::exp(x[j] - max_x);
+  const double lse = max_x + std::log(sum);
+  double loss = 0.0;
+  for (int j = 0; j < V; ++j) {
+    const double qj = j == target ? 1.0 - e : e / (V - 1.0);
+    loss -= qj * (x[j] - lse);
+  }
+  return loss - label_smoothing_constant(e, V);
+}
+
+TEST_F(OpsTest, CrossEntropyMatchesReferenceOnLargeVocab) {
+  const int N = 6, V = 8192, pad = 0;
+  const float e = 0.1f;
+  const Vec logits = random_vec(static_cast<size_t>(N) * V, 49, -8.0f, 8.0f);
+  const std::vector<int32_t> targets = {5, 0, 8191, 17, 0, 4000};
+  double expected = 0.0;
+  for (int i = 0; i < N; ++i) {
+    if (targets[i] != pad) expected += reference_row_loss(&logits[i * V], targets[i], V, e);
+  }
+  Vec copy = logits;
+  const LossSums sums = ops->cross_entropy(copy.data(), targets.data(), N, V, e, pad, 1.0f, false);
+  EXPECT_EQ(copy, logits);  // no gradient requested: logits untouched
+  EXPECT_NEAR(sums.loss, expected, 1e-5 * std::fabs(expected));
+  EXPECT_EQ(sums.tokens, 4);
+  const LossSums with_grad =
+      ops->cross_entropy(copy.data(), targets.data(), N, V, e, pad, 1.0f, true);
+  EXPECT_NEAR(with_grad.loss, sums.loss, 1e-9 * std::fabs(expected));
+  for (int i = 0; i < N; ++i) {  // a gradient row sums to sum(p) - sum(q) = 0
+    const double row_sum = std::accumulate(&copy[i * V], &copy[i * V + V], 0.0);
+    EXPECT_NEAR(row_sum, 0.0, 1e-5);
+  }
+}
+
+TEST_F(OpsTest, CrossEntropyGradientMatchesFiniteDifferences) {
+  const int N = 6, V = 7, pad = 0;
+  const float e = 0.1f, grad_scale = 0.5f;
+  Vec logits = random_vec(N * V, 50, -2.0f, 2.0f);
+  const std::vector<int32_t> targets = {3, 0, 6, 1, 0, 2};  // rows 1 and 4 are padding
+  Vec grad = logits;
+  const LossSums sums =
+      ops->cross_entropy(grad.data(), targets.data(), N, V, e, pad, grad_scale, true);
+  EXPECT_EQ(sums.tokens, 4);
+  for (int j = 0; j < V; ++j) {
+    EXPECT_EQ(grad[1 * V + j], 0.0f);
+    EXPECT_EQ(grad[4 * V + j], 0.0f);
+  }
+  const auto loss = [&] {
+    Vec copy = logits;
+    return ops->cross_entropy(copy.data(), targets.data(), N, V, e, pad, grad_scale, false).loss;
+  };
+  Vec expected = numeric_grad(logits, loss);
+  for (float& g : expected) g *= grad_scale;
+  expect_grad_close(grad, expected, "dlogits");
+}
+
+TEST_F(OpsTest, CrossEntropyPerfectPredictionScoresZero) {
+  // logits = log q: the smoothed target itself, whose cross entropy is the
+  // entropy of q, exactly the constant subtracted.
+  const int V = 10;
+  const float e = 0.2f;
+  Vec logits(V, std::log(e / (V - 1)));
+  logits[4] = std::log(1.0f - e);
+  const std::vector<int32_t> targets = {4};
+  const LossSums sums = ops->cross_entropy(logits.data(), targets.data(), 1, V, e, 0, 1.0f, true);
+  EXPECT_NEAR(sums.loss, 0.0, 1e-6);
+  for (float g : logits) EXPECT_NEAR(g, 0.0f, 1e-6);  // p == q
+  EXPECT_EQ(sums.correct, 1);
+}
+
+TEST_F(OpsTest, CrossEntropyCountsCorrectWithFirstMaxOnTies) {
+  const int V = 4, pad = -1;
+  Vec logits = {
+      0.0f, 3.0f, 1.0f, 3.0f,  // tie between 1 and 3: argmax 1
+      0.0f, 3.0f, 1.0f, 3.0f,  // same row, target 3: wrong
+      5.0f, 1.0f, 1.0f, 1.0f,  // argmax 0
+      1.0f, 1.0f, 1.0f, 9.0f,  // padding: never counted
+  };
+  const std::vector<int32_t> targets = {1, 3, 0, -1};
+  const LossSums sums =
+      ops->cross_entropy(logits.data(), targets.data(), 4, V, 0.0f, pad, 1.0f, false);
+  EXPECT_EQ(sums.tokens, 3);
+  EXPECT_EQ(sums.correct, 2);
+}
+
+TEST_F(OpsTest, CrossEntropyIndependentOfThreadCount) {
+  const int N = 97, V = 1000;
+  const Vec logits = random_vec(static_cast<size_t>(N) * V, 51, -4.0f, 4.0f);
+  std::vector<int32_t> targets(N);
+  for (int i = 0; i < N; ++i) targets[i] = (i * 37) % V;
+  const int threads = omp_get_max_threads();
+  std::vector<double> losses;
+  for (int t : {1, 2, 3}) {
+    omp_set_num_threads(t);
+    Vec copy = logits;
+    losses.push_back(
+        ops->cross_entropy(copy.data(), targets.data(), N, V, 0.1f, 0, 1.0f, true).loss);
+  }
+  omp_set_num_threads(threads);
+  EXPECT_EQ(losses[0], losses[1]);
+  EXPECT_EQ(losses[0], losses[2]);
+}
+
+TEST_F(OpsTest, SumSquaresIndependentOfThreadCount) {
+  const Vec x = random_vec(200003, 54);
+  const int threads = omp_get_max_threads();
+  std::vector<double> sums;
+  for (int t : {1, 2, 3}) {
+    omp_set_num_threads(t);
+    sums.push_back(ops->sum_squares(x.data(), x.size()));
+  }
+  omp_set_num_threads(threads);
+  EXPECT_EQ(sums[0], sums[1]);
+  EXPECT_EQ(sums[0], sums[2]);
+}
+
+// ---- optimizer ------------------------------------------------------------
+
+TEST_F(OpsTest, AdamWMatchesScalarReference) {
+  const size_t n = 40000;  // spans several parallel chunks
+  Vec params = random_vec(n, 52), m(n), v(n);
+  std::vector<double> ref_p(params.begin(), params.end()), ref_m(n), ref_v(n);
+  AdamWConfig cfg;
+  cfg.lr = 1e-2f;
+  cfg.beta1 = 0.9f;
+  cfg.beta2 = 0.98f;
+  cfg.eps = 1e-6f;
+  cfg.weight_decay = 0.1f;
+  for (int step = 1; step <= 3; ++step) {
+    const Vec grads = random_vec(n, 60 + step);
+    cfg.step = step;
+    cfg.grad_scale = step == 2 ? 0.25f : 1.0f;
+    ops->adamw_update(params.data(), grads.data(), m.data(), v.data(), n, cfg);
+    for (size_t i = 0; i < n; ++i) {
+      const double g = static_cast<double>(grads[i]) * cfg.grad_scale;
+      ref_m[i] = cfg.beta1 * ref_m[i] + (1.0 - cfg.beta1) * g;
+      ref_v[i] = cfg.beta2 * ref_v[i] + (1.0 - cfg.beta2) * g * g;
+      const double m_hat = ref_m[i] / (1.0 - std::pow(cfg.beta1, step));
+      const double v_hat = ref_v[i] / (1.0 - std::pow(cfg.beta2, step));
+      ref_p[i] -= cfg.lr * (m_hat / (std::sqrt(v_hat) + cfg.eps) + cfg.weight_decay * ref_p[i]);
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    ASSERT_NEAR(m[i], ref_m[i], 1e-6) << i;
+    ASSERT_NEAR(v[i], ref_v[i], 1e-7) << i;
+    ASSERT_NEAR(params[i], ref_p[i], 1e-5) << i;
+  }
+}
+
+TEST_F(OpsTest, SumSquares) {
+  const Vec x = random_vec(3 * 16384 + 17, 53);
+  double expected = 0.0;
+  for (float xi : x) expected += static_cast<double>(xi) * xi;
+  EXPECT_NEAR(ops->sum_squares(x.data(), x.size()), expected, 1e-12 * expected);
+  EXPECT_EQ(ops->sum_squares(x.data(), 0), 0.0);
+}
+
+}  // namespace
+}  // namespace mpiformer

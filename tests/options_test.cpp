@@ -1,1 +1,501 @@
-// placeholder: being written
+// Command-line parsing: defaults, overrides, --config with the command line
+// winning, the config.ini round trip, and one usage error per bad value.
+#include "src/app/options.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "src/core/error.h"
+
+namespace mpiformer {
+namespace {
+
+using Args = std::vector<std::string>;
+
+// The smallest valid train command line.
+Args base_args() {
+  return {"--model", "seq2seq", "--synthetic", "reverse", "--out", "runs/t"};
+}
+
+Args with(Args args, const Args& extra) {
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+TrainConfig parse_train(const Args& args) {
+  TrainConfig cfg;
+  std::ostringstream out;
+  EXPECT_TRUE(parse_train_options(args, &cfg, out));
+  return cfg;
+}
+
+// The message of the UsageError that parsing `args` throws ("" if none).
+std::string train_error(const Args& args) {
+  TrainConfig cfg;
+  std::ostringstream out;
+  try {
+    parse_train_options(args, &cfg, out);
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::string bench_error(const Args& args) {
+  BenchConfig cfg;
+  std::ostringstream out;
+  try {
+    parse_bench_options(args, &cfg, out);
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A file in the test's temporary directory, removed with the fixture.
+class TempFile {
+ public:
+  TempFile(const std::string& name, const std::string& text)
+      : path_(std::filesystem::temp_directory_path() /
+              ("mpiformer_options_test_" + std::to_string(::getpid()) + "_" + name)) {
+    std::ofstream(path_) << text;
+  }
+  ~TempFile() { std::filesystem::remove(path_); }
+  std::string path() const { return path_.string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+TEST(TrainOptions, DefaultsComeFromTrainConfig) {
+  const TrainConfig cfg = parse_train(base_args());
+  const TrainConfig def;
+  EXPECT_EQ(cfg.model.kind, ModelKind::kSeq2seq);
+  EXPECT_EQ(cfg.synthetic, SyntheticTask::kReverse);
+  EXPECT_EQ(cfg.out_dir, "runs/t");
+  EXPECT_EQ(cfg.model.d_model, def.model.d_model);
+  EXPECT_EQ(cfg.model.heads, def.model.heads);
+  EXPECT_EQ(cfg.model.enc_layers, def.model.enc_layers);
+  EXPECT_EQ(cfg.model.dec_layers, def.model.dec_layers);
+  EXPECT_EQ(cfg.model.vocab, def.model.vocab);
+  EXPECT_EQ(cfg.model.max_len, def.model.max_len);
+  EXPECT_EQ(cfg.model.pre_norm, def.model.pre_norm);
+  EXPECT_EQ(cfg.model.tied_embeddings, def.model.tied_embeddings);
+  EXPECT_EQ(cfg.optim.lr, def.optim.lr);
+  EXPECT_EQ(cfg.optim.eps, def.optim.eps);
+  EXPECT_EQ(cfg.optim.schedule, def.optim.schedule);
+  EXPECT_EQ(cfg.optim.decay_all, def.optim.decay_all);
+  EXPECT_EQ(cfg.label_smoothing, def.label_smoothing);
+  EXPECT_EQ(cfg.max_tokens, def.max_tokens);
+  EXPECT_EQ(cfg.steps, def.steps);
+  EXPECT_EQ(cfg.seed, def.seed);
+  EXPECT_EQ(cfg.resume, "none");
+  EXPECT_EQ(cfg.device, DeviceKind::kCpu);
+  EXPECT_EQ(cfg.precision, Precision::kFp32);
+  EXPECT_TRUE(cfg.config_file.empty());
+}
+
+TEST(TrainOptions, OverridesEveryKindOfValue) {
+  const TrainConfig cfg = parse_train(with(base_args(), {"--enc-layers",
+                                                         "3",
+                                                         "--dec-layers",
+                                                         "5",
+                                                         "--d-model",
+                                                         "96",
+                                                         "--heads",
+                                                         "6",
+                                                         "--d-ff",
+                                                         "200",
+                                                         "--max-len",
+                                                         "40",
+                                                         "--vocab",
+                                                         "50",
+                                                         "--dropout",
+                                                         "0.25",
+                                                         "--norm",
+                                                         "post",
+                                                         "--positions",
+                                                         "sinusoidal",
+                                                         "--tied-embeddings",
+                                                         "false",
+                                                         "--activation",
+                                                         "relu",
+                                                         "--attention-scale",
+                                                         "log-length",
+                                                         "--attention-ref-len",
+                                                         "128",
+                                                         "--label-smoothing=0",
+                                                         "--max-tokens",
+                                                         "999",
+                                                         "--max-sentences",
+                                                         "7",
+                                                         "--min-len",
+                                                         "2",
+                                                         "--mlm-probability",
+                                                         "0.2",
+                                                         "--accum-steps",
+                                                         "4",
+                                                         "--steps",
+                                                         "12345678901",
+                                                         "--lr",
+                                                         "3e-4",
+                                                         "--warmup",
+                                                         "50",
+                                                         "--schedule",
+                                                         "cosine",
+                                                         "--end-lr",
+                                                         "1e-5",
+                                                         "--poly-power",
+                                                         "2",
+                                                         "--beta1",
+                                                         "0.8",
+                                                         "--beta2",
+                                                         "0.95",
+                                                         "--adam-eps",
+                                                         "1e-8",
+                                                         "--weight-decay",
+                                                         "0.1",
+                                                         "--decay-all",
+                                                         "--clip-norm",
+                                                         "0",
+                                                         "--seed",
+                                                         "18446744073709551615",
+                                                         "--threads",
+                                                         "3",
+                                                         "--log-every",
+                                                         "5",
+                                                         "--eval-every",
+                                                         "100",
+                                                         "--eval-batches",
+                                                         "2",
+                                                         "--checkpoint-every",
+                                                         "1000"}));
+  EXPECT_EQ(cfg.model.enc_layers, 3);
+  EXPECT_EQ(cfg.model.dec_layers, 5);
+  EXPECT_EQ(cfg.model.d_model, 96);
+  EXPECT_EQ(cfg.model.heads, 6);
+  EXPECT_EQ(cfg.model.d_ff, 200);
+  EXPECT_EQ(cfg.model.max_len, 40);
+  EXPECT_EQ(cfg.model.vocab, 50);
+  EXPECT_FLOAT_EQ(cfg.model.dropout, 0.25f);
+  EXPECT_FALSE(cfg.model.pre_norm);
+  EXPECT_EQ(cfg.model.positions, PositionKind::kSinusoidal);
+  EXPECT_FALSE(cfg.model.tied_embeddings);
+  EXPECT_EQ(cfg.model.activation, Activation::kRelu);
+  EXPECT_EQ(cfg.model.attention_scale, AttentionScale::kLogLength);
+  EXPECT_FLOAT_EQ(cfg.model.attention_ref_len, 128.0f);
+  EXPECT_EQ(cfg.label_smoothing, 0.0f);
+  EXPECT_EQ(cfg.max_tokens, 999);
+  EXPECT_EQ(cfg.max_sentences, 7);
+  EXPECT_EQ(cfg.min_len, 2);
+  EXPECT_FLOAT_EQ(cfg.mlm_probability, 0.2f);
+  EXPECT_EQ(cfg.accum_steps, 4);
+  EXPECT_EQ(cfg.steps, 12345678901LL);
+  EXPECT_FLOAT_EQ(cfg.optim.lr, 3e-4f);
+  EXPECT_EQ(cfg.optim.warmup, 50);
+  EXPECT_EQ(cfg.optim.schedule, ScheduleKind::kCosine);
+  EXPECT_FLOAT_EQ(cfg.optim.end_lr, 1e-5f);
+  EXPECT_FLOAT_EQ(cfg.optim.poly_power, 2.0f);
+  EXPECT_FLOAT_EQ(cfg.optim.beta1, 0.8f);
+  EXPECT_FLOAT_EQ(cfg.optim.beta2, 0.95f);
+  EXPECT_FLOAT_EQ(cfg.optim.eps, 1e-8f);
+  EXPECT_FLOAT_EQ(cfg.optim.weight_decay, 0.1f);
+  EXPECT_TRUE(cfg.optim.decay_all);
+  EXPECT_EQ(cfg.optim.clip_norm, 0.0f);
+  EXPECT_EQ(cfg.seed, 18446744073709551615ull);
+  EXPECT_EQ(cfg.threads, 3);
+  EXPECT_EQ(cfg.log_every, 5);
+  EXPECT_EQ(cfg.eval_every, 100);
+  EXPECT_EQ(cfg.eval_batches, 2);
+  EXPECT_EQ(cfg.checkpoint_every, 1000);
+}
+
+TEST(TrainOptions, LayersIsShorthandForBothSeq2seqStacks) {
+  TrainConfig cfg = parse_train(with(base_args(), {"--layers", "3"}));
+  EXPECT_EQ(cfg.model.layers, 3);
+  EXPECT_EQ(cfg.model.enc_layers, 3);
+  EXPECT_EQ(cfg.model.dec_layers, 3);
+
+  cfg = parse_train(with(base_args(), {"--layers", "3", "--enc-layers", "1"}));
+  EXPECT_EQ(cfg.model.enc_layers, 1);
+  EXPECT_EQ(cfg.model.dec_layers, 3);
+
+  // Not a shorthand for other kinds: the seq2seq stacks keep their defaults.
+  cfg = parse_train({"--model", "lm", "--synthetic", "copy", "--out", "o", "--layers", "5"});
+  EXPECT_EQ(cfg.model.layers, 5);
+  EXPECT_EQ(cfg.model.enc_layers, ModelConfig{}.enc_layers);
+}
+
+TEST(TrainOptions, NegativeValuesReachTheValidator) {
+  // Long-only parsing: "-3" is a value, so the message is about the value.
+  EXPECT_EQ(train_error(with(base_args(), {"--layers", "-3"})),
+            "--layers: must be positive; got -3");
+  EXPECT_EQ(train_error(with(base_args(), {"--d-model=-8"})),
+            "--d-model: must be positive; got -8");
+}
+
+TEST(TrainOptions, HelpListsFlagsWithDefaults) {
+  TrainConfig cfg;
+  std::ostringstream out;
+  EXPECT_FALSE(parse_train_options({"--help"}, &cfg, out));
+  const std::string help = out.str();
+  EXPECT_NE(help.find("--d-model D (=64)"), std::string::npos) << help;
+  EXPECT_NE(help.find("--schedule"), std::string::npos);
+  EXPECT_NE(help.find("inverse-sqrt"), std::string::npos);
+  EXPECT_NE(help.find("--lr LR (=0.001)"), std::string::npos) << help;
+  EXPECT_NE(help.find("--config"), std::string::npos);
+  // Help needs no other flag and validates nothing.
+  EXPECT_FALSE(parse_train_options({"--heads", "3", "--help"}, &cfg, out));
+}
+
+TEST(TrainOptions, ConfigFileFillsInAndCommandLineWins) {
+  TempFile ini("wins.ini",
+               "# a comment\n"
+               "d-model = 128\n"
+               "heads = 8\n"
+               "lr = 0.01\n"
+               "decay-all = true\n"
+               "synthetic = sort\n");
+  const TrainConfig cfg =
+      parse_train({"--config", ini.path(), "--model", "lm", "--out", "o", "--d-model", "256"});
+  EXPECT_EQ(cfg.model.d_model, 256);  // command line
+  EXPECT_EQ(cfg.model.heads, 8);      // file
+  EXPECT_FLOAT_EQ(cfg.optim.lr, 0.01f);
+  EXPECT_TRUE(cfg.optim.decay_all);
+  EXPECT_EQ(cfg.synthetic, SyntheticTask::kSort);
+  EXPECT_EQ(cfg.config_file, ini.path());
+}
+
+TEST(TrainOptions, ConfigIniRoundTrips) {
+  TrainConfig cfg = parse_train(with(base_args(), {"--layers",
+                                                   "3",
+                                                   "--dec-layers",
+                                                   "4",
+                                                   "--d-model",
+                                                   "48",
+                                                   "--heads",
+                                                   "3",
+                                                   "--dropout",
+                                                   "0.1",
+                                                   "--lr",
+                                                   "0.0007",
+                                                   "--adam-eps",
+                                                   "1e-9",
+                                                   "--beta2",
+                                                   "0.997",
+                                                   "--norm",
+                                                   "post",
+                                                   "--tied-embeddings",
+                                                   "no",
+                                                   "--decay-all",
+                                                   "--schedule",
+                                                   "polynomial",
+                                                   "--seed",
+                                                   "123456789012",
+                                                   "--label-smoothing",
+                                                   "0.05",
+                                                   "--attention-ref-len",
+                                                   "333.25"}));
+  const std::string ini = train_config_ini(cfg);
+  EXPECT_NE(ini.find("d-model = 48\n"), std::string::npos) << ini;
+  EXPECT_NE(ini.find("norm = post\n"), std::string::npos) << ini;
+  EXPECT_EQ(ini.find("data ="), std::string::npos) << "unset --data must not be written";
+
+  TempFile file("roundtrip.ini", ini);
+  const TrainConfig back = parse_train({"--config", file.path()});
+  EXPECT_EQ(train_config_ini(back), ini);
+  EXPECT_EQ(back.model.kind, cfg.model.kind);
+  EXPECT_EQ(back.model.layers, 3);
+  EXPECT_EQ(back.model.enc_layers, 3);
+  EXPECT_EQ(back.model.dec_layers, 4);
+  EXPECT_EQ(back.model.dropout, cfg.model.dropout);  // bitwise: shortest round-trip text
+  EXPECT_EQ(back.optim.lr, cfg.optim.lr);
+  EXPECT_EQ(back.optim.eps, cfg.optim.eps);
+  EXPECT_EQ(back.optim.beta2, cfg.optim.beta2);
+  EXPECT_EQ(back.model.attention_ref_len, 333.25f);
+  EXPECT_FALSE(back.model.pre_norm);
+  EXPECT_FALSE(back.model.tied_embeddings);
+  EXPECT_TRUE(back.optim.decay_all);
+  EXPECT_EQ(back.seed, 123456789012ull);
+  EXPECT_EQ(back.out_dir, "runs/t");
+  EXPECT_EQ(back.synthetic, SyntheticTask::kReverse);
+}
+
+// Each bad value: a UsageError whose message starts with the flag it is about.
+struct BadCase {
+  Args extra;
+  std::string flag;
+  std::string message;  // exact message when not empty
+};
+
+void PrintTo(const BadCase& c, std::ostream* os) {
+  for (const auto& a : c.extra) *os << a << " ";
+}
+
+class TrainBadValue : public ::testing::TestWithParam<BadCase> {};
+
+TEST_P(TrainBadValue, NamesTheFlag) {
+  const BadCase& c = GetParam();
+  const std::string what = train_error(with(base_args(), c.extra));
+  ASSERT_FALSE(what.empty()) << "no error";
+  EXPECT_EQ(what.rfind(c.flag + ": ", 0), 0u) << what;
+  EXPECT_EQ(what.find('\n'), std::string::npos) << "one line: " << what;
+  if (!c.message.empty()) {
+    EXPECT_EQ(what, c.message);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Options, TrainBadValue,
+    ::testing::Values(
+        BadCase{{"--d-model", "256", "--heads", "3"},
+                "--heads",
+                "--heads: must divide --d-model (256); got 3"},
+        BadCase{{"--label-smoothing", "1.5"},
+                "--label-smoothing",
+                "--label-smoothing: must be in [0, 1); got 1.5"},
+        BadCase{{"--label-smoothing", "-0.1"}, "--label-smoothing", ""},
+        BadCase{{"--label-smoothing", "1"}, "--label-smoothing", ""},
+        BadCase{{"--heads", "0"}, "--heads", "--heads: must be positive; got 0"},
+        BadCase{{"--enc-layers", "-1"}, "--enc-layers", ""}, BadCase{{"--d-ff", "0"}, "--d-ff", ""},
+        BadCase{{"--max-tokens", "-5"}, "--max-tokens", ""},
+        BadCase{{"--max-sentences", "-1"}, "--max-sentences", ""},
+        BadCase{{"--accum-steps", "0"}, "--accum-steps", ""},
+        BadCase{{"--steps", "0"}, "--steps", ""}, BadCase{{"--vocab", "7"}, "--vocab", ""},
+        BadCase{{"--max-len", "3"}, "--max-len", "--max-len: must be at least 4; got 3"},
+        BadCase{{"--dropout", "1"}, "--dropout", ""},
+        BadCase{{"--dropout", "-0.5"}, "--dropout", ""},
+        BadCase{{"--mlm-probability", "0"}, "--mlm-probability", ""},
+        BadCase{{"--attention-ref-len", "1"}, "--attention-ref-len", ""},
+        BadCase{{"--lr", "0"}, "--lr", ""},
+        BadCase{{"--lr", "nan"}, "--lr", "--lr: expected a finite number; got 'nan'"},
+        BadCase{{"--beta2", "1"}, "--beta2", ""}, BadCase{{"--warmup", "-1"}, "--warmup", ""},
+        BadCase{{"--clip-norm", "-1"}, "--clip-norm", ""},
+        BadCase{{"--layers", "two"}, "--layers", "--layers: expected an integer; got 'two'"},
+        BadCase{{"--layers", "2.5"}, "--layers", ""},
+        BadCase{{"--layers", "99999999999"}, "--layers", ""},
+        BadCase{{"--seed", "-1"}, "--seed", "--seed: expected a non-negative integer; got '-1'"},
+        BadCase{{"--tied-embeddings", "maybe"}, "--tied-embeddings", ""},
+        BadCase{{"--schedule", "linear"}, "--schedule", ""},
+        BadCase{{"--norm", "middle"}, "--norm", ""},
+        BadCase{{"--precision", "bf16"},
+                "--precision",
+                "--precision: --device cpu supports only fp32; got bf16"},
+        BadCase{{"--device", "tpu"}, "--device", ""},
+        BadCase{{"--foo", "1"}, "--foo", "--foo: unknown flag (see --help)"},
+        BadCase{{"--lay", "1"}, "--lay", ""},  // no abbreviations
+        BadCase{{"--layers"}, "--layers", ""},
+        BadCase{{"--layers", "1", "--layers", "2"}, "--layers", ""},
+        BadCase{{"--data", "shards/"}, "--data", ""},  // with --synthetic: one of the two
+        BadCase{{"--resume", "auto"}, "--resume", ""},
+        BadCase{{"--min-len", "64"}, "--min-len", ""},  // seq2seq at max-len 64: x <= 63
+        BadCase{{"--max-tokens", "100"}, "--max-tokens", ""},
+        BadCase{{"--threads", "-2"}, "--threads", ""}));
+
+TEST(TrainOptions, UnknownModelKind) {
+  EXPECT_EQ(train_error({"--model", "gpt", "--synthetic", "copy", "--out", "o"}),
+            "--model: expected lm, seq2seq or mlm; got 'gpt'");
+}
+
+TEST(TrainOptions, RequiredFlags) {
+  EXPECT_EQ(train_error({"--model", "lm", "--out", "o"}).rfind("--data: ", 0), 0u);
+  EXPECT_EQ(train_error({"--model", "lm", "--synthetic", "copy"}),
+            "--out: required: the run directory");
+  EXPECT_EQ(train_error({"--model", "lm", "--data", "d", "--out", "o"}),
+            "--data: HDF5 shards are not supported by this build yet; use --synthetic");
+}
+
+TEST(TrainOptions, StrayArgumentIsRefused) {
+  const std::string what = train_error(with(base_args(), {"extra"}));
+  EXPECT_NE(what.find("'extra'"), std::string::npos) << what;
+}
+
+TEST(TrainOptions, CudaNeedsACudaBuildWithAGpu) {
+  const std::string what = train_error(with(base_args(), {"--device", "cuda"}));
+  if (cuda_backend_built() && cuda_device_count() > 0) {
+    EXPECT_EQ(what, "");
+  } else {
+    EXPECT_EQ(what.rfind("--device: cuda ", 0), 0u) << what;
+  }
+}
+
+TEST(TrainOptions, ConfigFileErrorsNameTheKeyAndFile) {
+  TempFile unknown("unknown.ini", "d-model = 64\nwidth = 3\n");
+  std::string what = train_error(with(base_args(), {"--config", unknown.path()}));
+  EXPECT_EQ(what.rfind("--config: ", 0), 0u) << what;
+  EXPECT_NE(what.find("'width'"), std::string::npos) << what;
+
+  TempFile bad_value("bad_value.ini", "d-model = wide\n");
+  what = train_error(with(base_args(), {"--config", bad_value.path()}));
+  EXPECT_EQ(what.rfind("--d-model: expected an integer; got 'wide'", 0), 0u) << what;
+  EXPECT_NE(what.find(bad_value.path()), std::string::npos) << what;
+
+  what = train_error(with(base_args(), {"--config", "/nonexistent/mpiformer.ini"}));
+  EXPECT_EQ(what.rfind("--config: cannot read", 0), 0u) << what;
+}
+
+TEST(ValidateModel, AcceptsDefaultsAndRefusesBadShapes) {
+  EXPECT_NO_THROW(validate_model(ModelConfig{}));
+  ModelConfig m;
+  m.heads = 5;
+  EXPECT_THROW(validate_model(m), UsageError);
+  m = ModelConfig{};
+  m.vocab = SpecialTokens::kCount + 1;
+  EXPECT_THROW(validate_model(m), UsageError);
+  m.vocab = SpecialTokens::kCount + 2;
+  EXPECT_NO_THROW(validate_model(m));
+  m.dropout = 1.0f;
+  EXPECT_THROW(validate_model(m), UsageError);
+}
+
+TEST(BenchOptions, DefaultsAndOverrides) {
+  BenchConfig cfg;
+  std::ostringstream out;
+  ASSERT_TRUE(parse_bench_options({}, &cfg, out));
+  EXPECT_EQ(cfg.batch, BenchConfig{}.batch);
+  EXPECT_EQ(cfg.seq, BenchConfig{}.seq);
+  EXPECT_EQ(cfg.model.max_len, cfg.seq);  // follows --seq unless given
+
+  ASSERT_TRUE(parse_bench_options(
+      {"--model",        "seq2seq", "--layers",      "4",   "--max-len", "256",   "--batch",   "16",
+       "--seq",          "200",     "--min-seq",     "100", "--src-seq", "180",   "--steps",   "5",
+       "--warmup-steps", "1",       "--peak-tflops", "989", "--lr",      "0.002", "--threads", "2"},
+      &cfg, out));
+  EXPECT_EQ(cfg.model.kind, ModelKind::kSeq2seq);
+  EXPECT_EQ(cfg.model.enc_layers, 4);
+  EXPECT_EQ(cfg.model.dec_layers, 4);
+  EXPECT_EQ(cfg.batch, 16);
+  EXPECT_EQ(cfg.seq, 200);
+  EXPECT_EQ(cfg.min_seq, 100);
+  EXPECT_EQ(cfg.src_seq, 180);
+  EXPECT_EQ(cfg.steps, 5);
+  EXPECT_EQ(cfg.warmup_steps, 1);
+  EXPECT_EQ(cfg.peak_tflops, 989.0);
+  EXPECT_FLOAT_EQ(cfg.optim.lr, 0.002f);
+  EXPECT_EQ(cfg.threads, 2);
+
+  EXPECT_FALSE(parse_bench_options({"--help"}, &cfg, out));
+  EXPECT_NE(out.str().find("--peak-tflops"), std::string::npos);
+}
+
+TEST(BenchOptions, BadValuesNameTheFlag) {
+  EXPECT_EQ(bench_error({"--batch", "0"}), "--batch: must be positive; got 0");
+  EXPECT_EQ(bench_error({"--max-len", "64", "--seq", "128"}),
+            "--seq: must not exceed --max-len (64); got 128");
+  EXPECT_EQ(
+      bench_error({"--max-len", "128", "--seq", "64", "--min-seq", "65"}).rfind("--min-seq: ", 0),
+      0u);
+  EXPECT_EQ(bench_error({"--d-model", "30", "--heads", "4"}).rfind("--heads: ", 0), 0u);
+  EXPECT_EQ(bench_error({"--out", "x"}).rfind("--out: unknown flag", 0), 0u);
+}
+
+}  // namespace
+}  // namespace mpiformer

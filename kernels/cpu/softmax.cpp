@@ -1,1 +1,67 @@
-// placeholder: being written
+// Row softmax with an optional per-row count of valid columns.
+#include <algorithm>
+
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/softmax_row.h"
+#include "kernels/cpu/vec_math.h"
+
+namespace mpiformer {
+namespace cpu {
+
+MPIFORMER_HOT void softmax_row(float* probs, const float* x, int valid, int L, float scale) {
+  valid = std::clamp(valid, 0, L);
+  if (valid > 0) {
+    // max of x * scale, not scale * max(x): scale may be 0 or negative.
+    // (A ternary, not std::max: GCC does not vectorise the reference form.)
+    float max_logit = x[0] * scale;
+#pragma omp simd reduction(max : max_logit)
+    for (int j = 0; j < valid; ++j) {
+      const float logit = x[j] * scale;
+      max_logit = max_logit > logit ? max_logit : logit;
+    }
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int j = 0; j < valid; ++j) {
+      const float e = fast_exp(x[j] * scale - max_logit);
+      probs[j] = e;
+      sum += e;
+    }
+    const float inv_sum = 1.0f / sum;  // sum >= 1: the max contributes exp(0)
+#pragma omp simd
+    for (int j = 0; j < valid; ++j) probs[j] *= inv_sum;
+  }
+  for (int j = valid; j < L; ++j) probs[j] = 0.0f;
+}
+
+MPIFORMER_HOT void softmax_backward_row(float* dx, const float* dprobs, const float* probs, int L,
+                                        float scale) {
+  float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+  for (int j = 0; j < L; ++j) dot += dprobs[j] * probs[j];
+#pragma omp simd
+  for (int j = 0; j < L; ++j) dx[j] = scale * probs[j] * (dprobs[j] - dot);
+}
+
+}  // namespace cpu
+
+void CpuOps::softmax_forward(float* probs, const float* x, int R, int L, float scale,
+                             const int32_t* valid) {
+  const bool threaded = cpu::worth_threading(static_cast<size_t>(R) * L);
+#pragma omp parallel for schedule(static) if (threaded)
+  for (int r = 0; r < R; ++r) {
+    const size_t row = static_cast<size_t>(r) * L;
+    cpu::softmax_row(probs + row, x + row, valid != nullptr ? valid[r] : L, L, scale);
+  }
+}
+
+void CpuOps::softmax_backward(float* dx, const float* dprobs, const float* probs, int R, int L,
+                              float scale) {
+  const bool threaded = cpu::worth_threading(static_cast<size_t>(R) * L);
+#pragma omp parallel for schedule(static) if (threaded)
+  for (int r = 0; r < R; ++r) {
+    const size_t row = static_cast<size_t>(r) * L;
+    cpu::softmax_backward_row(dx + row, dprobs + row, probs + row, L, scale);
+  }
+}
+
+}  // namespace mpiformer

@@ -1,1 +1,95 @@
-// placeholder: being written
+// mpiformer [--help|--version] COMMAND [flags]
+#include <exception>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "src/app/commands.h"
+#include "src/app/options.h"
+#include "src/core/error.h"
+#include "src/core/version.h"
+#include "src/dist/communicator.h"
+
+namespace {
+
+using namespace mpiformer;
+
+constexpr const char* kUsage =
+    "Usage: mpiformer [--help|--version] COMMAND [flags]\n"
+    "\n"
+    "Commands:\n"
+    "  train   train a Transformer (lm, seq2seq or mlm), data-parallel over MPI ranks\n"
+    "  bench   time training steps of a model shape; prints one JSON line\n"
+    "\n"
+    "Not built yet in this version: prepare, eval, generate, inspect.\n"
+    "`mpiformer COMMAND --help` lists a command's flags and their defaults.\n";
+
+bool is_planned_command(const std::string& cmd) {
+  return cmd == "prepare" || cmd == "eval" || cmd == "generate" || cmd == "inspect";
+}
+
+// Every rank parses the same arguments and fails the same way, so only rank 0
+// speaks and every rank returns the same code without a collective.
+int usage_failure(const Communicator& comm, const std::string& prefix, const std::string& what) {
+  if (comm.is_root()) std::cerr << prefix << ": " << what << std::endl;
+  return kExitUsage;
+}
+
+template <class Config>
+int parse_and_run(Communicator& comm, const std::string& cmd, const std::vector<std::string>& args,
+                  bool (*parse)(const std::vector<std::string>&, Config*, std::ostream&),
+                  int (*run)(const Config&, Communicator&)) {
+  Config cfg;
+  std::ostringstream help;
+  try {
+    if (!parse(args, &cfg, help)) {
+      if (comm.is_root()) std::cout << help.str() << std::flush;
+      return 0;
+    }
+  } catch (const UsageError& e) {
+    return usage_failure(comm, "mpiformer " + cmd, e.what());
+  }
+  try {
+    return run(cfg, comm);
+  } catch (const std::exception& e) {
+    // Other ranks may be inside a collective: only an abort ends them all.
+    if (comm.size() > 1) comm.abort(e.what(), kExitFailure);
+    std::cerr << "[rank 0] " << e.what() << std::endl;
+    return kExitFailure;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Communicator comm(&argc, &argv);
+  std::vector<std::string> args(argv + 1, argv + argc);
+
+  if (args.empty()) {
+    return usage_failure(comm, "mpiformer",
+                         "no command given; expected train or bench (see --help)");
+  }
+  const std::string cmd = args.front();
+  const std::vector<std::string> rest(args.begin() + 1, args.end());
+  if (cmd == "--help" || cmd == "-h" || cmd == "help") {
+    if (comm.is_root()) std::cout << kUsage;
+    return 0;
+  }
+  if (cmd == "--version") {
+    if (comm.is_root()) {
+      std::cout << "mpiformer " << MPIFORMER_VERSION << " (" << MPIFORMER_GIT_COMMIT << ")\n";
+    }
+    return 0;
+  }
+  if (cmd == "train")
+    return parse_and_run<TrainConfig>(comm, cmd, rest, parse_train_options, run_train);
+  if (cmd == "bench")
+    return parse_and_run<BenchConfig>(comm, cmd, rest, parse_bench_options, run_bench);
+  if (is_planned_command(cmd)) {
+    return usage_failure(comm, "mpiformer",
+                         "'" + cmd + "' is not built yet in this version; available: train, bench");
+  }
+  return usage_failure(comm, "mpiformer",
+                       "unknown command '" + cmd + "'; expected train or bench (see --help)");
+}

@@ -1,1 +1,609 @@
-// placeholder: being written
+#include "src/app/options.h"
+
+#include <algorithm>
+#include <boost/program_options.hpp>
+#include <charconv>
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <optional>
+#include <ostream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "src/core/error.h"
+#include "src/data/synthetic.h"
+
+namespace mpiformer {
+namespace {
+
+namespace po = boost::program_options;
+
+std::string quoted(const std::string& s) {
+  return "'" + s + "'";
+}
+
+// Shortest text that reads back to the same value, so config.ini round-trips.
+template <class T>
+std::string format_number(T value) {
+  char buf[64];
+  const auto result = std::to_chars(buf, buf + sizeof(buf), value);
+  return std::string(buf, result.ptr);
+}
+
+// ---- value parsers: every value arrives as text, so we own the messages ----
+
+template <class T>
+T parse_integer(const std::string& flag, const std::string& text) {
+  T value{};
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  if (ec == std::errc::result_out_of_range) usage_error(flag, "out of range; got " + quoted(text));
+  if (ec != std::errc() || ptr != end || text.empty()) {
+    usage_error(flag, std::string(std::is_signed_v<T> ? "expected an integer"
+                                                      : "expected a non-negative integer") +
+                          "; got " + quoted(text));
+  }
+  return value;
+}
+
+template <class T>
+T parse_real(const std::string& flag, const std::string& text) {
+  T value{};
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  if (ec != std::errc() || ptr != end || text.empty() || !std::isfinite(value)) {
+    usage_error(flag, "expected a finite number; got " + quoted(text));
+  }
+  return value;
+}
+
+bool parse_bool(const std::string& flag, const std::string& text) {
+  if (text == "true" || text == "yes" || text == "on" || text == "1") return true;
+  if (text == "false" || text == "no" || text == "off" || text == "0") return false;
+  usage_error(flag, "expected true or false; got " + quoted(text));
+}
+
+// "a, b or c"
+std::string list_choices(const std::vector<std::string>& names) {
+  std::string s;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (i > 0) s += (i + 1 == names.size()) ? " or " : ", ";
+    s += names[i];
+  }
+  return s;
+}
+
+// ---- the flag table --------------------------------------------------------
+
+// One flag bound to a field of the configuration being parsed: how to read a
+// value into it and how to write the field back out (help defaults and
+// config.ini). One table drives parsing, help and the INI writer, so the three
+// cannot drift apart.
+struct Flag {
+  std::string name;  // without dashes
+  std::string value_name;
+  std::string help;
+  std::string group;
+  std::function<void(const std::string&)> parse;  // throws UsageError
+  // The field as text; empty when unset (no default shown, not written).
+  std::function<std::string()> show;
+  bool is_switch = false;  // "--name" alone means true
+};
+
+class FlagTable {
+ public:
+  void group(std::string title) { group_ = std::move(title); }
+
+  template <class T>
+  void add(const char* name, T* field, const char* value_name, const char* help) {
+    const std::string flag = std::string("--") + name;
+    Flag f{name, value_name, help, group_, {}, {}};
+    if constexpr (std::is_same_v<T, bool>) {
+      f.parse = [field, flag](const std::string& s) { *field = parse_bool(flag, s); };
+      f.show = [field] { return std::string(*field ? "true" : "false"); };
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      f.parse = [field](const std::string& s) { *field = s; };
+      f.show = [field] { return *field; };
+    } else if constexpr (std::is_integral_v<T>) {
+      f.parse = [field, flag](const std::string& s) { *field = parse_integer<T>(flag, s); };
+      f.show = [field] { return std::to_string(*field); };
+    } else {
+      static_assert(std::is_floating_point_v<T>);
+      f.parse = [field, flag](const std::string& s) { *field = parse_real<T>(flag, s); };
+      f.show = [field] { return format_number(*field); };
+    }
+    flags_.push_back(std::move(f));
+  }
+
+  void add_switch(const char* name, bool* field, const char* help) {
+    add(name, field, "[=true|false]", help);
+    flags_.back().is_switch = true;
+  }
+
+  // An enumerated value written as one of `choices`; a value outside them
+  // (such as SyntheticTask::kNone) shows as unset.
+  template <class E>
+  void add_choice(const char* name, E* field, std::vector<std::pair<std::string, E>> choices,
+                  const char* help) {
+    const std::string flag = std::string("--") + name;
+    std::vector<std::string> names;
+    for (const auto& c : choices) names.push_back(c.first);
+    Flag f{name, list_choices_bar(names), help, group_, {}, {}};
+    f.parse = [field, flag, choices, names](const std::string& s) {
+      for (const auto& [text, value] : choices) {
+        if (s == text) {
+          *field = value;
+          return;
+        }
+      }
+      usage_error(flag, "expected " + list_choices(names) + "; got " + quoted(s));
+    };
+    f.show = [field, choices] {
+      for (const auto& [text, value] : choices) {
+        if (*field == value) return text;
+      }
+      return std::string();
+    };
+    flags_.push_back(std::move(f));
+  }
+
+  const std::vector<Flag>& flags() const { return flags_; }
+
+ private:
+  static std::string list_choices_bar(const std::vector<std::string>& names) {
+    std::string s;
+    for (const auto& n : names) s += (s.empty() ? "" : "|") + n;
+    return s;
+  }
+
+  std::vector<Flag> flags_;
+  std::string group_;
+};
+
+void add_model_flags(FlagTable& t, ModelConfig* m) {
+  t.group("Model");
+  t.add_choice("model", &m->kind,
+               {{"lm", ModelKind::kLm}, {"seq2seq", ModelKind::kSeq2seq}, {"mlm", ModelKind::kMlm}},
+               "decoder-only LM, encoder-decoder, or encoder-only masked LM");
+  t.add("layers", &m->layers, "N", "layers (lm, mlm); for seq2seq both stacks unless given");
+  t.add("enc-layers", &m->enc_layers, "N", "encoder layers (seq2seq)");
+  t.add("dec-layers", &m->dec_layers, "N", "decoder layers (seq2seq)");
+  t.add("d-model", &m->d_model, "D", "model width");
+  t.add("heads", &m->heads, "H", "attention heads (must divide --d-model)");
+  t.add("d-ff", &m->d_ff, "F", "hidden width of the MLP");
+  t.add("max-len", &m->max_len, "L", "longest sequence (size of the positions table)");
+  t.add("vocab", &m->vocab, "V", "vocabulary size, reserved ids included");
+  t.add("dropout", &m->dropout, "P", "dropout probability, in [0, 1)");
+  t.add_choice("norm", &m->pre_norm, {{"pre", true}, {"post", false}},
+               "layer norm before (pre) or after (post) each sublayer");
+  t.add_choice("positions", &m->positions,
+               {{"learned", PositionKind::kLearned}, {"sinusoidal", PositionKind::kSinusoidal}},
+               "position embeddings");
+  t.add("tied-embeddings", &m->tied_embeddings, "true|false",
+        "share the input embedding with the output projection");
+  t.add_choice("activation", &m->activation,
+               {{"gelu", Activation::kGelu}, {"relu", Activation::kRelu}}, "MLP activation");
+  t.add_choice(
+      "attention-scale", &m->attention_scale,
+      {{"standard", AttentionScale::kStandard}, {"log-length", AttentionScale::kLogLength}},
+      "1/sqrt(d_head), or ln(n)/ln(ref-len)/sqrt(d_head) for n visible keys");
+  t.add("attention-ref-len", &m->attention_ref_len, "N", "reference length of log-length scaling");
+}
+
+void add_optim_flags(FlagTable& t, OptimConfig* o) {
+  t.group("Optimizer");
+  t.add("lr", &o->lr, "LR", "peak learning rate");
+  t.add("warmup", &o->warmup, "W", "linear warmup steps");
+  t.add_choice("schedule", &o->schedule,
+               {{"constant", ScheduleKind::kConstant},
+                {"polynomial", ScheduleKind::kPolynomial},
+                {"inverse-sqrt", ScheduleKind::kInverseSqrt},
+                {"cosine", ScheduleKind::kCosine}},
+               "learning-rate schedule after warmup");
+  t.add("end-lr", &o->end_lr, "LR", "polynomial and cosine: learning rate at the last step");
+  t.add("poly-power", &o->poly_power, "P", "polynomial: decay power");
+  t.add("beta1", &o->beta1, "B", "Adam beta1");
+  t.add("beta2", &o->beta2, "B", "Adam beta2");
+  t.add("adam-eps", &o->eps, "E", "Adam epsilon");
+  t.add("weight-decay", &o->weight_decay, "WD", "decoupled weight decay");
+  t.add_switch("decay-all", &o->decay_all, "also decay biases, norms and embeddings");
+  t.add("clip-norm", &o->clip_norm, "C", "clip the global gradient norm to C (0: off)");
+}
+
+void add_device_flags(FlagTable& t, DeviceKind* device, Precision* precision, int* threads) {
+  t.add_choice("device", device, {{"cpu", DeviceKind::kCpu}, {"cuda", DeviceKind::kCuda}},
+               "where the model runs");
+  t.add_choice("precision", precision,
+               {{"fp32", Precision::kFp32}, {"bf16", Precision::kBf16}, {"fp16", Precision::kFp16}},
+               "compute precision (master weights stay fp32)");
+  t.add("threads", threads, "N", "CPU threads per rank (0: the node's cores shared by its ranks)");
+}
+
+void add_train_flags(FlagTable& t, TrainConfig* c) {
+  add_model_flags(t, &c->model);
+  t.group("Data");
+  t.add("data", &c->data_dir, "DIR", "directory of HDF5 token shards");
+  t.add_choice("synthetic", &c->synthetic,
+               {{"reverse", SyntheticTask::kReverse},
+                {"copy", SyntheticTask::kCopy},
+                {"sort", SyntheticTask::kSort}},
+               "generated task instead of --data");
+  t.add("max-tokens", &c->max_tokens, "T", "padded tokens per micro-batch");
+  t.add("max-sentences", &c->max_sentences, "N", "sequences per micro-batch (0: no limit)");
+  t.add("min-len", &c->min_len, "N", "shortest synthetic example");
+  t.add("mlm-probability", &c->mlm_probability, "P", "mlm: share of tokens chosen for prediction");
+  t.add("label-smoothing", &c->label_smoothing, "E", "label smoothing, in [0, 1)");
+  add_optim_flags(t, &c->optim);
+  t.group("Run");
+  t.add("out", &c->out_dir, "RUNDIR", "run directory (config.ini, metrics.h5, checkpoints)");
+  t.add("resume", &c->resume, "auto|none|PATH", "continue from a checkpoint");
+  t.add("accum-steps", &c->accum_steps, "K", "micro-batches per rank and optimizer step");
+  t.add("steps", &c->steps, "S", "optimizer steps");
+  t.add("seed", &c->seed, "S", "seed of data order, initialisation and dropout");
+  t.add("log-every", &c->log_every, "N", "steps between training log lines");
+  t.add("eval-every", &c->eval_every, "N", "steps between evaluations (0: only at the end)");
+  t.add("eval-batches", &c->eval_batches, "N", "micro-batches per evaluation");
+  t.add("checkpoint-every", &c->checkpoint_every, "N", "steps between checkpoints (0: none)");
+  add_device_flags(t, &c->device, &c->precision, &c->threads);
+}
+
+void add_bench_flags(FlagTable& t, BenchConfig* c) {
+  add_model_flags(t, &c->model);
+  add_optim_flags(t, &c->optim);
+  t.group("Benchmark");
+  t.add("batch", &c->batch, "B", "sequences per step");
+  t.add("seq", &c->seq, "T", "sequence length (lm, mlm) or target length (seq2seq)");
+  t.add("min-seq", &c->min_seq, "T", ">0: lengths drawn from [min-seq, seq], so padding shows");
+  t.add("src-seq", &c->src_seq, "T", "seq2seq source length (0: same as --seq)");
+  t.add("steps", &c->steps, "S", "timed steps");
+  t.add("warmup-steps", &c->warmup_steps, "S", "untimed steps first");
+  t.add("label-smoothing", &c->label_smoothing, "E", "label smoothing, in [0, 1)");
+  t.add("seed", &c->seed, "S", "seed of the batch and initialisation");
+  t.add("peak-tflops", &c->peak_tflops, "TF", "device peak for MFU (0: estimate for the device)");
+  add_device_flags(t, &c->device, &c->precision, &c->threads);
+}
+
+// ---- parsing ---------------------------------------------------------------
+
+constexpr unsigned kHelpWidth = 100;
+
+// Builds Boost's view of the table; values stay text until Flag::parse.
+po::options_description describe(const FlagTable& table) {
+  po::options_description all;
+  std::vector<std::pair<std::string, po::options_description>> groups;
+  for (const Flag& f : table.flags()) {
+    if (groups.empty() || groups.back().first != f.group) {
+      groups.emplace_back(f.group, po::options_description(f.group, kHelpWidth, kHelpWidth / 2));
+    }
+    auto* value = po::value<std::string>()->value_name(f.value_name);
+    const std::string shown = f.show();
+    if (!shown.empty()) value->default_value(shown);
+    // Empty implicit text keeps Boost from printing "[=arg(=true)]".
+    if (f.is_switch) value->implicit_value("true", "");
+    groups.back().second.add_options()(f.name.c_str(), value, f.help.c_str());
+  }
+  for (auto& [title, group] : groups) all.add(group);
+  return all;
+}
+
+// Boost's messages repeat the option name; ours lead with it, once.
+[[noreturn]] void rethrow_boost_error(const po::error& e, const std::string& config_file) {
+  const std::string where = config_file.empty() ? "" : " (in " + config_file + ")";
+  const auto* named = dynamic_cast<const po::error_with_option_name*>(&e);
+  std::string name = named ? named->get_option_name() : "";
+  if (!config_file.empty() && !name.empty() && name.rfind("--", 0) != 0) name = "--" + name;
+  if (dynamic_cast<const po::unknown_option*>(&e)) {
+    if (!config_file.empty()) {
+      const std::string key = name.size() > 2 ? name.substr(2) : name;
+      usage_error("--config", config_file + ": unknown key " + quoted(key));
+    }
+    usage_error(name, "unknown flag (see --help)");
+  }
+  if (dynamic_cast<const po::multiple_occurrences*>(&e)) {
+    usage_error(name, "given more than once" + where);
+  }
+  if (dynamic_cast<const po::invalid_command_line_syntax*>(&e) && !name.empty()) {
+    usage_error(name, "needs a value" + where);
+  }
+  if (!config_file.empty()) usage_error("--config", config_file + ": " + e.what());
+  if (!name.empty()) usage_error(name, e.what());
+  throw UsageError(e.what());
+}
+
+void print_help(std::ostream& out, const char* synopsis, const po::options_description& flags) {
+  out << "Usage: " << synopsis << "\n"
+      << "Every flag may also come from --config FILE (INI, `name = value`); the command line "
+         "wins.\n\n"
+      << "General:\n"
+      << "  --config FILE   read flags from an INI file\n"
+      << "  --help          print this help\n"
+      << flags;
+}
+
+// Parses the command line and --config into the fields bound by `table`.
+// Returns the names of the flags given explicitly, or nullopt after --help.
+std::optional<std::set<std::string>> parse_flags(const std::vector<std::string>& args,
+                                                 const FlagTable& table, const char* synopsis,
+                                                 std::string* config_file, std::ostream& out) {
+  po::options_description flags = describe(table);
+  po::options_description command_line;
+  command_line.add_options()("help", "")("config", po::value<std::string>(), "");
+  command_line.add(flags);
+
+  // Long options only: a value such as -3 is then a value, not a flag, and
+  // no abbreviation guessing, because scripts rely on exact names.
+  const int style = po::command_line_style::allow_long |
+                    po::command_line_style::long_allow_adjacent |
+                    po::command_line_style::long_allow_next;
+  po::variables_map vm;
+  try {
+    po::parsed_options parsed =
+        po::command_line_parser(args).options(command_line).style(style).run();
+    for (const po::option& o : parsed.options) {
+      if (o.string_key.empty()) {  // a positional token
+        const std::string token = o.original_tokens.empty() ? "" : o.original_tokens.front();
+        if (token == "-h") {
+          print_help(out, synopsis, flags);
+          return std::nullopt;
+        }
+        throw UsageError("unexpected argument " + quoted(token) +
+                         " (flags are written --name VALUE; see --help)");
+      }
+    }
+    po::store(parsed, vm);
+  } catch (const po::error& e) {
+    rethrow_boost_error(e, "");
+  }
+  if (vm.count("help")) {
+    print_help(out, synopsis, flags);
+    return std::nullopt;
+  }
+
+  std::set<std::string> from_command_line;
+  for (const auto& [name, value] : vm) {
+    if (!value.defaulted()) from_command_line.insert(name);
+  }
+  if (vm.count("config")) {
+    *config_file = vm["config"].as<std::string>();
+    std::ifstream in(*config_file);
+    if (!in) usage_error("--config", "cannot read " + quoted(*config_file));
+    // po::store keeps values already stored, so the command line wins.
+    try {
+      po::store(po::parse_config_file(in, flags), vm);
+    } catch (const po::error& e) {
+      rethrow_boost_error(e, *config_file);
+    }
+  }
+
+  std::set<std::string> given;
+  for (const Flag& f : table.flags()) {
+    auto it = vm.find(f.name);
+    if (it == vm.end() || it->second.defaulted()) continue;
+    try {
+      f.parse(it->second.as<std::string>());
+    } catch (const UsageError& e) {
+      if (from_command_line.count(f.name)) throw;
+      throw UsageError(std::string(e.what()) + " (in " + *config_file + ")");
+    }
+    given.insert(f.name);
+  }
+  return given;
+}
+
+// ---- validation ------------------------------------------------------------
+
+void require_at_least(const char* flag, int64_t value, int64_t least) {
+  if (value < least) {
+    usage_error(flag, least == 1 ? "must be positive; got " + std::to_string(value)
+                                 : "must be at least " + std::to_string(least) + "; got " +
+                                       std::to_string(value));
+  }
+}
+
+void require_non_negative(const char* flag, double value) {
+  if (value < 0) usage_error(flag, "must not be negative; got " + format_number(value));
+}
+
+void require_positive(const char* flag, double value) {
+  if (!(value > 0)) usage_error(flag, "must be positive; got " + format_number(value));
+}
+
+// [0, 1): probabilities that may be zero but must leave something.
+void require_unit_interval(const char* flag, double value) {
+  if (!(value >= 0 && value < 1))
+    usage_error(flag, "must be in [0, 1); got " + format_number(value));
+}
+
+void apply_layers_shorthand(const std::set<std::string>& given, ModelConfig* m) {
+  if (m->kind != ModelKind::kSeq2seq || !given.count("layers")) return;
+  if (!given.count("enc-layers")) m->enc_layers = m->layers;
+  if (!given.count("dec-layers")) m->dec_layers = m->layers;
+}
+
+void validate_optim(const OptimConfig& o) {
+  require_positive("--lr", o.lr);
+  require_at_least("--warmup", o.warmup, 0);
+  require_non_negative("--end-lr", o.end_lr);
+  require_positive("--poly-power", o.poly_power);
+  require_unit_interval("--beta1", o.beta1);
+  require_unit_interval("--beta2", o.beta2);
+  require_positive("--adam-eps", o.eps);
+  require_non_negative("--weight-decay", o.weight_decay);
+  require_non_negative("--clip-norm", o.clip_norm);
+}
+
+void validate_device(DeviceKind device, Precision precision, int threads) {
+  if (device == DeviceKind::kCuda) {
+    if (!cuda_backend_built()) {
+      usage_error("--device",
+                  "cuda needs a build with the CUDA backend (nvcc found at configure "
+                  "time); this build is CPU-only, use --device cpu");
+    }
+    if (cuda_device_count() == 0) {
+      usage_error("--device", "cuda requested but no GPU is visible to this process");
+    }
+  } else if (precision != Precision::kFp32) {
+    const char* name = precision == Precision::kBf16 ? "bf16" : "fp16";
+    usage_error("--precision", std::string("--device cpu supports only fp32; got ") + name);
+  }
+  require_at_least("--threads", threads, 0);
+}
+
+void validate_train(const TrainConfig& c) {
+  validate_model(c.model);
+  const bool has_data = !c.data_dir.empty();
+  const bool has_synthetic = c.synthetic != SyntheticTask::kNone;
+  if (has_data && has_synthetic)
+    usage_error("--data", "give either --data or --synthetic, not both");
+  if (!has_data && !has_synthetic) {
+    usage_error("--data", "required: --data DIR or --synthetic reverse|copy|sort");
+  }
+  if (has_data) {
+    usage_error("--data", "HDF5 shards are not supported by this build yet; use --synthetic");
+  }
+  if (c.out_dir.empty()) usage_error("--out", "required: the run directory");
+  if (c.resume != "none") {
+    usage_error("--resume", "resuming is not supported by this build yet; use --resume none (got " +
+                                quoted(c.resume) + ")");
+  }
+  require_at_least("--max-tokens", c.max_tokens, 1);
+  require_at_least("--max-sentences", c.max_sentences, 0);
+  require_at_least("--min-len", c.min_len, 1);
+  if (!(c.mlm_probability > 0 && c.mlm_probability < 1)) {
+    usage_error("--mlm-probability", "must be in (0, 1); got " + format_number(c.mlm_probability));
+  }
+  require_unit_interval("--label-smoothing", c.label_smoothing);
+  validate_optim(c.optim);
+  require_at_least("--accum-steps", c.accum_steps, 1);
+  require_at_least("--steps", c.steps, 1);
+  require_at_least("--log-every", c.log_every, 1);
+  require_at_least("--eval-every", c.eval_every, 0);
+  require_at_least("--eval-batches", c.eval_batches, 1);
+  require_at_least("--checkpoint-every", c.checkpoint_every, 0);
+  validate_device(c.device, c.precision, c.threads);
+  if (has_synthetic) {
+    // The source knows its layout; its messages already name the flags.
+    try {
+      SyntheticSource source(c.synthetic, c.model, c.max_tokens, c.max_sentences, c.min_len,
+                             c.mlm_probability, c.seed);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(e.what());
+    }
+  }
+}
+
+void validate_bench(const BenchConfig& c) {
+  validate_model(c.model);
+  validate_optim(c.optim);
+  require_at_least("--batch", c.batch, 1);
+  require_at_least("--seq", c.seq, 1);
+  if (c.seq > c.model.max_len) {
+    usage_error("--seq", "must not exceed --max-len (" + std::to_string(c.model.max_len) +
+                             "); got " + std::to_string(c.seq));
+  }
+  if (c.min_seq < 0 || c.min_seq > c.seq) {
+    usage_error("--min-seq", "must be in [0, --seq (" + std::to_string(c.seq) + ")]; got " +
+                                 std::to_string(c.min_seq));
+  }
+  if (c.src_seq < 0 || c.src_seq > c.model.max_len) {
+    usage_error("--src-seq", "must be in [0, --max-len (" + std::to_string(c.model.max_len) +
+                                 ")]; got " + std::to_string(c.src_seq));
+  }
+  require_at_least("--steps", c.steps, 1);
+  require_at_least("--warmup-steps", c.warmup_steps, 0);
+  require_unit_interval("--label-smoothing", c.label_smoothing);
+  require_non_negative("--peak-tflops", c.peak_tflops);
+  validate_device(c.device, c.precision, c.threads);
+}
+
+constexpr const char* kTrainSynopsis =
+    "mpiformer train --model lm|seq2seq|mlm (--data DIR | --synthetic reverse|copy|sort) "
+    "--out RUNDIR [flags]";
+constexpr const char* kBenchSynopsis =
+    "mpiformer bench --model lm|seq2seq|mlm --batch B --seq T [flags]\n"
+    "Prints one JSON line: tokens_per_s, step_ms, mfu, peak_mem_bytes.\n"
+    "Without --max-len the positions table is as long as the longest of --seq and --src-seq.";
+
+}  // namespace
+
+void validate_model(const ModelConfig& m) {
+  require_at_least("--layers", m.layers, 1);
+  require_at_least("--enc-layers", m.enc_layers, 1);
+  require_at_least("--dec-layers", m.dec_layers, 1);
+  require_at_least("--d-model", m.d_model, 1);
+  require_at_least("--heads", m.heads, 1);
+  if (m.d_model % m.heads != 0) {
+    usage_error("--heads", "must divide --d-model (" + std::to_string(m.d_model) + "); got " +
+                               std::to_string(m.heads));
+  }
+  require_at_least("--d-ff", m.d_ff, 1);
+  require_at_least("--max-len", m.max_len, 4);
+  // At least two data symbols, or no task has anything to learn.
+  const int least_vocab = SpecialTokens::kCount + 2;
+  if (m.vocab < least_vocab) {
+    usage_error("--vocab", "must be at least " + std::to_string(least_vocab) + " (" +
+                               std::to_string(SpecialTokens::kCount) +
+                               " reserved ids and two data symbols); got " +
+                               std::to_string(m.vocab));
+  }
+  require_unit_interval("--dropout", m.dropout);
+  if (!(m.attention_ref_len > 1)) {
+    usage_error("--attention-ref-len",
+                "must be greater than 1; got " + format_number(m.attention_ref_len));
+  }
+}
+
+bool parse_train_options(const std::vector<std::string>& args, TrainConfig* cfg,
+                         std::ostream& out) {
+  *cfg = TrainConfig{};
+  FlagTable table;
+  add_train_flags(table, cfg);
+  const auto given = parse_flags(args, table, kTrainSynopsis, &cfg->config_file, out);
+  if (!given) return false;
+  apply_layers_shorthand(*given, &cfg->model);
+  validate_train(*cfg);
+  return true;
+}
+
+bool parse_bench_options(const std::vector<std::string>& args, BenchConfig* cfg,
+                         std::ostream& out) {
+  *cfg = BenchConfig{};
+  FlagTable table;
+  add_bench_flags(table, cfg);
+  std::string config_file;
+  const auto given = parse_flags(args, table, kBenchSynopsis, &config_file, out);
+  if (!given) return false;
+  apply_layers_shorthand(*given, &cfg->model);
+  // The positions table need not be longer than the benchmarked sequences.
+  if (!given->count("max-len")) cfg->model.max_len = std::max(cfg->seq, cfg->src_seq);
+  validate_bench(*cfg);
+  return true;
+}
+
+std::string train_config_ini(const TrainConfig& cfg) {
+  TrainConfig copy = cfg;  // the table binds to fields it may write
+  FlagTable table;
+  add_train_flags(table, &copy);
+  std::ostringstream ini;
+  ini << "# mpiformer train configuration; re-use with --config FILE\n";
+  std::string group;
+  for (const Flag& f : table.flags()) {
+    const std::string value = f.show();
+    if (value.empty()) continue;  // unset: --data without shards, --synthetic none
+    if (f.group != group) {
+      group = f.group;
+      ini << "\n# " << group << "\n";
+    }
+    ini << f.name << " = " << value << "\n";
+  }
+  return ini.str();
+}
+
+}  // namespace mpiformer

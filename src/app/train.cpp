@@ -1,1 +1,193 @@
-// placeholder: being written
+// `mpiformer train`: the training loop, read top to bottom.
+//
+// One optimizer step on W ranks with K micro-batches each takes the global
+// micro-batches [(s-1) W K, s W K); rank r takes every W-th of them, so the
+// global batch does not depend on W. The loss of every micro-batch is divided
+// by N, the step's global count of target tokens (MPI_Allreduce before any
+// backward), and gradients are summed over ranks: the update is the gradient
+// of the mean loss over every target token of the step (DESIGN.md section 1).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "src/app/commands.h"
+#include "src/app/options.h"
+#include "src/data/synthetic.h"
+#include "src/loss/cross_entropy.h"
+#include "src/model/model.h"
+#include "src/optim/adamw.h"
+#include "src/optim/schedule.h"
+
+namespace mpiformer {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Global loss sums over ranks: sums travel, divisions happen once.
+LossSums allreduce(const Communicator& comm, const LossSums& local) {
+  double v[3] = {local.loss, static_cast<double>(local.tokens), static_cast<double>(local.correct)};
+  comm.allreduce_sum(v, 3);
+  LossSums global;
+  global.loss = v[0];
+  global.tokens = static_cast<int64_t>(v[1]);
+  global.correct = static_cast<int64_t>(v[2]);
+  return global;
+}
+
+// Writes `text` to `path` through a temporary name, so a reader never sees
+// half a file.
+void write_file_atomically(const std::filesystem::path& path, const std::string& text) {
+  const std::filesystem::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << text;
+    if (!out.flush()) throw std::runtime_error("cannot write " + tmp.string());
+  }
+  std::filesystem::rename(tmp, path);
+}
+
+// The evaluation batches are split over ranks like training batches.
+LossSummary evaluate(Model& model, const SyntheticSource& source, const TrainConfig& cfg,
+                     const Communicator& comm, Batch& batch) {
+  LossSums local;
+  for (int i = comm.rank(); i < cfg.eval_batches; i += comm.size()) {
+    source.make_batch(SyntheticSource::kEval, static_cast<uint64_t>(i), &batch);
+    local += model.evaluate(batch, cfg.label_smoothing);
+  }
+  return summarize(allreduce(comm, local));
+}
+
+int default_threads(const Communicator& comm) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, cores / comm.local_size());
+}
+
+}  // namespace
+
+int run_train(const TrainConfig& cfg, Communicator& comm) {
+  const int W = comm.size(), rank = comm.rank(), K = cfg.accum_steps;
+  const int threads = cfg.threads > 0 ? cfg.threads : default_threads(comm);
+  std::unique_ptr<Ops> ops = make_cpu_ops(threads);
+
+  SyntheticSource source(cfg.synthetic, cfg.model, cfg.max_tokens, cfg.max_sentences, cfg.min_len,
+                         cfg.mlm_probability, cfg.seed);
+  Model model(*ops, cfg.model, ModelCapacity{cfg.max_tokens, cfg.model.max_len});
+  model.init_parameters(cfg.seed);
+  ParameterSet& params = model.parameters();
+  AdamW optimizer(params, cfg.optim);
+  LrSchedule schedule(cfg.optim, cfg.steps);
+
+  const std::filesystem::path rundir(cfg.out_dir);
+  if (comm.is_root()) {
+    std::filesystem::create_directories(rundir);
+    write_file_atomically(rundir / "config.ini", train_config_ini(cfg));
+    std::printf("mpiformer train: %s on %s (%s), %d rank(s) x %d thread(s), %zu parameters\n",
+                to_string(cfg.model.kind), to_string(cfg.synthetic), ops->name().c_str(), W,
+                threads, params.count());
+    std::printf(
+        "  %d layer(s), d-model %d, %d heads, d-ff %d, vocab %d, max-len %d; "
+        "max-tokens %d x %d micro-batch(es) x %d rank(s) per step\n",
+        cfg.model.kind == ModelKind::kSeq2seq ? cfg.model.enc_layers + cfg.model.dec_layers
+                                              : cfg.model.layers,
+        cfg.model.d_model, cfg.model.heads, cfg.model.d_ff, cfg.model.vocab, cfg.model.max_len,
+        cfg.max_tokens, K, W);
+    std::fflush(stdout);
+  }
+
+  std::vector<Batch> batches(K);
+  Batch eval_batch;
+  LossSums window;  // local sums since the last progress line
+  int64_t window_real_tokens = 0, window_padded_tokens = 0;
+  double window_compute_s = 0.0;
+  int window_steps = 0;
+  Clock::time_point window_start = Clock::now();
+
+  for (int64_t step = 1; step <= cfg.steps; ++step) {
+    const Clock::time_point step_start = Clock::now();
+
+    // 1. This rank's micro-batches of the step, and the global token count N.
+    int64_t local_targets = 0;
+    for (int k = 0; k < K; ++k) {
+      const uint64_t global_index = static_cast<uint64_t>((step - 1) * W * K + rank + k * W);
+      source.make_batch(SyntheticSource::kTrain, global_index, &batches[k]);
+      local_targets += batches[k].target_tokens(cfg.model.special.pad);
+      window_real_tokens += batches[k].real_tokens();
+      window_padded_tokens += batches[k].padded_tokens();
+    }
+    const int64_t global_targets = comm.allreduce_sum(local_targets);
+    if (global_targets == 0) continue;  // every rank agrees: nothing to learn from
+    const float grad_scale = 1.0f / static_cast<float>(global_targets);
+
+    // 2. Forward and backward of each micro-batch; gradients accumulate.
+    params.zero_grads();
+    for (int k = 0; k < K; ++k) {
+      const PassId pass{cfg.seed, step, rank + k * W};
+      window += model.forward_backward(batches[k], cfg.label_smoothing, grad_scale, pass);
+    }
+
+    // 3. Sum gradients over ranks; clip; update.
+    if (W > 1) comm.allreduce_sum(params.grads(), params.count());
+    const double grad_norm = optimizer.grad_norm();
+    const float lr = schedule.lr(step);
+    optimizer.step(lr, clip_factor(grad_norm, cfg.optim.clip_norm));
+    window_compute_s += seconds_since(step_start);
+    ++window_steps;
+
+    // 4. Progress: global token-weighted figures.
+    if (step % cfg.log_every == 0 || step == cfg.steps) {
+      const LossSummary train = summarize(allreduce(comm, window));
+      const double seconds = seconds_since(window_start);
+      const double real = static_cast<double>(comm.allreduce_sum(window_real_tokens));
+      const double padded = static_cast<double>(comm.allreduce_sum(window_padded_tokens));
+      if (comm.is_root()) {
+        std::printf(
+            "step %lld/%lld | loss %.4f | acc %.2f%% | lr %.3e | grad-norm %.3f | "
+            "%.0f tok/s | pad-eff %.3f | %.1f ms/step\n",
+            static_cast<long long>(step), static_cast<long long>(cfg.steps), train.loss,
+            100.0 * train.accuracy, lr, grad_norm, real / seconds, padded > 0 ? real / padded : 1.0,
+            1000.0 * window_compute_s / window_steps);
+        std::fflush(stdout);
+      }
+      window = LossSums{};
+      window_real_tokens = window_padded_tokens = 0;
+      window_compute_s = 0.0;
+      window_steps = 0;
+      window_start = Clock::now();
+    }
+
+    // 5. Evaluation on held-out data.
+    if (cfg.eval_every > 0 && step % cfg.eval_every == 0 && step != cfg.steps) {
+      const LossSummary eval = evaluate(model, source, cfg, comm, eval_batch);
+      if (comm.is_root()) {
+        std::printf("eval step %lld | loss %.4f | ppl %.3f | acc %.2f%% | %lld tokens\n",
+                    static_cast<long long>(step), eval.loss, eval.perplexity, 100.0 * eval.accuracy,
+                    static_cast<long long>(eval.tokens));
+        std::fflush(stdout);
+      }
+    }
+  }
+
+  const LossSummary final_eval = evaluate(model, source, cfg, comm, eval_batch);
+  if (comm.is_root()) {
+    std::printf("final eval | loss %.4f | ppl %.3f | acc %.2f%% | %lld tokens\n", final_eval.loss,
+                final_eval.perplexity, 100.0 * final_eval.accuracy,
+                static_cast<long long>(final_eval.tokens));
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace mpiformer

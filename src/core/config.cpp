@@ -1,1 +1,100 @@
-// placeholder: being written
+#include "src/core/config.h"
+
+namespace mpiformer {
+
+// The spellings below are the command-line and config-file values: options.cpp
+// parses them and config.ini records them, so they must stay in step.
+
+const char* to_string(ModelKind k) {
+  switch (k) {
+    case ModelKind::kLm:
+      return "lm";
+    case ModelKind::kSeq2seq:
+      return "seq2seq";
+    case ModelKind::kMlm:
+      return "mlm";
+  }
+  return "?";
+}
+
+const char* to_string(PositionKind k) {
+  switch (k) {
+    case PositionKind::kLearned:
+      return "learned";
+    case PositionKind::kSinusoidal:
+      return "sinusoidal";
+  }
+  return "?";
+}
+
+const char* to_string(SyntheticTask k) {
+  switch (k) {
+    case SyntheticTask::kNone:
+      return "none";
+    case SyntheticTask::kReverse:
+      return "reverse";
+    case SyntheticTask::kCopy:
+      return "copy";
+    case SyntheticTask::kSort:
+      return "sort";
+  }
+  return "?";
+}
+
+const char* to_string(ScheduleKind k) {
+  switch (k) {
+    case ScheduleKind::kConstant:
+      return "constant";
+    case ScheduleKind::kPolynomial:
+      return "polynomial";
+    case ScheduleKind::kInverseSqrt:
+      return "inverse-sqrt";
+    case ScheduleKind::kCosine:
+      return "cosine";
+  }
+  return "?";
+}
+
+const char* to_string(DeviceKind k) {
+  switch (k) {
+    case DeviceKind::kCpu:
+      return "cpu";
+    case DeviceKind::kCuda:
+      return "cuda";
+  }
+  return "?";
+}
+
+const char* to_string(Precision k) {
+  switch (k) {
+    case Precision::kFp32:
+      return "fp32";
+    case Precision::kBf16:
+      return "bf16";
+    case Precision::kFp16:
+      return "fp16";
+  }
+  return "?";
+}
+
+const char* to_string(Activation k) {
+  switch (k) {
+    case Activation::kGelu:
+      return "gelu";
+    case Activation::kRelu:
+      return "relu";
+  }
+  return "?";
+}
+
+const char* to_string(AttentionScale k) {
+  switch (k) {
+    case AttentionScale::kStandard:
+      return "standard";
+    case AttentionScale::kLogLength:
+      return "log-length";
+  }
+  return "?";
+}
+
+}  // namespace mpiformer

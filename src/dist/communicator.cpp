@@ -1,1 +1,88 @@
-// placeholder: being written
+#include "src/dist/communicator.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
+
+namespace mpiformer {
+
+Communicator::Communicator(int* argc, char*** argv) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) throw std::runtime_error("MPI was already finalized");
+    // FUNNELED: only the main thread calls MPI; OpenMP workers never do.
+    int provided = 0;
+    MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+    owns_mpi_ = true;
+  }
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+  MPI_Comm_size(MPI_COMM_WORLD, &size_);
+
+  // Ranks that share memory share a node: their index among themselves picks
+  // the GPU and their count divides the cores.
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
+  MPI_Comm_rank(node, &local_rank_);
+  MPI_Comm_size(node, &local_size_);
+  MPI_Comm_free(&node);
+}
+
+Communicator::~Communicator() {
+  if (!owns_mpi_) return;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+int64_t Communicator::allreduce_sum(int64_t x) const {
+  int64_t sum = 0;
+  MPI_Allreduce(&x, &sum, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+  return sum;
+}
+
+double Communicator::allreduce_sum(double x) const {
+  double sum = 0.0;
+  MPI_Allreduce(&x, &sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  return sum;
+}
+
+void Communicator::allreduce_sum(double* x, int n) const {
+  MPI_Allreduce(MPI_IN_PLACE, x, n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+}
+
+void Communicator::allreduce_sum(float* x, size_t n) const {
+  // MPI counts are int: a buffer past 2^31 floats goes in pieces. Every rank
+  // passes the same n, so every rank makes the same calls.
+  constexpr size_t kChunk = static_cast<size_t>(INT_MAX);
+  size_t done = 0;
+  do {
+    const int count = static_cast<int>(std::min(n - done, kChunk));
+    MPI_Allreduce(MPI_IN_PLACE, x + done, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    done += static_cast<size_t>(count);
+  } while (done < n);
+}
+
+bool Communicator::any(bool flag) const {
+  int local = flag ? 1 : 0;
+  int global = 0;
+  MPI_Allreduce(&local, &global, 1, MPI_INT, MPI_LOR, MPI_COMM_WORLD);
+  return global != 0;
+}
+
+void Communicator::barrier() const {
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+void Communicator::abort(const std::string& message, int code) const {
+  std::fprintf(stderr, "[rank %d] %s\n", rank_, message.c_str());
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);  // MPI_Abort should not return; never fall through if it does
+}
+
+}  // namespace mpiformer

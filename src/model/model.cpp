@@ -1,1 +1,361 @@
-// placeholder: being written
+#include "src/model/model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "src/model/blocks.h"
+
+namespace mpiformer {
+
+namespace {
+
+// Device copies of one side of a batch: ids, positions and offsets.
+struct DeviceSequences {
+  int32_t* ids = nullptr;        // (N)
+  int32_t* positions = nullptr;  // (N)
+  int32_t* offsets = nullptr;    // (B+1)
+  Ragged rows;
+
+  void init(ActivationArena& arena, int max_tokens) {
+    ids = arena.ints(max_tokens);
+    positions = arena.ints(max_tokens);
+    offsets = arena.ints(static_cast<size_t>(max_tokens) + 1);
+  }
+  void upload(Ops& ops, const PackedSequences& s) {
+    const size_t n = s.tokens.size() * sizeof(int32_t);
+    ops.copy_to_device(ids, s.tokens.data(), n);
+    ops.copy_to_device(positions, s.positions.data(), n);
+    ops.copy_to_device(offsets, s.offsets.data(), s.offsets.size() * sizeof(int32_t));
+    rows.host_offsets = s.offsets.data();
+    rows.device_offsets = offsets;
+    rows.batch = s.batch();
+    rows.total = s.total();
+    rows.max_len = s.max_len();
+  }
+};
+
+// A stack of residual sub-layers over one embedded sequence side, with the
+// final layer norm of pre-LN models.
+struct Stack {
+  Embedding embedding;
+  std::vector<Sublayer> sublayers;
+  std::vector<const float*> inputs;  // input stream of each sub-layer
+  LayerNorm final_norm;
+  bool has_final_norm = false;
+  const float* last = nullptr;  // stream after the last sub-layer (N, C)
+  const float* out = nullptr;   // the stack's output (N, C)
+
+  const float* forward(BlockContext& ctx, BlockScratch& scratch, const DeviceSequences& seq,
+                       const float* memory, const Ragged& memory_rows) {
+    const float* x = embedding.forward(ctx, seq.ids, seq.positions, seq.rows.total);
+    for (size_t i = 0; i < sublayers.size(); ++i) {
+      inputs[i] = x;
+      x = sublayers[i].forward(ctx, scratch, x, seq.rows, memory, memory_rows);
+    }
+    last = x;
+    out = x;
+    if (has_final_norm) {
+      final_norm.forward(ctx, x, seq.rows.total);
+      out = final_norm.out;
+    }
+    return out;
+  }
+
+  // dout: (N, C) d(out), in `spare` on entry; the stream buffers are swapped freely.
+  void backward(BlockContext& ctx, BlockScratch& scratch, float*& dstream, float*& spare,
+                const DeviceSequences& seq, const float* memory, float* dmemory,
+                const Ragged& memory_rows) {
+    const int N = seq.rows.total;
+    if (has_final_norm)
+      final_norm.backward(ctx, dstream, spare, last, N, false);
+    else
+      std::swap(dstream, spare);
+    for (size_t i = sublayers.size(); i-- > 0;)
+      sublayers[i].backward(ctx, scratch, dstream, spare, inputs[i], seq.rows, memory, dmemory,
+                            memory_rows);
+    embedding.backward(ctx, dstream, seq.ids, seq.positions, N);
+  }
+};
+
+}  // namespace
+
+struct Model::Impl {
+  Ops& ops;
+  const ModelConfig& config;
+  ModelCapacity capacity;
+  ParameterSet& params;
+  ActivationArena arena;
+  BlockContext ctx;
+  BlockScratch scratch;
+
+  bool has_encoder = false;
+  Stack encoder;  // seq2seq only
+  Stack main;     // decoder (lm, seq2seq) or encoder (mlm): produces predictions
+  DeviceSequences enc_seq, dec_seq;
+  int32_t* targets = nullptr;  // (N)
+
+  int token_table = -1;    // (V, C)
+  int output_weight = -1;  // (V, C): token_table when tied
+  int output_bias = -1;    // (V)
+  // mlm head: h -> act(dense(h)) -> LN
+  int mlm_dense_w = -1, mlm_dense_b = -1;
+  LayerNorm mlm_norm;
+  float* mlm_dense = nullptr;  // (N, C)
+  float* mlm_act = nullptr;    // (N, C)
+
+  float* sinusoids = nullptr;  // (L, C) fixed positions
+  float* dstream = nullptr;    // (N, C) gradient of the stream being back-propagated
+  float* spare = nullptr;      // (N, C)
+  float* dmemory = nullptr;    // (Nk, C) gradient of the encoder output
+  float* logits = nullptr;     // (chunk_rows, V)
+  int chunk_rows = 0;
+
+  Impl(Ops& o, const ModelConfig& c, const ModelCapacity& cap, ParameterSet& p)
+      : ops(o), config(c), capacity(cap), params(p), arena(o) {
+    ctx.ops = &ops;
+    ctx.params = &params;
+    ctx.config = &config;
+    build();
+  }
+
+  void build_stack(Stack& stack, const std::string& name, int layers, bool causal, bool cross,
+                   int rows, uint64_t site_base) {
+    const int per_layer = cross ? 3 : 2;
+    // GPT-2: residual projections scaled down by the number of residual adds.
+    const float residual_std = 0.02f / std::sqrt(static_cast<float>(per_layer * layers));
+    const int positions =
+        config.positions == PositionKind::kLearned ? params.find("embed.positions") : -1;
+    stack.embedding.init(ctx, arena, rows, token_table, positions,
+                         positions >= 0 ? nullptr : sinusoids, site_base);
+    uint64_t site = site_base + 1;
+    const int memory_rows = cross ? capacity.max_tokens : 0;
+    for (int l = 0; l < layers; ++l) {
+      const std::string prefix = name + ".layers." + std::to_string(l);
+      stack.sublayers.emplace_back();
+      stack.sublayers.back().init(ctx, arena, prefix + ".self_attn", Sublayer::Kind::kSelfAttention,
+                                  causal, rows, 0, capacity.max_len, site++, residual_std);
+      if (cross) {
+        stack.sublayers.emplace_back();
+        stack.sublayers.back().init(ctx, arena, prefix + ".cross_attn",
+                                    Sublayer::Kind::kCrossAttention, false, rows, memory_rows,
+                                    capacity.max_len, site++, residual_std);
+      }
+      stack.sublayers.emplace_back();
+      stack.sublayers.back().init(ctx, arena, prefix + ".mlp", Sublayer::Kind::kMlp, false, rows, 0,
+                                  capacity.max_len, site++, residual_std);
+    }
+    stack.inputs.assign(stack.sublayers.size(), nullptr);
+    stack.has_final_norm = config.pre_norm;
+    if (stack.has_final_norm) stack.final_norm.init(ctx, arena, name + ".norm", rows);
+  }
+
+  void build() {
+    const int C = config.d_model, V = config.vocab, L = config.max_len;
+    const int N = capacity.max_tokens;
+    const bool learned = config.positions == PositionKind::kLearned;
+    token_table = params.add("embed.tokens", {V, C}, false, Init::kNormal,
+                             learned ? 0.02f : 1.0f / std::sqrt(static_cast<float>(C)));
+    if (learned) {
+      params.add("embed.positions", {L, C}, false, Init::kNormal, 0.02f);
+    } else {
+      std::vector<float> table(static_cast<size_t>(L) * C);
+      sinusoid_table(table.data(), L, C);
+      sinusoids = arena.floats(table.size());
+      ops.copy_to_device(sinusoids, table.data(), table.size() * sizeof(float));
+    }
+
+    switch (config.kind) {
+      case ModelKind::kLm:
+        build_stack(main, "decoder", config.layers, true, false, N, 1000);
+        break;
+      case ModelKind::kMlm:
+        build_stack(main, "encoder", config.layers, false, false, N, 1000);
+        break;
+      case ModelKind::kSeq2seq:
+        has_encoder = true;
+        build_stack(encoder, "encoder", config.enc_layers, false, false, N, 1000);
+        build_stack(main, "decoder", config.dec_layers, true, true, N, 2000);
+        enc_seq.init(arena, N);
+        dmemory = arena.floats(static_cast<size_t>(N) * C);
+        break;
+    }
+    dec_seq.init(arena, N);
+    targets = arena.ints(N);
+
+    if (config.kind == ModelKind::kMlm) {
+      mlm_dense_w = params.add("mlm_head.dense.weight", {C, C}, true, Init::kNormal, 0.02f);
+      mlm_dense_b = params.add("mlm_head.dense.bias", {C}, false, Init::kZeros);
+      mlm_norm.init(ctx, arena, "mlm_head.norm", N);
+      mlm_dense = arena.floats(static_cast<size_t>(N) * C);
+      mlm_act = arena.floats(static_cast<size_t>(N) * C);
+    }
+    output_weight = config.tied_embeddings
+                        ? token_table
+                        : params.add("output.weight", {V, C}, true, Init::kNormal, 0.02f);
+    output_bias = params.add("output.bias", {V}, false, Init::kZeros);
+
+    scratch.init(arena, N, has_encoder ? N : 0, C, config.d_ff);
+    dstream = arena.floats(static_cast<size_t>(N) * C);
+    spare = arena.floats(static_cast<size_t>(N) * C);
+    // The vocabulary projection runs in row chunks so logits never need
+    // (N, V) floats: about 4M floats of logits at a time.
+    chunk_rows = std::clamp((1 << 22) / std::max(V, 1), 16, std::max(N, 16));
+    logits = arena.floats(static_cast<size_t>(chunk_rows) * V);
+  }
+
+  void check(const PackedSequences& s, const char* side) const {
+    if (s.total() > capacity.max_tokens || s.max_len() > capacity.max_len)
+      throw std::runtime_error(std::string("batch ") + side + " side (" +
+                               std::to_string(s.total()) + " tokens, longest " +
+                               std::to_string(s.max_len()) + ") exceeds the model capacity (" +
+                               std::to_string(capacity.max_tokens) + " tokens, length " +
+                               std::to_string(capacity.max_len) + ")");
+    for (int32_t id : s.tokens)
+      if (id < 0 || id >= config.vocab)
+        throw std::runtime_error(std::string("batch ") + side + " token id " + std::to_string(id) +
+                                 " outside the vocabulary [0, " + std::to_string(config.vocab) +
+                                 ")");
+  }
+
+  // Loss of the vocabulary projection over rows [0, N) of h, fused with its
+  // backward: dh (N, C) is written when `backward`.  h: (N, C)
+  LossSums head(const float* h, float* dh, int N, float smoothing, float grad_scale,
+                bool backward) {
+    const int C = config.d_model, V = config.vocab;
+    LossSums sums;
+    for (int r0 = 0; r0 < N; r0 += chunk_rows) {
+      const int n = std::min(chunk_rows, N - r0);
+      const float* x = h + static_cast<size_t>(r0) * C;
+      ops.matmul_forward(logits, x, params.param(output_weight), params.param(output_bias), n, C,
+                         V);
+      sums += ops.cross_entropy(logits, targets + r0, n, V, smoothing, config.special.pad,
+                                grad_scale, backward);
+      if (backward)
+        ops.matmul_backward(dh + static_cast<size_t>(r0) * C, params.grad(output_weight),
+                            params.grad(output_bias), logits, x, params.param(output_weight), n, C,
+                            V, false);
+    }
+    return sums;
+  }
+
+  LossSums run(const Batch& batch, float smoothing, float grad_scale, bool training) {
+    const int C = config.d_model;
+    check(batch.decoder, "decoder");
+    if (static_cast<int>(batch.targets.size()) != batch.decoder.total())
+      throw std::runtime_error("batch has " + std::to_string(batch.targets.size()) +
+                               " targets for " + std::to_string(batch.decoder.total()) +
+                               " decoder tokens");
+    for (int32_t t : batch.targets)
+      if (t < 0 || t >= config.vocab)
+        throw std::runtime_error("batch target id " + std::to_string(t) +
+                                 " outside the vocabulary");
+    ctx.training = training;
+    dec_seq.upload(ops, batch.decoder);
+    ops.copy_to_device(targets, batch.targets.data(), batch.targets.size() * sizeof(int32_t));
+    const int N = dec_seq.rows.total;
+    if (N == 0) return {};
+
+    // ---- forward ----
+    const float* memory = nullptr;
+    Ragged memory_rows;
+    if (has_encoder) {
+      check(batch.encoder, "encoder");
+      if (batch.encoder.batch() != batch.decoder.batch())
+        throw std::runtime_error("seq2seq batch with different source and target counts");
+      enc_seq.upload(ops, batch.encoder);
+      memory = encoder.forward(ctx, scratch, enc_seq, nullptr, Ragged{});
+      memory_rows = enc_seq.rows;
+    }
+    const float* h = main.forward(ctx, scratch, dec_seq, memory, memory_rows);
+    if (config.kind == ModelKind::kMlm) {
+      ops.matmul_forward(mlm_dense, h, params.param(mlm_dense_w), params.param(mlm_dense_b), N, C,
+                         C);
+      ops.activation_forward(mlm_act, mlm_dense, static_cast<size_t>(N) * C, config.activation);
+      mlm_norm.forward(ctx, mlm_act, N);
+      h = mlm_norm.out;
+    }
+
+    // ---- loss, fused with the head's backward ----
+    LossSums sums = head(h, spare, N, smoothing, grad_scale, training);
+    if (!training) return sums;
+
+    // ---- backward ----  (d(main.out) is in `spare`)
+    if (config.kind == ModelKind::kMlm) {
+      const size_t n = static_cast<size_t>(N) * C;
+      mlm_norm.backward(ctx, scratch.dy, spare, mlm_act, N, false);
+      ops.activation_backward(scratch.du, scratch.dy, mlm_dense, n, config.activation);
+      ops.matmul_backward(spare, params.grad(mlm_dense_w), params.grad(mlm_dense_b), scratch.du,
+                          main.out, params.param(mlm_dense_w), N, C, C, false);
+    }
+    if (has_encoder) ops.fill_zero(dmemory, static_cast<size_t>(memory_rows.total) * C);
+    main.backward(ctx, scratch, dstream, spare, dec_seq, memory, dmemory, memory_rows);
+    if (has_encoder) {
+      // d(encoder output) becomes the encoder's incoming gradient; the three
+      // (N, C) buffers only trade places.
+      std::swap(spare, dmemory);
+      encoder.backward(ctx, scratch, dstream, spare, enc_seq, nullptr, nullptr, Ragged{});
+    }
+    return sums;
+  }
+};
+
+Model::Model(Ops& ops, const ModelConfig& config, const ModelCapacity& capacity)
+    : config_(config), capacity_(capacity), params_(std::make_unique<ParameterSet>(ops)) {
+  if (capacity.max_tokens <= 0 || capacity.max_len <= 0 || capacity.max_len > config.max_len)
+    throw std::invalid_argument("model capacity must be positive and within max_len");
+  impl_ = std::make_unique<Impl>(ops, config_, capacity_, *params_);
+}
+
+Model::~Model() = default;
+
+void Model::init_parameters(uint64_t seed) {
+  params_->allocate(seed);
+}
+
+LossSums Model::forward_backward(const Batch& batch, float label_smoothing, float grad_scale,
+                                 const PassId& pass) {
+  impl_->ctx.dropout_seed = pass.seed;
+  impl_->ctx.dropout_pass =
+      (static_cast<uint64_t>(pass.step) << 16) ^ static_cast<uint64_t>(pass.micro);
+  return impl_->run(batch, label_smoothing, grad_scale, true);
+}
+
+LossSums Model::evaluate(const Batch& batch, float label_smoothing) {
+  return impl_->run(batch, label_smoothing, 1.0f, false);
+}
+
+int64_t Model::flop_parameters() const {
+  int64_t n = 0;
+  for (const ParamInfo& info : params_->info())
+    if (info.name.rfind("embed.", 0) != 0) n += static_cast<int64_t>(info.size);
+  // a tied output projection is the token table: count it once, as the projection
+  if (config_.tied_embeddings) n += static_cast<int64_t>(config_.vocab) * config_.d_model;
+  return n;
+}
+
+double Model::training_flops(const Batch& batch) const {
+  int64_t encoder_params = 0;
+  for (const ParamInfo& info : params_->info())
+    if (info.name.rfind("encoder.", 0) == 0) encoder_params += static_cast<int64_t>(info.size);
+  const bool seq2seq = config_.kind == ModelKind::kSeq2seq;
+  if (!seq2seq) encoder_params = 0;  // mlm: its encoder is the main stack
+  const double d = config_.d_model;
+  auto attention = [&](const PackedSequences& s, int layers) {
+    double f = 0.0;
+    for (int b = 0; b < s.batch(); ++b) f += 12.0 * layers * d * s.length(b) * s.length(b);
+    return f;
+  };
+  const int main_layers = seq2seq ? config_.dec_layers : config_.layers;
+  double flops =
+      6.0 * static_cast<double>(flop_parameters() - encoder_params) * batch.decoder.total() +
+      attention(batch.decoder, main_layers);
+  if (seq2seq)
+    flops += 6.0 * static_cast<double>(encoder_params) * batch.encoder.total() +
+             attention(batch.encoder, config_.enc_layers);
+  return flops;
+}
+
+}  // namespace mpiformer

@@ -52,8 +52,12 @@ class Model {
 
   // Non-embedding parameters plus the output projection (DESIGN.md section 9).
   int64_t flop_parameters() const;
-  // Training FLOPs per token for a context of T tokens: 6 N + 12 L d T.
-  double training_flops_per_token(int T) const;
+  // Training FLOPs of one micro-batch (DESIGN.md section 9, per sequence):
+  // 6 N per token, N the parameters the token passes through (the encoder's
+  // for source tokens; the decoder's and the output projection's for target
+  // tokens), plus 12 L d T per token for attention over T = its sequence's
+  // length, summed over the sequences of the ragged batch.
+  double training_flops(const Batch& batch) const;
 
  private:
   struct Impl;

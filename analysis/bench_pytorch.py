@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""The reference side of `scripts/bench-cpu`: the same model shapes as
+`mpiformer bench`, trained with PyTorch (AdamW, label smoothing, padding
+masks), timed after warm-up steps. Prints one JSON line in the same fields.
+
+    bench_pytorch.py --model lm --layers 4 --d-model 256 --heads 4 --d-ff 1024 \
+        --vocab 8192 --batch 8 --seq 256 --threads 2
+"""
+import argparse
+import json
+import resource
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class LmModel(nn.Module):
+    """GPT-style decoder: learned positions, pre-LN blocks, tied output."""
+
+    def __init__(self, a):
+        super().__init__()
+        self.tokens = nn.Embedding(a.vocab, a.d_model)
+        self.positions = nn.Embedding(a.seq, a.d_model)
+        layer = nn.TransformerEncoderLayer(a.d_model, a.heads, a.d_ff, dropout=0.0,
+                                           activation="gelu", batch_first=True, norm_first=True)
+        self.blocks = nn.TransformerEncoder(layer, a.layers)
+        self.norm = nn.LayerNorm(a.d_model)
+        self.bias = nn.Parameter(torch.zeros(a.vocab))
+
+    def forward(self, ids, pad_mask):
+        T = ids.shape[1]
+        x = self.tokens(ids) + self.positions(torch.arange(T))
+        causal = torch.triu(torch.full((T, T), float("-inf")), diagonal=1)
+        x = self.norm(self.blocks(x, mask=causal, src_key_padding_mask=pad_mask))
+        return F.linear(x, self.tokens.weight, self.bias)
+
+
+class Seq2seqModel(nn.Module):
+    """Encoder-decoder with cross-attention, pre-LN, shared tied embeddings."""
+
+    def __init__(self, a):
+        super().__init__()
+        self.tokens = nn.Embedding(a.vocab, a.d_model)
+        self.positions = nn.Embedding(max(a.seq, a.src_seq), a.d_model)
+        self.transformer = nn.Transformer(a.d_model, a.heads, a.enc_layers, a.dec_layers, a.d_ff,
+                                          dropout=0.0, activation="gelu", batch_first=True,
+                                          norm_first=True)
+        self.bias = nn.Parameter(torch.zeros(a.vocab))
+
+    def embed(self, ids):
+        return self.tokens(ids) + self.positions(torch.arange(ids.shape[1]))
+
+    def forward(self, src, src_pad, tgt, tgt_pad):
+        T = tgt.shape[1]
+        causal = self.transformer.generate_square_subsequent_mask(T)
+        x = self.transformer(self.embed(src), self.embed(tgt), tgt_mask=causal,
+                             src_key_padding_mask=src_pad, tgt_key_padding_mask=tgt_pad,
+                             memory_key_padding_mask=src_pad)
+        return F.linear(x, self.tokens.weight, self.bias)
+
+
+def padded_batch(lengths, vocab, generator):
+    """Random symbols, right-padded with id 0; returns ids and the pad mask."""
+    T = max(lengths)
+    ids = torch.randint(6, vocab, (len(lengths), T), generator=generator)
+    pad = torch.arange(T)[None, :] >= torch.tensor(lengths)[:, None]
+    return ids.masked_fill(pad, 0), pad
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--model", choices=["lm", "seq2seq"], required=True)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--enc-layers", type=int, default=3)
+    p.add_argument("--dec-layers", type=int, default=3)
+    p.add_argument("--d-model", type=int, default=256)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--d-ff", type=int, default=1024)
+    p.add_argument("--vocab", type=int, default=8192)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=256)
+    p.add_argument("--min-seq", type=int, default=0)
+    p.add_argument("--src-seq", type=int, default=0)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--warmup-steps", type=int, default=2)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--label-smoothing", type=float, default=0.1)
+    p.add_argument("--seed", type=int, default=1)
+    a = p.parse_args()
+    a.src_seq = a.src_seq or a.seq
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(a.seed)
+    g = torch.Generator().manual_seed(a.seed)
+
+    def lengths(longest):
+        if a.min_seq <= 0:
+            return [longest] * a.batch
+        return torch.randint(a.min_seq, longest + 1, (a.batch,), generator=g).tolist()
+
+    if a.model == "lm":
+        model = LmModel(a)
+        ids, pad = padded_batch(lengths(a.seq), a.vocab, g)
+        targets = torch.randint(6, a.vocab, ids.shape, generator=g).masked_fill(pad, 0)
+        inputs = (ids, pad)
+        real_tokens = int((~pad).sum())
+    else:
+        model = Seq2seqModel(a)
+        src, src_pad = padded_batch(lengths(a.src_seq), a.vocab, g)
+        tgt, tgt_pad = padded_batch(lengths(a.seq), a.vocab, g)
+        targets = torch.randint(6, a.vocab, tgt.shape, generator=g).masked_fill(tgt_pad, 0)
+        inputs = (src, src_pad, tgt, tgt_pad)
+        real_tokens = int((~src_pad).sum() + (~tgt_pad).sum())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0)
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        logits = model(*inputs)
+        loss = F.cross_entropy(logits.reshape(-1, a.vocab), targets.reshape(-1), ignore_index=0,
+                               label_smoothing=a.label_smoothing)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+
+    for _ in range(a.warmup_steps):
+        step()
+    t0 = time.perf_counter()
+    for _ in range(a.steps):
+        step()
+    step_s = (time.perf_counter() - t0) / a.steps
+    print(json.dumps({
+        "model": a.model, "device": "pytorch-cpu " + torch.__version__, "threads": a.threads,
+        "batch": a.batch, "seq": a.seq, "real_tokens": real_tokens,
+        "tokens_per_s": round(real_tokens / step_s, 1), "step_ms": round(1000 * step_s, 2),
+        "peak_mem_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    }))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# Bad flags and values through the real binary: exit code 2, one line on
+# stderr naming the flag, nothing written. Help exits 0 and shows defaults.
+#
+# usage: cli_errors.sh /path/to/mpiformer WORKDIR
+set -euo pipefail
+
+bin=${1:?usage: cli_errors.sh /path/to/mpiformer WORKDIR}
+work=${2:?usage: cli_errors.sh /path/to/mpiformer WORKDIR}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1
+
+rm -rf "$work"
+mkdir -p "$work"
+out=$work/stdout
+err=$work/stderr
+run_dir=$work/run  # every train command below names it; none may create it
+failures=0
+
+fail() {
+  echo "FAIL: $*" >&2
+  echo "  stdout: $(head -c 2000 "$out")" >&2
+  echo "  stderr: $(head -c 2000 "$err")" >&2
+  failures=$((failures + 1))
+}
+
+# Runs the binary; sets $rc without tripping set -e.
+run() {
+  rc=0
+  "$bin" "$@" >"$out" 2>"$err" || rc=$?
+}
+
+# expect_usage_error FLAG ARGS...: exit 2, stderr exactly one line that names
+# FLAG, stdout empty.
+expect_usage_error() {
+  local flag=$1
+  shift
+  run "$@"
+  local what="mpiformer $*"
+  if [[ $rc -ne 2 ]]; then
+    fail "$what: exit code $rc, expected 2"
+    return
+  fi
+  local lines
+  lines=$(wc -l <"$err")
+  if [[ $lines -ne 1 ]]; then
+    fail "$what: $lines lines on stderr, expected 1"
+    return
+  fi
+  if ! grep -qF -- "$flag" "$err"; then
+    fail "$what: stderr does not name $flag"
+  fi
+  if [[ -s $out ]]; then
+    fail "$what: unexpected stdout"
+  fi
+  if [[ -e $run_dir ]]; then
+    fail "$what: created $run_dir before failing"
+    rm -rf "$run_dir"
+  fi
+}
+
+# expect_help ARGS...: exit 0, help on stdout with flags and their defaults.
+expect_help() {
+  run "$@"
+  local what="mpiformer $*"
+  if [[ $rc -ne 0 ]]; then
+    fail "$what: exit code $rc, expected 0"
+    return
+  fi
+  for needle in "${expected_in_help[@]}"; do
+    if ! grep -qF -- "$needle" "$out"; then
+      fail "$what: help lacks '$needle'"
+    fi
+  done
+}
+
+train=(train --model seq2seq --synthetic reverse --out "$run_dir")
+
+# ---- bad values: each names its flag ----
+expect_usage_error --heads "${train[@]}" --d-model 256 --heads 3
+expect_usage_error --model train --model gpt --synthetic copy --out "$run_dir"
+expect_usage_error --label-smoothing "${train[@]}" --label-smoothing 1.5
+expect_usage_error --label-smoothing "${train[@]}" --label-smoothing -0.1
+expect_usage_error --layers "${train[@]}" --layers -2
+expect_usage_error --layers "${train[@]}" --layers two
+expect_usage_error --d-model "${train[@]}" --d-model 0
+expect_usage_error --dropout "${train[@]}" --dropout 1
+expect_usage_error --vocab "${train[@]}" --vocab 3
+expect_usage_error --max-len "${train[@]}" --max-len 2
+expect_usage_error --max-tokens "${train[@]}" --max-tokens 8
+expect_usage_error --min-len "${train[@]}" --min-len 1000
+expect_usage_error --lr "${train[@]}" --lr -1
+expect_usage_error --seed "${train[@]}" --seed -5
+expect_usage_error --schedule "${train[@]}" --schedule linear
+expect_usage_error --precision "${train[@]}" --device cpu --precision bf16
+expect_usage_error --device "${train[@]}" --device tpu
+expect_usage_error --tied-embeddings "${train[@]}" --tied-embeddings maybe
+expect_usage_error --no-such-flag "${train[@]}" --no-such-flag 1
+expect_usage_error --steps "${train[@]}" --steps
+expect_usage_error --steps "${train[@]}" --steps 10 --steps 20
+expect_usage_error --resume "${train[@]}" --resume auto
+expect_usage_error --data train --model lm --synthetic copy --data "$work" --out "$run_dir"
+expect_usage_error --data train --model lm --out "$run_dir"
+expect_usage_error --out train --model lm --synthetic copy
+expect_usage_error stray "${train[@]}" stray
+expect_usage_error --batch bench --batch 0
+expect_usage_error --seq bench --max-len 64 --seq 128
+expect_usage_error --out bench --out "$run_dir"
+
+# --config: unknown keys, bad values (naming the file), unreadable files.
+printf 'd-model = 128\nwidth = 3\n' >"$work/unknown.ini"
+expect_usage_error width "${train[@]}" --config "$work/unknown.ini"
+printf 'heads = 5\n' >"$work/heads.ini"
+expect_usage_error --heads "${train[@]}" --config "$work/heads.ini"
+printf 'd-model = wide\n' >"$work/bad_value.ini"
+expect_usage_error "$work/bad_value.ini" "${train[@]}" --config "$work/bad_value.ini"
+expect_usage_error --config "${train[@]}" --config "$work/missing.ini"
+
+# ---- commands ----
+expect_usage_error frobnicate frobnicate
+expect_usage_error eval eval --checkpoint x.h5
+expect_usage_error command # no command at all
+
+# ---- help: exit 0, flags with their defaults ----
+expected_in_help=(train bench)
+expect_help --help
+expected_in_help=(--model --synthetic --out --config --d-model "(=64)" --heads "(=4)" --lr
+                  "(=0.001)" --schedule inverse-sqrt --max-tokens "(=4096)" --label-smoothing
+                  --device --precision --resume --decay-all)
+expect_help train --help
+expect_help train --model gpt --help  # help wins over bad values
+expected_in_help=(--batch --seq --peak-tflops --steps --d-model "(=64)")
+expect_help bench --help
+
+# Under mpirun every rank fails alike; only rank 0 speaks.
+if [[ -n ${MPIEXEC:-} ]] && command -v "$MPIEXEC" >/dev/null; then
+  rc=0
+  "$MPIEXEC" -n 2 "$bin" "${train[@]}" --heads 3 >"$out" 2>"$err" || rc=$?
+  if [[ $rc -ne 2 ]]; then
+    fail "mpirun -n 2: exit code $rc, expected 2"
+  fi
+  if [[ $(grep -c 'mpiformer train: --heads' "$err") -ne 1 ]]; then
+    fail "mpirun -n 2: expected the message once"
+  fi
+fi
+
+if [[ $failures -gt 0 ]]; then
+  echo "$failures check(s) failed" >&2
+  exit 1
+fi
+echo "cli_errors: all checks passed"

@@ -1,0 +1,29 @@
+# Shared by the end-to-end tests: run the trainer and read its final figures.
+# Usage from a test: source common.sh; then `train_and_check ... `.
+set -euo pipefail
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1
+
+# run_logged LOG CMD...: runs CMD, keeps its output in LOG and on stdout.
+run_logged() {
+  local log=$1
+  shift
+  echo "+ $*"
+  "$@" 2>&1 | tee "$log"
+  return "${PIPESTATUS[0]}"
+}
+
+# final_accuracy LOG: the accuracy (percent) of the "final eval" line.
+final_accuracy() {
+  sed -n 's/^final eval .*| acc \([0-9.]*\)%.*/\1/p' "$1" | tail -n 1
+}
+
+# expect_at_least NAME VALUE MIN
+expect_at_least() {
+  if awk -v v="$2" -v m="$3" 'BEGIN { exit !(v != "" && v + 0 >= m + 0) }'; then
+    echo "PASS: $1 = $2 (>= $3)"
+  else
+    echo "FAIL: $1 = '$2', expected >= $3" >&2
+    exit 1
+  fi
+}
