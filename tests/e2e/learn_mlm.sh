@@ -8,5 +8,5 @@ rm -rf "$work" && mkdir -p "$work"
 run_logged "$work/train.log" "$bin" train --model mlm --synthetic copy --out "$work/run" \
   --layers 2 --d-model 128 --heads 4 --d-ff 512 --vocab 24 --max-len 33 \
   --max-tokens 2048 --steps 1500 --lr 2e-3 --warmup 100 --schedule cosine \
-  --label-smoothing 0 --dropout 0 --log-every 100 --eval-batches 32 --seed 1
+  --label-smoothing 0 --dropout 0 --log-every 100 --eval-batches 32 --seed 1 --threads 1
 expect_at_least "mlm copy accuracy (%)" "$(final_accuracy "$work/train.log")" 50
