@@ -108,8 +108,8 @@ class Ops {
   virtual void embedding_backward(float* dtable, const float* dout, const int32_t* ids, int N,
                                   int C, float scale) = 0;
   // x[i] += table[positions[i]].  x: (N, C), positions: (N), table: (L, C)
-  virtual void positional_add_forward(float* x, const int32_t* positions, const float* table,
-                                      int N, int C) = 0;
+  virtual void positional_add_forward(float* x, const int32_t* positions, const float* table, int N,
+                                      int C) = 0;
   // dtable[positions[i]] += dx[i].  dtable: (L, C), dx: (N, C)
   virtual void positional_add_backward(float* dtable, const float* dx, const int32_t* positions,
                                        int N, int C) = 0;
@@ -161,8 +161,8 @@ class Ops {
   // all written (=). dout: (Nq, H*D) dense.
   virtual void attention_backward(float* dq, float* dk, float* dv, const float* dout,
                                   const float* probs, const float* q, int q_stride, const float* k,
-                                  const float* v, int kv_stride, const Ragged& qs,
-                                  const Ragged& ks, const AttentionConfig& cfg) = 0;
+                                  const float* v, int kv_stride, const Ragged& qs, const Ragged& ks,
+                                  const AttentionConfig& cfg) = 0;
 
   // ---- loss -------------------------------------------------------------
   // Label-smoothed softmax cross entropy fused with its gradient. Target

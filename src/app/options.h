@@ -12,10 +12,8 @@
 namespace mpiformer {
 
 // Returns false (after printing help to `out`) when --help was given.
-bool parse_train_options(const std::vector<std::string>& args, TrainConfig* cfg,
-                         std::ostream& out);
-bool parse_bench_options(const std::vector<std::string>& args, BenchConfig* cfg,
-                         std::ostream& out);
+bool parse_train_options(const std::vector<std::string>& args, TrainConfig* cfg, std::ostream& out);
+bool parse_bench_options(const std::vector<std::string>& args, BenchConfig* cfg, std::ostream& out);
 
 // The effective configuration as INI, re-usable with --config.
 std::string train_config_ini(const TrainConfig& cfg);

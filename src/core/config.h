@@ -67,7 +67,7 @@ struct OptimConfig {
   float clip_norm = 1.0f;  // 0 disables clipping
   ScheduleKind schedule = ScheduleKind::kInverseSqrt;
   int64_t warmup = 100;
-  float end_lr = 0.0f;     // polynomial and cosine: LR at the last step
+  float end_lr = 0.0f;  // polynomial and cosine: LR at the last step
   float poly_power = 1.0f;
 };
 
@@ -78,9 +78,9 @@ struct TrainConfig {
   // data
   std::string data_dir;  // --data (real shards; later issue)
   SyntheticTask synthetic = SyntheticTask::kNone;
-  int max_tokens = 4096;     // padded tokens per micro-batch
-  int max_sentences = 0;     // 0: no limit
-  int min_len = 1;           // synthetic sequence lengths
+  int max_tokens = 4096;  // padded tokens per micro-batch
+  int max_sentences = 0;  // 0: no limit
+  int min_len = 1;        // synthetic sequence lengths
   float label_smoothing = 0.1f;
   float mlm_probability = 0.15f;
 
@@ -92,12 +92,12 @@ struct TrainConfig {
   int64_t steps = 1000;
   uint64_t seed = 1;
   int log_every = 10;
-  int eval_every = 0;         // 0: only at the end
+  int eval_every = 0;  // 0: only at the end
   int eval_batches = 8;
-  int checkpoint_every = 0;   // 0: none
+  int checkpoint_every = 0;  // 0: none
   DeviceKind device = DeviceKind::kCpu;
   Precision precision = Precision::kFp32;
-  int threads = 0;            // 0: all cores shared among local ranks
+  int threads = 0;  // 0: all cores shared among local ranks
 };
 
 // `mpiformer bench`: a model shape and a fixed batch, timed after warm-up.
@@ -105,9 +105,9 @@ struct BenchConfig {
   ModelConfig model;
   OptimConfig optim;
   int batch = 8;
-  int seq = 128;       // sequence length (lm/mlm), target length (seq2seq)
-  int min_seq = 0;     // >0: lengths drawn uniformly from [min_seq, seq] (padding)
-  int src_seq = 0;     // seq2seq source length; 0: same as seq
+  int seq = 128;    // sequence length (lm/mlm), target length (seq2seq)
+  int min_seq = 0;  // >0: lengths drawn uniformly from [min_seq, seq] (padding)
+  int src_seq = 0;  // seq2seq source length; 0: same as seq
   int steps = 10;
   int warmup_steps = 3;
   float label_smoothing = 0.1f;

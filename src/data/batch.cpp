@@ -27,7 +27,9 @@ int64_t Batch::padded_tokens() const {
          static_cast<int64_t>(decoder.batch()) * decoder.max_len();
 }
 
-int64_t Batch::real_tokens() const { return encoder.total() + decoder.total(); }
+int64_t Batch::real_tokens() const {
+  return encoder.total() + decoder.total();
+}
 
 int64_t Batch::target_tokens(int pad_id) const {
   return std::count_if(targets.begin(), targets.end(), [&](int32_t t) { return t != pad_id; });

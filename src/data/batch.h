@@ -32,7 +32,7 @@ struct Batch {
   // for seq2seq): the budget --max-tokens bounds, and the denominator of
   // padding efficiency.
   int64_t padded_tokens() const;
-  int64_t real_tokens() const;  // encoder.total() + decoder.total()
+  int64_t real_tokens() const;              // encoder.total() + decoder.total()
   int64_t target_tokens(int pad_id) const;  // targets != pad: the loss weight
   void clear();
 };
