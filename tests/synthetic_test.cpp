@@ -57,10 +57,9 @@ const SyntheticTask kTasks[] = {SyntheticTask::kReverse, SyntheticTask::kCopy,
 
 TEST(Synthetic, SameKeySameBatchDifferentKeyDifferentBatch) {
   for (ModelKind kind : kKinds) {
-    const SyntheticSource a = source_of(kind, SyntheticTask::kReverse);
-    const SyntheticSource a_again = source_of(kind, SyntheticTask::kReverse);
-    const SyntheticSource other_seed =
-        source_of(kind, SyntheticTask::kReverse, 512, 0, 1, /*seed=*/8);
+    SyntheticSource a = source_of(kind, SyntheticTask::kReverse);
+    SyntheticSource a_again = source_of(kind, SyntheticTask::kReverse);
+    SyntheticSource other_seed = source_of(kind, SyntheticTask::kReverse, 512, 0, 1, /*seed=*/8);
     Batch first, second;
     a.make_batch(SyntheticSource::kTrain, 5, &first);
     a.make_batch(SyntheticSource::kTrain, 9, &second);  // another batch in between
@@ -80,8 +79,7 @@ TEST(Synthetic, RespectsTokenAndSentenceBudgets) {
   for (ModelKind kind : kKinds) {
     for (int max_tokens : {70, 200, 1000}) {
       for (int max_sentences : {0, 3}) {
-        const SyntheticSource src =
-            source_of(kind, SyntheticTask::kCopy, max_tokens, max_sentences);
+        SyntheticSource src = source_of(kind, SyntheticTask::kCopy, max_tokens, max_sentences);
         int64_t sequences = 0;
         Batch batch;
         for (uint64_t i = 0; i < 50; ++i) {
@@ -107,8 +105,8 @@ TEST(Synthetic, RespectsTokenAndSentenceBudgets) {
 TEST(Synthetic, LengthsAndIdsStayInRange) {
   const int max_len = 20, vocab = 30, min_len = 3;
   for (ModelKind kind : kKinds) {
-    const SyntheticSource src(SyntheticTask::kSort, model_of(kind, max_len, vocab), 400, 0, min_len,
-                              0.15f, 1);
+    SyntheticSource src(SyntheticTask::kSort, model_of(kind, max_len, vocab), 400, 0, min_len,
+                        0.15f, 1);
     const int max_x = kind == ModelKind::kSeq2seq ? max_len - 1 : (max_len - 1) / 2;
     EXPECT_EQ(src.max_example_len(), max_x);
     int longest_seen = 0;
@@ -134,7 +132,7 @@ TEST(Synthetic, LengthsAndIdsStayInRange) {
 
 TEST(Synthetic, Seq2seqLayout) {
   for (SyntheticTask task : kTasks) {
-    const SyntheticSource src = source_of(ModelKind::kSeq2seq, task);
+    SyntheticSource src = source_of(ModelKind::kSeq2seq, task);
     Batch batch;
     src.make_batch(SyntheticSource::kTrain, 3, &batch);
     ASSERT_GT(batch.decoder.batch(), 1);
@@ -162,7 +160,7 @@ TEST(Synthetic, Seq2seqLayout) {
 
 TEST(Synthetic, LmLayoutHasLossOnlyOnTheAnswer) {
   for (SyntheticTask task : kTasks) {
-    const SyntheticSource src = source_of(ModelKind::kLm, task);
+    SyntheticSource src = source_of(ModelKind::kLm, task);
     Batch batch;
     src.make_batch(SyntheticSource::kTrain, 11, &batch);
     int64_t answer_tokens = 0;
@@ -188,7 +186,7 @@ TEST(Synthetic, LmLayoutHasLossOnlyOnTheAnswer) {
 
 TEST(Synthetic, MlmMasksAboutFifteenPercentAndOnlyChosenCarryTargets) {
   const int vocab = 40;
-  const SyntheticSource src = source_of(ModelKind::kMlm, SyntheticTask::kReverse, 1024);
+  SyntheticSource src = source_of(ModelKind::kMlm, SyntheticTask::kReverse, 1024);
   int64_t real = 0, chosen = 0, masked = 0, replaced = 0, kept = 0;
   Batch batch;
   for (uint64_t i = 0; i < 200; ++i) {
@@ -262,7 +260,7 @@ TEST(Synthetic, RefusesConfigurationsWhereNothingFits) {
 
 TEST(Synthetic, OneExampleWhenOnlyOneFits) {
   // The budget holds exactly one longest example; shorter ones may pair up.
-  const SyntheticSource src = source_of(ModelKind::kSeq2seq, SyntheticTask::kReverse, 63);
+  SyntheticSource src = source_of(ModelKind::kSeq2seq, SyntheticTask::kReverse, 63);
   Batch batch;
   for (uint64_t i = 0; i < 20; ++i) {
     src.make_batch(SyntheticSource::kTrain, i, &batch);

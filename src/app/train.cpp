@@ -20,7 +20,7 @@
 #include "kernels/backend.h"
 #include "src/app/commands.h"
 #include "src/app/options.h"
-#include "src/data/synthetic.h"
+#include "src/data/make_source.h"
 #include "src/loss/cross_entropy.h"
 #include "src/model/model.h"
 #include "src/optim/adamw.h"
@@ -60,11 +60,15 @@ void write_file_atomically(const std::filesystem::path& path, const std::string&
 }
 
 // The evaluation batches are split over ranks like training batches.
-LossSummary evaluate(Model& model, const SyntheticSource& source, const TrainConfig& cfg,
+// --eval-batches caps the count; a shard set's validation split may hold fewer.
+LossSummary evaluate(Model& model, BatchSource& source, const TrainConfig& cfg,
                      const Communicator& comm, Batch& batch) {
+  const uint64_t available = source.eval_batch_count();
+  const uint64_t count = available > 0 ? std::min<uint64_t>(available, cfg.eval_batches)
+                                       : static_cast<uint64_t>(cfg.eval_batches);
   LossSums local;
-  for (int i = comm.rank(); i < cfg.eval_batches; i += comm.size()) {
-    source.make_batch(SyntheticSource::kEval, static_cast<uint64_t>(i), &batch);
+  for (uint64_t i = comm.rank(); i < count; i += comm.size()) {
+    source.make_batch(BatchSource::kEval, i, &batch);
     local += model.evaluate(batch, cfg.label_smoothing);
   }
   return summarize(allreduce(comm, local));
@@ -82,8 +86,8 @@ int run_train(const TrainConfig& cfg, Communicator& comm) {
   const int threads = cfg.threads > 0 ? cfg.threads : default_threads(comm);
   std::unique_ptr<Ops> ops = make_cpu_ops(threads);
 
-  SyntheticSource source(cfg.synthetic, cfg.model, cfg.max_tokens, cfg.max_sentences, cfg.min_len,
-                         cfg.mlm_probability, cfg.seed);
+  std::unique_ptr<BatchSource> data = make_batch_source(cfg, rank, W);
+  BatchSource& source = *data;
   Model model(*ops, cfg.model, ModelCapacity{cfg.max_tokens, cfg.model.max_len});
   model.init_parameters(cfg.seed);
   ParameterSet& params = model.parameters();
@@ -95,8 +99,9 @@ int run_train(const TrainConfig& cfg, Communicator& comm) {
     std::filesystem::create_directories(rundir);
     write_file_atomically(rundir / "config.ini", train_config_ini(cfg));
     std::printf("mpiformer train: %s on %s (%s), %d rank(s) x %d thread(s), %zu parameters\n",
-                to_string(cfg.model.kind), to_string(cfg.synthetic), ops->name().c_str(), W,
-                threads, params.count());
+                to_string(cfg.model.kind),
+                cfg.data_dir.empty() ? to_string(cfg.synthetic) : cfg.data_dir.c_str(),
+                ops->name().c_str(), W, threads, params.count());
     std::printf(
         "  %d layer(s), d-model %d, %d heads, d-ff %d, vocab %d, max-len %d; "
         "max-tokens %d x %d micro-batch(es) x %d rank(s) per step\n",
@@ -115,14 +120,20 @@ int run_train(const TrainConfig& cfg, Communicator& comm) {
   int window_steps = 0;
   Clock::time_point window_start = Clock::now();
 
+  // Global indexing: step s, micro-batch k is global batch (s-1) W K + r + k W.
+  // Per-rank indexing (--sharding file): this rank's batch (s-1) K + k.
+  const uint64_t first = source.global_indices() ? rank : 0;
+  const uint64_t stride = source.global_indices() ? W : 1;
+  source.prefetch(first, stride);
+
   for (int64_t step = 1; step <= cfg.steps; ++step) {
     const Clock::time_point step_start = Clock::now();
 
     // 1. This rank's micro-batches of the step, and the global token count N.
     int64_t local_targets = 0;
     for (int k = 0; k < K; ++k) {
-      const uint64_t global_index = static_cast<uint64_t>((step - 1) * W * K + rank + k * W);
-      source.make_batch(SyntheticSource::kTrain, global_index, &batches[k]);
+      const uint64_t index = first + stride * static_cast<uint64_t>((step - 1) * K + k);
+      source.make_batch(BatchSource::kTrain, index, &batches[k]);
       local_targets += batches[k].target_tokens(cfg.model.special.pad);
       window_real_tokens += batches[k].real_tokens();
       window_padded_tokens += batches[k].padded_tokens();

@@ -97,4 +97,26 @@ const char* to_string(AttentionScale k) {
   return "?";
 }
 
+const char* to_string(TooLong k) {
+  switch (k) {
+    case TooLong::kAuto:
+      return "auto";
+    case TooLong::kSkip:
+      return "skip";
+    case TooLong::kTruncate:
+      return "truncate";
+  }
+  return "?";
+}
+
+const char* to_string(Sharding k) {
+  switch (k) {
+    case Sharding::kData:
+      return "data";
+    case Sharding::kFile:
+      return "file";
+  }
+  return "?";
+}
+
 }  // namespace mpiformer

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "kernels/ops.h"
 
@@ -15,6 +16,11 @@ enum class SyntheticTask { kNone, kReverse, kCopy, kSort };
 enum class ScheduleKind { kConstant, kPolynomial, kInverseSqrt, kCosine };
 enum class DeviceKind { kCpu, kCuda };
 enum class Precision { kFp32, kBf16, kFp16 };
+// Sequences longer than --max-len: skip (seq2seq default) or truncate (lm, mlm default).
+enum class TooLong { kAuto, kSkip, kTruncate };
+// data: every rank reads the whole set and takes every W-th global batch;
+// file: each rank reads its own shard files.
+enum class Sharding { kData, kFile };
 
 const char* to_string(ModelKind k);
 const char* to_string(PositionKind k);
@@ -24,6 +30,8 @@ const char* to_string(DeviceKind k);
 const char* to_string(Precision k);
 const char* to_string(Activation k);
 const char* to_string(AttentionScale k);
+const char* to_string(TooLong k);
+const char* to_string(Sharding k);
 
 // Reserved token ids shared by every model kind and the synthetic tasks.
 struct SpecialTokens {
@@ -76,8 +84,12 @@ struct TrainConfig {
   OptimConfig optim;
 
   // data
-  std::string data_dir;  // --data (real shards; later issue)
+  std::string data_dir;  // --data: a directory written by `mpiformer prepare`
   SyntheticTask synthetic = SyntheticTask::kNone;
+  std::vector<int> buckets;  // --buckets: explicit boundaries; empty: tensor2tensor's
+  TooLong too_long = TooLong::kAuto;
+  Sharding sharding = Sharding::kData;
+  int prefetch = 4;       // batches prepared ahead by the loader thread
   int max_tokens = 4096;  // padded tokens per micro-batch
   int max_sentences = 0;  // 0: no limit
   int min_len = 1;        // synthetic sequence lengths
@@ -98,6 +110,20 @@ struct TrainConfig {
   DeviceKind device = DeviceKind::kCpu;
   Precision precision = Precision::kFp32;
   int threads = 0;  // 0: all cores shared among local ranks
+};
+
+// `mpiformer prepare`: raw text (or a parallel pair) to HDF5 shards.
+struct PrepareConfig {
+  std::string kind = "lm";  // lm | seq2seq
+  std::string input;        // text, one sequence (lm) or source sentence per line
+  std::string target;       // seq2seq: target sentences, line-aligned with input
+  std::string out_dir;
+  int shards = 4;
+  int vocab_size = 8000;
+  std::string tokenizer;  // an existing SentencePiece model; empty: train one
+  std::string model_type = "unigram";
+  int valid_lines = 1000;  // held-out lines (from the end of the input) for evaluation
+  uint64_t seed = 1;
 };
 
 // `mpiformer bench`: a model shape and a fixed batch, timed after warm-up.

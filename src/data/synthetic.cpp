@@ -98,7 +98,7 @@ SyntheticSource::SyntheticSource(SyntheticTask task, const ModelConfig& model, i
   }
 }
 
-void SyntheticSource::make_batch(uint64_t stream, uint64_t index, Batch* out) const {
+void SyntheticSource::make_batch(uint64_t stream, uint64_t index, Batch* out) {
   out->clear();
   const SpecialTokens& sp = model_.special;
   const ModelKind kind = model_.kind;

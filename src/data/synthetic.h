@@ -17,13 +17,12 @@
 
 #include "src/core/config.h"
 #include "src/data/batch.h"
+#include "src/data/batch_source.h"
 
 namespace mpiformer {
 
-class SyntheticSource {
+class SyntheticSource : public BatchSource {
  public:
-  enum Stream : uint64_t { kTrain = 0, kEval = 1 };
-
   // max_tokens bounds the padded tokens of a batch; max_sentences (0: no
   // limit) its number of sequences. Throws std::invalid_argument when no
   // example fits (max_len too small for the layout, or max_tokens < one example).
@@ -31,7 +30,7 @@ class SyntheticSource {
                   int min_len, float mlm_probability, uint64_t seed);
 
   // Fills `out` with micro-batch `index` of `stream`.
-  void make_batch(uint64_t stream, uint64_t index, Batch* out) const;
+  void make_batch(uint64_t stream, uint64_t index, Batch* out) override;
 
   // Longest x that fits the model's max_len for this layout.
   int max_example_len() const { return max_x_len_; }

@@ -1,0 +1,33 @@
+// Where the training loop gets its micro-batches: synthetic tasks or HDF5
+// shards. Batch `index` of a stream is a pure function of the source's
+// inputs (seed, shard set, options), so every rank can build any of them.
+#pragma once
+
+#include <cstdint>
+
+#include "src/data/batch.h"
+
+namespace mpiformer {
+
+class BatchSource {
+ public:
+  enum Stream : uint64_t { kTrain = 0, kEval = 1 };
+  virtual ~BatchSource() = default;
+
+  // Fills `out` with batch `index` of `stream`. With global indexing (the
+  // default, --sharding data), index is the global batch number and every
+  // rank would build the same batch for it; with --sharding file it numbers
+  // this rank's own batches.
+  virtual void make_batch(uint64_t stream, uint64_t index, Batch* out) = 0;
+  virtual bool global_indices() const { return true; }
+
+  // Tells the source which training batches this rank will ask for next, in
+  // order (index0, index0 + stride, ...), so it can prepare them in the
+  // background. Optional.
+  virtual void prefetch(uint64_t first_index, uint64_t stride) {}
+
+  // Evaluation batches available (0: any number, synthetic).
+  virtual uint64_t eval_batch_count() const { return 0; }
+};
+
+}  // namespace mpiformer

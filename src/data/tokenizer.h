@@ -1,0 +1,41 @@
+// SentencePiece glue. Special ids are fixed for every model kind (see
+// SpecialTokens): pad 0, bos 1, eos 2, unk 3, [MASK] 4, [SEP] 5.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace mpiformer {
+
+struct TokenizerTrainOptions {
+  int vocab_size = 8000;
+  std::string model_type = "unigram";  // unigram | bpe
+  double character_coverage = 0.9995;
+  int max_sentences = 2000000;  // input sentences sampled for training
+  uint64_t seed = 1;
+};
+
+class Tokenizer {
+ public:
+  ~Tokenizer();
+  // Trains on the lines of `inputs` (all files together); returns the model bytes.
+  static std::string train(const std::vector<std::string>& inputs,
+                           const TokenizerTrainOptions& options);
+  // Loads model bytes (a .model file's contents). Throws std::runtime_error.
+  static std::unique_ptr<Tokenizer> from_bytes(const std::string& model_bytes);
+  static std::unique_ptr<Tokenizer> from_file(const std::string& path);
+
+  std::vector<int> encode(const std::string& text) const;
+  std::string decode(const std::vector<int>& ids) const;
+  int vocab_size() const;
+  const std::string& model_bytes() const { return bytes_; }
+
+ private:
+  Tokenizer() = default;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::string bytes_;
+};
+
+}  // namespace mpiformer
