@@ -49,6 +49,24 @@ std::string train_error(const Args& args) {
   return "";
 }
 
+std::string prepare_error(const Args& args) {
+  PrepareConfig cfg;
+  std::ostringstream out;
+  try {
+    parse_prepare_options(args, &cfg, out);
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+PrepareConfig parse_prepare(const Args& args) {
+  PrepareConfig cfg;
+  std::ostringstream out;
+  EXPECT_TRUE(parse_prepare_options(args, &cfg, out));
+  return cfg;
+}
+
 std::string bench_error(const Args& args) {
   BenchConfig cfg;
   std::ostringstream out;
@@ -63,12 +81,18 @@ std::string bench_error(const Args& args) {
 // A file in the test's temporary directory, removed with the fixture.
 class TempFile {
  public:
+  struct Directory {};
+  TempFile(const std::string& name, Directory)
+      : path_(std::filesystem::temp_directory_path() /
+              ("mpiformer_options_test_" + std::to_string(::getpid()) + "_" + name)) {
+    std::filesystem::create_directories(path_);
+  }
   TempFile(const std::string& name, const std::string& text)
       : path_(std::filesystem::temp_directory_path() /
               ("mpiformer_options_test_" + std::to_string(::getpid()) + "_" + name)) {
     std::ofstream(path_) << text;
   }
-  ~TempFile() { std::filesystem::remove(path_); }
+  ~TempFile() { std::filesystem::remove_all(path_); }
   std::string path() const { return path_.string(); }
 
  private:
@@ -95,6 +119,10 @@ TEST(TrainOptions, DefaultsComeFromTrainConfig) {
   EXPECT_EQ(cfg.optim.decay_all, def.optim.decay_all);
   EXPECT_EQ(cfg.label_smoothing, def.label_smoothing);
   EXPECT_EQ(cfg.max_tokens, def.max_tokens);
+  EXPECT_TRUE(cfg.buckets.empty());
+  EXPECT_EQ(cfg.too_long, TooLong::kAuto);
+  EXPECT_EQ(cfg.sharding, Sharding::kData);
+  EXPECT_EQ(cfg.prefetch, def.prefetch);
   EXPECT_EQ(cfg.steps, def.steps);
   EXPECT_EQ(cfg.seed, def.seed);
   EXPECT_EQ(cfg.resume, "none");
@@ -137,6 +165,14 @@ TEST(TrainOptions, OverridesEveryKindOfValue) {
                                                          "999",
                                                          "--max-sentences",
                                                          "7",
+                                                         "--buckets",
+                                                         "8, 16,40",
+                                                         "--too-long",
+                                                         "skip",
+                                                         "--sharding",
+                                                         "file",
+                                                         "--prefetch",
+                                                         "2",
                                                          "--min-len",
                                                          "2",
                                                          "--mlm-probability",
@@ -195,6 +231,10 @@ TEST(TrainOptions, OverridesEveryKindOfValue) {
   EXPECT_EQ(cfg.label_smoothing, 0.0f);
   EXPECT_EQ(cfg.max_tokens, 999);
   EXPECT_EQ(cfg.max_sentences, 7);
+  EXPECT_EQ(cfg.buckets, (std::vector<int>{8, 16, 40}));
+  EXPECT_EQ(cfg.too_long, TooLong::kSkip);
+  EXPECT_EQ(cfg.sharding, Sharding::kFile);
+  EXPECT_EQ(cfg.prefetch, 2);
   EXPECT_EQ(cfg.min_len, 2);
   EXPECT_FLOAT_EQ(cfg.mlm_probability, 0.2f);
   EXPECT_EQ(cfg.accum_steps, 4);
@@ -252,6 +292,11 @@ TEST(TrainOptions, HelpListsFlagsWithDefaults) {
   EXPECT_NE(help.find("inverse-sqrt"), std::string::npos);
   EXPECT_NE(help.find("--lr LR (=0.001)"), std::string::npos) << help;
   EXPECT_NE(help.find("--config"), std::string::npos);
+  EXPECT_NE(help.find("--vocab V (=0)"), std::string::npos) << help;
+  EXPECT_NE(help.find("--buckets LIST"), std::string::npos) << help;
+  EXPECT_NE(help.find("--too-long auto|skip|truncate (=auto)"), std::string::npos) << help;
+  EXPECT_NE(help.find("--sharding data|file (=data)"), std::string::npos) << help;
+  EXPECT_NE(help.find("--prefetch N (=4)"), std::string::npos) << help;
   // Help needs no other flag and validates nothing.
   EXPECT_FALSE(parse_train_options({"--heads", "3", "--help"}, &cfg, out));
 }
@@ -303,11 +348,21 @@ TEST(TrainOptions, ConfigIniRoundTrips) {
                                                    "--label-smoothing",
                                                    "0.05",
                                                    "--attention-ref-len",
-                                                   "333.25"}));
+                                                   "333.25",
+                                                   "--buckets",
+                                                   "8,12,64",
+                                                   "--too-long",
+                                                   "truncate",
+                                                   "--sharding",
+                                                   "file",
+                                                   "--prefetch",
+                                                   "7"}));
   const std::string ini = train_config_ini(cfg);
   EXPECT_NE(ini.find("d-model = 48\n"), std::string::npos) << ini;
   EXPECT_NE(ini.find("norm = post\n"), std::string::npos) << ini;
   EXPECT_EQ(ini.find("data ="), std::string::npos) << "unset --data must not be written";
+  EXPECT_NE(ini.find("buckets = 8,12,64\n"), std::string::npos) << ini;
+  EXPECT_NE(ini.find("vocab = 32\n"), std::string::npos) << "the resolved vocabulary: " << ini;
 
   TempFile file("roundtrip.ini", ini);
   const TrainConfig back = parse_train({"--config", file.path()});
@@ -327,6 +382,46 @@ TEST(TrainOptions, ConfigIniRoundTrips) {
   EXPECT_EQ(back.seed, 123456789012ull);
   EXPECT_EQ(back.out_dir, "runs/t");
   EXPECT_EQ(back.synthetic, SyntheticTask::kReverse);
+  EXPECT_EQ(back.buckets, (std::vector<int>{8, 12, 64}));
+  EXPECT_EQ(back.too_long, TooLong::kTruncate);
+  EXPECT_EQ(back.sharding, Sharding::kFile);
+  EXPECT_EQ(back.prefetch, 7);
+  EXPECT_EQ(back.model.vocab, 32);
+}
+
+TEST(TrainOptions, UnsetBucketsAreNotWritten) {
+  const std::string ini = train_config_ini(parse_train(base_args()));
+  EXPECT_EQ(ini.find("buckets ="), std::string::npos) << ini;
+}
+
+TEST(TrainOptions, VocabZeroMeansFromTheShardsOr32ForSynthetic) {
+  EXPECT_EQ(parse_train(base_args()).model.vocab, 32);
+  EXPECT_EQ(parse_train(with(base_args(), {"--vocab", "50"})).model.vocab, 50);
+  EXPECT_EQ(parse_train(with(base_args(), {"--vocab", "0"})).model.vocab, 32);
+
+  TempFile shards("shards", TempFile::Directory{});
+  const Args data = {"--model", "lm", "--data", shards.path(), "--out", "o"};
+  TrainConfig cfg = parse_train(data);
+  EXPECT_EQ(cfg.data_dir, shards.path());
+  EXPECT_EQ(cfg.model.vocab, 0) << "left for the data loader to fill from the shards";
+  EXPECT_EQ(parse_train(with(data, {"--vocab", "1000"})).model.vocab, 1000);
+  EXPECT_EQ(train_error(with(data, {"--vocab", "7"})).rfind("--vocab: must be at least 8", 0), 0u);
+
+  // config.ini keeps 0 ("from the shards") until the run resolves it.
+  const std::string ini = train_config_ini(cfg);
+  EXPECT_NE(ini.find("vocab = 0\n"), std::string::npos) << ini;
+  TempFile file("data.ini", ini);
+  const TrainConfig back = parse_train({"--config", file.path()});
+  EXPECT_EQ(back.model.vocab, 0);
+  EXPECT_EQ(back.data_dir, shards.path());
+}
+
+TEST(TrainOptions, DataMustBeADirectory) {
+  EXPECT_EQ(train_error({"--model", "lm", "--data", "/nonexistent/shards", "--out", "o"}),
+            "--data: /nonexistent/shards: no such directory");
+  TempFile file("not_a_dir", "text");
+  EXPECT_EQ(train_error({"--model", "lm", "--data", file.path(), "--out", "o"}),
+            "--data: " + file.path() + ": not a directory");
 }
 
 // Each bad value: a UsageError whose message starts with the flag it is about.
@@ -398,7 +493,23 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{{"--resume", "auto"}, "--resume", ""},
         BadCase{{"--min-len", "64"}, "--min-len", ""},  // seq2seq at max-len 64: x <= 63
         BadCase{{"--max-tokens", "100"}, "--max-tokens", ""},
-        BadCase{{"--threads", "-2"}, "--threads", ""}));
+        BadCase{{"--threads", "-2"}, "--threads", ""},
+        BadCase{{"--buckets", "16,8"},
+                "--buckets",
+                "--buckets: expected comma-separated increasing positive integers such as "
+                "8,16,32; got '16,8'"},
+        BadCase{{"--buckets", "8,8"}, "--buckets", ""},
+        BadCase{{"--buckets", "0,8"}, "--buckets", ""},
+        BadCase{{"--buckets", "8,,16"}, "--buckets", ""},
+        BadCase{{"--buckets", "8,16,"}, "--buckets", ""},
+        BadCase{{"--buckets", "eight"}, "--buckets", ""}, BadCase{{"--buckets="}, "--buckets", ""},
+        BadCase{{"--buckets", "8,128"}, "--buckets", "--buckets: 128 exceeds --max-len (64)"},
+        BadCase{{"--too-long", "wrap"},
+                "--too-long",
+                "--too-long: expected auto, skip or truncate; got 'wrap'"},
+        BadCase{{"--sharding", "rank"}, "--sharding", ""},
+        BadCase{{"--prefetch", "0"}, "--prefetch", "--prefetch: must be positive; got 0"},
+        BadCase{{"--vocab", "-1"}, "--vocab", ""}));
 
 TEST(TrainOptions, UnknownModelKind) {
   EXPECT_EQ(train_error({"--model", "gpt", "--synthetic", "copy", "--out", "o"}),
@@ -410,7 +521,7 @@ TEST(TrainOptions, RequiredFlags) {
   EXPECT_EQ(train_error({"--model", "lm", "--synthetic", "copy"}),
             "--out: required: the run directory");
   EXPECT_EQ(train_error({"--model", "lm", "--data", "d", "--out", "o"}),
-            "--data: HDF5 shards are not supported by this build yet; use --synthetic");
+            "--data: d: no such directory");
 }
 
 TEST(TrainOptions, StrayArgumentIsRefused) {
@@ -454,6 +565,87 @@ TEST(ValidateModel, AcceptsDefaultsAndRefusesBadShapes) {
   EXPECT_NO_THROW(validate_model(m));
   m.dropout = 1.0f;
   EXPECT_THROW(validate_model(m), UsageError);
+}
+
+TEST(ValidateModel, VocabZeroOnlyAsFromData) {
+  ModelConfig m;
+  m.vocab = 0;
+  EXPECT_THROW(validate_model(m), UsageError);
+  EXPECT_NO_THROW(validate_model(m, /*vocab_from_data=*/true));
+  m.vocab = SpecialTokens::kCount + 1;
+  EXPECT_THROW(validate_model(m, /*vocab_from_data=*/true), UsageError);
+}
+
+// ---- prepare ----------------------------------------------------------------
+
+TEST(PrepareOptions, DefaultsAndOverrides) {
+  PrepareConfig cfg = parse_prepare({"--input", "in.txt", "--out", "shards"});
+  const PrepareConfig def;
+  EXPECT_EQ(cfg.kind, "lm");
+  EXPECT_EQ(cfg.input, "in.txt");
+  EXPECT_EQ(cfg.out_dir, "shards");
+  EXPECT_EQ(cfg.shards, def.shards);
+  EXPECT_EQ(cfg.vocab_size, def.vocab_size);
+  EXPECT_EQ(cfg.model_type, "unigram");
+  EXPECT_EQ(cfg.valid_lines, def.valid_lines);
+  EXPECT_EQ(cfg.seed, def.seed);
+  EXPECT_TRUE(cfg.tokenizer.empty());
+
+  cfg = parse_prepare({"--kind", "seq2seq", "--input", "en.txt", "--target", "de.txt", "--out", "d",
+                       "--shards", "16", "--vocab-size", "32000", "--model-type", "bpe",
+                       "--valid-lines", "0", "--seed", "9"});
+  EXPECT_EQ(cfg.kind, "seq2seq");
+  EXPECT_EQ(cfg.target, "de.txt");
+  EXPECT_EQ(cfg.shards, 16);
+  EXPECT_EQ(cfg.vocab_size, 32000);
+  EXPECT_EQ(cfg.model_type, "bpe");
+  EXPECT_EQ(cfg.valid_lines, 0);
+  EXPECT_EQ(cfg.seed, 9u);
+}
+
+TEST(PrepareOptions, TokenizerAloneTakesTheModelsVocabulary) {
+  const Args base = {"--input", "in.txt", "--out", "d", "--tokenizer", "m.model"};
+  EXPECT_EQ(parse_prepare(base).vocab_size, 0);
+  EXPECT_EQ(parse_prepare(with(base, {"--vocab-size", "500"})).vocab_size, 500);
+  EXPECT_EQ(prepare_error(with(base, {"--model-type", "bpe"})).rfind("--model-type: ", 0), 0u);
+}
+
+TEST(PrepareOptions, ConfigFileAndHelp) {
+  TempFile ini("prepare.ini", "kind = seq2seq\ntarget = t.txt\nshards = 3\n");
+  const PrepareConfig cfg =
+      parse_prepare({"--config", ini.path(), "--input", "s.txt", "--out", "d", "--shards", "5"});
+  EXPECT_EQ(cfg.kind, "seq2seq");
+  EXPECT_EQ(cfg.target, "t.txt");
+  EXPECT_EQ(cfg.shards, 5);  // the command line wins
+
+  PrepareConfig help_cfg;
+  std::ostringstream out;
+  EXPECT_FALSE(parse_prepare_options({"--help"}, &help_cfg, out));
+  for (const char* flag :
+       {"--kind lm|seq2seq (=lm)", "--input FILE", "--target FILE", "--out DIR", "--shards N (=4)",
+        "--vocab-size V (=8000)", "--tokenizer MODEL", "--model-type unigram|bpe (=unigram)",
+        "--valid-lines N (=1000)", "--seed S (=1)"}) {
+    EXPECT_NE(out.str().find(flag), std::string::npos) << flag << " in\n" << out.str();
+  }
+}
+
+TEST(PrepareOptions, BadValuesNameTheFlag) {
+  const Args base = {"--input", "in.txt", "--out", "d"};
+  EXPECT_EQ(prepare_error({"--out", "d"}), "--input: required: the text to prepare");
+  EXPECT_EQ(prepare_error({"--input", "in.txt"}), "--out: required: the directory for the shards");
+  EXPECT_EQ(prepare_error(with(base, {"--kind", "seq2seq"})).rfind("--target: required", 0), 0u);
+  EXPECT_EQ(prepare_error(with(base, {"--target", "t.txt"})),
+            "--target: only for --kind seq2seq; --kind lm reads --input alone");
+  EXPECT_EQ(prepare_error(with(base, {"--kind", "mlm"})),
+            "--kind: expected lm or seq2seq; got 'mlm'");
+  EXPECT_EQ(prepare_error(with(base, {"--shards", "0"})), "--shards: must be positive; got 0");
+  EXPECT_EQ(prepare_error(with(base, {"--vocab-size", "6"})),
+            "--vocab-size: must be at least 8 (6 reserved ids and two data symbols); got 6");
+  EXPECT_EQ(prepare_error(with(base, {"--vocab-size", "0"})).rfind("--vocab-size: ", 0), 0u);
+  EXPECT_EQ(prepare_error(with(base, {"--valid-lines", "-1"})).rfind("--valid-lines: ", 0), 0u);
+  EXPECT_EQ(prepare_error(with(base, {"--model-type", "word"})),
+            "--model-type: expected unigram or bpe; got 'word'");
+  EXPECT_EQ(prepare_error(with(base, {"--vocab", "100"})), "--vocab: unknown flag (see --help)");
 }
 
 TEST(BenchOptions, DefaultsAndOverrides) {

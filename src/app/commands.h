@@ -8,5 +8,9 @@ namespace mpiformer {
 
 int run_train(const TrainConfig& cfg, Communicator& comm);
 int run_bench(const BenchConfig& cfg, Communicator& comm);
+// Text to HDF5 shards in cfg.out_dir (train-NNNNN.h5, valid-00000.h5,
+// tokenizer.model). Faults of the inputs found before any work: one line,
+// exit 2; faults while working: exit 1, and nothing is left in the directory.
+int run_prepare(const PrepareConfig& cfg, Communicator& comm);
 
 }  // namespace mpiformer

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "src/app/commands.h"
+#include "src/app/inspect.h"
 #include "src/app/options.h"
 #include "src/core/error.h"
 #include "src/core/version.h"
@@ -19,14 +20,22 @@ constexpr const char* kUsage =
     "Usage: mpiformer [--help|--version] COMMAND [flags]\n"
     "\n"
     "Commands:\n"
-    "  train   train a Transformer (lm, seq2seq or mlm), data-parallel over MPI ranks\n"
-    "  bench   time training steps of a model shape; prints one JSON line\n"
+    "  train    train a Transformer (lm, seq2seq or mlm), data-parallel over MPI ranks\n"
+    "  bench    time training steps of a model shape; prints one JSON line\n"
+    "  prepare  turn text (or a parallel pair) into HDF5 token shards for --data\n"
+    "  inspect  summarise a shard, checkpoint or metrics file: mpiformer inspect FILE.h5\n"
     "\n"
-    "Not built yet in this version: prepare, eval, generate, inspect.\n"
+    "Not built yet in this version: eval, generate.\n"
     "`mpiformer COMMAND --help` lists a command's flags and their defaults.\n";
 
+constexpr const char* kInspectUsage =
+    "Usage: mpiformer inspect FILE.h5\n"
+    "Prints a summary of a shard, checkpoint or metrics file.\n";
+
+constexpr const char* kCommands = "train, bench, prepare or inspect";
+
 bool is_planned_command(const std::string& cmd) {
-  return cmd == "prepare" || cmd == "eval" || cmd == "generate" || cmd == "inspect";
+  return cmd == "eval" || cmd == "generate";
 }
 
 // Every rank parses the same arguments and fails the same way, so only rank 0
@@ -34,6 +43,14 @@ bool is_planned_command(const std::string& cmd) {
 int usage_failure(const Communicator& comm, const std::string& prefix, const std::string& what) {
   if (comm.is_root()) std::cerr << prefix << ": " << what << std::endl;
   return kExitUsage;
+}
+
+// A failure after the arguments were accepted: under MPI other ranks may be
+// inside a collective, and only an abort ends them all.
+int run_failure(Communicator& comm, const std::exception& e) {
+  if (comm.size() > 1) comm.abort(e.what(), kExitFailure);
+  std::cerr << "[rank 0] " << e.what() << std::endl;
+  return kExitFailure;
 }
 
 template <class Config>
@@ -53,10 +70,23 @@ int parse_and_run(Communicator& comm, const std::string& cmd, const std::vector<
   try {
     return run(cfg, comm);
   } catch (const std::exception& e) {
-    // Other ranks may be inside a collective: only an abort ends them all.
-    if (comm.size() > 1) comm.abort(e.what(), kExitFailure);
-    std::cerr << "[rank 0] " << e.what() << std::endl;
-    return kExitFailure;
+    return run_failure(comm, e);
+  }
+}
+
+int inspect(Communicator& comm, const std::vector<std::string>& args) {
+  if (args.size() == 1 && (args[0] == "--help" || args[0] == "-h")) {
+    if (comm.is_root()) std::cout << kInspectUsage;
+    return 0;
+  }
+  if (args.size() != 1 || args[0].rfind("--", 0) == 0) {
+    return usage_failure(comm, "mpiformer inspect",
+                         "expected exactly one FILE.h5 (see mpiformer inspect --help)");
+  }
+  try {
+    return run_inspect(args[0], comm);
+  } catch (const std::exception& e) {
+    return run_failure(comm, e);
   }
 }
 
@@ -68,7 +98,7 @@ int main(int argc, char** argv) {
 
   if (args.empty()) {
     return usage_failure(comm, "mpiformer",
-                         "no command given; expected train or bench (see --help)");
+                         std::string("no command given; expected ") + kCommands + " (see --help)");
   }
   const std::string cmd = args.front();
   const std::vector<std::string> rest(args.begin() + 1, args.end());
@@ -86,10 +116,13 @@ int main(int argc, char** argv) {
     return parse_and_run<TrainConfig>(comm, cmd, rest, parse_train_options, run_train);
   if (cmd == "bench")
     return parse_and_run<BenchConfig>(comm, cmd, rest, parse_bench_options, run_bench);
+  if (cmd == "prepare")
+    return parse_and_run<PrepareConfig>(comm, cmd, rest, parse_prepare_options, run_prepare);
+  if (cmd == "inspect") return inspect(comm, rest);
   if (is_planned_command(cmd)) {
     return usage_failure(comm, "mpiformer",
-                         "'" + cmd + "' is not built yet in this version; available: train, bench");
+                         "'" + cmd + "' is not built yet in this version; available: " + kCommands);
   }
   return usage_failure(comm, "mpiformer",
-                       "unknown command '" + cmd + "'; expected train or bench (see --help)");
+                       "unknown command '" + cmd + "'; expected " + kCommands + " (see --help)");
 }

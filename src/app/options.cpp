@@ -1,5 +1,7 @@
 #include "src/app/options.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <boost/program_options.hpp>
 #include <charconv>
@@ -70,6 +72,30 @@ bool parse_bool(const std::string& flag, const std::string& text) {
   usage_error(flag, "expected true or false; got " + quoted(text));
 }
 
+std::vector<int> parse_increasing_list(const std::string& flag, const std::string& text) {
+  const auto refuse = [&] {
+    usage_error(flag,
+                "expected comma-separated increasing positive integers such as 8,16,32; got " +
+                    quoted(text));
+  };
+  std::vector<int> values;
+  size_t at = 0;
+  while (at <= text.size()) {
+    const size_t comma = std::min(text.find(',', at), text.size());
+    std::string item = text.substr(at, comma - at);
+    const size_t first = item.find_first_not_of(' '), last = item.find_last_not_of(' ');
+    if (first == std::string::npos) refuse();
+    item = item.substr(first, last - first + 1);
+    int value = 0;
+    const auto [ptr, ec] = std::from_chars(item.data(), item.data() + item.size(), value);
+    if (ec != std::errc() || ptr != item.data() + item.size() || value <= 0) refuse();
+    if (!values.empty() && value <= values.back()) refuse();
+    values.push_back(value);
+    at = comma + 1;
+  }
+  return values;
+}
+
 // "a, b or c"
 std::string list_choices(const std::vector<std::string>& names) {
   std::string s;
@@ -122,6 +148,20 @@ class FlagTable {
     flags_.push_back(std::move(f));
   }
 
+  // Comma-separated increasing positive integers ("8,16,32"); empty: unset.
+  void add_increasing_list(const char* name, std::vector<int>* field, const char* value_name,
+                           const char* help) {
+    const std::string flag = std::string("--") + name;
+    Flag f{name, value_name, help, group_, {}, {}};
+    f.parse = [field, flag](const std::string& s) { *field = parse_increasing_list(flag, s); };
+    f.show = [field] {
+      std::string text;
+      for (int v : *field) text += (text.empty() ? "" : ",") + std::to_string(v);
+      return text;
+    };
+    flags_.push_back(std::move(f));
+  }
+
   void add_switch(const char* name, bool* field, const char* help) {
     add(name, field, "[=true|false]", help);
     flags_.back().is_switch = true;
@@ -167,7 +207,8 @@ class FlagTable {
   std::string group_;
 };
 
-void add_model_flags(FlagTable& t, ModelConfig* m) {
+void add_model_flags(FlagTable& t, ModelConfig* m,
+                     const char* vocab_help = "vocabulary size, reserved ids included") {
   t.group("Model");
   t.add_choice("model", &m->kind,
                {{"lm", ModelKind::kLm}, {"seq2seq", ModelKind::kSeq2seq}, {"mlm", ModelKind::kMlm}},
@@ -179,7 +220,7 @@ void add_model_flags(FlagTable& t, ModelConfig* m) {
   t.add("heads", &m->heads, "H", "attention heads (must divide --d-model)");
   t.add("d-ff", &m->d_ff, "F", "hidden width of the MLP");
   t.add("max-len", &m->max_len, "L", "longest sequence (size of the positions table)");
-  t.add("vocab", &m->vocab, "V", "vocabulary size, reserved ids included");
+  t.add("vocab", &m->vocab, "V", vocab_help);
   t.add("dropout", &m->dropout, "P", "dropout probability, in [0, 1)");
   t.add_choice("norm", &m->pre_norm, {{"pre", true}, {"post", false}},
                "layer norm before (pre) or after (post) each sublayer");
@@ -227,9 +268,11 @@ void add_device_flags(FlagTable& t, DeviceKind* device, Precision* precision, in
 }
 
 void add_train_flags(FlagTable& t, TrainConfig* c) {
-  add_model_flags(t, &c->model);
+  add_model_flags(t, &c->model,
+                  "vocabulary size, reserved ids included (0: from the shards with --data, "
+                  "32 with --synthetic)");
   t.group("Data");
-  t.add("data", &c->data_dir, "DIR", "directory of HDF5 token shards");
+  t.add("data", &c->data_dir, "DIR", "directory of HDF5 token shards (`mpiformer prepare`)");
   t.add_choice("synthetic", &c->synthetic,
                {{"reverse", SyntheticTask::kReverse},
                 {"copy", SyntheticTask::kCopy},
@@ -237,6 +280,17 @@ void add_train_flags(FlagTable& t, TrainConfig* c) {
                "generated task instead of --data");
   t.add("max-tokens", &c->max_tokens, "T", "padded tokens per micro-batch");
   t.add("max-sentences", &c->max_sentences, "N", "sequences per micro-batch (0: no limit)");
+  t.add_increasing_list("buckets", &c->buckets, "LIST",
+                        "length-bucket boundaries, e.g. 8,16,32 (default: from 8 growing x1.1 to "
+                        "--max-len)");
+  t.add_choice(
+      "too-long", &c->too_long,
+      {{"auto", TooLong::kAuto}, {"skip", TooLong::kSkip}, {"truncate", TooLong::kTruncate}},
+      "sequences longer than --max-len (auto: skip for seq2seq, truncate for lm and mlm)");
+  t.add_choice("sharding", &c->sharding, {{"data", Sharding::kData}, {"file", Sharding::kFile}},
+               "data: every rank reads all shards and takes every W-th batch; file: each rank "
+               "reads its own shard files");
+  t.add("prefetch", &c->prefetch, "N", "batches the loader thread prepares ahead");
   t.add("min-len", &c->min_len, "N", "shortest synthetic example");
   t.add("mlm-probability", &c->mlm_probability, "P", "mlm: share of tokens chosen for prediction");
   t.add("label-smoothing", &c->label_smoothing, "E", "label smoothing, in [0, 1)");
@@ -268,6 +322,28 @@ void add_bench_flags(FlagTable& t, BenchConfig* c) {
   t.add("seed", &c->seed, "S", "seed of the batch and initialisation");
   t.add("peak-tflops", &c->peak_tflops, "TF", "device peak for MFU (0: estimate for the device)");
   add_device_flags(t, &c->device, &c->precision, &c->threads);
+}
+
+void add_prepare_flags(FlagTable& t, PrepareConfig* c) {
+  t.group("Input");
+  t.add_choice("kind", &c->kind, {{"lm", std::string("lm")}, {"seq2seq", std::string("seq2seq")}},
+               "lm: one sequence per line; seq2seq: line-aligned --input/--target pairs");
+  t.add("input", &c->input, "FILE", "text, one sequence (or source sentence) per line");
+  t.add("target", &c->target, "FILE", "seq2seq: target sentences, line-aligned with --input");
+  t.add("valid-lines", &c->valid_lines, "N",
+        "last lines (pairs) held out for evaluation, at most a tenth of them");
+  t.group("Tokenizer");
+  t.add("vocab-size", &c->vocab_size, "V",
+        "pieces of the trained tokenizer, reserved ids included");
+  t.add("tokenizer", &c->tokenizer, "MODEL",
+        "use this SentencePiece model instead of training one");
+  t.add_choice("model-type", &c->model_type,
+               {{"unigram", std::string("unigram")}, {"bpe", std::string("bpe")}},
+               "SentencePiece algorithm of the trained tokenizer");
+  t.add("seed", &c->seed, "S", "seed of the tokenizer's sentence sampling");
+  t.group("Output");
+  t.add("out", &c->out_dir, "DIR", "new directory for the shards (must not hold shards yet)");
+  t.add("shards", &c->shards, "N", "training shard files (each rank writes every W-th)");
 }
 
 // ---- parsing ---------------------------------------------------------------
@@ -457,7 +533,6 @@ void validate_device(DeviceKind device, Precision precision, int threads) {
 }
 
 void validate_train(const TrainConfig& c) {
-  validate_model(c.model);
   const bool has_data = !c.data_dir.empty();
   const bool has_synthetic = c.synthetic != SyntheticTask::kNone;
   if (has_data && has_synthetic)
@@ -465,8 +540,15 @@ void validate_train(const TrainConfig& c) {
   if (!has_data && !has_synthetic) {
     usage_error("--data", "required: --data DIR or --synthetic reverse|copy|sort");
   }
+  validate_model(c.model, /*vocab_from_data=*/has_data);
   if (has_data) {
-    usage_error("--data", "HDF5 shards are not supported by this build yet; use --synthetic");
+    // <filesystem> is left out on purpose: its std::quoted would be found by
+    // argument-dependent lookup beside this file's quoted().
+    struct stat info {};
+    if (::stat(c.data_dir.c_str(), &info) != 0) {
+      usage_error("--data", c.data_dir + ": no such directory");
+    }
+    if (!S_ISDIR(info.st_mode)) usage_error("--data", c.data_dir + ": not a directory");
   }
   if (c.out_dir.empty()) usage_error("--out", "required: the run directory");
   if (c.resume != "none") {
@@ -475,6 +557,13 @@ void validate_train(const TrainConfig& c) {
   }
   require_at_least("--max-tokens", c.max_tokens, 1);
   require_at_least("--max-sentences", c.max_sentences, 0);
+  for (int boundary : c.buckets) {
+    if (boundary > c.model.max_len) {
+      usage_error("--buckets", std::to_string(boundary) + " exceeds --max-len (" +
+                                   std::to_string(c.model.max_len) + ")");
+    }
+  }
+  require_at_least("--prefetch", c.prefetch, 1);
   require_at_least("--min-len", c.min_len, 1);
   if (!(c.mlm_probability > 0 && c.mlm_probability < 1)) {
     usage_error("--mlm-probability", "must be in (0, 1); got " + format_number(c.mlm_probability));
@@ -496,6 +585,33 @@ void validate_train(const TrainConfig& c) {
     } catch (const std::invalid_argument& e) {
       throw UsageError(e.what());
     }
+  }
+}
+
+void validate_prepare(const PrepareConfig& c, const std::set<std::string>& given) {
+  if (c.input.empty()) usage_error("--input", "required: the text to prepare");
+  if (c.kind == "seq2seq" && c.target.empty()) {
+    usage_error("--target", "required with --kind seq2seq: the target side of the pairs");
+  }
+  if (c.kind == "lm" && !c.target.empty()) {
+    usage_error("--target", "only for --kind seq2seq; --kind lm reads --input alone");
+  }
+  if (c.out_dir.empty()) usage_error("--out", "required: the directory for the shards");
+  require_at_least("--shards", c.shards, 1);
+  require_at_least("--valid-lines", c.valid_lines, 0);
+  // With --tokenizer alone the model decides; otherwise the size is checked
+  // here (and against the model by run_prepare).
+  if (!(c.vocab_size == 0 && !c.tokenizer.empty() && !given.count("vocab-size"))) {
+    const int least_vocab = SpecialTokens::kCount + 2;
+    if (c.vocab_size < least_vocab) {
+      usage_error("--vocab-size", "must be at least " + std::to_string(least_vocab) + " (" +
+                                      std::to_string(SpecialTokens::kCount) +
+                                      " reserved ids and two data symbols); got " +
+                                      std::to_string(c.vocab_size));
+    }
+  }
+  if (!c.tokenizer.empty() && given.count("model-type")) {
+    usage_error("--model-type", "only for a trained tokenizer, not with --tokenizer");
   }
 }
 
@@ -523,9 +639,17 @@ void validate_bench(const BenchConfig& c) {
   validate_device(c.device, c.precision, c.threads);
 }
 
+// --vocab 0 with --synthetic: the vocabulary the synthetic tasks have always used.
+constexpr int kSyntheticVocab = 32;
+
 constexpr const char* kTrainSynopsis =
     "mpiformer train --model lm|seq2seq|mlm (--data DIR | --synthetic reverse|copy|sort) "
     "--out RUNDIR [flags]";
+constexpr const char* kPrepareSynopsis =
+    "mpiformer prepare --kind lm|seq2seq --input FILE [--target FILE] --out DIR --shards N\n"
+    "                  --vocab-size V [--tokenizer MODEL] [flags]\n"
+    "Writes DIR/train-NNNNN.h5, DIR/valid-00000.h5 and DIR/tokenizer.model; run it under\n"
+    "mpirun to encode the shards in parallel.";
 constexpr const char* kBenchSynopsis =
     "mpiformer bench --model lm|seq2seq|mlm --batch B --seq T [flags]\n"
     "Prints one JSON line: tokens_per_s, step_ms, mfu, peak_mem_bytes.\n"
@@ -533,7 +657,7 @@ constexpr const char* kBenchSynopsis =
 
 }  // namespace
 
-void validate_model(const ModelConfig& m) {
+void validate_model(const ModelConfig& m, bool vocab_from_data) {
   require_at_least("--layers", m.layers, 1);
   require_at_least("--enc-layers", m.enc_layers, 1);
   require_at_least("--dec-layers", m.dec_layers, 1);
@@ -547,7 +671,7 @@ void validate_model(const ModelConfig& m) {
   require_at_least("--max-len", m.max_len, 4);
   // At least two data symbols, or no task has anything to learn.
   const int least_vocab = SpecialTokens::kCount + 2;
-  if (m.vocab < least_vocab) {
+  if (m.vocab < least_vocab && !(m.vocab == 0 && vocab_from_data)) {
     usage_error("--vocab", "must be at least " + std::to_string(least_vocab) + " (" +
                                std::to_string(SpecialTokens::kCount) +
                                " reserved ids and two data symbols); got " +
@@ -563,11 +687,15 @@ void validate_model(const ModelConfig& m) {
 bool parse_train_options(const std::vector<std::string>& args, TrainConfig* cfg,
                          std::ostream& out) {
   *cfg = TrainConfig{};
+  cfg->model.vocab = 0;  // until known: from the shards, or kSyntheticVocab
   FlagTable table;
   add_train_flags(table, cfg);
   const auto given = parse_flags(args, table, kTrainSynopsis, &cfg->config_file, out);
   if (!given) return false;
   apply_layers_shorthand(*given, &cfg->model);
+  if (cfg->model.vocab == 0 && cfg->synthetic != SyntheticTask::kNone) {
+    cfg->model.vocab = kSyntheticVocab;
+  }
   validate_train(*cfg);
   return true;
 }
@@ -584,6 +712,19 @@ bool parse_bench_options(const std::vector<std::string>& args, BenchConfig* cfg,
   // The positions table need not be longer than the benchmarked sequences.
   if (!given->count("max-len")) cfg->model.max_len = std::max(cfg->seq, cfg->src_seq);
   validate_bench(*cfg);
+  return true;
+}
+
+bool parse_prepare_options(const std::vector<std::string>& args, PrepareConfig* cfg,
+                           std::ostream& out) {
+  *cfg = PrepareConfig{};
+  FlagTable table;
+  add_prepare_flags(table, cfg);
+  std::string config_file;
+  const auto given = parse_flags(args, table, kPrepareSynopsis, &config_file, out);
+  if (!given) return false;
+  if (!cfg->tokenizer.empty() && !given->count("vocab-size")) cfg->vocab_size = 0;
+  validate_prepare(*cfg, *given);
   return true;
 }
 

@@ -14,12 +14,17 @@ namespace mpiformer {
 // Returns false (after printing help to `out`) when --help was given.
 bool parse_train_options(const std::vector<std::string>& args, TrainConfig* cfg, std::ostream& out);
 bool parse_bench_options(const std::vector<std::string>& args, BenchConfig* cfg, std::ostream& out);
+// `mpiformer prepare`. Without --vocab-size but with --tokenizer, vocab_size
+// is 0: the model's own size.
+bool parse_prepare_options(const std::vector<std::string>& args, PrepareConfig* cfg,
+                           std::ostream& out);
 
 // The effective configuration as INI, re-usable with --config.
 std::string train_config_ini(const TrainConfig& cfg);
 
 // Checks that hold for any model: sizes positive, heads dividing d-model,
-// dropout and label smoothing in range. Throws UsageError.
-void validate_model(const ModelConfig& m);
+// dropout and label smoothing in range. vocab 0 means "from the shards" and
+// passes only with vocab_from_data. Throws UsageError.
+void validate_model(const ModelConfig& m, bool vocab_from_data = false);
 
 }  // namespace mpiformer

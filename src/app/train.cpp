@@ -20,6 +20,7 @@
 #include "kernels/backend.h"
 #include "src/app/commands.h"
 #include "src/app/options.h"
+#include "src/core/error.h"
 #include "src/data/make_source.h"
 #include "src/loss/cross_entropy.h"
 #include "src/model/model.h"
@@ -81,13 +82,39 @@ int default_threads(const Communicator& comm) {
 
 }  // namespace
 
-int run_train(const TrainConfig& cfg, Communicator& comm) {
+// Runs `what` on every rank and agrees on the outcome: a rank that failed
+// prints "[rank r] message", and every rank learns that some rank failed, so
+// nobody waits in a later collective for a rank that has given up.
+template <class Fn>
+bool agreed(const Communicator& comm, Fn&& what) {
+  std::string failure;
+  try {
+    what();
+  } catch (const std::exception& e) {
+    failure = e.what();
+    if (failure.empty()) failure = "unknown error";
+  }
+  if (!failure.empty()) {
+    std::fprintf(stderr, "[rank %d] %s\n", comm.rank(), failure.c_str());
+    std::fflush(stderr);
+  }
+  return !comm.any(!failure.empty());
+}
+
+int run_train(const TrainConfig& requested, Communicator& comm) {
+  // Every input is validated before training, and all ranks agree on it.
+  // The shards decide what the flags left open (the vocabulary).
+  TrainConfig cfg = requested;
   const int W = comm.size(), rank = comm.rank(), K = cfg.accum_steps;
+  std::unique_ptr<BatchSource> data;
+  if (!agreed(comm, [&] {
+        resolve_data_config(&cfg);
+        data = make_batch_source(cfg, rank, W);
+      }))
+    return kExitFailure;
+  BatchSource& source = *data;
   const int threads = cfg.threads > 0 ? cfg.threads : default_threads(comm);
   std::unique_ptr<Ops> ops = make_cpu_ops(threads);
-
-  std::unique_ptr<BatchSource> data = make_batch_source(cfg, rank, W);
-  BatchSource& source = *data;
   Model model(*ops, cfg.model, ModelCapacity{cfg.max_tokens, cfg.model.max_len});
   model.init_parameters(cfg.seed);
   ParameterSet& params = model.parameters();
@@ -109,6 +136,8 @@ int run_train(const TrainConfig& cfg, Communicator& comm) {
                                               : cfg.model.layers,
         cfg.model.d_model, cfg.model.heads, cfg.model.d_ff, cfg.model.vocab, cfg.model.max_len,
         cfg.max_tokens, K, W);
+    const std::string data_summary = source.describe();
+    if (!data_summary.empty()) std::printf("%s\n", data_summary.c_str());
     std::fflush(stdout);
   }
 

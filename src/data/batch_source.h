@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "src/data/batch.h"
 
@@ -28,6 +29,9 @@ class BatchSource {
 
   // Evaluation batches available (0: any number, synthetic).
   virtual uint64_t eval_batch_count() const { return 0; }
+
+  // A summary for the run's log (sequences, skipped, batches, padding); may be empty.
+  virtual std::string describe() const { return ""; }
 };
 
 }  // namespace mpiformer

@@ -1,17 +1,31 @@
 #include "src/data/make_source.h"
 
+#include <filesystem>
 #include <stdexcept>
 
+#include "src/core/error.h"
+#include "src/data/shard_source.h"
 #include "src/data/synthetic.h"
+#include "src/io/shard.h"
 
 namespace mpiformer {
+
+void resolve_data_config(TrainConfig* cfg) {
+  if (cfg->data_dir.empty()) return;
+  const std::string& dir = cfg->data_dir;
+  if (!std::filesystem::is_directory(dir)) usage_error("--data", dir + " is not a directory");
+  const std::vector<std::string> train = list_shards(dir, "train");
+  if (train.empty()) usage_error("--data", dir + " holds no train-*.h5 shards");
+  apply_shard_header(read_shard_header(train.front()), dir, &cfg->model);
+}
 
 std::unique_ptr<BatchSource> make_batch_source(const TrainConfig& cfg, int rank, int world_size) {
   if (cfg.synthetic != SyntheticTask::kNone)
     return std::make_unique<SyntheticSource>(cfg.synthetic, cfg.model, cfg.max_tokens,
                                              cfg.max_sentences, cfg.min_len, cfg.mlm_probability,
                                              cfg.seed);
-  throw std::runtime_error("--data: HDF5 shards are not supported by this build yet");
+  if (cfg.data_dir.empty()) usage_error("--data", "required: --data DIR or --synthetic TASK");
+  return std::make_unique<ShardSource>(cfg, rank, world_size);
 }
 
 }  // namespace mpiformer

@@ -6,33 +6,10 @@
 #include <vector>
 
 #include "kernels/dropout_mask.h"
+#include "src/data/mlm_masking.h"
 
 namespace mpiformer {
 namespace {
-
-// Counter-based generator (splitmix64): its numbers are a pure function of
-// the key, so batch i of a stream never depends on the batches drawn before.
-class KeyedRng {
- public:
-  explicit KeyedRng(uint64_t key) : state_(key) {}
-
-  uint64_t next() {
-    const uint64_t out = mix64(state_);
-    state_ += 0x9E3779B97F4A7C15ull;
-    return out;
-  }
-
-  // Uniform in [lo, hi]; the multiply-shift bias (range / 2^64) is negligible.
-  int uniform_int(int lo, int hi) {
-    const auto range = static_cast<unsigned __int128>(hi - lo + 1);
-    return lo + static_cast<int>((next() * range) >> 64);
-  }
-
-  double uniform01() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
-
- private:
-  uint64_t state_;
-};
 
 // Distinct from the dropout masks' key schedule so data and masks never share
 // random numbers, even under the same seed.
@@ -105,6 +82,7 @@ void SyntheticSource::make_batch(uint64_t stream, uint64_t index, Batch* out) {
   const int first_symbol = SpecialTokens::kCount;
   const int last_symbol = model_.vocab - 1;
   KeyedRng rng(batch_key(seed_, stream, index));
+  const MlmMasking masking{mlm_probability_, model_.vocab, sp};
 
   std::vector<int32_t> x, y, input, target;
   int count = 0;
@@ -141,25 +119,9 @@ void SyntheticSource::make_batch(uint64_t stream, uint64_t index, Batch* out) {
         target.insert(target.end(), y.begin(), y.end());
         target.push_back(sp.eos);
       } else {
-        // MLM: choose among the real tokens (never SEP), at least one.
-        target.assign(input.size(), sp.pad);
-        std::vector<int> chosen;
-        for (int i = 0; i < static_cast<int>(input.size()); ++i) {
-          if (i != n && rng.uniform01() < mlm_probability_) chosen.push_back(i);
-        }
-        if (chosen.empty()) {
-          const int pick = rng.uniform_int(0, 2 * n - 1);
-          chosen.push_back(pick < n ? pick : pick + 1);  // skip SEP at n
-        }
-        for (int i : chosen) {
-          target[i] = input[i];
-          const double r = rng.uniform01();
-          if (r < 0.8) {
-            input[i] = sp.mask;
-          } else if (r < 0.9) {
-            input[i] = rng.uniform_int(first_symbol, last_symbol);
-          }  // else: kept, but still predicted
-        }
+        // MLM: choose among the real tokens (SEP is structural: never chosen).
+        target.resize(input.size());
+        mask_sequence(masking, rng, input.data(), target.data(), static_cast<int>(input.size()));
       }
     }
     out->decoder.append(input.data(), static_cast<int>(input.size()));

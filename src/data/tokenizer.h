@@ -11,7 +11,10 @@ namespace mpiformer {
 struct TokenizerTrainOptions {
   int vocab_size = 8000;
   std::string model_type = "unigram";  // unigram | bpe
-  double character_coverage = 0.9995;
+  // Share of characters that get pieces of their own; the rest become unk.
+  // 1.0 suits alphabetic scripts (SentencePiece advises 0.9995 only for
+  // large character sets such as CJK).
+  double character_coverage = 1.0;
   int max_sentences = 2000000;  // input sentences sampled for training
   uint64_t seed = 1;
 };
@@ -29,6 +32,11 @@ class Tokenizer {
   std::vector<int> encode(const std::string& text) const;
   std::string decode(const std::vector<int>& ids) const;
   int vocab_size() const;
+  // The piece of `id` ("[MASK]", "\u2581the"); "" outside the vocabulary.
+  std::string id_to_piece(int id) const;
+  // Why this model breaks the fixed special ids ("pad id is -1, expected 0");
+  // "" when it keeps them. Models from train() always keep them.
+  std::string special_ids_mismatch() const;
   const std::string& model_bytes() const { return bytes_; }
 
  private:

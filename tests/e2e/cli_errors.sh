@@ -3,12 +3,11 @@
 # stderr naming the flag, nothing written. Help exits 0 and shows defaults.
 #
 # usage: cli_errors.sh /path/to/mpiformer WORKDIR
-set -euo pipefail
+# shellcheck source=common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 bin=${1:?usage: cli_errors.sh /path/to/mpiformer WORKDIR}
 work=${2:?usage: cli_errors.sh /path/to/mpiformer WORKDIR}
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_rmaps_base_oversubscribe=1
 
 rm -rf "$work"
 mkdir -p "$work"
@@ -16,13 +15,6 @@ out=$work/stdout
 err=$work/stderr
 run_dir=$work/run  # every train command below names it; none may create it
 failures=0
-
-fail() {
-  echo "FAIL: $*" >&2
-  echo "  stdout: $(head -c 2000 "$out")" >&2
-  echo "  stderr: $(head -c 2000 "$err")" >&2
-  failures=$((failures + 1))
-}
 
 # Runs the binary; sets $rc without tripping set -e.
 run() {

@@ -27,3 +27,13 @@ expect_at_least() {
     exit 1
   fi
 }
+
+# fail MESSAGE: records a failed check of a test that checks many cases and
+# shows the output of the command it ran (files $out and $err); the test
+# counts $failures and exits non-zero at the end.
+fail() {
+  echo "FAIL: $*" >&2
+  echo "  stdout: $(head -c 2000 "$out")" >&2
+  echo "  stderr: $(head -c 2000 "$err")" >&2
+  failures=$((failures + 1))
+}

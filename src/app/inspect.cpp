@@ -1,0 +1,127 @@
+#include "src/app/inspect.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "src/io/shard.h"
+
+namespace mpiformer {
+
+namespace {
+
+constexpr int kBarWidth = 40;
+
+std::string human_bytes(uintmax_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024.0 && u < 4) {
+    v /= 1024.0;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
+  return buf;
+}
+
+// Bin of a length: 0 holds length 0, bin k >= 1 holds [2^(k-1), 2^k).
+int length_bin(uint64_t n) {
+  int k = 0;
+  while (n > 0) {
+    n >>= 1;
+    ++k;
+  }
+  return k;
+}
+
+std::string bin_label(int k) {
+  if (k == 0) return "0";
+  const uint64_t lo = uint64_t{1} << (k - 1);
+  const uint64_t hi = (uint64_t{1} << k) - 1;
+  return lo == hi ? std::to_string(lo) : std::to_string(lo) + "-" + std::to_string(hi);
+}
+
+// Length statistics and a power-of-two histogram of one side.
+void print_lengths(std::ostream& os, const std::string& title, const TokenSequences& seq) {
+  const size_t n = seq.count();
+  uint64_t lo = UINT64_MAX, hi = 0;
+  std::vector<uint64_t> bins(65, 0);  // (65) bins for lengths up to 2^64
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t len = seq.length(i);
+    lo = std::min(lo, len);
+    hi = std::max(hi, len);
+    ++bins[length_bin(len)];
+  }
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "%-12s min %llu, mean %.2f, max %llu\n", title.c_str(),
+                static_cast<unsigned long long>(lo),
+                static_cast<double>(seq.tokens.size()) / static_cast<double>(n),
+                static_cast<unsigned long long>(hi));
+  os << buf;
+  std::snprintf(buf, sizeof buf, "  %13s %10s %6s\n", "tokens", "sequences", "share");
+  os << buf;
+  const uint64_t peak = *std::max_element(bins.begin(), bins.end());
+  for (int k = length_bin(lo); k <= length_bin(hi); ++k) {
+    // Non-empty bins get at least one mark so they stay visible.
+    const int width =
+        bins[k] == 0 ? 0 : std::max<int>(1, static_cast<int>(kBarWidth * bins[k] / peak));
+    std::snprintf(buf, sizeof buf, "  %13s %10llu %5.1f%% |%s\n", bin_label(k).c_str(),
+                  static_cast<unsigned long long>(bins[k]), 100.0 * bins[k] / n,
+                  std::string(width, '#').c_str());
+    os << buf;
+  }
+}
+
+void print_summary(std::ostream& os, const std::string& path, const Shard& s) {
+  const ShardHeader& h = s.header;
+  const bool seq2seq = h.kind == "seq2seq";
+  std::error_code ec;
+  const uintmax_t bytes = std::filesystem::file_size(path, ec);
+  os << "file         " << path;
+  if (!ec) os << " (" << human_bytes(bytes) << ")";
+  os << "\nformat       mpiformer-shard, version " << h.version << "\nkind         " << h.kind
+     << "\nvocab        " << h.vocab_size << " ids; pad " << h.pad_id << ", bos " << h.bos_id
+     << ", eos " << h.eos_id << ", unk " << h.unk_id << ", mask " << h.mask_id << ", sep "
+     << h.sep_id << "\ntokenizer    " << h.tokenizer.size() << " bytes\nsequences    "
+     << s.target.count() << (seq2seq ? " pairs" : "") << "\ntokens       ";
+  if (seq2seq) {
+    os << s.source.tokens.size() + s.target.tokens.size() << " (source " << s.source.tokens.size()
+       << ", target " << s.target.tokens.size() << ")";
+  } else {
+    os << s.target.tokens.size();
+  }
+  os << ", stored without bos/eos\n";
+  if (seq2seq) {
+    print_lengths(os, "src length", s.source);
+    print_lengths(os, "tgt length", s.target);
+  } else {
+    print_lengths(os, "length", s.target);
+  }
+}
+
+}  // namespace
+
+int run_inspect(const std::string& path, Communicator& comm) {
+  bool failed = false;
+  if (comm.is_root()) {
+    // Build the text first so a fault never leaves half a summary on stdout.
+    std::ostringstream out;
+    try {
+      print_summary(out, path, read_shard(path));
+    } catch (const std::exception& e) {
+      std::cerr << "mpiformer inspect: " << e.what() << std::endl;
+      failed = true;
+    }
+    if (!failed) std::cout << out.str() << std::flush;
+  }
+  // Every rank returns the same code.
+  return comm.any(failed) ? 1 : 0;
+}
+
+}  // namespace mpiformer

@@ -1,0 +1,48 @@
+#include "src/data/mlm_masking.h"
+
+namespace mpiformer {
+
+bool is_structural_token(int id, const SpecialTokens& sp) {
+  return id == sp.pad || id == sp.bos || id == sp.eos || id == sp.mask || id == sp.sep;
+}
+
+void mask_sequence(const MlmMasking& rule, KeyedRng& rng, int32_t* tokens, int32_t* targets,
+                   int n) {
+  const SpecialTokens& sp = rule.special;
+  // Pass 1: choose. A chosen position is marked by its target (the original
+  // token, never pad since pad is structural), so no list is needed.
+  int choosable = 0, chosen = 0;
+  for (int i = 0; i < n; ++i) {
+    targets[i] = sp.pad;
+    if (is_structural_token(tokens[i], sp)) continue;
+    ++choosable;
+    if (rng.uniform01() < rule.probability) {
+      targets[i] = tokens[i];
+      ++chosen;
+    }
+  }
+  if (choosable == 0) return;
+  if (chosen == 0) {
+    // Every sequence contributes at least one prediction: the pick-th choosable token.
+    int pick = rng.uniform_int(0, choosable - 1);
+    for (int i = 0; i < n; ++i) {
+      if (is_structural_token(tokens[i], sp)) continue;
+      if (pick-- == 0) {
+        targets[i] = tokens[i];
+        break;
+      }
+    }
+  }
+  // Pass 2: corrupt the chosen inputs, in ascending position order.
+  for (int i = 0; i < n; ++i) {
+    if (targets[i] == sp.pad) continue;
+    const double r = rng.uniform01();
+    if (r < 0.8) {
+      tokens[i] = sp.mask;
+    } else if (r < 0.9) {
+      tokens[i] = rng.uniform_int(SpecialTokens::kCount, rule.vocab - 1);
+    }  // else: kept, but still predicted
+  }
+}
+
+}  // namespace mpiformer

@@ -1,0 +1,177 @@
+// Training and evaluation batches from a directory of HDF5 shards written by
+// `mpiformer prepare` (DIR/train-NNNNN.h5, DIR/valid-NNNNN.h5).
+//
+// Construction validates the whole shard set (vocabulary, special ids,
+// tokenizer bytes and kind agree with the first train shard, and with the
+// model), loads this rank's sequences into memory once, applies --too-long,
+// and sorts the sequences into length buckets. Batches then only gather ids
+// from memory.
+//
+// Layouts (shards store sequences without bos/eos; see Batch):
+//   lm:      decoder BOS s, targets s EOS.
+//   mlm:     decoder s masked (src/data/mlm_masking.h), targets the originals
+//            at chosen positions, pad elsewhere.
+//   seq2seq: encoder src EOS, decoder BOS t, targets t EOS.
+// A side truncated to --max-len keeps its first tokens and loses its EOS (its
+// end is not there): lm decoder BOS s[0, L-1), targets s[0, L).
+//
+// Training order: the global batch list of an epoch (bucketing.h: each
+// bucket shuffled, sorted by length within runs of 8 batches, cut to the
+// token budget, the batch list shuffled) is a pure function of (seed, epoch,
+// shard set, options); global batch g is batch g % M of epoch g / M, M
+// batches per epoch. --sharding file gives each rank the files rank,
+// rank + W, ... and its own list, numbered per rank. Evaluation batches are
+// the valid shards' sequences, bucketed the same way but not shuffled.
+//
+// Nothing here calls MPI: a rank that fails throws, and the caller agrees on
+// the outcome across ranks.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "src/core/config.h"
+#include "src/data/batch_source.h"
+#include "src/data/bucketing.h"
+#include "src/data/mlm_masking.h"
+#include "src/io/shard.h"
+
+namespace mpiformer {
+
+// Checks a shard header against the model and fills what the shards decide:
+// vocab (when 0) and the special ids. The kind must match (lm and mlm read
+// "lm" shards, seq2seq "seq2seq"). Throws UsageError naming the flag, e.g.
+// "--vocab: the shards in DIR have vocabulary 8000; got 500".
+void apply_shard_header(const ShardHeader& header, const std::string& dir, ModelConfig* model);
+
+// What a split kept after the --too-long rule.
+struct LoadStats {
+  int64_t shards = 0;
+  int64_t sequences = 0;  // kept
+  int64_t tokens = 0;     // real tokens of the kept sequences as laid out (encoder + decoder)
+  int64_t skipped = 0;    // longer than --max-len under --too-long skip
+  int64_t truncated = 0;  // cut to --max-len under --too-long truncate
+  int64_t empty = 0;      // mlm: empty sequences, nothing to predict
+};
+
+class ShardSource : public BatchSource {
+ public:
+  // cfg.data_dir, model (kind, max_len, vocab: 0 takes the shards'), buckets,
+  // too_long, sharding, prefetch (depth; 0: no thread), max_tokens,
+  // max_sentences, mlm_probability, seed. Throws UsageError for flags that
+  // cannot work with this data, ShardError (std::runtime_error) naming the
+  // file for faulty or inconsistent shards.
+  ShardSource(const TrainConfig& cfg, int rank, int world_size);
+  ~ShardSource() override;
+  ShardSource(const ShardSource&) = delete;
+  ShardSource& operator=(const ShardSource&) = delete;
+
+  void make_batch(uint64_t stream, uint64_t index, Batch* out) override;
+  bool global_indices() const override { return !file_sharding_; }
+  void prefetch(uint64_t first_index, uint64_t stride) override;
+  uint64_t eval_batch_count() const override { return eval_plan_.batches.size(); }
+
+  uint64_t batches_per_epoch() const { return train_.planner->batches_per_epoch(); }
+  const LoadStats& train_stats() const { return train_.stats; }
+  const LoadStats& eval_stats() const { return eval_.stats; }
+  const std::vector<int>& boundaries() const { return boundaries_; }
+  const ModelConfig& model() const { return model_; }
+  // Real over padded tokens of epoch 0's batches (padded to each batch's longest).
+  double epoch_padding_efficiency() const { return epoch_padding_efficiency_; }
+  // Train batches handed over from the prefetch thread so far (the rest were
+  // built on the caller's thread).
+  uint64_t prefetched_batches() const;
+  // Batches built ahead and waiting now (at most --prefetch).
+  size_t prefetch_ready() const;
+  // One paragraph for the run log: sequences, tokens, skipped, truncated,
+  // buckets, batches per epoch, padding efficiency.
+  std::string describe() const override;
+
+ private:
+  // A kept sequence: where it lives and how much of each side the layout uses.
+  struct Example {
+    uint32_t shard = 0;
+    uint32_t flags = 0;     // kSourceEnds | kTargetEnds: that side keeps its EOS
+    uint64_t sequence = 0;  // index within the shard
+    int32_t source_kept = 0;
+    int32_t target_kept = 0;
+  };
+  static constexpr uint32_t kSourceEnds = 1, kTargetEnds = 2;
+
+  struct Split {
+    std::vector<std::string> files;
+    std::vector<Shard> shards;
+    std::vector<Example> examples;  // (sequences) kept, in file order: the ids of bucketing.h
+    std::optional<BatchPlanner> planner;
+    LoadStats stats;
+  };
+
+  void load_split(const std::vector<std::string>& files, Split* split) const;
+  int encoder_length(const Example& e) const;
+  int decoder_length(const Example& e) const;
+  void plan_split(Split* split);
+  double padding_efficiency(const Split& split, const EpochPlan& plan) const;
+
+  std::shared_ptr<const EpochPlan> epoch_plan(uint64_t epoch) const;
+  void build_train(uint64_t index, Batch* out) const;
+  void fill_batch(const Split& split, const uint32_t* ids, uint32_t count, uint64_t mask_key,
+                  Batch* out) const;
+  uint64_t mask_key(uint64_t stream, uint64_t index) const;
+  void reserve_for_budget(Batch* out) const;
+
+  // Prefetch machinery; all guarded by mutex_.
+  void worker_loop();
+  void restart_locked(uint64_t first_index);
+  bool take_prefetched(uint64_t index, Batch* out);
+
+  ModelConfig model_;
+  std::string dir_;
+  std::vector<int> boundaries_;
+  TooLong too_long_;
+  bool file_sharding_;
+  int rank_, world_size_;
+  int64_t max_tokens_;
+  int max_sentences_;
+  uint64_t seed_;
+  MlmMasking masking_;
+  int64_t train_files_total_ = 0;
+  int max_batch_sequences_ = 1;  // the most sequences any bucket's batch holds
+
+  Split train_, eval_;
+  EpochPlan eval_plan_;
+  double epoch_padding_efficiency_ = 1.0;
+
+  // The two most recent epoch plans: the loop and the prefetch thread may
+  // straddle an epoch boundary.
+  mutable std::mutex plan_mutex_;
+  mutable std::vector<std::pair<uint64_t, std::shared_ptr<const EpochPlan>>> plans_;
+
+  // Background builder of train batches sequence_start_ + k stride_. Built
+  // batches wait in a ring (depth --prefetch) whose buffers are swapped with
+  // the caller's, so steady state allocates nothing.
+  struct Ready {
+    uint64_t index = 0;
+    Batch batch;
+  };
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  std::thread worker_;
+  std::vector<Ready> ring_;  // (depth)
+  Batch worker_batch_;       // what the worker builds into; only it touches this
+  size_t ring_head_ = 0, ring_size_ = 0;
+  bool prefetching_ = false;  // prefetch() was called
+  bool stopping_ = false;     // the destructor runs
+  bool stalled_ = false;      // a build failed: wait for the caller to restart
+  bool busy_ = false;         // the worker builds in_flight_ of generation in_flight_generation_
+  uint64_t in_flight_ = 0, in_flight_generation_ = 0;
+  uint64_t sequence_start_ = 0, next_index_ = 0, stride_ = 1, generation_ = 0;
+  uint64_t prefetched_ = 0;
+};
+
+}  // namespace mpiformer
