@@ -57,8 +57,8 @@ int decode_set(const std::string& dir, const std::string& side) {
       throw std::runtime_error(path + ": vocab_size " + std::to_string(h.vocab_size) +
                                " but the tokenizer has " + std::to_string(tokenizer->vocab_size()));
     }
-    if (h.pad_id != 0 || h.bos_id != 1 || h.eos_id != 2 || h.unk_id != 3 || h.mask_id != 4 ||
-        h.sep_id != 5) {
+    if (h.special.pad != 0 || h.special.bos != 1 || h.special.eos != 2 || h.special.unk != 3 ||
+        h.special.mask != 4 || h.special.sep != 5) {
       throw std::runtime_error(path + ": special ids differ from 0..5");
     }
     if (!kind.empty() && h.kind != kind) {

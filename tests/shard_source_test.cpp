@@ -782,8 +782,8 @@ TEST(ShardSource, DifferentSpecialIdsAreRefused) {
   SetSpec spec;
   std::mt19937_64 rng(3);
   Shard odd = make_shard(spec, 10, rng);
-  odd.header.sep_id = 4;
-  odd.header.mask_id = 5;
+  odd.header.special.sep = 4;
+  odd.header.special.mask = 5;
   write_shard(dir.file("train-00001.h5"), odd);
   EXPECT_EQ(error_of([&] { ShardSource(config_for(dir, ModelKind::kLm), 0, 1); }),
             dir.file("train-00001.h5") + ": special ids differ from " + dir.file("train-00000.h5"));

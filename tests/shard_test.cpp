@@ -99,8 +99,8 @@ TEST_P(ShardRoundTrip, ReadsBackWhatWasWritten) {
   Shard shard = ts::sample_shard(c.kind, c.vocab, 50);
   // The largest id must survive the narrow or wide encoding.
   shard.target.tokens.back() = c.vocab - 1;
-  shard.header.sep_id = 5;
-  shard.header.mask_id = 4;
+  shard.header.special.sep = 5;
+  shard.header.special.mask = 4;
   const std::string path = file("a.h5");
   write_shard(path, shard);
 
@@ -109,12 +109,12 @@ TEST_P(ShardRoundTrip, ReadsBackWhatWasWritten) {
   EXPECT_EQ(back.header.version, kShardVersion);
   EXPECT_EQ(back.header.vocab_size, c.vocab);
   EXPECT_EQ(back.header.tokenizer, ts::kTokenizer);
-  EXPECT_EQ(back.header.pad_id, 0);
-  EXPECT_EQ(back.header.bos_id, 1);
-  EXPECT_EQ(back.header.eos_id, 2);
-  EXPECT_EQ(back.header.unk_id, 3);
-  EXPECT_EQ(back.header.mask_id, 4);
-  EXPECT_EQ(back.header.sep_id, 5);
+  EXPECT_EQ(back.header.special.pad, 0);
+  EXPECT_EQ(back.header.special.bos, 1);
+  EXPECT_EQ(back.header.special.eos, 2);
+  EXPECT_EQ(back.header.special.unk, 3);
+  EXPECT_EQ(back.header.special.mask, 4);
+  EXPECT_EQ(back.header.special.sep, 5);
   expect_same(back.target, shard.target);
   expect_same(back.source, shard.source);
   EXPECT_EQ(back.target.count(), 50u);

@@ -86,10 +86,11 @@ void print_summary(std::ostream& os, const std::string& path, const Shard& s) {
   os << "file         " << path;
   if (!ec) os << " (" << human_bytes(bytes) << ")";
   os << "\nformat       mpiformer-shard, version " << h.version << "\nkind         " << h.kind
-     << "\nvocab        " << h.vocab_size << " ids; pad " << h.pad_id << ", bos " << h.bos_id
-     << ", eos " << h.eos_id << ", unk " << h.unk_id << ", mask " << h.mask_id << ", sep "
-     << h.sep_id << "\ntokenizer    " << h.tokenizer.size() << " bytes\nsequences    "
-     << s.target.count() << (seq2seq ? " pairs" : "") << "\ntokens       ";
+     << "\nvocab        " << h.vocab_size << " ids; pad " << h.special.pad << ", bos "
+     << h.special.bos << ", eos " << h.special.eos << ", unk " << h.special.unk << ", mask "
+     << h.special.mask << ", sep " << h.special.sep << "\ntokenizer    " << h.tokenizer.size()
+     << " bytes\nsequences    " << s.target.count() << (seq2seq ? " pairs" : "")
+     << "\ntokens       ";
   if (seq2seq) {
     os << s.source.tokens.size() + s.target.tokens.size() << " (source " << s.source.tokens.size()
        << ", target " << s.target.tokens.size() << ")";

@@ -271,7 +271,7 @@ Shard encode_block(const PrepareConfig& cfg, const Corpus& c, const Tokenizer& t
     }
     ++figures->sequences;
     figures->tokens += static_cast<int64_t>(target.size() + source.size());
-    const int unk = header.unk_id;
+    const int unk = header.special.unk;
     figures->unknown += std::count(target.begin(), target.end(), unk) +
                         std::count(source.begin(), source.end(), unk);
   }
@@ -427,13 +427,7 @@ int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
   ShardHeader header;
   header.kind = cfg.kind;
   header.vocab_size = tokenizer->vocab_size();
-  const SpecialTokens special;
-  header.pad_id = special.pad;
-  header.bos_id = special.bos;
-  header.eos_id = special.eos;
-  header.unk_id = special.unk;
-  header.mask_id = special.mask;
-  header.sep_id = special.sep;
+  // header.special: the reserved ids the tokenizer was checked to have
   header.tokenizer = model_bytes;
 
   // The output directory: created by rank 0 now that the inputs are known good.

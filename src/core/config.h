@@ -42,6 +42,7 @@ struct SpecialTokens {
   int mask = 4;
   int sep = 5;
   static constexpr int kCount = 6;  // ids below this are never data symbols
+  bool operator==(const SpecialTokens&) const = default;
 };
 
 struct ModelConfig {

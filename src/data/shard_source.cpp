@@ -13,11 +13,6 @@
 namespace mpiformer {
 namespace {
 
-bool same_special_ids(const ShardHeader& a, const ShardHeader& b) {
-  return a.pad_id == b.pad_id && a.bos_id == b.bos_id && a.eos_id == b.eos_id &&
-         a.unk_id == b.unk_id && a.mask_id == b.mask_id && a.sep_id == b.sep_id;
-}
-
 // Every shard of a set must read like the first train shard: a model trained
 // on one and evaluated on another would otherwise see a different language.
 void check_same_set(const ShardHeader& header, const std::string& file, const ShardHeader& first,
@@ -30,7 +25,7 @@ void check_same_set(const ShardHeader& header, const std::string& file, const Sh
     throw ShardError(file + ": vocabulary " + std::to_string(header.vocab_size) + " differs from " +
                      std::to_string(first.vocab_size) + " in " + first_file);
   }
-  if (!same_special_ids(header, first)) {
+  if (header.special != first.special) {
     throw ShardError(file + ": special ids differ from " + first_file);
   }
   if (header.tokenizer != first.tokenizer) {
@@ -73,13 +68,7 @@ void apply_shard_header(const ShardHeader& header, const std::string& dir, Model
                                std::to_string(header.vocab_size) + "; got " +
                                std::to_string(model->vocab));
   }
-  SpecialTokens& sp = model->special;
-  sp.pad = header.pad_id;
-  sp.bos = header.bos_id;
-  sp.eos = header.eos_id;
-  sp.unk = header.unk_id;
-  sp.mask = header.mask_id;
-  sp.sep = header.sep_id;
+  model->special = header.special;
 }
 
 ShardSource::ShardSource(const TrainConfig& cfg, int rank, int world_size)

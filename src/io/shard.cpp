@@ -210,10 +210,10 @@ void write_shard_file(const std::string& path, const Shard& shard) {
   const int version = kShardVersion;
   write_int_attr(root, "version", H5T_STD_I32LE, H5T_NATIVE_INT, &version, path);
   write_string_attr(root, "kind", h.kind, path);
-  const std::pair<const char*, int> ints[] = {{"vocab_size", h.vocab_size}, {"pad_id", h.pad_id},
-                                              {"bos_id", h.bos_id},         {"eos_id", h.eos_id},
-                                              {"unk_id", h.unk_id},         {"mask_id", h.mask_id},
-                                              {"sep_id", h.sep_id}};
+  const std::pair<const char*, int> ints[] = {
+      {"vocab_size", h.vocab_size}, {"pad_id", h.special.pad}, {"bos_id", h.special.bos},
+      {"eos_id", h.special.eos},    {"unk_id", h.special.unk}, {"mask_id", h.special.mask},
+      {"sep_id", h.special.sep}};
   for (const auto& [name, value] : ints) {
     write_int_attr(root, name, H5T_STD_I32LE, H5T_NATIVE_INT, &value, path);
   }
@@ -384,9 +384,9 @@ ShardHeader read_header(hid_t file, const std::string& path, uint64_t* sequences
   h.vocab_size = read_int_attr<int>(file, "vocab_size", path);
   if (h.vocab_size <= 0)
     fail(path, "vocab_size " + std::to_string(h.vocab_size) + " is not positive");
-  const std::pair<const char*, int*> ids[] = {{"pad_id", &h.pad_id},   {"bos_id", &h.bos_id},
-                                              {"eos_id", &h.eos_id},   {"unk_id", &h.unk_id},
-                                              {"mask_id", &h.mask_id}, {"sep_id", &h.sep_id}};
+  const std::pair<const char*, int*> ids[] = {
+      {"pad_id", &h.special.pad}, {"bos_id", &h.special.bos},   {"eos_id", &h.special.eos},
+      {"unk_id", &h.special.unk}, {"mask_id", &h.special.mask}, {"sep_id", &h.special.sep}};
   for (const auto& [name, value] : ids) {
     *value = read_int_attr<int>(file, name, path);
     if (*value < 0 || *value >= h.vocab_size) {

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "src/core/config.h"
+
 namespace mpiformer {
 
 constexpr int kShardVersion = 1;
@@ -24,7 +26,7 @@ struct ShardHeader {
   std::string kind = "lm";  // "lm" | "seq2seq"
   int version = kShardVersion;
   int vocab_size = 0;
-  int pad_id = 0, bos_id = 1, eos_id = 2, unk_id = 3, mask_id = 4, sep_id = 5;
+  SpecialTokens special;  // stored as the attributes pad_id, bos_id, ... sep_id
   std::string tokenizer;  // SentencePiece model bytes
 };
 

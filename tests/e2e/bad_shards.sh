@@ -41,16 +41,7 @@ expect_inspect_fault() {
   local file=$1 words=$2
   run "$bin" inspect "$file"
   local what="mpiformer inspect $(basename "$file")"
-  if [[ $rc -eq 0 ]]; then
-    fail "$what: exit code 0, expected non-zero"
-    return
-  fi
-  if [[ $(wc -l <"$err") -ne 1 ]]; then
-    fail "$what: $(wc -l <"$err") lines on stderr, expected 1"
-    return
-  fi
-  grep -qF -- "$file" "$err" || fail "$what: stderr does not name the file"
-  grep -qF -- "$words" "$err" || fail "$what: stderr lacks '$words'"
+  expect_one_line_error "$what" nonzero "$file" "$words" || return 0
   [[ ! -s $out ]] || fail "$what: unexpected stdout"
   echo "ok: $what -> $(cat "$err")"
 }

@@ -29,19 +29,7 @@ expect_usage_error() {
   shift
   run "$@"
   local what="mpiformer $*"
-  if [[ $rc -ne 2 ]]; then
-    fail "$what: exit code $rc, expected 2"
-    return
-  fi
-  local lines
-  lines=$(wc -l <"$err")
-  if [[ $lines -ne 1 ]]; then
-    fail "$what: $lines lines on stderr, expected 1"
-    return
-  fi
-  if ! grep -qF -- "$flag" "$err"; then
-    fail "$what: stderr does not name $flag"
-  fi
+  expect_one_line_error "$what" 2 "$flag" || return 0
   if [[ -s $out ]]; then
     fail "$what: unexpected stdout"
   fi

@@ -37,3 +37,29 @@ fail() {
   echo "  stderr: $(head -c 2000 "$err")" >&2
   failures=$((failures + 1))
 }
+
+# expect_one_line_error WHAT EXPECTED NEEDLE...: the command just run (exit
+# code in $rc, stderr in $err) failed with EXPECTED ("nonzero": any failure)
+# and printed exactly one line on stderr holding every NEEDLE. Records a
+# failure and returns 1 otherwise.
+expect_one_line_error() {
+  local what=$1 expected=$2
+  shift 2
+  if [[ $expected == nonzero && $rc -eq 0 ]] || [[ $expected != nonzero && $rc -ne $expected ]]; then
+    fail "$what: exit code $rc, expected $expected"
+    return 1
+  fi
+  local lines
+  lines=$(wc -l <"$err")
+  if [[ $lines -ne 1 ]]; then
+    fail "$what: $lines lines on stderr, expected 1"
+    return 1
+  fi
+  local needle
+  for needle in "$@"; do
+    if ! grep -qF -- "$needle" "$err"; then
+      fail "$what: stderr does not say '$needle'"
+      return 1
+    fi
+  done
+}

@@ -33,28 +33,13 @@ expect_failure() {
   done
   shift
   local what="prepare $*"
-  local rc=0
+  rc=0
   timeout 60 "$mpiexec" -q -n 2 "$bin" prepare "$@" >"$out" 2>"$err" || rc=$?
   if [[ $rc -eq 124 ]]; then
     fail "$what: hung (killed after 60 s)"
     return
   fi
-  if [[ $rc -ne $code ]]; then
-    fail "$what: exit code $rc, expected $code"
-    return
-  fi
-  local lines
-  lines=$(wc -l <"$err")
-  if [[ $lines -ne 1 ]]; then
-    fail "$what: $lines lines on stderr, expected 1"
-    return
-  fi
-  for needle in "${needles[@]}"; do
-    if ! grep -qF -- "$needle" "$err"; then
-      fail "$what: stderr does not say '$needle'"
-      return
-    fi
-  done
+  expect_one_line_error "$what" "$code" "${needles[@]}" || return 0
   local leftovers=
   if [[ -n $dir ]]; then
     leftovers=$(find "$dir" \( -name '*.h5' -o -name '*.tmp-*' -o -name '*.model' \) 2>/dev/null ||
