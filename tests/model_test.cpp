@@ -12,46 +12,14 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "tests/test_batches.h"
 
 namespace mpiformer {
 namespace {
 
-ModelConfig tiny(ModelKind kind) {
-  ModelConfig m;
-  m.kind = kind;
-  m.layers = 2;
-  m.enc_layers = 2;
-  m.dec_layers = 2;
-  m.d_model = 16;
-  m.heads = 2;
-  m.d_ff = 32;
-  m.vocab = 24;
-  m.max_len = 12;
-  return m;
-}
-
-// A ragged batch of the given decoder (and encoder) lengths with random ids;
-// every third target is pad so padding is exercised.
-Batch random_batch(const ModelConfig& m, const std::vector<int>& lengths,
-                   const std::vector<int>& src_lengths, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> symbol(SpecialTokens::kCount, m.vocab - 1);
-  Batch batch;
-  std::vector<int32_t> ids;
-  for (size_t b = 0; b < lengths.size(); ++b) {
-    if (m.kind == ModelKind::kSeq2seq) {
-      ids.assign(src_lengths[b], 0);
-      for (int32_t& t : ids) t = symbol(rng);
-      batch.encoder.append(ids.data(), src_lengths[b]);
-    }
-    ids.assign(lengths[b], 0);
-    for (int32_t& t : ids) t = symbol(rng);
-    batch.decoder.append(ids.data(), lengths[b]);
-    for (int i = 0; i < lengths[b]; ++i)
-      batch.targets.push_back((batch.targets.size() % 3 == 2) ? m.special.pad : symbol(rng));
-  }
-  return batch;
-}
+using testing::append_batch;
+using testing::random_batch;
+using testing::tiny;
 
 struct Fixture {
   std::unique_ptr<Ops> ops = make_cpu_ops(1);
@@ -151,11 +119,7 @@ TEST(Model, MicroBatchesAddUpToTheWholeBatch) {
   const Batch a = random_batch(m, {4, 6}, {5, 3}, 8);
   const Batch b = random_batch(m, {7}, {2}, 9);
   Batch both = a;
-  for (int s = 0; s < b.decoder.batch(); ++s) {
-    both.encoder.append(&b.encoder.tokens[b.encoder.offsets[s]], b.encoder.length(s));
-    both.decoder.append(&b.decoder.tokens[b.decoder.offsets[s]], b.decoder.length(s));
-  }
-  both.targets.insert(both.targets.end(), b.targets.begin(), b.targets.end());
+  append_batch(&both, b);
   const int pad = m.special.pad;
   const float scale = 1.0f / static_cast<float>(both.target_tokens(pad));
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -95,6 +96,16 @@ TEST(Schedule, Cosine) {
 }
 
 // ---- clipping -----------------------------------------------------------
+
+TEST(LrScaling, FollowsTheGlobalTokenBudget) {
+  EXPECT_EQ(lr_scale_factor(LrScaling::kNone, 8192, 4096), 1.0);
+  EXPECT_EQ(lr_scale_factor(LrScaling::kNone, 0, 0), 1.0);  // nothing to scale by
+  EXPECT_DOUBLE_EQ(lr_scale_factor(LrScaling::kLinear, 8192, 4096), 2.0);
+  EXPECT_DOUBLE_EQ(lr_scale_factor(LrScaling::kLinear, 1024, 4096), 0.25);
+  EXPECT_DOUBLE_EQ(lr_scale_factor(LrScaling::kSqrt, 16384, 4096), 2.0);
+  EXPECT_DOUBLE_EQ(lr_scale_factor(LrScaling::kSqrt, 4096, 4096), 1.0);
+  EXPECT_THROW(lr_scale_factor(LrScaling::kLinear, 4096, 0), std::invalid_argument);
+}
 
 TEST(ClipFactor, BringsTheNormToTheLimit) {
   EXPECT_FLOAT_EQ(clip_factor(2.0, 1.0f), 0.49999975f);   // 1 / (2 + 1e-6)

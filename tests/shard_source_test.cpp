@@ -708,9 +708,25 @@ TEST(ShardSource, FileShardingGivesEachRankItsOwnFiles) {
     EXPECT_NE(src.describe().find("--sharding file"), std::string::npos);
   }
   EXPECT_EQ(all, expected_multiset(shards, ModelKind::kLm, 32, false));
-  const std::string e = error_of([&] { ShardSource(cfg, 0, 6); });
-  EXPECT_EQ(e, "--sharding: file needs a train shard per rank: " + dir.str() +
-                   " holds 5 for 6 ranks; use --sharding data or write more shards");
+  // Six ranks on five files: rank 5 reads none and its batches are empty,
+  // while rank 0 still reads its file and says so.
+  ShardSource idle(cfg, 5, 6);
+  EXPECT_EQ(idle.train_stats().shards, 0);
+  EXPECT_EQ(idle.batches_per_epoch(), 0u);
+  idle.prefetch(0, 1);
+  Batch batch;
+  for (uint64_t g = 0; g < 3; ++g) {
+    idle.make_batch(BatchSource::kTrain, g, &batch);
+    EXPECT_EQ(batch.decoder.batch(), 0);
+    EXPECT_EQ(batch.target_tokens(0), 0);
+  }
+  idle.make_batch(BatchSource::kEval, 0, &batch);
+  EXPECT_GT(batch.decoder.batch(), 0);  // evaluation data is shared by all ranks
+  ShardSource busy(cfg, 0, 6);
+  EXPECT_EQ(busy.train_stats().shards, 1);
+  EXPECT_NE(busy.describe().find("rank 5 has no train shard: it joins every step with zero tokens"),
+            std::string::npos)
+      << busy.describe();
 }
 
 // ---- validation ------------------------------------------------------------

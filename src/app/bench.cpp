@@ -1,6 +1,8 @@
 // `mpiformer bench`: times full training steps (forward, backward, clipping,
 // AdamW) of one model shape on one fixed batch after warm-up steps, and
-// prints one JSON line. It reports; it asserts nothing.
+// prints one JSON line. It reports; it asserts nothing. Under mpirun every
+// rank runs its own batch of the shape and gradients go through the
+// bucketed all-reduce, so the line also says what the reduction cost.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -9,11 +11,12 @@
 #include <fstream>
 #include <memory>
 #include <string>
-#include <thread>
+#include <vector>
 
 #include "kernels/backend.h"
 #include "kernels/dropout_mask.h"
 #include "src/app/commands.h"
+#include "src/dist/data_parallel.h"
 #include "src/model/model.h"
 #include "src/optim/adamw.h"
 
@@ -29,10 +32,10 @@ int draw(uint64_t seed, uint64_t counter, int lo, int hi) {
 // A batch of random data symbols: B sequences of length seq (or drawn from
 // [min_seq, seq]); targets are every next token (lm), 15% of positions (mlm)
 // or the target side (seq2seq).
-Batch make_bench_batch(const BenchConfig& cfg) {
+Batch make_bench_batch(const BenchConfig& cfg, int rank) {
   const ModelConfig& m = cfg.model;
   const int lo_sym = SpecialTokens::kCount, hi_sym = m.vocab - 1;
-  uint64_t counter = 0;
+  uint64_t counter = static_cast<uint64_t>(rank) << 40;  // each rank its own symbols
   auto length = [&](int longest) {
     return cfg.min_seq > 0 ? draw(cfg.seed, counter++, std::min(cfg.min_seq, longest), longest)
                            : longest;
@@ -82,46 +85,60 @@ size_t peak_rss_bytes() {
 }  // namespace
 
 int run_bench(const BenchConfig& cfg, Communicator& comm) {
-  const int threads = cfg.threads > 0
-                          ? cfg.threads
-                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = cfg.threads > 0 ? cfg.threads : comm.cores_per_local_rank();
   std::unique_ptr<Ops> ops = make_cpu_ops(threads);
-  const Batch batch = make_bench_batch(cfg);
-  const int longest = std::max(batch.decoder.max_len(), batch.encoder.max_len());
-  const int rows = std::max(batch.decoder.total(), batch.encoder.total());
+  std::vector<Batch> batch(1, make_bench_batch(cfg, comm.rank()));
+  const int longest = std::max(batch[0].decoder.max_len(), batch[0].encoder.max_len());
+  const int rows = std::max(batch[0].decoder.total(), batch[0].encoder.total());
   Model model(*ops, cfg.model, ModelCapacity{rows, longest});
   model.init_parameters(cfg.seed);
   AdamW optimizer(model.parameters(), cfg.optim);
-  const float grad_scale = 1.0f / static_cast<float>(batch.target_tokens(cfg.model.special.pad));
+  std::unique_ptr<GradientReducer> reducer =
+      make_mpi_reducer(model.parameters(), cfg.bucket_mb, cfg.overlap, cfg.grad_sum, comm);
 
+  ReduceTiming reduce;
   auto train_step = [&](int64_t step) {
-    model.parameters().zero_grads();
-    model.forward_backward(batch, cfg.label_smoothing, grad_scale, PassId{cfg.seed, step, 0});
+    const StepGradients g =
+        step_gradients(model, batch, cfg.seed, step, cfg.label_smoothing, comm, reducer.get());
+    reduce += g.reduce;
     const double norm = optimizer.grad_norm();
     optimizer.step(cfg.optim.lr, clip_factor(norm, cfg.optim.clip_norm));
   };
   for (int s = 0; s < cfg.warmup_steps; ++s) train_step(s + 1);
   ops->synchronize();
+  reduce = ReduceTiming{};
+  comm.barrier();
   const auto t0 = std::chrono::steady_clock::now();
   for (int s = 0; s < cfg.steps; ++s) train_step(cfg.warmup_steps + s + 1);
   ops->synchronize();
+  comm.barrier();
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
+  const int W = comm.size();
   const double step_s = seconds / cfg.steps;
-  const double tokens = static_cast<double>(batch.real_tokens());
+  const double tokens = static_cast<double>(comm.allreduce_sum(batch[0].real_tokens()));
   const double peak =
       cfg.peak_tflops > 0 ? cfg.peak_tflops * 1e12 : estimated_cpu_peak_flops(threads);
-  const double mfu = model.training_flops(batch) / step_s / peak;
+  const double mfu = model.training_flops(batch[0]) / step_s / peak;  // per rank
+  // One rank moves nothing; its exact sum's conversions are in step_ms.
+  if (W == 1) reduce = ReduceTiming{};
+  double reduce_sums[3] = {reduce.wait_s, reduce.in_flight_s, reduce.hidden_s};
+  comm.allreduce_sum(reduce_sums, 3);
   if (comm.is_root()) {
     std::printf(
-        "{\"model\": \"%s\", \"device\": \"%s\", \"threads\": %d, \"batch\": %d, \"seq\": %d, "
-        "\"real_tokens\": %.0f, \"padded_tokens\": %lld, \"parameters\": %zu, "
-        "\"tokens_per_s\": %.1f, \"step_ms\": %.2f, \"mfu\": %.4f, \"peak_flops\": %.4g, "
-        "\"peak_mem_bytes\": %zu, \"allocated_bytes\": %zu}\n",
-        to_string(cfg.model.kind), ops->name().c_str(), threads, cfg.batch, cfg.seq, tokens,
-        static_cast<long long>(batch.padded_tokens()), model.parameters().count(), tokens / step_s,
-        1000.0 * step_s, mfu, peak, peak_rss_bytes(), ops->peak_allocated_bytes());
+        "{\"model\": \"%s\", \"device\": \"%s\", \"ranks\": %d, \"threads\": %d, "
+        "\"batch\": %d, \"seq\": %d, \"real_tokens\": %.0f, \"padded_tokens\": %lld, "
+        "\"parameters\": %zu, \"tokens_per_s\": %.1f, \"step_ms\": %.2f, \"mfu\": %.4f, "
+        "\"peak_flops\": %.4g, \"peak_mem_bytes\": %zu, \"allocated_bytes\": %zu, "
+        "\"allreduce_bytes\": %zu, \"buckets\": %zu, \"comm_wait_ms\": %.3f, "
+        "\"hidden_share\": %.3f}\n",
+        to_string(cfg.model.kind), ops->name().c_str(), W, threads, cfg.batch, cfg.seq, tokens,
+        static_cast<long long>(batch[0].padded_tokens()) * W, model.parameters().count(),
+        tokens / step_s, 1000.0 * step_s, mfu, peak, peak_rss_bytes(), ops->peak_allocated_bytes(),
+        W > 1 ? reducer->bytes_per_step() : 0, W > 1 ? reducer->buckets().size() : 0,
+        1000.0 * reduce_sums[0] / (W * cfg.steps),
+        reduce_sums[1] > 0 ? reduce_sums[2] / reduce_sums[1] : 0.0);
     std::fflush(stdout);
   }
   return 0;

@@ -1,6 +1,7 @@
 #include "src/app/inspect.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "src/io/checkpoint.h"
 #include "src/io/shard.h"
 
 namespace mpiformer {
@@ -106,6 +108,49 @@ void print_summary(std::ostream& os, const std::string& path, const Shard& s) {
   }
 }
 
+std::string shape_string(const std::vector<int>& shape) {
+  std::string s = "(";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + ")";
+}
+
+// Root attributes, one line per tensor of /params (shape and RMS), then the
+// configuration the run was started with.
+void print_checkpoint(std::ostream& os, const std::string& path) {
+  const CheckpointState state = read_checkpoint_state(path);
+  const std::vector<CheckpointTensor> tensors = read_checkpoint_tensors(path, "params");
+  std::error_code ec;
+  const uintmax_t bytes = std::filesystem::file_size(path, ec);
+  size_t count = 0, name_width = 6, shape_width = 5;
+  for (const CheckpointTensor& t : tensors) {
+    count += t.data.size();
+    name_width = std::max(name_width, t.name.size());
+    shape_width = std::max(shape_width, shape_string(t.shape).size());
+  }
+  os << "file         " << path;
+  if (!ec) os << " (" << human_bytes(bytes) << ")";
+  os << "\nformat       mpiformer-checkpoint, version " << kCheckpointVersion << "\nstep         "
+     << state.step << "\nworld size   " << state.world_size << "\nparameters   " << count << " in "
+     << tensors.size() << " tensors\n";
+  // Names and shapes left-aligned in columns, RMS right-aligned.
+  auto pad = [](const std::string& s, size_t width) {
+    return s + std::string(width - s.size(), ' ');
+  };
+  os << "  " << pad("tensor", name_width) << "  " << pad("shape", shape_width) << "         rms\n";
+  char rms_text[32];
+  for (const CheckpointTensor& t : tensors) {
+    double sum = 0.0;
+    for (float x : t.data) sum += static_cast<double>(x) * x;
+    const double rms = t.data.empty() ? 0.0 : std::sqrt(sum / static_cast<double>(t.data.size()));
+    std::snprintf(rms_text, sizeof rms_text, "%10.4e", rms);
+    os << "  " << pad(t.name, name_width) << "  " << pad(shape_string(t.shape), shape_width) << "  "
+       << rms_text << "\n";
+  }
+  os << "config\n";
+  std::istringstream config(state.config_ini);
+  for (std::string line; std::getline(config, line);) os << "  " << line << "\n";
+}
+
 }  // namespace
 
 int run_inspect(const std::string& path, Communicator& comm) {
@@ -114,7 +159,11 @@ int run_inspect(const std::string& path, Communicator& comm) {
     // Build the text first so a fault never leaves half a summary on stdout.
     std::ostringstream out;
     try {
-      print_summary(out, path, read_shard(path));
+      if (is_checkpoint(path)) {
+        print_checkpoint(out, path);
+      } else {
+        print_summary(out, path, read_shard(path));
+      }
     } catch (const std::exception& e) {
       std::cerr << "mpiformer inspect: " << e.what() << std::endl;
       failed = true;

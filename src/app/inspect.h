@@ -1,6 +1,6 @@
 // `mpiformer inspect FILE.h5`: a human summary of a file the project writes.
-// Shards for now; checkpoints and metrics files are answered "not an
-// mpiformer shard" until their readers exist.
+// Shards and checkpoints (told apart by the root attribute `format`); metrics
+// files are answered "not an mpiformer shard" until their reader exists.
 #pragma once
 
 #include <string>

@@ -267,6 +267,15 @@ void add_device_flags(FlagTable& t, DeviceKind* device, Precision* precision, in
   t.add("threads", threads, "N", "CPU threads per rank (0: the node's cores shared by its ranks)");
 }
 
+void add_reducer_flags(FlagTable& t, float* bucket_mb, bool* overlap, GradSum* grad_sum) {
+  t.add("bucket-mb", bucket_mb, "MB", "gradient all-reduce bucket size in MiB");
+  t.add_choice("overlap", overlap, {{"on", true}, {"off", false}},
+               "start each bucket's all-reduce during backward (off: all after backward)");
+  t.add_choice("grad-sum", grad_sum, {{"exact", GradSum::kExact}, {"float", GradSum::kFloat}},
+               "exact: 64-bit fixed-point sums, bitwise the same for any number of ranks and "
+               "micro-batches; float: fp32 sums, half the bytes");
+}
+
 void add_train_flags(FlagTable& t, TrainConfig* c) {
   add_model_flags(t, &c->model,
                   "vocabulary size, reserved ids included (0: from the shards with --data, "
@@ -304,8 +313,21 @@ void add_train_flags(FlagTable& t, TrainConfig* c) {
   t.add("log-every", &c->log_every, "N", "steps between training log lines");
   t.add("eval-every", &c->eval_every, "N", "steps between evaluations (0: only at the end)");
   t.add("eval-batches", &c->eval_batches, "N", "micro-batches per evaluation");
-  t.add("checkpoint-every", &c->checkpoint_every, "N", "steps between checkpoints (0: none)");
+  t.add("checkpoint-every", &c->checkpoint_every, "N",
+        "steps between checkpoints; the last step always writes one (0: only the last)");
+  t.add("keep-checkpoints", &c->keep_checkpoints, "K", "newest checkpoints kept (0: all)");
   add_device_flags(t, &c->device, &c->precision, &c->threads);
+  t.group("Distribution");
+  t.add_choice(
+      "lr-scaling", &c->lr_scaling,
+      {{"none", LrScaling::kNone}, {"linear", LrScaling::kLinear}, {"sqrt", LrScaling::kSqrt}},
+      "scale --lr by the global token budget per step (max-tokens x accum-steps x "
+      "ranks) over --lr-reference-tokens, or its square root");
+  t.add("lr-reference-tokens", &c->lr_reference_tokens, "T",
+        "the global token budget per step that --lr was tuned for");
+  add_reducer_flags(t, &c->bucket_mb, &c->overlap, &c->grad_sum);
+  t.add("check-every", &c->check_every, "N",
+        "steps between checks that all replicas hold identical parameters (0: off)");
 }
 
 void add_bench_flags(FlagTable& t, BenchConfig* c) {
@@ -322,6 +344,8 @@ void add_bench_flags(FlagTable& t, BenchConfig* c) {
   t.add("seed", &c->seed, "S", "seed of the batch and initialisation");
   t.add("peak-tflops", &c->peak_tflops, "TF", "device peak for MFU (0: estimate for the device)");
   add_device_flags(t, &c->device, &c->precision, &c->threads);
+  t.group("Distribution (under mpirun: every rank runs its own batch of the shape)");
+  add_reducer_flags(t, &c->bucket_mb, &c->overlap, &c->grad_sum);
 }
 
 void add_prepare_flags(FlagTable& t, PrepareConfig* c) {
@@ -576,7 +600,16 @@ void validate_train(const TrainConfig& c) {
   require_at_least("--eval-every", c.eval_every, 0);
   require_at_least("--eval-batches", c.eval_batches, 1);
   require_at_least("--checkpoint-every", c.checkpoint_every, 0);
+  require_at_least("--keep-checkpoints", c.keep_checkpoints, 0);
   validate_device(c.device, c.precision, c.threads);
+  require_at_least("--lr-reference-tokens", c.lr_reference_tokens, int64_t{0});
+  if (c.lr_scaling != LrScaling::kNone && c.lr_reference_tokens == 0) {
+    usage_error("--lr-reference-tokens",
+                std::string("required with --lr-scaling ") + to_string(c.lr_scaling) +
+                    ": the global token budget per step that --lr was tuned for");
+  }
+  require_positive("--bucket-mb", c.bucket_mb);
+  require_at_least("--check-every", c.check_every, 0);
   if (has_synthetic) {
     // The source knows its layout; its messages already name the flags.
     try {
@@ -618,6 +651,7 @@ void validate_prepare(const PrepareConfig& c, const std::set<std::string>& given
 void validate_bench(const BenchConfig& c) {
   validate_model(c.model);
   validate_optim(c.optim);
+  require_positive("--bucket-mb", c.bucket_mb);
   require_at_least("--batch", c.batch, 1);
   require_at_least("--seq", c.seq, 1);
   if (c.seq > c.model.max_len) {

@@ -14,7 +14,6 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -22,6 +21,9 @@
 #include "src/app/options.h"
 #include "src/core/error.h"
 #include "src/data/make_source.h"
+#include "src/dist/data_parallel.h"
+#include "src/dist/replica_check.h"
+#include "src/io/checkpoint.h"
 #include "src/loss/cross_entropy.h"
 #include "src/model/model.h"
 #include "src/optim/adamw.h"
@@ -75,11 +77,6 @@ LossSummary evaluate(Model& model, BatchSource& source, const TrainConfig& cfg,
   return summarize(allreduce(comm, local));
 }
 
-int default_threads(const Communicator& comm) {
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return std::max(1, cores / comm.local_size());
-}
-
 }  // namespace
 
 // Runs `what` on every rank and agrees on the outcome: a rank that failed
@@ -113,13 +110,25 @@ int run_train(const TrainConfig& requested, Communicator& comm) {
       }))
     return kExitFailure;
   BatchSource& source = *data;
-  const int threads = cfg.threads > 0 ? cfg.threads : default_threads(comm);
+  const int threads = cfg.threads > 0 ? cfg.threads : comm.cores_per_local_rank();
   std::unique_ptr<Ops> ops = make_cpu_ops(threads);
   Model model(*ops, cfg.model, ModelCapacity{cfg.max_tokens, cfg.model.max_len});
   model.init_parameters(cfg.seed);
   ParameterSet& params = model.parameters();
-  AdamW optimizer(params, cfg.optim);
-  LrSchedule schedule(cfg.optim, cfg.steps);
+
+  // --lr-scaling: the LR follows the global token budget of a step.
+  const int64_t step_budget = static_cast<int64_t>(cfg.max_tokens) * K * W;
+  const double lr_factor = lr_scale_factor(cfg.lr_scaling, step_budget, cfg.lr_reference_tokens);
+  OptimConfig optim = cfg.optim;
+  optim.lr = static_cast<float>(optim.lr * lr_factor);
+  optim.end_lr = static_cast<float>(optim.end_lr * lr_factor);
+  AdamW optimizer(params, optim);
+  LrSchedule schedule(optim, cfg.steps);
+
+  // The gradient all-reduce: buckets of whole tensors, started during the
+  // last backward pass of each step.
+  std::unique_ptr<GradientReducer> reducer =
+      make_mpi_reducer(params, cfg.bucket_mb, cfg.overlap, cfg.grad_sum, comm);
 
   const std::filesystem::path rundir(cfg.out_dir);
   if (comm.is_root()) {
@@ -136,6 +145,16 @@ int run_train(const TrainConfig& requested, Communicator& comm) {
                                               : cfg.model.layers,
         cfg.model.d_model, cfg.model.heads, cfg.model.d_ff, cfg.model.vocab, cfg.model.max_len,
         cfg.max_tokens, K, W);
+    if (cfg.lr_scaling != LrScaling::kNone)
+      std::printf("  lr %.3e x %.4f (%s: %lld / %lld tokens per step) = %.3e\n", cfg.optim.lr,
+                  lr_factor, to_string(cfg.lr_scaling), static_cast<long long>(step_budget),
+                  static_cast<long long>(cfg.lr_reference_tokens), optim.lr);
+    if (reducer)
+      std::printf(
+          "  gradient sum: %s; %.1f MiB per step in %zu bucket(s) of >= %g MiB over %s, %s\n",
+          to_string(cfg.grad_sum), reducer->bytes_per_step() / double(1 << 20),
+          reducer->buckets().size(), cfg.bucket_mb, reducer->transport().name().c_str(),
+          cfg.overlap ? "overlapped with backward" : "after backward");
     const std::string data_summary = source.describe();
     if (!data_summary.empty()) std::printf("%s\n", data_summary.c_str());
     std::fflush(stdout);
@@ -144,9 +163,10 @@ int run_train(const TrainConfig& requested, Communicator& comm) {
   std::vector<Batch> batches(K);
   Batch eval_batch;
   LossSums window;  // local sums since the last progress line
+  ReduceTiming window_reduce;
   int64_t window_real_tokens = 0, window_padded_tokens = 0;
   double window_compute_s = 0.0;
-  int window_steps = 0;
+  int window_steps = 0, window_skipped = 0;
   Clock::time_point window_start = Clock::now();
 
   // Global indexing: step s, micro-batch k is global batch (s-1) W K + r + k W.
@@ -158,57 +178,97 @@ int run_train(const TrainConfig& requested, Communicator& comm) {
   for (int64_t step = 1; step <= cfg.steps; ++step) {
     const Clock::time_point step_start = Clock::now();
 
-    // 1. This rank's micro-batches of the step, and the global token count N.
-    int64_t local_targets = 0;
+    // 1. This rank's micro-batches of the step (any may be empty).
     for (int k = 0; k < K; ++k) {
       const uint64_t index = first + stride * static_cast<uint64_t>((step - 1) * K + k);
       source.make_batch(BatchSource::kTrain, index, &batches[k]);
-      local_targets += batches[k].target_tokens(cfg.model.special.pad);
       window_real_tokens += batches[k].real_tokens();
       window_padded_tokens += batches[k].padded_tokens();
     }
-    const int64_t global_targets = comm.allreduce_sum(local_targets);
-    if (global_targets == 0) continue;  // every rank agrees: nothing to learn from
-    const float grad_scale = 1.0f / static_cast<float>(global_targets);
 
-    // 2. Forward and backward of each micro-batch; gradients accumulate.
-    params.zero_grads();
-    for (int k = 0; k < K; ++k) {
-      const PassId pass{cfg.seed, step, rank + k * W};
-      window += model.forward_backward(batches[k], cfg.label_smoothing, grad_scale, pass);
-    }
+    // 2. The gradient of the mean loss over the step's target tokens on all
+    //    ranks: N by MPI_Allreduce first, then backward, then the bucketed
+    //    gradient all-reduce (src/dist/data_parallel.h).
+    const StepGradients gradients =
+        step_gradients(model, batches, cfg.seed, step, cfg.label_smoothing, comm, reducer.get());
+    window += gradients.local;
+    window_reduce += gradients.reduce;
 
-    // 3. Sum gradients over ranks; clip; update.
-    if (W > 1) comm.allreduce_sum(params.grads(), params.count());
-    const double grad_norm = optimizer.grad_norm();
+    // 3. Clip and update; a step with no target tokens anywhere changes nothing.
+    double grad_norm = 0.0;
     const float lr = schedule.lr(step);
-    optimizer.step(lr, clip_factor(grad_norm, cfg.optim.clip_norm));
+    if (gradients.skipped) {
+      ++window_skipped;
+    } else {
+      grad_norm = optimizer.grad_norm();
+      optimizer.step(lr, clip_factor(grad_norm, cfg.optim.clip_norm));
+    }
     window_compute_s += seconds_since(step_start);
     ++window_steps;
 
-    // 4. Progress: global token-weighted figures.
+    // 4. Replicas must still be identical.
+    if (W > 1 && cfg.check_every > 0 && step % cfg.check_every == 0) {
+      const ReplicaMismatch mismatch = check_replicas(params, comm);
+      if (mismatch.found()) {
+        if (comm.rank() == mismatch.rank)
+          std::fprintf(stderr,
+                       "[rank %d] replica check at step %lld: parameter '%s' differs from rank "
+                       "0's copy; the replicas have diverged\n",
+                       rank, static_cast<long long>(step), mismatch.tensor.c_str());
+        std::fflush(stderr);
+        return kExitFailure;
+      }
+    }
+
+    // 5. Progress: global token-weighted figures.
     if (step % cfg.log_every == 0 || step == cfg.steps) {
       const LossSummary train = summarize(allreduce(comm, window));
       const double seconds = seconds_since(window_start);
       const double real = static_cast<double>(comm.allreduce_sum(window_real_tokens));
       const double padded = static_cast<double>(comm.allreduce_sum(window_padded_tokens));
+      double reduce_sums[3] = {window_reduce.wait_s, window_reduce.in_flight_s,
+                               window_reduce.hidden_s};
+      comm.allreduce_sum(reduce_sums, 3);
       if (comm.is_root()) {
+        std::string comm_part;
+        if (W > 1) {
+          // Mean over ranks of the wait after backward, and the share of
+          // all-reduce time that ran while backward did.
+          char buf[96];
+          std::snprintf(buf, sizeof buf, " | comm-wait %.1f ms | hidden %.0f%%",
+                        1000.0 * reduce_sums[0] / (W * window_steps),
+                        reduce_sums[1] > 0 ? 100.0 * reduce_sums[2] / reduce_sums[1] : 0.0);
+          comm_part = buf;
+        }
+        if (window_skipped > 0) comm_part += " | skipped " + std::to_string(window_skipped);
         std::printf(
             "step %lld/%lld | loss %.4f | acc %.2f%% | lr %.3e | grad-norm %.3f | "
-            "%.0f tok/s | pad-eff %.3f | %.1f ms/step\n",
+            "%.0f tok/s | pad-eff %.3f | %.1f ms/step%s\n",
             static_cast<long long>(step), static_cast<long long>(cfg.steps), train.loss,
             100.0 * train.accuracy, lr, grad_norm, real / seconds, padded > 0 ? real / padded : 1.0,
-            1000.0 * window_compute_s / window_steps);
+            1000.0 * window_compute_s / window_steps, comm_part.c_str());
         std::fflush(stdout);
       }
       window = LossSums{};
+      window_reduce = ReduceTiming{};
       window_real_tokens = window_padded_tokens = 0;
       window_compute_s = 0.0;
-      window_steps = 0;
+      window_steps = window_skipped = 0;
       window_start = Clock::now();
     }
 
-    // 5. Evaluation on held-out data.
+    // 6. Checkpoint: replicas are identical, so rank 0 writes for all.
+    if ((cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0) || step == cfg.steps) {
+      if (comm.is_root()) {
+        const CheckpointState state{step, W, train_config_ini(cfg)};
+        const std::string path = save_checkpoint(cfg.out_dir, params, optimizer.m(), optimizer.v(),
+                                                 state, cfg.keep_checkpoints);
+        std::printf("checkpoint step %lld: %s\n", static_cast<long long>(step), path.c_str());
+        std::fflush(stdout);
+      }
+    }
+
+    // 7. Evaluation on held-out data.
     if (cfg.eval_every > 0 && step % cfg.eval_every == 0 && step != cfg.steps) {
       const LossSummary eval = evaluate(model, source, cfg, comm, eval_batch);
       if (comm.is_root()) {

@@ -119,4 +119,26 @@ const char* to_string(Sharding k) {
   return "?";
 }
 
+const char* to_string(LrScaling k) {
+  switch (k) {
+    case LrScaling::kNone:
+      return "none";
+    case LrScaling::kLinear:
+      return "linear";
+    case LrScaling::kSqrt:
+      return "sqrt";
+  }
+  return "?";
+}
+
+const char* to_string(GradSum k) {
+  switch (k) {
+    case GradSum::kExact:
+      return "exact";
+    case GradSum::kFloat:
+      return "float";
+  }
+  return "?";
+}
+
 }  // namespace mpiformer

@@ -21,6 +21,10 @@ enum class TooLong { kAuto, kSkip, kTruncate };
 // data: every rank reads the whole set and takes every W-th global batch;
 // file: each rank reads its own shard files.
 enum class Sharding { kData, kFile };
+// How the peak LR follows the global token budget per step (DESIGN.md section 6).
+enum class LrScaling { kNone, kLinear, kSqrt };
+// How gradients are summed over micro-batches and ranks (src/dist/gradient_reducer.h).
+enum class GradSum { kExact, kFloat };
 
 const char* to_string(ModelKind k);
 const char* to_string(PositionKind k);
@@ -32,6 +36,8 @@ const char* to_string(Activation k);
 const char* to_string(AttentionScale k);
 const char* to_string(TooLong k);
 const char* to_string(Sharding k);
+const char* to_string(LrScaling k);
+const char* to_string(GradSum k);
 
 // Reserved token ids shared by every model kind and the synthetic tasks.
 struct SpecialTokens {
@@ -107,10 +113,19 @@ struct TrainConfig {
   int log_every = 10;
   int eval_every = 0;  // 0: only at the end
   int eval_batches = 8;
-  int checkpoint_every = 0;  // 0: none
+  int checkpoint_every = 0;  // 0: only at the last step
+  int keep_checkpoints = 5;  // newest step_*.h5 kept (0: all)
   DeviceKind device = DeviceKind::kCpu;
   Precision precision = Precision::kFp32;
   int threads = 0;  // 0: all cores shared among local ranks
+
+  // distribution
+  LrScaling lr_scaling = LrScaling::kNone;
+  int64_t lr_reference_tokens = 0;  // the global padded-token budget --lr was tuned for
+  float bucket_mb = 4.0f;           // gradient all-reduce bucket size
+  bool overlap = true;              // start buckets during backward
+  GradSum grad_sum = GradSum::kExact;
+  int check_every = 100;  // steps between replica checks (0: off)
 };
 
 // `mpiformer prepare`: raw text (or a parallel pair) to HDF5 shards.
@@ -143,6 +158,9 @@ struct BenchConfig {
   Precision precision = Precision::kFp32;
   int threads = 0;
   double peak_tflops = 0.0;  // 0: estimate for the device
+  float bucket_mb = 4.0f;    // under mpirun: the gradient reducer's buckets
+  bool overlap = true;
+  GradSum grad_sum = GradSum::kExact;
 };
 
 }  // namespace mpiformer

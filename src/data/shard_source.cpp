@@ -132,17 +132,14 @@ ShardSource::ShardSource(const TrainConfig& cfg, int rank, int world_size)
   // This rank's training files: all of them, or rank, rank + W, ...
   std::vector<std::string> mine;
   if (file_sharding_) {
-    if (static_cast<int>(train_files.size()) < world_size) {
-      usage_error("--sharding", "file needs a train shard per rank: " + dir_ + " holds " +
-                                    std::to_string(train_files.size()) + " for " +
-                                    std::to_string(world_size) +
-                                    " ranks; use --sharding data or write more shards");
-    }
+    // With fewer files than ranks the ranks past them read nothing: they
+    // join every step with zero tokens, and the global count stays right.
     for (size_t i = rank; i < train_files.size(); i += world_size) mine.push_back(train_files[i]);
+    idle_ = mine.empty();
   } else {
     mine = train_files;
   }
-  load_split(mine, &train_);
+  if (!idle_) load_split(mine, &train_);
   load_split(valid_files, &eval_);
   const auto nothing_fits = [&](const Split& split, const char* what) {
     throw std::runtime_error("--data: no " + std::string(what) + " sequence of " + dir_ +
@@ -153,13 +150,13 @@ ShardSource::ShardSource(const TrainConfig& cfg, int rank, int world_size)
                              std::to_string(split.stats.skipped) + " too long, " +
                              std::to_string(split.stats.empty) + " empty");
   };
-  if (train_.examples.empty()) nothing_fits(train_, "train");
+  if (train_.examples.empty() && !idle_) nothing_fits(train_, "train");
   if (eval_.examples.empty()) nothing_fits(eval_, "valid");
 
-  plan_split(&train_);
+  if (!idle_) plan_split(&train_);
   plan_split(&eval_);
   eval_plan_ = eval_.planner->in_order();
-  epoch_padding_efficiency_ = padding_efficiency(train_, *epoch_plan(0));
+  if (!idle_) epoch_padding_efficiency_ = padding_efficiency(train_, *epoch_plan(0));
   // Buffers that circulate between the caller and the prefetch thread are
   // sized for the budget up front, so none allocates once training runs.
   ring_.resize(cfg.prefetch);
@@ -298,7 +295,17 @@ std::string ShardSource::describe() const {
     out += " (--sharding file: rank " + std::to_string(rank_) + " of " +
            std::to_string(world_size_) + " reads " + std::to_string(t.shards) +
            " of them; the figures are its share)";
+    if (train_files_total_ < world_size_) {
+      const bool one = train_files_total_ + 1 == world_size_;
+      out += "\n  note: " +
+             (one ? "rank " + std::to_string(train_files_total_) + " has"
+                  : "ranks " + std::to_string(train_files_total_) + ".." +
+                        std::to_string(world_size_ - 1) + " have") +
+             " no train shard: " + (one ? "it joins" : "they join") +
+             " every step with zero tokens";
+    }
   }
+  if (idle_) return out;
   out += ", " + count_of(t.sequences, "sequence") + ", " + count_of(t.tokens, "token");
   out += "; longer than --max-len " + std::to_string(model_.max_len) + ": " +
          std::to_string(t.skipped) + " skipped, " + std::to_string(t.truncated) + " truncated";
@@ -419,6 +426,10 @@ void ShardSource::make_batch(uint64_t stream, uint64_t index, Batch* out) {
     return;
   }
   if (stream != kTrain) throw std::invalid_argument("unknown stream " + std::to_string(stream));
+  if (idle_) {
+    out->clear();
+    return;
+  }
   if (take_prefetched(index, out)) return;
   build_train(index, out);
 }
@@ -426,7 +437,7 @@ void ShardSource::make_batch(uint64_t stream, uint64_t index, Batch* out) {
 // ---- prefetch --------------------------------------------------------------
 
 void ShardSource::prefetch(uint64_t first_index, uint64_t stride) {
-  if (ring_.empty()) return;  // --prefetch 0
+  if (ring_.empty() || idle_) return;  // --prefetch 0, or nothing to read
   if (stride == 0) throw std::invalid_argument("prefetch: stride must be positive");
   std::lock_guard<std::mutex> lock(mutex_);
   stride_ = stride;

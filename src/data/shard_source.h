@@ -77,7 +77,10 @@ class ShardSource : public BatchSource {
   void prefetch(uint64_t first_index, uint64_t stride) override;
   uint64_t eval_batch_count() const override { return eval_plan_.batches.size(); }
 
-  uint64_t batches_per_epoch() const { return train_.planner->batches_per_epoch(); }
+  // 0 on a rank with no train shard under --sharding file.
+  uint64_t batches_per_epoch() const {
+    return train_.planner ? train_.planner->batches_per_epoch() : 0;
+  }
   const LoadStats& train_stats() const { return train_.stats; }
   const LoadStats& eval_stats() const { return eval_.stats; }
   const std::vector<int>& boundaries() const { return boundaries_; }
@@ -144,6 +147,7 @@ class ShardSource : public BatchSource {
   int max_batch_sequences_ = 1;  // the most sequences any bucket's batch holds
 
   Split train_, eval_;
+  bool idle_ = false;  // --sharding file with no file for this rank: every batch empty
   EpochPlan eval_plan_;
   double epoch_padding_efficiency_ = 1.0;
 

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
+#include <thread>
 
 namespace mpiformer {
 
@@ -37,6 +38,11 @@ Communicator::~Communicator() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) MPI_Finalize();
+}
+
+int Communicator::cores_per_local_rank() const {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, cores / local_size_);
 }
 
 int64_t Communicator::allreduce_sum(int64_t x) const {
@@ -72,6 +78,19 @@ bool Communicator::any(bool flag) const {
   int global = 0;
   MPI_Allreduce(&local, &global, 1, MPI_INT, MPI_LOR, MPI_COMM_WORLD);
   return global != 0;
+}
+
+std::pair<int, int> Communicator::min_with_rank(int value) const {
+  struct {
+    int value;
+    int rank;
+  } local{value, rank_}, global{};
+  MPI_Allreduce(&local, &global, 1, MPI_2INT, MPI_MINLOC, MPI_COMM_WORLD);
+  return {global.value, global.rank};
+}
+
+void Communicator::broadcast(uint64_t* x, int n, int root) const {
+  MPI_Bcast(x, n, MPI_UINT64_T, root, MPI_COMM_WORLD);
 }
 
 void Communicator::barrier() const {

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 namespace mpiformer {
 
@@ -23,6 +24,8 @@ class Communicator {
   int local_rank() const { return local_rank_; }
   int local_size() const { return local_size_; }
   bool is_root() const { return rank_ == 0; }
+  // The node's cores shared evenly by the ranks on it (at least 1).
+  int cores_per_local_rank() const;
 
   int64_t allreduce_sum(int64_t x) const;
   double allreduce_sum(double x) const;
@@ -31,6 +34,10 @@ class Communicator {
   void allreduce_sum(float* x, size_t n) const;
   // True on every rank when it is true on any rank (agreed status flags).
   bool any(bool flag) const;
+  // The smallest `value` over ranks, and the lowest rank holding it (MPI_MINLOC).
+  std::pair<int, int> min_with_rank(int value) const;
+  // x: (n), root's values to every rank.
+  void broadcast(uint64_t* x, int n, int root) const;
   void barrier() const;
 
   // Prints "[rank r] message" to stderr and ends every rank with `code`.

@@ -1,5 +1,6 @@
 #include "src/model/blocks.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -138,6 +139,12 @@ int64_t Sublayer::parameter_count(const ParameterSet& params) const {
   int64_t n = 0;
   for (int id : param_ids_) n += static_cast<int64_t>(params.info()[id].size);
   return n;
+}
+
+size_t Sublayer::first_offset(const ParameterSet& params) const {
+  size_t lowest = params.count();
+  for (int id : param_ids_) lowest = std::min(lowest, params.info()[id].offset);
+  return lowest;
 }
 
 void Sublayer::inner_forward(BlockContext& ctx, float* y, const float* u, const Ragged& rows,

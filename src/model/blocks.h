@@ -102,6 +102,9 @@ class Sublayer {
 
   // Parameters this sub-layer adds to the FLOP count's N.
   int64_t parameter_count(const ParameterSet& params) const;
+  // Lowest buffer offset of its parameters: once backward has passed this
+  // sub-layer, gradients from here up are final.
+  size_t first_offset(const ParameterSet& params) const;
 
  private:
   // f(u) into y, and its backward: dy -> du (= or += with accumulate).

@@ -65,17 +65,25 @@ struct Stack {
   }
 
   // dout: (N, C) d(out), in `spare` on entry; the stream buffers are swapped freely.
+  // Tells `listener` (may be null) as each block's gradients become final.
   void backward(BlockContext& ctx, BlockScratch& scratch, float*& dstream, float*& spare,
                 const DeviceSequences& seq, const float* memory, float* dmemory,
-                const Ragged& memory_rows) {
+                const Ragged& memory_rows, GradientListener* listener) {
     const int N = seq.rows.total;
-    if (has_final_norm)
+    const ParameterSet& params = *ctx.params;
+    if (has_final_norm) {
       final_norm.backward(ctx, dstream, spare, last, N, false);
-    else
+      if (listener) listener->gradients_final(params.info()[final_norm.gamma].offset);
+    } else {
       std::swap(dstream, spare);
-    for (size_t i = sublayers.size(); i-- > 0;)
+    }
+    for (size_t i = sublayers.size(); i-- > 0;) {
       sublayers[i].backward(ctx, scratch, dstream, spare, inputs[i], seq.rows, memory, dmemory,
                             memory_rows);
+      if (listener) listener->gradients_final(sublayers[i].first_offset(params));
+    }
+    // The embedding tables are shared (tokens with the output projection and
+    // the other stack): final only when the whole pass is done.
     embedding.backward(ctx, dstream, seq.ids, seq.positions, N);
   }
 };
@@ -241,7 +249,8 @@ struct Model::Impl {
     return sums;
   }
 
-  LossSums run(const Batch& batch, float smoothing, float grad_scale, bool training) {
+  LossSums run(const Batch& batch, float smoothing, float grad_scale, bool training,
+               GradientListener* listener) {
     const int C = config.d_model;
     check(batch.decoder, "decoder");
     if (static_cast<int>(batch.targets.size()) != batch.decoder.total())
@@ -281,6 +290,9 @@ struct Model::Impl {
     // ---- loss, fused with the head's backward ----
     LossSums sums = head(h, spare, N, smoothing, grad_scale, training);
     if (!training) return sums;
+    // The output bias, and the output weight unless it is the token table.
+    const int head_first = config.tied_embeddings ? output_bias : output_weight;
+    if (listener) listener->gradients_final(params.info()[head_first].offset);
 
     // ---- backward ----  (d(main.out) is in `spare`)
     if (config.kind == ModelKind::kMlm) {
@@ -289,15 +301,17 @@ struct Model::Impl {
       ops.activation_backward(scratch.du, scratch.dy, mlm_dense, n, config.activation);
       ops.matmul_backward(spare, params.grad(mlm_dense_w), params.grad(mlm_dense_b), scratch.du,
                           main.out, params.param(mlm_dense_w), N, C, C, false);
+      if (listener) listener->gradients_final(params.info()[mlm_dense_w].offset);
     }
     if (has_encoder) ops.fill_zero(dmemory, static_cast<size_t>(memory_rows.total) * C);
-    main.backward(ctx, scratch, dstream, spare, dec_seq, memory, dmemory, memory_rows);
+    main.backward(ctx, scratch, dstream, spare, dec_seq, memory, dmemory, memory_rows, listener);
     if (has_encoder) {
       // d(encoder output) becomes the encoder's incoming gradient; the three
       // (N, C) buffers only trade places.
       std::swap(spare, dmemory);
-      encoder.backward(ctx, scratch, dstream, spare, enc_seq, nullptr, nullptr, Ragged{});
+      encoder.backward(ctx, scratch, dstream, spare, enc_seq, nullptr, nullptr, Ragged{}, listener);
     }
+    if (listener) listener->gradients_final(0);
     return sums;
   }
 };
@@ -316,15 +330,15 @@ void Model::init_parameters(uint64_t seed) {
 }
 
 LossSums Model::forward_backward(const Batch& batch, float label_smoothing, float grad_scale,
-                                 const PassId& pass) {
+                                 const PassId& pass, GradientListener* listener) {
   impl_->ctx.dropout_seed = pass.seed;
   impl_->ctx.dropout_pass =
       (static_cast<uint64_t>(pass.step) << 16) ^ static_cast<uint64_t>(pass.micro);
-  return impl_->run(batch, label_smoothing, grad_scale, true);
+  return impl_->run(batch, label_smoothing, grad_scale, true, listener);
 }
 
 LossSums Model::evaluate(const Batch& batch, float label_smoothing) {
-  return impl_->run(batch, label_smoothing, 1.0f, false);
+  return impl_->run(batch, label_smoothing, 1.0f, false, nullptr);
 }
 
 int64_t Model::flop_parameters() const {

@@ -9,6 +9,7 @@
 #include "kernels/ops.h"
 #include "src/core/config.h"
 #include "src/data/batch.h"
+#include "src/model/gradient_listener.h"
 #include "src/model/parameters.h"
 
 namespace mpiformer {
@@ -39,9 +40,10 @@ class Model {
   // Forward and backward of one micro-batch. Gradients are accumulated into
   // parameters().grads() scaled by grad_scale (1 / global target tokens of the
   // step), so K micro-batches on W ranks add up to the gradient of the global
-  // mean loss. Returns the un-normalised sums.
+  // mean loss. Returns the un-normalised sums. `listener`, when given, hears
+  // during backward which gradients are final (for overlapped reduction).
   LossSums forward_backward(const Batch& batch, float label_smoothing, float grad_scale,
-                            const PassId& pass);
+                            const PassId& pass, GradientListener* listener = nullptr);
 
   // Forward only, dropout off: loss sums for evaluation.
   LossSums evaluate(const Batch& batch, float label_smoothing);

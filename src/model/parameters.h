@@ -43,11 +43,13 @@ class ParameterSet {
   float* grad(int i) { return grads_ + info_[i].offset; }
   float* params() { return params_; }
   float* grads() { return grads_; }
+  const float* params() const { return params_; }
+  const float* grads() const { return grads_; }
   size_t count() const { return total_; }  // floats in all tensors
   const std::vector<ParamInfo>& info() const { return info_; }
   int find(const std::string& name) const;  // -1 when absent
   void zero_grads();
-  Ops& ops() { return ops_; }
+  Ops& ops() const { return ops_; }  // const: a checkpoint copies through it
 
  private:
   Ops& ops_;

@@ -3,8 +3,17 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <stdexcept>
 
 namespace mpiformer {
+
+double lr_scale_factor(LrScaling rule, int64_t budget_tokens, int64_t reference_tokens) {
+  if (rule == LrScaling::kNone) return 1.0;
+  if (budget_tokens <= 0 || reference_tokens <= 0)
+    throw std::invalid_argument("lr_scale_factor: token budgets must be positive");
+  const double ratio = static_cast<double>(budget_tokens) / static_cast<double>(reference_tokens);
+  return rule == LrScaling::kLinear ? ratio : std::sqrt(ratio);
+}
 
 LrSchedule::LrSchedule(const OptimConfig& config, int64_t total_steps)
     : config_(config), total_steps_(total_steps) {}

@@ -13,6 +13,12 @@
 
 namespace mpiformer {
 
+// Factor on the learning rate for a global token budget per step of
+// `budget_tokens` when it was tuned for `reference_tokens`: 1 (none),
+// budget / reference (linear, Goyal et al.), or its square root (sqrt, for
+// Adam-like optimisers).
+double lr_scale_factor(LrScaling rule, int64_t budget_tokens, int64_t reference_tokens);
+
 class LrSchedule {
  public:
   LrSchedule(const OptimConfig& config, int64_t total_steps);

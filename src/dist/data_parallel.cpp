@@ -1,0 +1,62 @@
+#include "src/dist/data_parallel.h"
+
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include "src/dist/mpi_transport.h"
+
+namespace mpiformer {
+
+std::unique_ptr<GradientReducer> make_mpi_reducer(ParameterSet& params, double bucket_mb,
+                                                  bool overlap, GradSum sum,
+                                                  const Communicator& comm) {
+  if (comm.size() == 1 && sum == GradSum::kFloat) return nullptr;
+  const size_t bucket_floats = static_cast<size_t>(bucket_mb * (1 << 20) / sizeof(float));
+  std::unique_ptr<ReduceTransport> transport;
+  if (comm.size() == 1)
+    transport = std::make_unique<LocalTransport>();
+  else
+    transport = std::make_unique<MpiTransport>();
+  return std::make_unique<GradientReducer>(params, params.grads(), bucket_floats,
+                                           std::move(transport), overlap, sum);
+}
+
+int64_t count_targets(const std::vector<Batch>& micro, int32_t pad) {
+  int64_t n = 0;
+  for (const Batch& b : micro) n += b.target_tokens(pad);
+  return n;
+}
+
+StepGradients step_gradients(Model& model, const std::vector<Batch>& micro, uint64_t seed,
+                             int64_t step, float label_smoothing, const Communicator& comm,
+                             GradientReducer* reducer) {
+  const int W = comm.size(), K = static_cast<int>(micro.size());
+  if (W > 1 && reducer == nullptr)
+    throw std::logic_error("step_gradients: more than one rank needs a gradient reducer");
+  StepGradients out;
+  out.global_targets = comm.allreduce_sum(count_targets(micro, model.config().special.pad));
+  if (out.global_targets == 0) {  // every rank sees the same N: all skip together
+    out.skipped = true;
+    return out;
+  }
+  const float grad_scale = 1.0f / static_cast<float>(out.global_targets);
+
+  ParameterSet& params = model.parameters();
+  params.zero_grads();
+  if (reducer) reducer->begin_step();
+  for (int k = 0; k < K; ++k) {
+    // The exact sum takes each micro-batch's gradient on its own.
+    if (k > 0 && reducer && reducer->absorb_micro_batch()) params.zero_grads();
+    // Only the last backward pass finishes gradients; it reports them to the
+    // reducer as it goes.
+    const bool last = k == K - 1;
+    const PassId pass{seed, step, comm.rank() + k * W};
+    out.local += model.forward_backward(micro[k], label_smoothing, grad_scale, pass,
+                                        last ? reducer : nullptr);
+  }
+  if (reducer) out.reduce = reducer->finish();
+  return out;
+}
+
+}  // namespace mpiformer

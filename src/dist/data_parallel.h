@@ -1,0 +1,48 @@
+// One optimizer step's gradient on W ranks (DESIGN.md section 1):
+//
+//   N    = sum over ranks and micro-batches of target tokens   (MPI_Allreduce, before any backward)
+//   grad = sum over ranks of grad(sum of this rank's losses / N)  (the bucketed all-reduce)
+//
+// so every rank ends with the gradient of the mean loss over every target
+// token of the global step, however the tokens fall across ranks.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "src/data/batch.h"
+#include "src/dist/communicator.h"
+#include "src/dist/gradient_reducer.h"
+#include "src/loss/cross_entropy.h"
+#include "src/model/model.h"
+
+namespace mpiformer {
+
+struct StepGradients {
+  LossSums local;              // this rank's un-normalised sums
+  int64_t global_targets = 0;  // N: target tokens of the step on all ranks
+  bool skipped = false;        // N == 0: every rank skips the step, gradients untouched
+  ReduceTiming reduce;         // empty on one rank
+};
+
+// The gradient reducer of a run on comm's ranks, over MPI with buckets of
+// bucket_mb MiB. Null on a single rank with the float sum (nothing to do);
+// the exact sum needs it on one rank too, so that one rank sums like many.
+std::unique_ptr<GradientReducer> make_mpi_reducer(ParameterSet& params, double bucket_mb,
+                                                  bool overlap, GradSum sum,
+                                                  const Communicator& comm);
+
+// Target tokens (weight-1 positions) of this rank's micro-batches.
+int64_t count_targets(const std::vector<Batch>& micro, int32_t pad);
+
+// Leaves in params.grads() the step's global mean-loss gradient, identical on
+// every rank. micro: this rank's K micro-batches (any of them may be empty);
+// micro-batch k of rank r is the step's global micro-batch r + k W, which
+// picks its dropout masks. reducer: required when W > 1 (null: the float sum
+// on one rank). Collective.
+StepGradients step_gradients(Model& model, const std::vector<Batch>& micro, uint64_t seed,
+                             int64_t step, float label_smoothing, const Communicator& comm,
+                             GradientReducer* reducer);
+
+}  // namespace mpiformer

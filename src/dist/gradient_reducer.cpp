@@ -1,0 +1,200 @@
+#include "src/dist/gradient_reducer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace mpiformer {
+
+namespace {
+
+double seconds(std::chrono::steady_clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
+
+}  // namespace
+
+ReduceTiming& ReduceTiming::operator+=(const ReduceTiming& o) {
+  in_flight_s += o.in_flight_s;
+  hidden_s += o.hidden_s;
+  wait_s += o.wait_s;
+  bytes += o.bytes;
+  buckets += o.buckets;
+  return *this;
+}
+
+std::vector<GradientBucket> plan_buckets(const std::vector<ParamInfo>& tensors,
+                                         size_t bucket_floats) {
+  std::vector<GradientBucket> buckets;
+  bucket_floats = std::max<size_t>(bucket_floats, 1);
+  GradientBucket open;
+  bool has_open = false;
+  for (int i = static_cast<int>(tensors.size()); i-- > 0;) {
+    const ParamInfo& t = tensors[i];
+    if (i + 1 < static_cast<int>(tensors.size()) && t.offset + t.size != tensors[i + 1].offset)
+      throw std::logic_error("plan_buckets: tensor '" + t.name + "' is not packed");
+    if (!has_open) {
+      open = GradientBucket{t.offset, t.offset + t.size, i, i};
+      has_open = true;
+    } else {
+      open.begin = t.offset;
+      open.first_tensor = i;
+    }
+    if (open.size() >= bucket_floats) {
+      buckets.push_back(open);
+      has_open = false;
+    }
+  }
+  if (has_open) buckets.push_back(open);
+  return buckets;
+}
+
+GradientReducer::GradientReducer(const ParameterSet& params, float* grads, size_t bucket_floats,
+                                 ReduceTransport& transport, bool overlap, GradSum sum)
+    : sum_(sum),
+      grads_(grads),
+      buckets_(plan_buckets(params.info(), bucket_floats)),
+      transport_(transport),
+      overlap_(overlap),
+      start_time_(buckets_.size()),
+      done_time_(buckets_.size()),
+      done_(buckets_.size(), false) {
+  if (sum_ == GradSum::kExact) fixed_.assign(params.count() + 1, 0);
+}
+
+GradientReducer::GradientReducer(const ParameterSet& params, float* grads, size_t bucket_floats,
+                                 std::unique_ptr<ReduceTransport> transport, bool overlap,
+                                 GradSum sum)
+    : GradientReducer(params, grads, bucket_floats, *transport, overlap, sum) {
+  owned_transport_ = std::move(transport);
+}
+
+size_t GradientReducer::bytes_per_step() const {
+  if (sum_ == GradSum::kExact) return fixed_.size() * sizeof(int64_t);
+  return buckets_.empty() ? 0 : buckets_.front().end * sizeof(float);
+}
+
+void GradientReducer::begin_step() {
+  if (active_) throw std::logic_error("GradientReducer: begin_step twice without finish");
+  active_ = true;
+  started_ = 0;
+  lowest_final_ = buckets_.empty() ? 0 : buckets_.front().end;
+  std::fill(done_.begin(), done_.end(), false);
+  std::fill(fixed_.begin(), fixed_.end(), 0);
+}
+
+void GradientReducer::absorb(size_t begin, size_t end) {
+  const double scale = std::ldexp(1.0, kExactFractionBits);
+  const double limit = std::ldexp(1.0, kExactLimitBits);
+  int64_t* fixed = fixed_.data() + 1;
+  const float* grads = grads_;
+  int64_t out_of_range = 0;
+  // Element by element, so the result does not depend on the thread count.
+#pragma omp parallel for schedule(static) reduction(+ : out_of_range)
+  for (size_t i = begin; i < end; ++i) {
+    const double g = grads[i];
+    if (std::fabs(g) < limit) {
+      fixed[i] += static_cast<int64_t>(std::nearbyint(g * scale));
+    } else {
+      ++out_of_range;  // also NaN
+    }
+  }
+  fixed_[0] += out_of_range;
+}
+
+bool GradientReducer::absorb_micro_batch() {
+  if (sum_ != GradSum::kExact) return false;
+  if (!buckets_.empty()) absorb(0, buckets_.front().end);
+  return true;
+}
+
+void GradientReducer::start_next() {
+  const GradientBucket& b = buckets_[started_];
+  if (sum_ == GradSum::kExact) {
+    absorb(b.begin, b.end);  // this bucket's part of the last micro-batch
+    // The bucket at offset 0 starts last and carries the out-of-range count.
+    const size_t first = b.begin == 0 ? 0 : b.begin + 1;
+    start_time_[started_] = Clock::now();
+    transport_.start(started_, fixed_.data() + first, b.end + 1 - first);
+  } else {
+    start_time_[started_] = Clock::now();
+    transport_.start(started_, grads_ + b.begin, b.size());
+  }
+  ++started_;
+}
+
+void GradientReducer::poll() {
+  for (int i = 0; i < started_; ++i) {
+    if (!done_[i] && transport_.test(i)) {
+      done_[i] = true;
+      done_time_[i] = Clock::now();
+    }
+  }
+}
+
+void GradientReducer::gradients_final(size_t offset) {
+  if (!active_) return;  // an earlier micro-batch: its gradients are not final
+  if (offset > lowest_final_)
+    throw std::logic_error("GradientReducer: final offset went up from " +
+                           std::to_string(lowest_final_) + " to " + std::to_string(offset));
+  lowest_final_ = offset;
+  if (!overlap_) return;
+  while (started_ < static_cast<int>(buckets_.size()) && buckets_[started_].begin >= offset)
+    start_next();
+  poll();
+}
+
+ReduceTiming GradientReducer::finish() {
+  if (!active_) throw std::logic_error("GradientReducer: finish without begin_step");
+  const Clock::time_point backward_end = Clock::now();
+  while (started_ < static_cast<int>(buckets_.size())) start_next();
+  // Wait by testing, so each bucket's completion time is seen, not just the last.
+  for (;;) {
+    poll();
+    if (std::all_of(done_.begin(), done_.end(), [](bool d) { return d; })) break;
+  }
+  if (sum_ == GradSum::kExact && !buckets_.empty()) {
+    const size_t n = buckets_.front().end;
+    if (fixed_[0] > 0) {
+      std::fill(grads_, grads_ + n, std::numeric_limits<float>::quiet_NaN());
+    } else {
+      const int64_t* fixed = fixed_.data() + 1;
+#pragma omp parallel for schedule(static)
+      for (size_t i = 0; i < n; ++i)
+        grads_[i] =
+            static_cast<float>(std::ldexp(static_cast<double>(fixed[i]), -kExactFractionBits));
+    }
+  }
+  const Clock::time_point end = Clock::now();
+  active_ = false;
+
+  ReduceTiming timing;
+  timing.buckets = static_cast<int>(buckets_.size());
+  timing.bytes = bytes_per_step();
+  timing.wait_s = seconds(end - backward_end);
+  // Buckets start in order, so merging consecutive intervals gives the union.
+  Clock::time_point run_begin{}, run_end{};
+  bool open = false;
+  auto close_run = [&] {
+    timing.in_flight_s += seconds(run_end - run_begin);
+    if (run_begin < backward_end)
+      timing.hidden_s += seconds(std::min(run_end, backward_end) - run_begin);
+  };
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    if (open && start_time_[i] <= run_end) {
+      run_end = std::max(run_end, done_time_[i]);
+      continue;
+    }
+    if (open) close_run();
+    run_begin = start_time_[i];
+    run_end = done_time_[i];
+    open = true;
+  }
+  if (open) close_run();
+  return timing;
+}
+
+}  // namespace mpiformer

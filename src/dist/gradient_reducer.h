@@ -1,0 +1,119 @@
+// The gradient all-reduce, bucketed and overlapped with backward.
+//
+// The flat gradient buffer is cut into buckets of whole tensors, in reverse
+// buffer order (the order backward finishes them). On the last micro-batch
+// of a step the model reports, block by block, the lowest offset whose
+// gradient is final; every bucket above it starts its SUM at once, while
+// backward goes on below. finish() starts what is left (all of it on a rank
+// with no data this step) and waits. Buckets always start in the same order,
+// so every rank issues the same collectives in the same order.
+//
+// Two ways to sum (--grad-sum):
+//   float  sums fp32 gradients in place: the result depends, in its last
+//          bits, on how micro-batches fall across ranks (summation order).
+//   exact  turns each micro-batch's gradient into 64-bit fixed point
+//          (2^-40 resolution) and sums integers, which is associative: the
+//          step's gradient is then bitwise the same for any world size and
+//          accumulation split. Twice the bytes on the wire, one extra pass
+//          over the gradient per micro-batch.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+#include "src/core/config.h"
+#include "src/dist/transport.h"
+#include "src/model/gradient_listener.h"
+#include "src/model/parameters.h"
+
+namespace mpiformer {
+
+struct GradientBucket {
+  size_t begin = 0;  // floats from the start of the buffer
+  size_t end = 0;
+  int first_tensor = 0;  // tensor indices [first_tensor, last_tensor]
+  int last_tensor = 0;
+  size_t size() const { return end - begin; }
+};
+
+// Where the all-reduce time of a step went.
+struct ReduceTiming {
+  double in_flight_s = 0.0;  // union of each bucket's [start, seen complete]
+  double hidden_s = 0.0;     // the part of in_flight_s before backward ended
+  double wait_s = 0.0;       // from backward's end to the last bucket's completion
+  size_t bytes = 0;          // bytes all-reduced this step
+  int buckets = 0;
+
+  // Share of all-reduce time spent while backward was still running.
+  double hidden_share() const { return in_flight_s > 0 ? hidden_s / in_flight_s : 0.0; }
+  ReduceTiming& operator+=(const ReduceTiming& o);
+};
+
+// Cuts tensors [0, count) into buckets of at least bucket_floats (a larger
+// tensor is a bucket of its own), from the last tensor to the first.
+std::vector<GradientBucket> plan_buckets(const std::vector<ParamInfo>& tensors,
+                                         size_t bucket_floats);
+
+// Fixed point of the exact sum: value = integer * 2^-kExactFractionBits. A
+// micro-batch's gradient element must be below 2^kExactLimitBits in
+// magnitude (the mean-loss gradient is a token-weighted mean, so the sum
+// stays below that bound too); a larger or non-finite one makes the whole
+// step's gradient NaN on every rank, as a float sum would.
+constexpr int kExactFractionBits = 40;
+constexpr int kExactLimitBits = 20;
+
+class GradientReducer : public GradientListener {
+ public:
+  // overlap false: nothing starts before finish() (one burst after backward).
+  GradientReducer(const ParameterSet& params, float* grads, size_t bucket_floats,
+                  ReduceTransport& transport, bool overlap, GradSum sum = GradSum::kFloat);
+  // The same, owning its transport.
+  GradientReducer(const ParameterSet& params, float* grads, size_t bucket_floats,
+                  std::unique_ptr<ReduceTransport> transport, bool overlap,
+                  GradSum sum = GradSum::kFloat);
+
+  const std::vector<GradientBucket>& buckets() const { return buckets_; }
+  ReduceTransport& transport() { return transport_; }
+  GradSum sum() const { return sum_; }
+  size_t bytes_per_step() const;
+
+  // At the start of a step, before any backward pass.
+  void begin_step();
+  // Between micro-batches: with the exact sum, takes the gradient of the
+  // micro-batch just done into the fixed-point sum; the caller then zeroes
+  // the gradients. Returns whether it did (float: gradients accumulate in
+  // place, nothing to do).
+  bool absorb_micro_batch();
+  // From the model, during the last backward pass.
+  void gradients_final(size_t offset) override;
+  // After the last backward pass (or instead of it): starts the remaining
+  // buckets, waits for all, leaves the sum in grads, and says where the
+  // time went.
+  ReduceTiming finish();
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  void start_next();
+  void poll();
+  // Exact sum: fixed_[1 + i] += grads[i] in fixed point for i in [begin, end).
+  void absorb(size_t begin, size_t end);
+
+  std::unique_ptr<ReduceTransport> owned_transport_;  // may be null
+  GradSum sum_;
+  // Exact sum: (1 + count); element 0 counts elements out of range and
+  // travels with the bucket that starts last (the one at offset 0).
+  std::vector<int64_t> fixed_;
+  float* grads_;
+  std::vector<GradientBucket> buckets_;
+  ReduceTransport& transport_;
+  bool overlap_;
+  bool active_ = false;
+  size_t lowest_final_ = 0;  // last offset reported in this pass
+  int started_ = 0;          // buckets [0, started_) are in flight or done
+  std::vector<Clock::time_point> start_time_, done_time_;
+  std::vector<bool> done_;
+};
+
+}  // namespace mpiformer

@@ -1,0 +1,349 @@
+// HDF5 checkpoints: a bitwise round trip of a real model's tensors and AdamW
+// moments, the run directory's naming, `latest` and pruning, and one
+// "PATH: fault" error per bad file.
+#include "src/io/checkpoint.h"
+
+#include <gtest/gtest.h>
+#include <hdf5.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "src/io/shard.h"
+#include "src/model/model.h"
+
+namespace mpiformer {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A tiny seq2seq model: encoder, decoder and cross-attention tensors, so the
+// names carry every dotted form the model uses.
+struct TinyModel {
+  std::unique_ptr<Ops> ops = make_cpu_ops(1);
+  std::unique_ptr<Model> model;
+  std::vector<float> m, v;  // (count), standing in for AdamW's moments
+
+  TinyModel() {
+    ModelConfig c;
+    c.kind = ModelKind::kSeq2seq;
+    c.enc_layers = 1;
+    c.dec_layers = 1;
+    c.d_model = 16;
+    c.heads = 2;
+    c.d_ff = 32;
+    c.vocab = 24;
+    c.max_len = 12;
+    model = std::make_unique<Model>(*ops, c, ModelCapacity{32, c.max_len});
+    model->init_parameters(11);
+    const size_t n = params().count();
+    std::mt19937 rng(5);
+    std::normal_distribution<float> normal(0.0f, 1e-3f);
+    m.resize(n);
+    v.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      m[i] = normal(rng);
+      v[i] = normal(rng) * normal(rng);
+    }
+    // Values a float conversion could disturb must survive bit for bit.
+    m[0] = -0.0f;
+    m[1] = std::numeric_limits<float>::denorm_min();
+    m[2] = std::numeric_limits<float>::infinity();
+    v[0] = std::numeric_limits<float>::max();
+  }
+  ParameterSet& params() { return model->parameters(); }
+};
+
+class CheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    // The pid keeps concurrent runs (several build trees, ctest -j) apart.
+    dir_ = fs::path(::testing::TempDir()) /
+           ("mpiformer_checkpoint_test_" + std::to_string(::getpid()) + "_" + info->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string file(const std::string& name) const { return (dir_ / name).string(); }
+
+  // The names in `dir`, sorted.
+  static std::vector<std::string> listing(const fs::path& dir) {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+
+  fs::path dir_;
+};
+
+CheckpointState some_state() {
+  return {1234567890123, 3, "[model]\nkind = seq2seq\nd-model = 16\n\n[optim]\nlr = 0.003\n"};
+}
+
+// The tensors of `group` must be exactly those of `p` at `base`, bit for bit.
+// base: host (p.count())
+void expect_same_tensors(const std::vector<CheckpointTensor>& got, const ParameterSet& p,
+                         const float* base, const std::string& group) {
+  ASSERT_EQ(got.size(), p.info().size()) << group;
+  for (const CheckpointTensor& t : got) {
+    SCOPED_TRACE(group + "/" + t.name);
+    const int i = p.find(t.name);
+    ASSERT_GE(i, 0);
+    const ParamInfo& info = p.info()[i];
+    EXPECT_EQ(t.shape, info.shape);
+    ASSERT_EQ(t.data.size(), info.size);
+    EXPECT_EQ(std::memcmp(t.data.data(), base + info.offset, info.size * sizeof(float)), 0);
+  }
+  for (size_t i = 1; i < got.size(); ++i) EXPECT_LT(got[i - 1].name, got[i].name);
+}
+
+TEST_F(CheckpointTest, RoundTripIsBitwise) {
+  TinyModel t;
+  const ParameterSet& p = t.params();
+  const std::string path = file("ckpt.h5");
+  write_checkpoint(path, p, t.m.data(), t.v.data(), some_state());
+
+  expect_same_tensors(read_checkpoint_tensors(path, "params"), p, p.params(), "params");
+  expect_same_tensors(read_checkpoint_tensors(path, "optimizer/m"), p, t.m.data(), "optimizer/m");
+  expect_same_tensors(read_checkpoint_tensors(path, "/optimizer/v"), p, t.v.data(), "optimizer/v");
+  bool dotted = false;
+  for (const ParamInfo& info : p.info()) dotted |= info.name.find('.') != std::string::npos;
+  EXPECT_TRUE(dotted) << "the model's names should exercise dots in dataset names";
+
+  const CheckpointState s = read_checkpoint_state(path);
+  EXPECT_EQ(s.step, some_state().step);
+  EXPECT_EQ(s.world_size, 3);
+  EXPECT_EQ(s.config_ini, some_state().config_ini);
+  EXPECT_TRUE(is_checkpoint(path));
+  EXPECT_EQ(listing(dir_), std::vector<std::string>{"ckpt.h5"});  // no .tmp left
+}
+
+TEST_F(CheckpointTest, StoresFloat32UnderDottedNamesWithRootAttributes) {
+  TinyModel t;
+  const std::string path = file("ckpt.h5");
+  write_checkpoint(path, t.params(), t.m.data(), t.v.data(), some_state());
+  const ParamInfo& first = t.params().info().front();
+
+  hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  ASSERT_GE(f, 0);
+  const std::string name = "/optimizer/v/" + first.name;
+  hid_t d = H5Dopen2(f, name.c_str(), H5P_DEFAULT);
+  ASSERT_GE(d, 0) << name;
+  hid_t type = H5Dget_type(d);
+  EXPECT_EQ(H5Tequal(type, H5T_IEEE_F32LE), 1);
+  hid_t space = H5Dget_space(d);
+  EXPECT_EQ(H5Sget_simple_extent_ndims(space), static_cast<int>(first.shape.size()));
+  for (const char* attr : {"format", "version", "step", "world_size", "config"}) {
+    EXPECT_GT(H5Aexists(f, attr), 0) << attr;
+  }
+  int64_t step = 0;
+  hid_t a = H5Aopen(f, "step", H5P_DEFAULT);
+  H5Aread(a, H5T_NATIVE_INT64, &step);
+  EXPECT_EQ(step, some_state().step);
+  H5Aclose(a);
+  H5Sclose(space);
+  H5Tclose(type);
+  H5Dclose(d);
+  H5Fclose(f);
+}
+
+TEST_F(CheckpointTest, ConfigLargerThanACompactAttribute) {
+  TinyModel t;
+  CheckpointState s = some_state();
+  std::ostringstream ini;
+  for (int i = 0; i < 8000; ++i) ini << "key-" << i << " = value " << i << "\n";
+  s.config_ini = ini.str();
+  ASSERT_GT(s.config_ini.size(), 64u * 1024u);
+  const std::string path = file("big.h5");
+  write_checkpoint(path, t.params(), t.m.data(), t.v.data(), s);
+  EXPECT_EQ(read_checkpoint_state(path).config_ini, s.config_ini);
+}
+
+TEST_F(CheckpointTest, OverwritesAnExistingCheckpoint) {
+  TinyModel t;
+  const std::string path = file("ckpt.h5");
+  CheckpointState s = some_state();
+  write_checkpoint(path, t.params(), t.m.data(), t.v.data(), s);
+  s.step = 9;
+  write_checkpoint(path, t.params(), t.v.data(), t.m.data(), s);
+  EXPECT_EQ(read_checkpoint_state(path).step, 9);
+  expect_same_tensors(read_checkpoint_tensors(path, "optimizer/m"), t.params(), t.v.data(),
+                      "optimizer/m");
+}
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+TEST_F(CheckpointTest, SaveNamesPointsLatestAndPrunes) {
+  TinyModel t;
+  const fs::path rundir = dir_ / "run";  // created by save_checkpoint
+  const fs::path ckpts = rundir / "checkpoints";
+  CheckpointState s = some_state();
+  for (int64_t step : {5, 10, 15, 20}) {
+    s.step = step;
+    const std::string written =
+        save_checkpoint(rundir.string(), t.params(), t.m.data(), t.v.data(), s, 2);
+    char name[32];
+    std::snprintf(name, sizeof name, "step_%08lld.h5", static_cast<long long>(step));
+    EXPECT_EQ(written, (ckpts / name).string());
+    EXPECT_EQ(read_text(ckpts / "latest"), std::string(name) + "\n");
+    EXPECT_EQ(read_checkpoint_state(written).step, step);
+  }
+  EXPECT_EQ(listing(ckpts),
+            (std::vector<std::string>{"latest", "step_00000015.h5", "step_00000020.h5"}));
+
+  // keep_last <= 0 keeps everything.
+  for (int64_t step : {25, 30}) {
+    s.step = step;
+    save_checkpoint(rundir.string(), t.params(), t.m.data(), t.v.data(), s, 0);
+  }
+  EXPECT_EQ(listing(ckpts).size(), 5u);
+
+  // Past 8 digits names grow; pruning goes by number, not by name.
+  s.step = 123456789;
+  save_checkpoint(rundir.string(), t.params(), t.m.data(), t.v.data(), s, 2);
+  EXPECT_EQ(listing(ckpts),
+            (std::vector<std::string>{"latest", "step_00000030.h5", "step_123456789.h5"}));
+  EXPECT_EQ(read_text(ckpts / "latest"), "step_123456789.h5\n");
+}
+
+TEST_F(CheckpointTest, PruningNeverRemovesTheFileJustWritten) {
+  TinyModel t;
+  const fs::path ckpts = dir_ / "checkpoints";
+  CheckpointState s = some_state();
+  for (int64_t step : {100, 200}) {
+    s.step = step;
+    save_checkpoint(dir_.string(), t.params(), t.m.data(), t.v.data(), s, 0);
+  }
+  // A run restarted from an earlier point writes a lower step number.
+  s.step = 50;
+  save_checkpoint(dir_.string(), t.params(), t.m.data(), t.v.data(), s, 1);
+  EXPECT_EQ(listing(ckpts), (std::vector<std::string>{"latest", "step_00000050.h5"}));
+}
+
+// Asserts that `f` throws a runtime_error whose message starts with
+// "PATH: " and contains `words`.
+template <class F>
+void expect_fault(F f, const std::string& path, const std::string& words) {
+  try {
+    f();
+    FAIL() << "no error for " << path;
+  } catch (const std::runtime_error& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(what.rfind(path + ": ", 0), 0u) << what;
+    EXPECT_NE(what.find(words), std::string::npos) << what;
+    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+  }
+}
+
+TEST_F(CheckpointTest, FaultsNameTheFile) {
+  const std::string absent = file("absent.h5");
+  expect_fault([&] { read_checkpoint_state(absent); }, absent, "no such file");
+  expect_fault([&] { read_checkpoint_tensors(absent, "params"); }, absent, "no such file");
+  EXPECT_FALSE(is_checkpoint(absent));
+
+  const std::string text = file("text.h5");
+  std::ofstream(text) << "not hdf5\n";
+  expect_fault([&] { read_checkpoint_state(text); }, text, "not an HDF5 file");
+  EXPECT_FALSE(is_checkpoint(text));
+
+  // A valid HDF5 file of another kind: a token shard.
+  const std::string shard_path = file("shard.h5");
+  Shard shard;
+  shard.header.vocab_size = 16;
+  const int32_t ids[] = {7, 8, 9};
+  shard.target.append(ids, 3);
+  write_shard(shard_path, shard);
+  expect_fault([&] { read_checkpoint_tensors(shard_path, "params"); }, shard_path,
+               "not an mpiformer checkpoint (format is 'mpiformer-shard')");
+  EXPECT_FALSE(is_checkpoint(shard_path));
+
+  // An HDF5 file with no attributes at all.
+  const std::string bare = file("bare.h5");
+  H5Fclose(H5Fcreate(bare.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT));
+  expect_fault([&] { read_checkpoint_state(bare); }, bare,
+               "not an mpiformer checkpoint (no 'format' attribute)");
+
+  // A checkpoint lacking a group.
+  TinyModel t;
+  const std::string ckpt = file("ckpt.h5");
+  write_checkpoint(ckpt, t.params(), t.m.data(), t.v.data(), some_state());
+  expect_fault([&] { read_checkpoint_tensors(ckpt, "optimizer/w"); }, ckpt,
+               "missing group /optimizer/w");
+  expect_fault([&] { read_checkpoint_tensors(ckpt, "nothing/here"); }, ckpt,
+               "missing group /nothing/here");
+
+  // Cut short, as by an interrupted copy.
+  const std::string cut = file("cut.h5");
+  fs::copy_file(ckpt, cut);
+  fs::resize_file(cut, fs::file_size(cut) / 2);
+  expect_fault([&] { read_checkpoint_state(cut); }, cut, "truncated or corrupt");
+}
+
+TEST_F(CheckpointTest, ChecksumCatchesAFlippedBit) {
+  TinyModel t;
+  // A run of a value found nowhere else, to locate m's data in the file.
+  const float marker = 1234.5678f;
+  std::fill(t.m.begin() + 8, t.m.begin() + 16, marker);
+  const std::string path = file("ckpt.h5");
+  write_checkpoint(path, t.params(), t.m.data(), t.v.data(), some_state());
+
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  std::string run;
+  for (int i = 0; i < 8; ++i) run.append(reinterpret_cast<const char*>(&marker), sizeof marker);
+  const size_t at = bytes.find(run);
+  ASSERT_NE(at, std::string::npos);
+  bytes[at + 13] ^= 0x01;
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+
+  EXPECT_EQ(read_checkpoint_tensors(path, "params").size(), t.params().info().size());
+  expect_fault([&] { read_checkpoint_tensors(path, "optimizer/m"); }, path, "Fletcher32 checksum");
+}
+
+TEST_F(CheckpointTest, FailedWriteLeavesNothing) {
+  TinyModel t;
+  // The parent directory does not exist: HDF5 cannot create the file.
+  const std::string path = file("no/such/dir/ckpt.h5");
+  expect_fault([&] { write_checkpoint(path, t.params(), t.m.data(), t.v.data(), some_state()); },
+               path, "cannot write the file");
+  expect_fault([&] { write_checkpoint(file("x.h5"), t.params(), nullptr, t.v.data(), {}); },
+               file("x.h5"), "optimizer moments are missing");
+  CheckpointState bad = some_state();
+  bad.world_size = 0;
+  expect_fault([&] { write_checkpoint(file("x.h5"), t.params(), t.m.data(), t.v.data(), bad); },
+               file("x.h5"), "world size 0");
+  EXPECT_TRUE(listing(dir_).empty());
+
+  // Fails only at the rename (a non-empty directory is in the way), after
+  // the whole file was written: the temporary file goes too.
+  const std::string blocked = file("blocked.h5");
+  fs::create_directories(fs::path(blocked) / "inside");
+  expect_fault([&] { write_checkpoint(blocked, t.params(), t.m.data(), t.v.data(), {}); }, blocked,
+               "cannot rename");
+  EXPECT_EQ(listing(dir_), std::vector<std::string>{"blocked.h5"});
+}
+
+}  // namespace
+}  // namespace mpiformer

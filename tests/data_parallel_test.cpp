@@ -1,0 +1,287 @@
+// The invariant under real MPI (run by CTest on 3 ranks): whatever share of
+// the step each rank holds -- many short sequences, a few long ones, or
+// nothing -- every rank ends with the single-process gradient of the mean
+// loss over all target tokens, and the naive per-rank mean does not.
+#include "src/dist/data_parallel.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "src/dist/mpi_transport.h"
+#include "src/dist/replica_check.h"
+#include "tests/test_batches.h"
+
+namespace mpiformer {
+
+Communicator* g_comm = nullptr;
+
+namespace {
+
+using testing::append_batch;
+using testing::random_batch;
+
+constexpr int kCapacity = 256;
+
+ModelConfig shape(ModelKind kind) {
+  ModelConfig m = testing::tiny(kind);
+  m.max_len = 32;
+  m.vocab = 40;
+  return m;
+}
+
+struct Replica {
+  std::unique_ptr<Ops> ops = make_cpu_ops(1);
+  std::unique_ptr<Model> model;
+  explicit Replica(const ModelConfig& m) {
+    model = std::make_unique<Model>(*ops, m, ModelCapacity{kCapacity, m.max_len});
+    model->init_parameters(21);
+  }
+  std::vector<float> grads() {
+    ParameterSet& p = model->parameters();
+    return std::vector<float>(p.grads(), p.grads() + p.count());
+  }
+};
+
+// Rank r's micro-batches of a step: rank 0 many short sequences, rank 1 a
+// few long ones, rank 2 nothing; every rank can build every rank's share.
+std::vector<Batch> share_of(const ModelConfig& m, int rank, int K) {
+  std::vector<Batch> micro(K);
+  for (int k = 0; k < K; ++k) {
+    const uint32_t seed = 100 * rank + k;
+    if (rank == 0)
+      micro[k] = random_batch(m, {3, 4, 2, 5, 3, 4, 2, 3}, {4, 3, 5, 2, 6, 3, 4, 2}, seed);
+    if (rank == 1) micro[k] = random_batch(m, {29, 31}, {30, 27}, seed);
+  }
+  return micro;
+}
+
+// Max over tensors of max|a - b| / max|b|.
+double tensor_relative_difference(const ParameterSet& p, const std::vector<float>& a,
+                                  const std::vector<float>& b, std::string* worst) {
+  double result = 0.0;
+  for (const ParamInfo& t : p.info()) {
+    double diff = 0.0, scale = 1e-30;
+    for (size_t i = t.offset; i < t.offset + t.size; ++i) {
+      diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - b[i]));
+      scale = std::max(scale, std::fabs(static_cast<double>(b[i])));
+    }
+    if (diff / scale > result) {
+      result = diff / scale;
+      if (worst) *worst = t.name;
+    }
+  }
+  return result;
+}
+
+class UnevenShares : public ::testing::TestWithParam<ModelKind> {};
+
+TEST_P(UnevenShares, EveryRankGetsTheSingleProcessGradient) {
+  const Communicator& comm = *g_comm;
+  ASSERT_EQ(comm.size(), 3) << "run on 3 ranks";
+  const ModelConfig m = shape(GetParam());
+  const int K = 2;
+
+  // The single-process reference: every sequence of the step in one batch.
+  Batch all;
+  for (int r = 0; r < comm.size(); ++r)
+    for (const Batch& b : share_of(m, r, K)) append_batch(&all, b);
+  const int64_t N = all.target_tokens(m.special.pad);
+  Replica single(m);
+  single.model->parameters().zero_grads();
+  single.model->forward_backward(all, 0.1f, 1.0f / static_cast<float>(N), PassId{1, 1, 0});
+  const std::vector<float> reference = single.grads();
+
+  // Data-parallel: small buckets, so several start during backward.
+  Replica replica(m);
+  ParameterSet& params = replica.model->parameters();
+  MpiTransport transport;
+  GradientReducer reducer(params, params.grads(), 512, transport, true);
+  const std::vector<Batch> mine = share_of(m, comm.rank(), K);
+  const StepGradients step = step_gradients(*replica.model, mine, 1, 1, 0.1f, comm, &reducer);
+  EXPECT_FALSE(step.skipped);
+  EXPECT_EQ(step.global_targets, N);
+  EXPECT_EQ(step.local.tokens, count_targets(mine, m.special.pad));
+  EXPECT_GT(step.reduce.buckets, 3);
+  std::string worst;
+  const double ours = tensor_relative_difference(params, replica.grads(), reference, &worst);
+  EXPECT_LE(ours, 1e-5) << "worst tensor " << worst;
+
+  // The naive rule: each rank averages over its own tokens, then the ranks'
+  // gradients are averaged (an empty rank contributes nothing).
+  Replica naive(m);
+  ParameterSet& naive_params = naive.model->parameters();
+  naive_params.zero_grads();
+  const int64_t local = count_targets(mine, m.special.pad);
+  for (int k = 0; k < K && local > 0; ++k)
+    naive.model->forward_backward(mine[k], 0.1f, 1.0f / static_cast<float>(local),
+                                  PassId{1, 1, comm.rank() + k * comm.size()});
+  const int64_t ranks_with_data = comm.allreduce_sum(int64_t{local > 0 ? 1 : 0});
+  comm.allreduce_sum(naive_params.grads(), naive_params.count());
+  std::vector<float> averaged = naive.grads();
+  for (float& g : averaged) g /= static_cast<float>(ranks_with_data);
+  const double naive_error = tensor_relative_difference(naive_params, averaged, reference, nullptr);
+  EXPECT_GT(naive_error, 0.05) << "the naive mean should be visibly wrong on uneven shares";
+  if (comm.is_root())
+    std::printf("%s: ours max rel %.2e (worst %s), naive per-rank mean %.2e\n", to_string(m.kind),
+                ours, worst.c_str(), naive_error);
+}
+
+TEST_P(UnevenShares, TheExactSumIsBitwiseTheSameOnOneRankAndOnThree) {
+  const Communicator& comm = *g_comm;
+  const ModelConfig m = shape(GetParam());
+  const int K = 2;
+  // Three ranks with two micro-batches each, exact sum.
+  Replica replica(m);
+  ParameterSet& params = replica.model->parameters();
+  MpiTransport transport;
+  GradientReducer reducer(params, params.grads(), 512, transport, true, GradSum::kExact);
+  const StepGradients step =
+      step_gradients(*replica.model, share_of(m, comm.rank(), K), 1, 1, 0.1f, comm, &reducer);
+  EXPECT_EQ(step.reduce.bytes, (params.count() + 1) * sizeof(int64_t));
+
+  // One rank with all six micro-batches in another order, computed here
+  // alone: the sum of integers does not care about order or grouping.
+  Replica single(m);
+  ParameterSet& single_params = single.model->parameters();
+  LocalTransport local;
+  GradientReducer alone(single_params, single_params.grads(), 4096, local, false, GradSum::kExact);
+  alone.begin_step();
+  for (int r = comm.size(); r-- > 0;) {
+    for (const Batch& b : share_of(m, r, K)) {
+      single_params.zero_grads();
+      single.model->forward_backward(b, 0.1f, 1.0f / static_cast<float>(step.global_targets),
+                                     PassId{1, 1, 0});
+      alone.absorb_micro_batch();
+    }
+  }
+  single_params.zero_grads();
+  alone.finish();
+  EXPECT_TRUE(std::equal(params.grads(), params.grads() + params.count(), single_params.grads()))
+      << "the exact sum differs between 3 ranks x 2 micro-batches and 1 rank x 6";
+
+  // ... and it is the float sum to within fp32 rounding.
+  std::string worst;
+  Replica floating(m);
+  ParameterSet& float_params = floating.model->parameters();
+  GradientReducer float_reducer(float_params, float_params.grads(), 512, transport, true);
+  step_gradients(*floating.model, share_of(m, comm.rank(), K), 1, 1, 0.1f, comm, &float_reducer);
+  EXPECT_LE(tensor_relative_difference(params, replica.grads(), floating.grads(), &worst), 1e-5)
+      << worst;
+}
+
+TEST(DataParallel, TheExactSumTurnsAnOutOfRangeGradientIntoNaNOnEveryRank) {
+  const Communicator& comm = *g_comm;
+  const ModelConfig m = shape(ModelKind::kLm);
+  Replica replica(m);
+  ParameterSet& params = replica.model->parameters();
+  MpiTransport transport;
+  GradientReducer reducer(params, params.grads(), 512, transport, true, GradSum::kExact);
+  reducer.begin_step();
+  params.zero_grads();
+  if (comm.rank() == 2) params.grads()[params.count() - 1] = std::ldexp(1.0f, kExactLimitBits);
+  reducer.finish();
+  EXPECT_TRUE(std::all_of(params.grads(), params.grads() + params.count(),
+                          [](float g) { return std::isnan(g); }));
+}
+
+INSTANTIATE_TEST_SUITE_P(AllKinds, UnevenShares,
+                         ::testing::Values(ModelKind::kLm, ModelKind::kSeq2seq, ModelKind::kMlm),
+                         [](const auto& info) { return std::string(to_string(info.param)); });
+
+TEST(DataParallel, EmptyLastMicroBatchOnOneRankStillMatches) {
+  // Rank 1's second micro-batch is empty, so its backward never reports;
+  // its buckets start after backward, in the same order as everyone's.
+  const Communicator& comm = *g_comm;
+  const ModelConfig m = shape(ModelKind::kSeq2seq);
+  std::vector<Batch> mine(2);
+  mine[0] = random_batch(m, {6, 9}, {7, 5}, 10 + comm.rank());
+  if (comm.rank() != 1) mine[1] = random_batch(m, {4}, {8}, 20 + comm.rank());
+  Batch all;
+  for (int k = 0; k < 2; ++k)
+    for (int r = 0; r < comm.size(); ++r) {
+      if (k == 1 && r == 1) continue;
+      append_batch(&all, random_batch(m, k == 0 ? std::vector<int>{6, 9} : std::vector<int>{4},
+                                      k == 0 ? std::vector<int>{7, 5} : std::vector<int>{8},
+                                      (k == 0 ? 10 : 20) + r));
+    }
+  Replica single(m), replica(m);
+  single.model->parameters().zero_grads();
+  single.model->forward_backward(all, 0.0f, 1.0f / all.target_tokens(m.special.pad),
+                                 PassId{1, 1, 0});
+  ParameterSet& params = replica.model->parameters();
+  MpiTransport transport;
+  GradientReducer reducer(params, params.grads(), 300, transport, true);
+  const StepGradients step = step_gradients(*replica.model, mine, 1, 1, 0.0f, comm, &reducer);
+  EXPECT_EQ(step.global_targets, all.target_tokens(m.special.pad));
+  EXPECT_LE(tensor_relative_difference(params, replica.grads(), single.grads(), nullptr), 1e-5);
+}
+
+TEST(DataParallel, AStepWithNoTokensAnywhereIsSkippedByEveryRank) {
+  const Communicator& comm = *g_comm;
+  const ModelConfig m = shape(ModelKind::kLm);
+  Replica replica(m);
+  ParameterSet& params = replica.model->parameters();
+  std::fill(params.grads(), params.grads() + params.count(), 7.0f);  // must stay untouched
+  MpiTransport transport;
+  GradientReducer reducer(params, params.grads(), 512, transport, true);
+  // Every rank: one micro-batch with sequences but only pad targets, one empty.
+  std::vector<Batch> mine(2);
+  mine[0] = random_batch(m, {5}, {}, 3);
+  std::fill(mine[0].targets.begin(), mine[0].targets.end(), m.special.pad);
+  const StepGradients step = step_gradients(*replica.model, mine, 1, 1, 0.1f, comm, &reducer);
+  EXPECT_TRUE(step.skipped);
+  EXPECT_EQ(step.global_targets, 0);
+  EXPECT_TRUE(std::all_of(params.grads(), params.grads() + params.count(),
+                          [](float g) { return g == 7.0f; }));
+  // The reducer is left ready for the next step, which then works.
+  std::vector<Batch> next(1);
+  next[0] = random_batch(m, {6, 2}, {}, 40 + comm.rank());
+  const StepGradients after = step_gradients(*replica.model, next, 1, 2, 0.1f, comm, &reducer);
+  EXPECT_FALSE(after.skipped);
+  EXPECT_GT(after.global_targets, 0);
+}
+
+TEST(ReplicaCheck, FindsTheFirstDivergedTensorAndTheRankThatHoldsIt) {
+  const Communicator& comm = *g_comm;
+  Replica replica(shape(ModelKind::kSeq2seq));
+  ParameterSet& params = replica.model->parameters();
+  EXPECT_FALSE(check_replicas(params, comm).found());
+
+  // Rank 2 changes tensor 9 and rank 1 tensor 5, by one bit each.
+  const int changed = comm.rank() == 1 ? 5 : comm.rank() == 2 ? 9 : -1;
+  if (changed >= 0) {
+    float* x = params.param(changed);
+    x[0] = std::nextafter(x[0], 1e30f);
+  }
+  const ReplicaMismatch mismatch = check_replicas(params, comm);
+  ASSERT_TRUE(mismatch.found());
+  EXPECT_EQ(mismatch.tensor, params.info()[5].name);
+  EXPECT_EQ(mismatch.rank, 1);
+}
+
+}  // namespace
+}  // namespace mpiformer
+
+// One process per rank: every rank runs every test; the job fails when any
+// rank fails. Only rank 0 prints the usual report; others print failures.
+int main(int argc, char** argv) {
+  mpiformer::Communicator comm(&argc, &argv);
+  mpiformer::g_comm = &comm;
+  ::testing::InitGoogleTest(&argc, argv);
+  if (!comm.is_root()) {
+    ::testing::TestEventListeners& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+  }
+  const int failed = RUN_ALL_TESTS() != 0 ? 1 : 0;
+  const int64_t failed_ranks = comm.allreduce_sum(static_cast<int64_t>(failed));
+  if (failed && !comm.is_root()) std::fprintf(stderr, "[rank %d] tests failed\n", comm.rank());
+  return failed_ranks > 0 ? 1 : 0;
+}

@@ -1,0 +1,207 @@
+// The gradient reducer without MPI: how buckets are cut, when they start
+// (during backward, in order, each once), and the model's promise the
+// overlap rests on: a gradient reported final never changes afterwards.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+#include <stdexcept>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "src/dist/gradient_reducer.h"
+#include "src/model/model.h"
+#include "tests/test_batches.h"
+
+namespace mpiformer {
+namespace {
+
+using testing::random_batch;
+using testing::tiny;
+
+// Records what the reducer asks for; a reduction completes on its second test.
+class RecordingTransport : public ReduceTransport {
+ public:
+  struct Start {
+    int slot;
+    const float* x;
+    size_t n;
+  };
+  std::vector<Start> starts;
+  std::vector<int> tests_left;
+
+  std::string name() const override { return "recording"; }
+  void start(int slot, int64_t*, size_t n) override {
+    start(slot, static_cast<float*>(nullptr), n);
+  }
+  void start(int slot, float* x, size_t n) override {
+    starts.push_back({slot, x, n});
+    if (static_cast<size_t>(slot) >= tests_left.size()) tests_left.resize(slot + 1, 0);
+    tests_left[slot] = 2;
+  }
+  bool test(int slot) override { return tests_left[slot] == 0 || --tests_left[slot] == 0; }
+  void wait(int slot) override { tests_left[slot] = 0; }
+};
+
+// Snapshots grads[offset, end) at every report, to compare with the end.
+class SnapshotListener : public GradientListener {
+ public:
+  explicit SnapshotListener(const ParameterSet& p) : params(p) {}
+  void gradients_final(size_t offset) override {
+    offsets.push_back(offset);
+    const float* g = const_cast<ParameterSet&>(params).grads();
+    snapshots.emplace_back(g + offset, g + params.count());
+  }
+  const ParameterSet& params;
+  std::vector<size_t> offsets;
+  std::vector<std::vector<float>> snapshots;
+};
+
+struct Tiny {
+  std::unique_ptr<Ops> ops = make_cpu_ops(1);
+  std::unique_ptr<Model> model;
+  Batch batch;
+  explicit Tiny(const ModelConfig& m) {
+    model = std::make_unique<Model>(*ops, m, ModelCapacity{64, m.max_len});
+    model->init_parameters(5);
+    batch = random_batch(m, {5, 9, 3}, {4, 7, 6}, 11);
+  }
+};
+
+std::vector<ModelConfig> every_layout() {
+  std::vector<ModelConfig> all;
+  for (ModelKind kind : {ModelKind::kLm, ModelKind::kSeq2seq, ModelKind::kMlm}) {
+    ModelConfig m = tiny(kind);
+    all.push_back(m);
+    m.tied_embeddings = false;
+    m.pre_norm = false;
+    all.push_back(m);
+  }
+  return all;
+}
+
+TEST(ModelGradientListener, ReportedGradientsNeverChangeAfterwards) {
+  for (const ModelConfig& m : every_layout()) {
+    SCOPED_TRACE(std::string(to_string(m.kind)) +
+                 (m.tied_embeddings ? " tied pre-LN" : " untied post-LN"));
+    Tiny t(m);
+    ParameterSet& params = t.model->parameters();
+    params.zero_grads();
+    // An earlier micro-batch, then the last one with the listener: the
+    // reports speak of the accumulated gradient.
+    t.model->forward_backward(random_batch(m, {7}, {8}, 3), 0.1f, 0.01f, PassId{1, 1, 0});
+    SnapshotListener listener(params);
+    t.model->forward_backward(t.batch, 0.1f, 0.01f, PassId{1, 1, 1}, &listener);
+
+    ASSERT_FALSE(listener.offsets.empty());
+    EXPECT_EQ(listener.offsets.back(), 0u);
+    EXPECT_TRUE(std::is_sorted(listener.offsets.rbegin(), listener.offsets.rend()));
+    // One report per sub-layer at least, so buckets can start layer by layer.
+    const int sublayers = m.kind == ModelKind::kSeq2seq ? 2 * 2 + 3 * 2 : 2 * 2;
+    EXPECT_GE(static_cast<int>(listener.offsets.size()), sublayers);
+    const float* final_grads = params.grads();
+    for (size_t i = 0; i < listener.offsets.size(); ++i) {
+      const size_t offset = listener.offsets[i];
+      EXPECT_TRUE(std::equal(listener.snapshots[i].begin(), listener.snapshots[i].end(),
+                             final_grads + offset))
+          << "gradients from offset " << offset << " changed after being reported final";
+    }
+  }
+}
+
+TEST(GradientReducer, BucketsTileTheBufferInReverseTensorOrder) {
+  Tiny t(tiny(ModelKind::kSeq2seq));
+  const ParameterSet& params = t.model->parameters();
+  for (size_t bucket_floats : {size_t{1}, size_t{700}, size_t{5000}, params.count() * 2}) {
+    const std::vector<GradientBucket> buckets = plan_buckets(params.info(), bucket_floats);
+    ASSERT_FALSE(buckets.empty());
+    EXPECT_EQ(buckets.front().end, params.count());
+    EXPECT_EQ(buckets.back().begin, 0u);
+    EXPECT_EQ(buckets.front().last_tensor, static_cast<int>(params.info().size()) - 1);
+    for (size_t i = 0; i < buckets.size(); ++i) {
+      const GradientBucket& b = buckets[i];
+      EXPECT_EQ(b.begin, params.info()[b.first_tensor].offset);
+      EXPECT_EQ(b.end, params.info()[b.last_tensor].offset + params.info()[b.last_tensor].size);
+      if (i + 1 < buckets.size()) {
+        EXPECT_EQ(buckets[i + 1].end, b.begin);  // no gap, no overlap
+        EXPECT_GE(b.size(), bucket_floats);      // only the last may be short
+        // ... and a bucket is closed as soon as it is big enough.
+        EXPECT_LT(b.size() - params.info()[b.first_tensor].size, bucket_floats);
+      }
+    }
+    if (bucket_floats == 1) {
+      EXPECT_EQ(buckets.size(), params.info().size());
+    }
+    if (bucket_floats > params.count()) {
+      EXPECT_EQ(buckets.size(), 1u);
+    }
+  }
+}
+
+TEST(GradientReducer, OverlapStartsBucketsInOrderDuringBackwardEachOnce) {
+  for (bool overlap : {true, false}) {
+    SCOPED_TRACE(overlap ? "overlap on" : "overlap off");
+    Tiny t(tiny(ModelKind::kLm));
+    ParameterSet& params = t.model->parameters();
+    RecordingTransport transport;
+    GradientReducer reducer(params, params.grads(), 600, transport, overlap);
+    const int n = static_cast<int>(reducer.buckets().size());
+    ASSERT_GE(n, 4);
+    for (int step = 1; step <= 2; ++step) {
+      transport.starts.clear();
+      params.zero_grads();
+      reducer.begin_step();
+      t.model->forward_backward(t.batch, 0.1f, 0.01f, PassId{1, step, 0}, &reducer);
+      const size_t during_backward = transport.starts.size();
+      const ReduceTiming timing = reducer.finish();
+      if (overlap) {
+        // Everything but the shared embedding bucket could start early.
+        EXPECT_GE(during_backward, static_cast<size_t>(n - 1));
+      } else {
+        EXPECT_EQ(during_backward, 0u);
+        EXPECT_EQ(timing.hidden_s, 0.0);
+      }
+      ASSERT_EQ(static_cast<int>(transport.starts.size()), n);
+      for (int i = 0; i < n; ++i) {
+        EXPECT_EQ(transport.starts[i].slot, i);
+        EXPECT_EQ(transport.starts[i].x, params.grads() + reducer.buckets()[i].begin);
+        EXPECT_EQ(transport.starts[i].n, reducer.buckets()[i].size());
+      }
+      EXPECT_EQ(timing.bytes, params.count() * sizeof(float));
+      EXPECT_EQ(timing.buckets, n);
+      EXPECT_GE(timing.in_flight_s, timing.hidden_s);
+      EXPECT_GE(timing.hidden_share(), 0.0);
+      EXPECT_LE(timing.hidden_share(), 1.0);
+    }
+  }
+}
+
+TEST(GradientReducer, EarlierMicroBatchesAndEmptyPassesStartNothingEarly) {
+  Tiny t(tiny(ModelKind::kMlm));
+  ParameterSet& params = t.model->parameters();
+  RecordingTransport transport;
+  GradientReducer reducer(params, params.grads(), 600, transport, true);
+  // Not armed: reports of an earlier micro-batch are ignored.
+  t.model->forward_backward(t.batch, 0.1f, 0.01f, PassId{1, 1, 0}, &reducer);
+  EXPECT_TRUE(transport.starts.empty());
+  // Armed, but this rank's last micro-batch is empty: finish starts them all.
+  reducer.begin_step();
+  t.model->forward_backward(Batch{}, 0.1f, 0.01f, PassId{1, 1, 1}, &reducer);
+  EXPECT_TRUE(transport.starts.empty());
+  reducer.finish();
+  EXPECT_EQ(transport.starts.size(), reducer.buckets().size());
+}
+
+TEST(GradientReducer, RefusesOffsetsThatGoBackUp) {
+  Tiny t(tiny(ModelKind::kLm));
+  ParameterSet& params = t.model->parameters();
+  RecordingTransport transport;
+  GradientReducer reducer(params, params.grads(), 600, transport, true);
+  reducer.begin_step();
+  reducer.gradients_final(params.count() / 2);
+  EXPECT_THROW(reducer.gradients_final(params.count() / 2 + 1), std::logic_error);
+  EXPECT_THROW(reducer.begin_step(), std::logic_error);
+}
+
+}  // namespace
+}  // namespace mpiformer
