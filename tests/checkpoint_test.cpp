@@ -23,6 +23,7 @@
 #include "kernels/backend.h"
 #include "src/io/shard.h"
 #include "src/model/model.h"
+#include "tests/test_batches.h"
 
 namespace mpiformer {
 namespace {
@@ -37,15 +38,7 @@ struct TinyModel {
   std::vector<float> m, v;  // (count), standing in for AdamW's moments
 
   TinyModel() {
-    ModelConfig c;
-    c.kind = ModelKind::kSeq2seq;
-    c.enc_layers = 1;
-    c.dec_layers = 1;
-    c.d_model = 16;
-    c.heads = 2;
-    c.d_ff = 32;
-    c.vocab = 24;
-    c.max_len = 12;
+    const ModelConfig c = testing::tiny(ModelKind::kSeq2seq);
     model = std::make_unique<Model>(*ops, c, ModelCapacity{32, c.max_len});
     model->init_parameters(11);
     const size_t n = params().count();

@@ -1,0 +1,250 @@
+// HDF5 plumbing shared by shards and checkpoints; see hdf5_file.h.
+#include "src/io/hdf5_file.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+
+namespace mpiformer {
+
+std::mutex& hdf5_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+namespace hdf5 {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The innermost message of HDF5's current error stack: where the fault was
+// detected ("truncated file: eof = ...", "data error detected by fletcher32
+// checksum"). Must be called right after the failing call, before any other
+// HDF5 call clears the stack.
+std::string reason() {
+  std::string reason;
+  auto walk = [](unsigned n, const H5E_error2_t* err, void* data) -> herr_t {
+    if (n == 0 && err->desc) *static_cast<std::string*>(data) = err->desc;
+    return 0;
+  };
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, walk, &reason);
+  std::replace(reason.begin(), reason.end(), '\n', ' ');
+  return reason;
+}
+
+std::string attr_what(const char* name) {
+  return std::string("attribute ") + name;
+}
+
+std::string read_attr_what(const char* name) {
+  return std::string("read attribute '") + name + "'";
+}
+
+// Opens attribute `name` of `loc`, which must hold a single value.
+Hid open_attr(hid_t loc, const char* name, const Faults& faults) {
+  const htri_t exists = H5Aexists(loc, name);
+  if (exists < 0) faults.fail_corrupt(read_attr_what(name));
+  if (exists == 0) faults.fail(std::string("missing attribute '") + name + "'");
+  Hid attr(H5Aopen(loc, name, H5P_DEFAULT), H5Aclose);
+  if (!attr.ok()) faults.fail_corrupt(read_attr_what(name));
+  Hid space(H5Aget_space(attr.get()), H5Sclose);
+  if (!space.ok() || H5Sget_simple_extent_npoints(space.get()) != 1) {
+    faults.fail(std::string("attribute '") + name + "' is not a single value");
+  }
+  return attr;
+}
+
+// The type of attribute `attr`, which must be of `cls`; `expected` names it
+// ("a string").
+Hid attr_type(hid_t attr, const char* name, H5T_class_t cls, const char* expected,
+              const Faults& faults) {
+  Hid type(H5Aget_type(attr), H5Tclose);
+  if (!type.ok() || H5Tget_class(type.get()) != cls) {
+    faults.fail(std::string("attribute '") + name + "' is " +
+                (type.ok() ? type_name(type.get()) : "unreadable") + ", expected " + expected);
+  }
+  return type;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- sessions
+
+Session::Session() : lock_(hdf5_mutex()) {
+  H5Eget_auto2(H5E_DEFAULT, &saved_func_, &saved_data_);
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+}
+
+Session::~Session() {
+  H5Eset_auto2(H5E_DEFAULT, saved_func_, saved_data_);
+}
+
+// ---------------------------------------------------------------- faults
+
+void Faults::fail(const std::string& what) const {
+  std::rethrow_exception(make_error_(path_ + ": " + what));
+}
+
+void Faults::fail_corrupt(const std::string& what) const {
+  const std::string detail = reason();
+  fail("truncated or corrupt (HDF5 could not " + what + (detail.empty() ? "" : ": " + detail) +
+       ")");
+}
+
+void Faults::fail_errno(const std::string& what) const {
+  fail(what + " (" + std::strerror(errno) + ")");
+}
+
+void Faults::check(herr_t status, const std::string& what) const {
+  if (status < 0) {
+    const std::string detail = reason();
+    fail("cannot write " + what + (detail.empty() ? "" : " (" + detail + ")"));
+  }
+}
+
+Hid Faults::checked(hid_t id, herr_t (*close)(hid_t), const std::string& what) const {
+  if (id < 0) check(-1, what);
+  return Hid(id, close);
+}
+
+// ---------------------------------------------------------------- files
+
+std::string type_name(hid_t type) {
+  switch (H5Tget_class(type)) {
+    case H5T_INTEGER:
+      return "integer";
+    case H5T_FLOAT:
+      return "float";
+    case H5T_STRING:
+      return "string";
+    case H5T_COMPOUND:
+      return "compound";
+    case H5T_ARRAY:
+      return "array";
+    default:
+      return "non-numeric";
+  }
+}
+
+Hid open_read_only(const std::string& path, std::string* detail) {
+  Hid fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+  if (fapl.ok()) H5Pset_file_locking(fapl.get(), 0, 1);
+  Hid file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.ok() ? fapl.get() : H5P_DEFAULT), H5Fclose);
+  // Before fapl closes: closing it clears HDF5's error stack.
+  if (!file.ok() && detail) *detail = reason();
+  return file;
+}
+
+Hid open_for_reading(const Faults& faults, const std::string& noun) {
+  const std::string& path = faults.path();
+  std::error_code ec;
+  if (!fs::exists(path, ec)) faults.fail("no such file");
+  if (fs::is_directory(path, ec)) faults.fail("is a directory, not a " + noun);
+  if (::access(path.c_str(), R_OK) != 0) faults.fail_errno("cannot open for reading");
+  if (H5Fis_hdf5(path.c_str()) <= 0) faults.fail("not an HDF5 file");
+  std::string detail;
+  Hid file = open_read_only(path, &detail);
+  if (!file.ok()) {
+    // A short file is the common case (an interrupted copy): say so plainly.
+    unsigned long long eof = 0, base = 0, stored = 0;
+    if (std::sscanf(detail.c_str(),
+                    "truncated file: eof = %llu, sblock->base_addr = %llu, stored_eof = %llu", &eof,
+                    &base, &stored) == 3) {
+      faults.fail("truncated or corrupt (the file holds " + std::to_string(eof) +
+                  " bytes but its HDF5 superblock says " + std::to_string(stored) + ")");
+    }
+    faults.fail("truncated or corrupt (HDF5 could not open the file" +
+                (detail.empty() ? "" : ": " + detail) + ")");
+  }
+  return file;
+}
+
+// ---------------------------------------------------------------- writing
+
+void write_int_attr(hid_t loc, const char* name, hid_t file_type, hid_t mem_type, const void* value,
+                    const Faults& faults) {
+  const std::string what = attr_what(name);
+  Hid space = faults.checked(H5Screate(H5S_SCALAR), H5Sclose, what);
+  Hid attr = faults.checked(H5Acreate2(loc, name, file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT),
+                            H5Aclose, what);
+  faults.check(H5Awrite(attr.get(), mem_type, value), what);
+}
+
+void write_string_attr(hid_t loc, const char* name, const std::string& value,
+                       const Faults& faults) {
+  // Fixed-length, NUL-terminated ASCII: readable by every HDF5 tool.
+  const std::string what = attr_what(name);
+  Hid type = faults.checked(H5Tcopy(H5T_C_S1), H5Tclose, what);
+  faults.check(H5Tset_size(type.get(), value.size() + 1), what);
+  faults.check(H5Tset_strpad(type.get(), H5T_STR_NULLTERM), what);
+  Hid space = faults.checked(H5Screate(H5S_SCALAR), H5Sclose, what);
+  Hid attr = faults.checked(
+      H5Acreate2(loc, name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose, what);
+  faults.check(H5Awrite(attr.get(), type.get(), value.c_str()), what);
+}
+
+Hid checksummed_chunks(const std::vector<hsize_t>& chunk, const Faults& faults,
+                       const std::string& what) {
+  Hid dcpl = faults.checked(H5Pcreate(H5P_DATASET_CREATE), H5Pclose, what);
+  faults.check(H5Pset_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data()), what);
+  faults.check(H5Pset_fletcher32(dcpl.get()), what);
+  return dcpl;
+}
+
+// ---------------------------------------------------------------- reading
+
+std::string read_string_attr(hid_t loc, const char* name, const Faults& faults) {
+  Hid attr = open_attr(loc, name, faults);
+  Hid type = attr_type(attr.get(), name, H5T_STRING, "a string", faults);
+  std::string value;
+  if (H5Tis_variable_str(type.get()) > 0) {
+    Hid mem(H5Tcopy(H5T_C_S1), H5Tclose);
+    H5Tset_size(mem.get(), H5T_VARIABLE);
+    char* s = nullptr;
+    if (H5Aread(attr.get(), mem.get(), &s) < 0) faults.fail_corrupt(read_attr_what(name));
+    if (s) value = s;
+    H5free_memory(s);
+  } else {
+    const size_t size = H5Tget_size(type.get());
+    std::vector<char> buf(size + 1, '\0');  // (size) plus a terminator
+    if (H5Aread(attr.get(), type.get(), buf.data()) < 0) faults.fail_corrupt(read_attr_what(name));
+    value.assign(buf.data(), strnlen(buf.data(), size));
+  }
+  return value;
+}
+
+template <class T>
+T read_int_attr(hid_t loc, const char* name, const Faults& faults) {
+  Hid attr = open_attr(loc, name, faults);
+  Hid type = attr_type(attr.get(), name, H5T_INTEGER, "an integer", faults);
+  const auto out_of_range = [&](const std::string& v) {
+    faults.fail(std::string("attribute '") + name + "' = " + v + " is out of range");
+  };
+  // Read wide, then range-check: HDF5 would silently clamp a narrowing read.
+  if (H5Tget_sign(type.get()) == H5T_SGN_2) {
+    int64_t v = 0;
+    if (H5Aread(attr.get(), H5T_NATIVE_INT64, &v) < 0) faults.fail_corrupt(read_attr_what(name));
+    if (v < static_cast<int64_t>(std::numeric_limits<T>::min()) ||
+        (v > 0 && static_cast<uint64_t>(v) > std::numeric_limits<T>::max())) {
+      out_of_range(std::to_string(v));
+    }
+    return static_cast<T>(v);
+  }
+  uint64_t v = 0;
+  if (H5Aread(attr.get(), H5T_NATIVE_UINT64, &v) < 0) faults.fail_corrupt(read_attr_what(name));
+  if (v > static_cast<uint64_t>(std::numeric_limits<T>::max())) out_of_range(std::to_string(v));
+  return static_cast<T>(v);
+}
+
+template int read_int_attr<int>(hid_t, const char*, const Faults&);
+template int64_t read_int_attr<int64_t>(hid_t, const char*, const Faults&);
+template uint64_t read_int_attr<uint64_t>(hid_t, const char*, const Faults&);
+
+}  // namespace hdf5
+}  // namespace mpiformer

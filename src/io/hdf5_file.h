@@ -1,0 +1,140 @@
+// HDF5 plumbing shared by the shard and checkpoint files: identifier
+// ownership, the process-wide lock, silenced error printing, and attribute
+// and file helpers. Every fault becomes one line "PATH: what is wrong",
+// thrown as the caller's own exception type (ShardError, CheckpointError).
+#pragma once
+
+#include <hdf5.h>
+
+#include <exception>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace mpiformer {
+
+// The HDF5 library of this build is not thread-safe: every HDF5 call in the
+// process (shards, checkpoints, metrics) must hold this lock. hdf5::Session
+// takes it.
+std::mutex& hdf5_mutex();
+
+namespace hdf5 {
+
+// Owns one HDF5 identifier and closes it with the matching H5?close.
+class Hid {
+ public:
+  Hid() = default;
+  Hid(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
+  Hid(const Hid&) = delete;
+  Hid& operator=(const Hid&) = delete;
+  Hid(Hid&& o) noexcept : id_(o.id_), close_(o.close_) { o.id_ = H5I_INVALID_HID; }
+  Hid& operator=(Hid&& o) noexcept {
+    std::swap(id_, o.id_);
+    std::swap(close_, o.close_);
+    return *this;
+  }
+  ~Hid() {
+    if (id_ >= 0 && close_) close_(id_);
+  }
+  hid_t get() const { return id_; }
+  bool ok() const { return id_ >= 0; }
+  // Closes now and reports the status (a file's close writes its metadata).
+  herr_t close() {
+    const herr_t status = id_ >= 0 && close_ ? close_(id_) : 0;
+    id_ = H5I_INVALID_HID;
+    return status;
+  }
+
+ private:
+  hid_t id_ = H5I_INVALID_HID;
+  herr_t (*close_)(hid_t) = nullptr;
+};
+
+// Holds hdf5_mutex() and silences HDF5's automatic error printing for the
+// duration of one public call, restoring the caller's handler afterwards.
+class Session {
+ public:
+  Session();
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+ private:
+  std::lock_guard<std::mutex> lock_;
+  H5E_auto2_t saved_func_ = nullptr;
+  void* saved_data_ = nullptr;
+};
+
+// Reports the faults of one file as "PATH: what is wrong", thrown as the
+// exception type chosen at construction, so that one set of helpers serves
+// files whose callers catch different types.
+class Faults {
+ public:
+  // Error: constructible from the message, e.g. ShardError.
+  template <class Error>
+  static Faults of(std::string path) {
+    return Faults(std::move(path), [](const std::string& message) {
+      return std::make_exception_ptr(Error(message));
+    });
+  }
+
+  const std::string& path() const { return path_; }
+
+  [[noreturn]] void fail(const std::string& what) const;
+  // "truncated or corrupt (HDF5 could not WHAT: detail)". Call right after
+  // the failing HDF5 call, before another one clears HDF5's error stack.
+  [[noreturn]] void fail_corrupt(const std::string& what) const;
+  // "WHAT (strerror(errno))".
+  [[noreturn]] void fail_errno(const std::string& what) const;
+
+  // Writing: a negative status fails with "cannot write WHAT (detail)".
+  void check(herr_t status, const std::string& what) const;
+  // Writing: owns `id`, or fails like check() when it is negative.
+  Hid checked(hid_t id, herr_t (*close)(hid_t), const std::string& what) const;
+
+ private:
+  using MakeError = std::exception_ptr (*)(const std::string& message);
+  Faults(std::string path, MakeError make_error)
+      : path_(std::move(path)), make_error_(make_error) {}
+
+  std::string path_;
+  MakeError make_error_;
+};
+
+// The class of `type` in words: "integer", "float", "string", ...
+std::string type_name(hid_t type);
+
+// Opens `path` read-only with file locking off (the files are immutable once
+// renamed into place, and parallel file systems often lack flock()). Returns
+// an invalid Hid on failure, with HDF5's reason in `detail` when given.
+Hid open_read_only(const std::string& path, std::string* detail = nullptr);
+
+// open_read_only after checking that the file exists, is readable and is
+// HDF5; names a truncated file plainly. `noun` completes "is a directory, not
+// a NOUN" ("shard file").
+Hid open_for_reading(const Faults& faults, const std::string& noun);
+
+// A scalar integer attribute: `value` in mem_type, stored as file_type.
+void write_int_attr(hid_t loc, const char* name, hid_t file_type, hid_t mem_type, const void* value,
+                    const Faults& faults);
+
+// A fixed-length, NUL-terminated ASCII string attribute.
+void write_string_attr(hid_t loc, const char* name, const std::string& value, const Faults& faults);
+
+// Dataset creation properties: chunks of `chunk` elements (one entry per
+// dimension), each Fletcher32-checksummed so damage is refused on reading.
+Hid checksummed_chunks(const std::vector<hsize_t>& chunk, const Faults& faults,
+                       const std::string& what);
+
+// A fixed- or variable-length string attribute (h5py writes the latter), as
+// stored: padding is the caller's business.
+std::string read_string_attr(hid_t loc, const char* name, const Faults& faults);
+
+// An integer attribute of any stored width, range-checked into T (int,
+// int64_t or uint64_t).
+template <class T>
+T read_int_attr(hid_t loc, const char* name, const Faults& faults);
+
+}  // namespace hdf5
+}  // namespace mpiformer
