@@ -40,7 +40,6 @@ class RecordingTransport : public ReduceTransport {
     tests_left[slot] = 2;
   }
   bool test(int slot) override { return tests_left[slot] == 0 || --tests_left[slot] == 0; }
-  void wait(int slot) override { tests_left[slot] = 0; }
 };
 
 // Snapshots grads[offset, end) at every report, to compare with the end.

@@ -47,12 +47,4 @@ bool MpiTransport::test(int slot) {
   return complete != 0;
 }
 
-void MpiTransport::wait(int slot) {
-  if (static_cast<size_t>(slot) >= requests_.size()) return;
-  std::vector<MPI_Request>& pending = requests_[slot];
-  if (pending.empty()) return;
-  MPI_Waitall(static_cast<int>(pending.size()), pending.data(), MPI_STATUSES_IGNORE);
-  pending.clear();
-}
-
 }  // namespace mpiformer

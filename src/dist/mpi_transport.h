@@ -18,7 +18,6 @@ class MpiTransport : public ReduceTransport {
   void start(int slot, float* x, size_t n) override;
   void start(int slot, int64_t* x, size_t n) override;
   bool test(int slot) override;
-  void wait(int slot) override;
 
  private:
   void start_typed(int slot, void* x, size_t n, MPI_Datatype type, size_t element_bytes);

@@ -1,6 +1,6 @@
 // How the gradient reducer moves bytes: an in-place, non-blocking SUM over
 // every rank. MPI (host buffers, MPI_Iallreduce) is one transport; NCCL (GPU
-// buffers, its own stream) goes beside it with the same four calls.
+// buffers, its own stream) goes beside it with the same calls.
 #pragma once
 
 #include <cstddef>
@@ -21,10 +21,9 @@ class ReduceTransport {
   // The same for 64-bit integers (exact, order-independent sums).  x: backend (n)
   virtual void start(int slot, int64_t* x, size_t n) = 0;
   // True when the reduction in `slot` has completed; also drives progress of
-  // every reduction in flight.
+  // every reduction in flight. Waiting is polling this, so each bucket's
+  // completion time is seen.
   virtual bool test(int slot) = 0;
-  // Blocks until the reduction in `slot` has completed.
-  virtual void wait(int slot) = 0;
 };
 
 // One rank: the sum over ranks is the identity.
@@ -34,7 +33,6 @@ class LocalTransport : public ReduceTransport {
   void start(int, float*, size_t) override {}
   void start(int, int64_t*, size_t) override {}
   bool test(int) override { return true; }
-  void wait(int) override {}
 };
 
 }  // namespace mpiformer

@@ -5,7 +5,6 @@
 #pragma once
 
 #include <cstdint>
-#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -60,10 +59,5 @@ ShardHeader read_shard_header(const std::string& path);
 
 // Shard files of a directory set: DIR/<prefix>-NNNNN.h5 sorted by name.
 std::vector<std::string> list_shards(const std::string& dir, const std::string& prefix);
-
-// The HDF5 library of this build is not thread-safe: every HDF5 call in the
-// process (shards, checkpoints, metrics) must hold this lock. The functions
-// above take it themselves.
-std::mutex& hdf5_mutex();
 
 }  // namespace mpiformer
