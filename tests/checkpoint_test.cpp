@@ -84,7 +84,22 @@ class CheckpointTest : public ::testing::Test {
 };
 
 CheckpointState some_state() {
-  return {1234567890123, 3, "[model]\nkind = seq2seq\nd-model = 16\n\n[optim]\nlr = 0.003\n"};
+  CheckpointState s;
+  s.step = 1234567890123;
+  s.world_size = 3;
+  s.config_ini = "[model]\nkind = seq2seq\nd-model = 16\n\n[optim]\nlr = 0.003\n";
+  s.optimizer_steps = 1234567890000;
+  s.next_batch = (uint64_t{1} << 60) + 7;
+  s.epoch = 41;
+  s.batches_per_step = 12;
+  s.sharding = "file";
+  s.seed = ~uint64_t{0} - 5;  // the full 64 bits
+  s.loss_scale = 32768.5;
+  s.loss_scale_good_steps = 1999;
+  s.vocab_size = 300;
+  s.special = SpecialTokens{10, 11, 12, 13, 14, 15};
+  s.tokenizer = std::string("spm\0bytes\xff", 10);
+  return s;
 }
 
 // The tensors of `group` must be exactly those of `p` at `base`, bit for bit.
@@ -121,6 +136,18 @@ TEST_F(CheckpointTest, RoundTripIsBitwise) {
   EXPECT_EQ(s.step, some_state().step);
   EXPECT_EQ(s.world_size, 3);
   EXPECT_EQ(s.config_ini, some_state().config_ini);
+  const CheckpointState w = some_state();
+  EXPECT_EQ(s.optimizer_steps, w.optimizer_steps);
+  EXPECT_EQ(s.next_batch, w.next_batch);
+  EXPECT_EQ(s.epoch, w.epoch);
+  EXPECT_EQ(s.batches_per_step, w.batches_per_step);
+  EXPECT_EQ(s.sharding, w.sharding);
+  EXPECT_EQ(s.seed, w.seed);
+  EXPECT_EQ(s.loss_scale, w.loss_scale);
+  EXPECT_EQ(s.loss_scale_good_steps, w.loss_scale_good_steps);
+  EXPECT_EQ(s.vocab_size, w.vocab_size);
+  EXPECT_EQ(s.special, w.special);
+  EXPECT_EQ(s.tokenizer, w.tokenizer);
   EXPECT_TRUE(is_checkpoint(path));
   EXPECT_EQ(listing(dir_), std::vector<std::string>{"ckpt.h5"});  // no .tmp left
 }

@@ -260,7 +260,12 @@ int run_train(const TrainConfig& requested, Communicator& comm) {
     // 6. Checkpoint: replicas are identical, so rank 0 writes for all.
     if ((cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0) || step == cfg.steps) {
       if (comm.is_root()) {
-        const CheckpointState state{step, W, train_config_ini(cfg)};
+        CheckpointState state;
+        state.step = step;
+        state.world_size = W;
+        state.config_ini = train_config_ini(cfg);
+        state.vocab_size = cfg.model.vocab;
+        state.special = cfg.model.special;
         const std::string path = save_checkpoint(cfg.out_dir, params, optimizer.m(), optimizer.v(),
                                                  state, cfg.keep_checkpoints);
         std::printf("checkpoint step %lld: %s\n", static_cast<long long>(step), path.c_str());

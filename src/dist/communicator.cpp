@@ -93,6 +93,20 @@ void Communicator::broadcast(uint64_t* x, int n, int root) const {
   MPI_Bcast(x, n, MPI_UINT64_T, root, MPI_COMM_WORLD);
 }
 
+int Communicator::max(int value) const {
+  int global = value;
+  MPI_Allreduce(&value, &global, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  return global;
+}
+
+void Communicator::broadcast(float* x, size_t n, int root) const {
+  constexpr size_t kPiece = size_t{1} << 30;  // MPI counts are int
+  for (size_t done = 0; done < n; done += kPiece) {
+    MPI_Bcast(x + done, static_cast<int>(std::min(kPiece, n - done)), MPI_FLOAT, root,
+              MPI_COMM_WORLD);
+  }
+}
+
 void Communicator::barrier() const {
   MPI_Barrier(MPI_COMM_WORLD);
 }

@@ -36,8 +36,12 @@ class Communicator {
   bool any(bool flag) const;
   // The smallest `value` over ranks, and the lowest rank holding it (MPI_MINLOC).
   std::pair<int, int> min_with_rank(int value) const;
+  // The largest `value` over ranks (agreed exit codes).
+  int max(int value) const;
   // x: (n), root's values to every rank.
   void broadcast(uint64_t* x, int n, int root) const;
+  // x: host (n), root's values to every rank; n may pass 2^31.
+  void broadcast(float* x, size_t n, int root) const;
   void barrier() const;
 
   // Prints "[rank r] message" to stderr and ends every rank with `code`.

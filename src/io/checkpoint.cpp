@@ -10,10 +10,14 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <limits>
+#include <map>
 #include <utility>
 
 #include "src/io/hdf5_file.h"
@@ -25,6 +29,16 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr const char* kFormatName = "mpiformer-checkpoint";
+// How the random streams are positioned, for a reader of the file.
+constexpr const char* kRngStreams =
+    "counter-based streams keyed by rng_seed: init (seed); dropout (seed, step, micro-batch of "
+    "the step); data order (seed, epoch); masking and synthetic data (seed, batch index)";
+
+// The crash tests' fault injection (see write_checkpoint).
+bool kill_requested(int64_t step) {
+  const char* at = std::getenv("MPIFORMER_TEST_KILL_IN_CHECKPOINT");
+  return at && *at && std::strtoll(at, nullptr, 10) == step;
+}
 // 4 MiB chunks: large enough for streaming, small enough that a checksum
 // fault names a small region and no chunk nears HDF5's 4 GiB limit.
 constexpr hsize_t kChunkElements = hsize_t{1} << 20;
@@ -194,6 +208,26 @@ void write_checkpoint_file(const std::string& tmp, const Faults& faults, const P
   hdf5::write_int_attr(root, "world_size", H5T_STD_I32LE, H5T_NATIVE_INT, &state.world_size,
                        faults);
   hdf5::write_string_attr(root, "config", state.config_ini, faults);
+  const std::pair<const char*, int64_t> counters[] = {
+      {"optimizer_steps", state.optimizer_steps},
+      {"data_batches_per_step", state.batches_per_step},
+      {"loss_scale_good_steps", state.loss_scale_good_steps}};
+  for (const auto& [name, value] : counters) {
+    hdf5::write_int_attr(root, name, H5T_STD_I64LE, H5T_NATIVE_INT64, &value, faults);
+  }
+  const std::pair<const char*, uint64_t> positions[] = {
+      {"data_next_batch", state.next_batch}, {"data_epoch", state.epoch}, {"rng_seed", state.seed}};
+  for (const auto& [name, value] : positions) {
+    hdf5::write_int_attr(root, name, H5T_STD_U64LE, H5T_NATIVE_UINT64, &value, faults);
+  }
+  hdf5::write_string_attr(root, "data_sharding", state.sharding, faults);
+  hdf5::write_string_attr(root, "rng_streams", kRngStreams, faults);
+  hdf5::write_double_attr(root, "loss_scale", state.loss_scale, faults);
+  hdf5::write_int_attr(root, "vocab_size", H5T_STD_I32LE, H5T_NATIVE_INT, &state.vocab_size,
+                       faults);
+  hdf5::write_special_token_attrs(root, state.special, faults);
+  if (!state.tokenizer.empty())
+    hdf5::write_bytes_dataset(root, "tokenizer", state.tokenizer, faults);
 
   Hid params_group = create_group(root, "params", faults);
   Hid optimizer = create_group(root, "optimizer", faults);
@@ -206,6 +240,10 @@ void write_checkpoint_file(const std::string& tmp, const Faults& faults, const P
 
   std::vector<float> host;  // staging, reused: (largest tensor)
   for (const auto& [prefix, target] : groups) {
+    if (prefix == groups[1].first && kill_requested(state.step)) {
+      H5Fflush(root, H5F_SCOPE_LOCAL);  // half a file on disk, as a crash leaves it
+      std::raise(SIGKILL);
+    }
     const auto [group, base] = target;  // base: backend (params.count())
     for (const ParamInfo& info : params.info()) {
       host.resize(info.size);
@@ -325,25 +363,12 @@ std::string save_checkpoint(const std::string& rundir, const ParameterSet& param
   write_text_atomically((dir / "latest").string(), std::string(name) + "\n");
 
   if (keep_last <= 0) return path;
-  // Older step_*.h5 by step number (names past 8 digits still sort right);
-  // pruning is best effort, a file that will not go is left for the next save.
-  std::vector<std::pair<uint64_t, fs::path>> others;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string file = it->path().filename().string();
-    if (file == name || file.size() <= 8 || file.compare(0, 5, "step_") != 0 ||
-        file.compare(file.size() - 3, 3, ".h5") != 0) {
-      continue;
-    }
-    const std::string digits = file.substr(5, file.size() - 8);
-    if (digits.empty() || digits.size() > 18 ||
-        !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-      continue;
-    }
-    others.emplace_back(std::stoull(digits), it->path());
-  }
-  std::sort(others.begin(), others.end(), std::greater<>());
+  // Older step_*.h5 by step number; pruning is best effort, a file that will
+  // not go is left for the next save.
+  std::vector<std::string> others = list_checkpoints(rundir);
+  others.erase(std::remove(others.begin(), others.end(), path), others.end());
   for (size_t i = static_cast<size_t>(keep_last) - 1; i < others.size(); ++i) {
-    fs::remove(others[i].second, ec);
+    fs::remove(others[i], ec);
   }
   return path;
 }
@@ -397,7 +422,93 @@ CheckpointState read_checkpoint_state(const std::string& path) {
     faults.fail("attribute 'world_size' = " + std::to_string(state.world_size) + " is < 1");
   }
   state.config_ini = hdf5::read_string_attr(file.get(), "config", faults);
+  const hid_t root = file.get();
+  state.optimizer_steps = hdf5::read_int_attr<int64_t>(root, "optimizer_steps", faults);
+  state.batches_per_step = hdf5::read_int_attr<int64_t>(root, "data_batches_per_step", faults);
+  if (state.batches_per_step < 1) faults.fail("attribute 'data_batches_per_step' is < 1");
+  state.loss_scale_good_steps = hdf5::read_int_attr<int64_t>(root, "loss_scale_good_steps", faults);
+  state.next_batch = hdf5::read_int_attr<uint64_t>(root, "data_next_batch", faults);
+  state.epoch = hdf5::read_int_attr<uint64_t>(root, "data_epoch", faults);
+  state.seed = hdf5::read_int_attr<uint64_t>(root, "rng_seed", faults);
+  state.sharding = hdf5::read_string_attr(root, "data_sharding", faults);
+  state.loss_scale = hdf5::read_double_attr(root, "loss_scale", faults);
+  state.vocab_size = hdf5::read_int_attr<int>(root, "vocab_size", faults);
+  if (state.vocab_size < 1) faults.fail("attribute 'vocab_size' is < 1");
+  state.special = hdf5::read_special_token_attrs(root, state.vocab_size, faults);
+  if (H5Lexists(root, "tokenizer", H5P_DEFAULT) > 0) {
+    state.tokenizer = hdf5::read_bytes_dataset(root, "tokenizer", faults);
+  }
   return state;
+}
+
+LoadedCheckpoint read_checkpoint(const std::string& path) {
+  LoadedCheckpoint c;
+  c.path = path;
+  c.state = read_checkpoint_state(path);
+  c.params = read_checkpoint_tensors(path, "params");
+  c.m = read_checkpoint_tensors(path, "optimizer/m");
+  c.v = read_checkpoint_tensors(path, "optimizer/v");
+  const auto same_names = [](const std::vector<CheckpointTensor>& a,
+                             const std::vector<CheckpointTensor>& b) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i)
+      if (a[i].name != b[i].name || a[i].shape != b[i].shape) return false;
+    return true;
+  };
+  if (!same_names(c.params, c.m) || !same_names(c.params, c.v)) {
+    faults_of(path).fail("the optimizer moments do not match the parameters tensor by tensor");
+  }
+  return c;
+}
+
+void unpack_checkpoint_tensors(const std::string& path,
+                               const std::vector<CheckpointTensor>& tensors,
+                               const ParameterSet& params, float* dest) {
+  const auto mismatch = [&](const std::string& what) {
+    throw CheckpointMismatch(path + ": " + what);
+  };
+  std::map<std::string, const CheckpointTensor*> by_name;
+  for (const CheckpointTensor& t : tensors) by_name[t.name] = &t;
+  for (const ParamInfo& info : params.info()) {
+    const auto it = by_name.find(info.name);
+    if (it == by_name.end()) {
+      mismatch("has no tensor '" + info.name + "' of shape " + shape_string(info.shape) +
+               ", which these flags build");
+    }
+    const CheckpointTensor& t = *it->second;
+    if (t.shape != info.shape) {
+      mismatch("tensor '" + info.name + "' has shape " + shape_string(t.shape) +
+               "; these flags build " + shape_string(info.shape));
+    }
+    std::copy(t.data.begin(), t.data.end(), dest + info.offset);
+    by_name.erase(it);
+  }
+  if (!by_name.empty()) {
+    mismatch("holds tensor '" + by_name.begin()->first + "', which these flags do not build");
+  }
+}
+
+std::vector<std::string> list_checkpoints(const std::string& rundir) {
+  std::vector<std::pair<uint64_t, std::string>> found;
+  std::error_code ec;
+  const fs::path dir = fs::path(rundir) / "checkpoints";
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string file = it->path().filename().string();
+    if (file.size() <= 8 || file.compare(0, 5, "step_") != 0 ||
+        file.compare(file.size() - 3, 3, ".h5") != 0) {
+      continue;
+    }
+    const std::string digits = file.substr(5, file.size() - 8);
+    if (digits.empty() || digits.size() > 18 ||
+        !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      continue;
+    }
+    found.emplace_back(std::stoull(digits), it->path().string());
+  }
+  std::sort(found.begin(), found.end(), std::greater<>());
+  std::vector<std::string> paths;
+  for (auto& [step, path] : found) paths.push_back(std::move(path));
+  return paths;
 }
 
 bool is_checkpoint(const std::string& path) {

@@ -1,14 +1,26 @@
-// HDF5 checkpoints (DESIGN.md section 7): float32 master weights and the AdamW
-// moments of every tensor, with the step, world size and configuration of the
-// run as root attributes. A checkpoint is written under a temporary name,
-// fsync'ed and renamed, so a file named step_*.h5 is always complete.
+// HDF5 checkpoints (DESIGN.md section 7): float32 master weights, the AdamW
+// moments of every tensor, and everything a resumed run needs to continue
+// exactly where this one stopped. A checkpoint is written under a temporary
+// name, fsync'ed and renamed, so a file named step_*.h5 is always complete.
 //
 // Layout:
 //   /params/<name>        float32, the tensor's shape (names keep their dots)
 //   /optimizer/m/<name>   float32, same shape
 //   /optimizer/v/<name>   float32, same shape
-//   root attributes: format = "mpiformer-checkpoint", version, step (int64),
-//                    world_size, config (the INI text)
+//   /tokenizer            uint8, SentencePiece model bytes (runs on shards only)
+//   root attributes:
+//     format = "mpiformer-checkpoint", version, step (int64), world_size,
+//     config (the INI text),
+//     optimizer_steps         AdamW updates taken (its bias correction)
+//     data_next_batch         first micro-batch index of the next step
+//     data_epoch              the epoch that index falls in (0: no epochs)
+//     data_batches_per_step   micro-batches one step read (W x K; K per rank
+//                             under --sharding file)
+//     data_sharding           "data" (global indices) or "file" (per rank)
+//     rng_seed, rng_streams   the key of every random stream, and how each
+//                             is positioned (see CheckpointState)
+//     loss_scale, loss_scale_good_steps
+//     vocab_size, pad_id, bos_id, eos_id, unk_id, mask_id, sep_id
 #pragma once
 
 #include <cstdint>
@@ -16,11 +28,12 @@
 #include <string>
 #include <vector>
 
+#include "src/core/config.h"
 #include "src/model/parameters.h"
 
 namespace mpiformer {
 
-constexpr int kCheckpointVersion = 1;
+constexpr int kCheckpointVersion = 2;
 
 // A fault in a checkpoint file: what() is "FILE: what is wrong".
 class CheckpointError : public std::runtime_error {
@@ -28,10 +41,41 @@ class CheckpointError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A checkpoint's flags do not fit the model these flags build: one line
+// naming the first tensor that differs.
+class CheckpointMismatch : public CheckpointError {
+ public:
+  using CheckpointError::CheckpointError;
+};
+
 struct CheckpointState {
-  int64_t step = 0;
-  int world_size = 1;
-  std::string config_ini;  // the effective configuration, re-usable with --config
+  int64_t step = 0;             // training steps done
+  int world_size = 1;           // ranks of the run that wrote it
+  std::string config_ini;       // the effective configuration, re-usable with --config
+  int64_t optimizer_steps = 0;  // AdamW updates (a step without targets takes none)
+
+  // Data cursor. Training reads one sequence of micro-batches (global, or
+  // per rank under --sharding file); the next step starts at next_batch.
+  uint64_t next_batch = 0;
+  uint64_t epoch = 0;            // of next_batch; 0 for synthetic tasks
+  int64_t batches_per_step = 1;  // W x K (per rank: K)
+  std::string sharding = "data";
+
+  // Every random stream is counter-based, a pure function of the seed and a
+  // position the run already records, so the seed is their whole state:
+  // init (seed), dropout (seed, step, micro-batch of the step), data order
+  // (seed, epoch), masking and synthetic data (seed, batch index).
+  uint64_t seed = 0;
+
+  // Dynamic loss scaling (fp16): the scale and the overflow-free steps since
+  // it last changed; 1 and 0 where no scaler runs (fp32, bf16).
+  double loss_scale = 1.0;
+  int64_t loss_scale_good_steps = 0;
+
+  // The vocabulary the model was trained on.
+  int vocab_size = 0;
+  SpecialTokens special;
+  std::string tokenizer;  // SentencePiece model bytes; empty for synthetic tasks
 };
 
 // Writes every tensor of `params` and its moments to `path`: the data goes
@@ -39,6 +83,9 @@ struct CheckpointState {
 // directory is fsync'ed. On a fault the temporary file is removed and
 // CheckpointError is thrown. Tensors are copied to the host through
 // params.ops(), one at a time.
+// For the crash tests only: with MPIFORMER_TEST_KILL_IN_CHECKPOINT=STEP in
+// the environment, the process kills itself (SIGKILL) halfway through
+// writing the checkpoint of that step.
 // adam_m, adam_v: backend memory (params.count()), laid out like params.params()
 void write_checkpoint(const std::string& path, const ParameterSet& params, const float* adam_m,
                       const float* adam_v, const CheckpointState& state);
@@ -67,8 +114,29 @@ struct CheckpointTensor {
 std::vector<CheckpointTensor> read_checkpoint_tensors(const std::string& path,
                                                       const std::string& group);
 
-// The root attributes. Throws CheckpointError like read_checkpoint_tensors.
+// The root attributes and /tokenizer. Throws CheckpointError like
+// read_checkpoint_tensors.
 CheckpointState read_checkpoint_state(const std::string& path);
+
+// A whole checkpoint in host memory; reading it verifies every checksum.
+struct LoadedCheckpoint {
+  std::string path;
+  CheckpointState state;
+  std::vector<CheckpointTensor> params, m, v;  // each sorted by name
+};
+LoadedCheckpoint read_checkpoint(const std::string& path);
+
+// Copies `tensors` (one group of a LoadedCheckpoint) into `dest`, laid out
+// like params.params(). Throws CheckpointMismatch "PATH: ..." when the names
+// or shapes differ from params.info().
+// dest: host (params.count())
+void unpack_checkpoint_tensors(const std::string& path,
+                               const std::vector<CheckpointTensor>& tensors,
+                               const ParameterSet& params, float* dest);
+
+// RUNDIR/checkpoints/step_*.h5, newest (highest step) first. Temporary
+// files of a write that never finished are not listed.
+std::vector<std::string> list_checkpoints(const std::string& rundir);
 
 // True when `path` is an HDF5 file whose root attribute `format` says
 // "mpiformer-checkpoint"; false for anything else, never throws.

@@ -197,6 +197,44 @@ Hid checksummed_chunks(const std::vector<hsize_t>& chunk, const Faults& faults,
   return dcpl;
 }
 
+void write_double_attr(hid_t loc, const char* name, double value, const Faults& faults) {
+  write_int_attr(loc, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &value, faults);
+}
+
+void write_special_token_attrs(hid_t loc, const SpecialTokens& special, const Faults& faults) {
+  const std::pair<const char*, int> ids[] = {{"pad_id", special.pad},   {"bos_id", special.bos},
+                                             {"eos_id", special.eos},   {"unk_id", special.unk},
+                                             {"mask_id", special.mask}, {"sep_id", special.sep}};
+  for (const auto& [name, value] : ids) {
+    write_int_attr(loc, name, H5T_STD_I32LE, H5T_NATIVE_INT, &value, faults);
+  }
+}
+
+void write_vector_dataset(hid_t loc, const std::string& name, hid_t file_type, hid_t mem_type,
+                          const void* data, hsize_t n, hsize_t chunk, const Faults& faults) {
+  const std::string what = "dataset /" + name;
+  // A chunk must fit within the maximum extent, so an empty dataset gets an
+  // unlimited one; otherwise the extent is fixed.
+  const hsize_t dims[1] = {n};
+  const hsize_t maxdims[1] = {n == 0 ? H5S_UNLIMITED : n};
+  Hid space = faults.checked(H5Screate_simple(1, dims, maxdims), H5Sclose, what);
+  Hid dcpl = checksummed_chunks({std::clamp<hsize_t>(n, 1, chunk)}, faults, what);
+  Hid lcpl = faults.checked(H5Pcreate(H5P_LINK_CREATE), H5Pclose, what);
+  faults.check(H5Pset_create_intermediate_group(lcpl.get(), 1), what);
+  Hid dset = faults.checked(
+      H5Dcreate2(loc, name.c_str(), file_type, space.get(), lcpl.get(), dcpl.get(), H5P_DEFAULT),
+      H5Dclose, what);
+  if (n > 0) {
+    faults.check(H5Dwrite(dset.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), what);
+  }
+}
+
+void write_bytes_dataset(hid_t loc, const char* name, const std::string& bytes,
+                         const Faults& faults) {
+  write_vector_dataset(loc, name, H5T_STD_U8LE, H5T_NATIVE_UINT8, bytes.data(), bytes.size(),
+                       hsize_t{64} << 10, faults);
+}
+
 // ---------------------------------------------------------------- reading
 
 std::string read_string_attr(hid_t loc, const char* name, const Faults& faults) {
@@ -240,6 +278,52 @@ T read_int_attr(hid_t loc, const char* name, const Faults& faults) {
   if (H5Aread(attr.get(), H5T_NATIVE_UINT64, &v) < 0) faults.fail_corrupt(read_attr_what(name));
   if (v > static_cast<uint64_t>(std::numeric_limits<T>::max())) out_of_range(std::to_string(v));
   return static_cast<T>(v);
+}
+
+double read_double_attr(hid_t loc, const char* name, const Faults& faults) {
+  Hid attr = open_attr(loc, name, faults);
+  Hid type(H5Aget_type(attr.get()), H5Tclose);
+  const H5T_class_t cls = type.ok() ? H5Tget_class(type.get()) : H5T_NO_CLASS;
+  if (cls != H5T_FLOAT && cls != H5T_INTEGER) {
+    faults.fail(std::string("attribute '") + name + "' is " +
+                (type.ok() ? type_name(type.get()) : "unreadable") + ", expected a number");
+  }
+  double v = 0;
+  if (H5Aread(attr.get(), H5T_NATIVE_DOUBLE, &v) < 0) faults.fail_corrupt(read_attr_what(name));
+  return v;
+}
+
+SpecialTokens read_special_token_attrs(hid_t loc, int vocab_size, const Faults& faults) {
+  SpecialTokens special;
+  const std::pair<const char*, int*> ids[] = {{"pad_id", &special.pad},   {"bos_id", &special.bos},
+                                              {"eos_id", &special.eos},   {"unk_id", &special.unk},
+                                              {"mask_id", &special.mask}, {"sep_id", &special.sep}};
+  for (const auto& [name, value] : ids) {
+    *value = read_int_attr<int>(loc, name, faults);
+    if (*value < 0 || *value >= vocab_size) {
+      faults.fail(std::string(name) + " " + std::to_string(*value) + " is not in [0, vocab_size " +
+                  std::to_string(vocab_size) + ")");
+    }
+  }
+  return special;
+}
+
+std::string read_bytes_dataset(hid_t loc, const char* name, const Faults& faults) {
+  const std::string where = std::string("/") + name;
+  if (H5Lexists(loc, name, H5P_DEFAULT) <= 0) faults.fail("missing dataset " + where);
+  Hid dset(H5Dopen2(loc, name, H5P_DEFAULT), H5Dclose);
+  if (!dset.ok()) faults.fail_corrupt("open " + where);
+  Hid space(H5Dget_space(dset.get()), H5Sclose);
+  if (!space.ok() || H5Sget_simple_extent_ndims(space.get()) != 1) {
+    faults.fail(where + " is not a 1-D dataset");
+  }
+  const hssize_t n = H5Sget_simple_extent_npoints(space.get());
+  std::string bytes(static_cast<size_t>(n), '\0');
+  if (n > 0 &&
+      H5Dread(dset.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, bytes.data()) < 0) {
+    faults.fail_corrupt("read " + where);
+  }
+  return bytes;
 }
 
 template int read_int_attr<int>(hid_t, const char*, const Faults&);

@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include "src/core/config.h"
+
 namespace mpiformer {
 
 // The HDF5 library of this build is not thread-safe: every HDF5 call in the
@@ -39,6 +41,12 @@ class Hid {
   }
   hid_t get() const { return id_; }
   bool ok() const { return id_ >= 0; }
+  // Gives up ownership: the caller closes the identifier.
+  hid_t release() {
+    const hid_t id = id_;
+    id_ = H5I_INVALID_HID;
+    return id;
+  }
   // Closes now and reports the status (a file's close writes its metadata).
   herr_t close() {
     const herr_t status = id_ >= 0 && close_ ? close_(id_) : 0;
@@ -127,6 +135,23 @@ void write_string_attr(hid_t loc, const char* name, const std::string& value, co
 Hid checksummed_chunks(const std::vector<hsize_t>& chunk, const Faults& faults,
                        const std::string& what);
 
+// A scalar float64 attribute.
+void write_double_attr(hid_t loc, const char* name, double value, const Faults& faults);
+
+// The special token ids as the int32 attributes pad_id, bos_id, eos_id,
+// unk_id, mask_id and sep_id.
+void write_special_token_attrs(hid_t loc, const SpecialTokens& special, const Faults& faults);
+
+// A 1-D dataset of n elements in chunks of up to `chunk` elements, each
+// Fletcher32-checksummed; intermediate groups of `name` are created.
+// data: (n) of mem_type
+void write_vector_dataset(hid_t loc, const std::string& name, hid_t file_type, hid_t mem_type,
+                          const void* data, hsize_t n, hsize_t chunk, const Faults& faults);
+
+// `bytes` as a 1-D uint8 dataset `name` (checksummed), e.g. /tokenizer.
+void write_bytes_dataset(hid_t loc, const char* name, const std::string& bytes,
+                         const Faults& faults);
+
 // A fixed- or variable-length string attribute (h5py writes the latter), as
 // stored: padding is the caller's business.
 std::string read_string_attr(hid_t loc, const char* name, const Faults& faults);
@@ -135,6 +160,16 @@ std::string read_string_attr(hid_t loc, const char* name, const Faults& faults);
 // int64_t or uint64_t).
 template <class T>
 T read_int_attr(hid_t loc, const char* name, const Faults& faults);
+
+// A scalar attribute of any float or integer type, as float64.
+double read_double_attr(hid_t loc, const char* name, const Faults& faults);
+
+// The attributes write_special_token_attrs wrote, each checked to lie in
+// [0, vocab_size).
+SpecialTokens read_special_token_attrs(hid_t loc, int vocab_size, const Faults& faults);
+
+// A 1-D uint8 dataset `name` (e.g. /tokenizer) as bytes.
+std::string read_bytes_dataset(hid_t loc, const char* name, const Faults& faults);
 
 }  // namespace hdf5
 }  // namespace mpiformer

@@ -25,24 +25,9 @@ constexpr int64_t kUint16Vocab = 65536;  // ids up to 65535 fit uint16
 
 // ---------------------------------------------------------------- writing
 
-// A 1-D chunked, Fletcher32-checksummed dataset of n elements.
 void write_dataset(hid_t loc, const std::string& name, hid_t file_type, hid_t mem_type,
                    const void* data, hsize_t n, const Faults& faults) {
-  const std::string what = "dataset /" + name;
-  // A chunk must fit within the maximum extent, so an empty dataset gets an
-  // unlimited one; otherwise the extent is fixed.
-  const hsize_t dims[1] = {n};
-  const hsize_t maxdims[1] = {n == 0 ? H5S_UNLIMITED : n};
-  Hid space = faults.checked(H5Screate_simple(1, dims, maxdims), H5Sclose, what);
-  Hid dcpl = hdf5::checksummed_chunks({std::clamp<hsize_t>(n, 1, kChunkElements)}, faults, what);
-  Hid lcpl = faults.checked(H5Pcreate(H5P_LINK_CREATE), H5Pclose, what);
-  faults.check(H5Pset_create_intermediate_group(lcpl.get(), 1), what);
-  Hid dset = faults.checked(
-      H5Dcreate2(loc, name.c_str(), file_type, space.get(), lcpl.get(), dcpl.get(), H5P_DEFAULT),
-      H5Dclose, what);
-  if (n > 0) {
-    faults.check(H5Dwrite(dset.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), what);
-  }
+  hdf5::write_vector_dataset(loc, name, file_type, mem_type, data, n, kChunkElements, faults);
 }
 
 // Checks one side before anything is written, so a bad shard never reaches disk.
@@ -96,21 +81,15 @@ void write_shard_file(const Faults& faults, const Shard& shard) {
   const int version = kShardVersion;
   hdf5::write_int_attr(root, "version", H5T_STD_I32LE, H5T_NATIVE_INT, &version, faults);
   hdf5::write_string_attr(root, "kind", h.kind, faults);
-  const std::pair<const char*, int> ints[] = {
-      {"vocab_size", h.vocab_size}, {"pad_id", h.special.pad}, {"bos_id", h.special.bos},
-      {"eos_id", h.special.eos},    {"unk_id", h.special.unk}, {"mask_id", h.special.mask},
-      {"sep_id", h.special.sep}};
-  for (const auto& [name, value] : ints) {
-    hdf5::write_int_attr(root, name, H5T_STD_I32LE, H5T_NATIVE_INT, &value, faults);
-  }
+  hdf5::write_int_attr(root, "vocab_size", H5T_STD_I32LE, H5T_NATIVE_INT, &h.vocab_size, faults);
+  hdf5::write_special_token_attrs(root, h.special, faults);
   const bool seq2seq = h.kind == "seq2seq";
   const uint64_t sequences = shard.target.count();
   const uint64_t tokens = shard.target.tokens.size() + (seq2seq ? shard.source.tokens.size() : 0);
   hdf5::write_int_attr(root, "sequences", H5T_STD_U64LE, H5T_NATIVE_UINT64, &sequences, faults);
   hdf5::write_int_attr(root, "tokens", H5T_STD_U64LE, H5T_NATIVE_UINT64, &tokens, faults);
 
-  write_dataset(root, "tokenizer", H5T_STD_U8LE, H5T_NATIVE_UINT8, h.tokenizer.data(),
-                h.tokenizer.size(), faults);
+  hdf5::write_bytes_dataset(root, "tokenizer", h.tokenizer, faults);
   if (seq2seq) {
     write_side(root, "src/", shard.source, h.vocab_size, faults);
     write_side(root, "tgt/", shard.target, h.vocab_size, faults);
@@ -149,33 +128,12 @@ ShardHeader read_header(hid_t file, const Faults& faults, uint64_t* sequences, u
   h.vocab_size = hdf5::read_int_attr<int>(file, "vocab_size", faults);
   if (h.vocab_size <= 0)
     faults.fail("vocab_size " + std::to_string(h.vocab_size) + " is not positive");
-  const std::pair<const char*, int*> ids[] = {
-      {"pad_id", &h.special.pad}, {"bos_id", &h.special.bos},   {"eos_id", &h.special.eos},
-      {"unk_id", &h.special.unk}, {"mask_id", &h.special.mask}, {"sep_id", &h.special.sep}};
-  for (const auto& [name, value] : ids) {
-    *value = hdf5::read_int_attr<int>(file, name, faults);
-    if (*value < 0 || *value >= h.vocab_size) {
-      faults.fail(std::string(name) + " " + std::to_string(*value) + " is not in [0, vocab_size " +
-                  std::to_string(h.vocab_size) + ")");
-    }
-  }
+  h.special = hdf5::read_special_token_attrs(file, h.vocab_size, faults);
   *sequences = hdf5::read_int_attr<uint64_t>(file, "sequences", faults);
   *tokens = hdf5::read_int_attr<uint64_t>(file, "tokens", faults);
 
   // /tokenizer: uint8 bytes of the SentencePiece model.
-  if (H5Lexists(file, "tokenizer", H5P_DEFAULT) <= 0) faults.fail("missing dataset /tokenizer");
-  Hid dset(H5Dopen2(file, "tokenizer", H5P_DEFAULT), H5Dclose);
-  if (!dset.ok()) faults.fail_corrupt("open /tokenizer");
-  Hid space(H5Dget_space(dset.get()), H5Sclose);
-  if (!space.ok() || H5Sget_simple_extent_ndims(space.get()) != 1) {
-    faults.fail("/tokenizer is not a 1-D dataset");
-  }
-  const hssize_t n = H5Sget_simple_extent_npoints(space.get());
-  h.tokenizer.resize(static_cast<size_t>(n));
-  if (n > 0 && H5Dread(dset.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT,
-                       h.tokenizer.data()) < 0) {
-    faults.fail_corrupt("read /tokenizer");
-  }
+  h.tokenizer = hdf5::read_bytes_dataset(file, "tokenizer", faults);
   return h;
 }
 

@@ -28,6 +28,9 @@ class AdamW {
   void step(float lr, float grad_scale);
 
   int64_t steps_taken() const { return step_; }
+  // Resuming: the moments come from a checkpoint (through m() and v()) and
+  // the step counter with them, for the bias correction.
+  void set_steps_taken(int64_t steps) { step_ = steps; }
   float* m() { return m_; }  // (params.count())
   float* v() { return v_; }  // (params.count())
 

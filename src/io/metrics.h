@@ -1,0 +1,92 @@
+// metrics.h5 (DESIGN.md section 7): the run's figures for notebooks, written
+// by rank 0 in HDF5's single-writer/multiple-reader (SWMR) mode, so h5py can
+// read a run while it trains:
+//   h5py.File(path, "r", libver="latest", swmr=True), dataset.refresh()
+//
+// Layout (1-D datasets, one row per log interval or evaluation, growing):
+//   /train/step (int64), loss, tokens (int64), accuracy, lr, grad_norm,
+//          tokens_per_s, step_ms, padding_efficiency, loss_scale (float64)
+//   /eval/step (int64), loss, perplexity, accuracy (float64), tokens (int64)
+//   root attributes: format = "mpiformer-metrics", version, config, model,
+//          world_size, devices, versions, git_commit, resumed_at_steps
+// Columns grow one at a time: a reader that catches a row half-written sees
+// columns of different lengths and should use the shortest.
+#pragma once
+
+#include <hdf5.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace mpiformer {
+
+constexpr int kMetricsVersion = 1;
+
+// A fault of the metrics file: what() is "PATH: what is wrong".
+class MetricsError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct TrainRow {
+  int64_t step = 0;
+  double loss = 0, accuracy = 0;  // global token-weighted, over the log interval
+  int64_t tokens = 0;             // target tokens of the interval, all ranks
+  double lr = 0, grad_norm = 0;   // at `step`
+  double tokens_per_s = 0, step_ms = 0, padding_efficiency = 1, loss_scale = 1;
+};
+
+struct EvalRow {
+  int64_t step = 0;
+  double loss = 0, perplexity = 0, accuracy = 0;
+  int64_t tokens = 0;
+};
+
+// What a reader needs to know about the run (root attributes).
+struct RunAttributes {
+  std::string config;  // the INI text
+  std::string model;   // lm | seq2seq | mlm
+  int world_size = 1;
+  std::string devices, versions, git_commit;
+};
+
+class MetricsLog {
+ public:
+  // Creates `path` (keep_through_step < 0), or opens an existing one of an
+  // interrupted run and drops its rows past keep_through_step, the step the
+  // run resumes from (a missing file is created). The attributes are
+  // (re)written and the step is appended to resumed_at_steps; then SWMR
+  // writing starts. Throws MetricsError for a path that is not a writable
+  // metrics file, leaving a file that is not ours untouched.
+  MetricsLog(const std::string& path, const RunAttributes& attrs, int64_t keep_through_step);
+  ~MetricsLog();
+  MetricsLog(const MetricsLog&) = delete;
+  MetricsLog& operator=(const MetricsLog&) = delete;
+
+  // Append one row and flush it to disk, where readers see it.
+  void append(const TrainRow& row);
+  void append(const EvalRow& row);
+
+  const std::string& path() const { return path_; }
+
+ private:
+  struct Column {
+    std::string name;
+    hid_t id = H5I_INVALID_HID;
+    bool integer = false;
+  };
+  void open_columns(const char* group, const std::vector<std::pair<const char*, bool>>& names,
+                    bool create, std::vector<Column>* columns);
+  // values: one per column, in column order (integers exact up to 2^53)
+  void append_row(std::vector<Column>& columns, hsize_t* rows, const std::vector<double>& values);
+  void close_all() noexcept;
+
+  std::string path_;
+  hid_t file_ = H5I_INVALID_HID;
+  std::vector<Column> train_, eval_;
+  hsize_t train_rows_ = 0, eval_rows_ = 0;
+};
+
+}  // namespace mpiformer
