@@ -29,6 +29,11 @@ int cuda_device_count() {
 #endif
 }
 
+std::string blas_version() {
+  const char* config = openblas_get_config();
+  return config ? config : "OpenBLAS (unknown build)";
+}
+
 bool cuda_backend_built() {
 #ifdef MPIFORMER_HAVE_CUDA
   return true;

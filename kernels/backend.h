@@ -14,6 +14,8 @@ std::unique_ptr<Ops> make_cpu_ops(int threads);
 
 // GPUs visible to this process (0 without a CUDA build).
 int cuda_device_count();
+// "OpenBLAS 0.3.21 ..." as the library describes its build.
+std::string blas_version();
 bool cuda_backend_built();
 
 }  // namespace mpiformer

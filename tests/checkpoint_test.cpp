@@ -83,6 +83,12 @@ class CheckpointTest : public ::testing::Test {
   fs::path dir_;
 };
 
+std::string shape_of(const std::vector<int>& shape) {
+  std::string text = "(";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + ")";
+}
+
 CheckpointState some_state() {
   CheckpointState s;
   s.step = 1234567890123;
@@ -365,5 +371,66 @@ TEST_F(CheckpointTest, FailedWriteLeavesNothing) {
   EXPECT_EQ(listing(dir_), std::vector<std::string>{"blocked.h5"});
 }
 
+TEST_F(CheckpointTest, ReadCheckpointRestoresEveryTensorIntoTheParameterLayout) {
+  TinyModel t;
+  const ParameterSet& p = t.params();
+  const std::string path = file("ckpt.h5");
+  write_checkpoint(path, p, t.m.data(), t.v.data(), some_state());
+  const LoadedCheckpoint c = read_checkpoint(path);
+  EXPECT_EQ(c.path, path);
+  EXPECT_EQ(c.state.seed, some_state().seed);
+  const std::pair<const std::vector<CheckpointTensor>*, const float*> groups[] = {
+      {&c.params, p.params()}, {&c.m, t.m.data()}, {&c.v, t.v.data()}};
+  for (const auto& [tensors, expected] : groups) {
+    std::vector<float> restored(p.count(), 42.0f);  // (count)
+    unpack_checkpoint_tensors(path, *tensors, p, restored.data());
+    EXPECT_EQ(std::memcmp(restored.data(), expected, p.count() * sizeof(float)), 0);
+  }
+}
+
+TEST_F(CheckpointTest, UnpackNamesTheFirstTensorOfAnotherShape) {
+  TinyModel t;
+  const std::string path = file("ckpt.h5");
+  write_checkpoint(path, t.params(), t.m.data(), t.v.data(), some_state());
+  std::vector<CheckpointTensor> tensors = read_checkpoint_tensors(path, "params");
+  std::vector<float> dest(t.params().count());  // (count)
+  const auto message = [&](const std::vector<CheckpointTensor>& ts) {
+    try {
+      unpack_checkpoint_tensors(path, ts, t.params(), dest.data());
+    } catch (const CheckpointMismatch& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  std::vector<CheckpointTensor> reshaped = tensors;
+  reshaped[0].shape.push_back(1);
+  EXPECT_EQ(message(reshaped), path + ": tensor '" + tensors[0].name + "' has shape " +
+                                   shape_of(reshaped[0].shape) + "; these flags build " +
+                                   shape_of(tensors[0].shape));
+  std::vector<CheckpointTensor> missing(tensors.begin() + 1, tensors.end());
+  EXPECT_NE(message(missing).find("has no tensor '" + tensors[0].name + "'"), std::string::npos);
+  std::vector<CheckpointTensor> extra = tensors;
+  extra.push_back(CheckpointTensor{"zzz.extra", {2}, {1.0f, 2.0f}});
+  EXPECT_NE(message(extra).find("holds tensor 'zzz.extra', which these flags do not build"),
+            std::string::npos);
+}
+
+TEST_F(CheckpointTest, ListsCompleteCheckpointsNewestFirst) {
+  TinyModel t;
+  CheckpointState s = some_state();
+  for (int64_t step : {9, 100, 10}) {
+    s.step = step;
+    save_checkpoint(dir_.string(), t.params(), t.m.data(), t.v.data(), s, 0);
+  }
+  // What a killed writer leaves, and strangers: never listed.
+  std::ofstream(dir_ / "checkpoints" / "step_00000200.h5.tmp") << "half";
+  std::ofstream(dir_ / "checkpoints" / "step_x.h5") << "x";
+  const fs::path d = dir_ / "checkpoints";
+  EXPECT_EQ(list_checkpoints(dir_.string()),
+            (std::vector<std::string>{(d / "step_00000100.h5").string(),
+                                      (d / "step_00000010.h5").string(),
+                                      (d / "step_00000009.h5").string()}));
+  EXPECT_TRUE(list_checkpoints(file("nowhere")).empty());
+}
 }  // namespace
 }  // namespace mpiformer

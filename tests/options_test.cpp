@@ -520,7 +520,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{{"--layers"}, "--layers", ""},
         BadCase{{"--layers", "1", "--layers", "2"}, "--layers", ""},
         BadCase{{"--data", "shards/"}, "--data", ""},  // with --synthetic: one of the two
-        BadCase{{"--resume", "auto"}, "--resume", ""},
+        BadCase{{"--resume", "no/such/checkpoint.h5"}, "--resume", ""},
         BadCase{{"--min-len", "64"}, "--min-len", ""},  // seq2seq at max-len 64: x <= 63
         BadCase{{"--max-tokens", "100"}, "--max-tokens", ""},
         BadCase{{"--threads", "-2"}, "--threads", ""},

@@ -1,6 +1,7 @@
 #include "src/app/inspect.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <exception>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "src/io/checkpoint.h"
+#include "src/io/metrics.h"
 #include "src/io/shard.h"
 
 namespace mpiformer {
@@ -130,8 +132,14 @@ void print_checkpoint(std::ostream& os, const std::string& path) {
   os << "file         " << path;
   if (!ec) os << " (" << human_bytes(bytes) << ")";
   os << "\nformat       mpiformer-checkpoint, version " << kCheckpointVersion << "\nstep         "
-     << state.step << "\nworld size   " << state.world_size << "\nparameters   " << count << " in "
-     << tensors.size() << " tensors\n";
+     << state.step << "\nworld size   " << state.world_size << "\nupdates      "
+     << state.optimizer_steps << " (AdamW)\ndata cursor  micro-batch " << state.next_batch
+     << " (epoch " << state.epoch << "), " << state.batches_per_step << " per step, sharding "
+     << state.sharding << "\nseed         " << state.seed << "\nloss scale   " << state.loss_scale
+     << "\nvocabulary   " << state.vocab_size << " ids, tokenizer "
+     << (state.tokenizer.empty() ? std::string("none (synthetic data)")
+                                 : human_bytes(state.tokenizer.size()))
+     << "\nparameters   " << count << " in " << tensors.size() << " tensors\n";
   // Names and shapes left-aligned in columns, RMS right-aligned.
   auto pad = [](const std::string& s, size_t width) {
     return s + std::string(width - s.size(), ' ');
@@ -151,6 +159,40 @@ void print_checkpoint(std::ostream& os, const std::string& path) {
   for (std::string line; std::getline(config, line);) os << "  " << line << "\n";
 }
 
+// The shortest text that reads back as the same double: exact and short.
+std::string exact(double v) {
+  char buf[32];
+  const auto result = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, result.ptr);
+}
+
+// Attributes, then every row of /train and /eval, values exact.
+void print_metrics(std::ostream& os, const std::string& path) {
+  const MetricsTable t = read_metrics(path);
+  os << "file         " << path << "\nformat       mpiformer-metrics\nmodel        "
+     << t.attrs.model << "\nworld size   " << t.attrs.world_size << "\ndevices      "
+     << t.attrs.devices << "\nversions     " << t.attrs.versions << "\ngit commit   "
+     << t.attrs.git_commit << "\n";
+  if (!t.resumed_at_steps.empty()) {
+    os << "resumed at  ";
+    for (int64_t step : t.resumed_at_steps) os << " " << step;
+    os << "\n";
+  }
+  const auto table = [&os](const char* name, const std::vector<std::string>& columns,
+                           const std::vector<std::vector<double>>& rows) {
+    os << name << " (" << rows.size() << " rows)\n ";
+    for (const std::string& c : columns) os << " " << c;
+    os << "\n";
+    for (const std::vector<double>& row : rows) {
+      os << " ";
+      for (double v : row) os << " " << exact(v);
+      os << "\n";
+    }
+  };
+  table("/train", t.train_columns, t.train_rows);
+  table("/eval", t.eval_columns, t.eval_rows);
+}
+
 }  // namespace
 
 int run_inspect(const std::string& path, Communicator& comm) {
@@ -161,6 +203,8 @@ int run_inspect(const std::string& path, Communicator& comm) {
     try {
       if (is_checkpoint(path)) {
         print_checkpoint(out, path);
+      } else if (is_metrics_file(path)) {
+        print_metrics(out, path);
       } else {
         print_summary(out, path, read_shard(path));
       }

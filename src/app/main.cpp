@@ -1,4 +1,5 @@
 // mpiformer [--help|--version] COMMAND [flags]
+#include <cstdlib>
 #include <exception>
 #include <iostream>
 #include <sstream>
@@ -90,10 +91,35 @@ int inspect(Communicator& comm, const std::vector<std::string>& args) {
   }
 }
 
+// Under srun every task must be a rank of one MPI world. A world smaller
+// than SLURM_NTASKS means the MPI library did not reach srun's process
+// manager (a --mpi plugin mismatch), and each task would train the same run
+// on its own. mpirun inside an allocation sets OMPI_COMM_WORLD_SIZE and
+// checks its own world.
+int check_srun_world(const Communicator& comm) {
+  const char* ntasks = std::getenv("SLURM_NTASKS");
+  const char* procid = std::getenv("SLURM_PROCID");
+  if (!ntasks || !procid || !std::getenv("SLURM_STEP_NUM_TASKS") ||
+      std::getenv("OMPI_COMM_WORLD_SIZE")) {
+    return 0;
+  }
+  const int expected = std::atoi(ntasks);
+  if (expected <= 0 || expected == comm.size()) return 0;
+  if (comm.is_root()) {
+    std::cerr << "[task " << procid << "] mpiformer: srun started " << expected
+              << " task(s) (SLURM_NTASKS) but MPI sees a world of " << comm.size()
+              << " rank(s): the MPI library did not join srun's tasks; launch with srun "
+                 "--mpi=pmix (srun --mpi=list shows the choices) or mpirun"
+              << std::endl;
+  }
+  return kExitUsage;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   Communicator comm(&argc, &argv);
+  if (const int code = check_srun_world(comm)) return code;
   std::vector<std::string> args(argv + 1, argv + argc);
 
   if (args.empty()) {

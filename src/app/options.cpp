@@ -306,7 +306,9 @@ void add_train_flags(FlagTable& t, TrainConfig* c) {
   add_optim_flags(t, &c->optim);
   t.group("Run");
   t.add("out", &c->out_dir, "RUNDIR", "run directory (config.ini, metrics.h5, checkpoints)");
-  t.add("resume", &c->resume, "auto|none|PATH", "continue from a checkpoint");
+  t.add("resume", &c->resume, "auto|none|PATH",
+        "continue from a checkpoint: auto takes the newest complete one in --out (none there: "
+        "start); none refuses an --out that holds a run");
   t.add("accum-steps", &c->accum_steps, "K", "micro-batches per rank and optimizer step");
   t.add("steps", &c->steps, "S", "optimizer steps");
   t.add("seed", &c->seed, "S", "seed of data order, initialisation and dropout");
@@ -575,9 +577,11 @@ void validate_train(const TrainConfig& c) {
     if (!S_ISDIR(info.st_mode)) usage_error("--data", c.data_dir + ": not a directory");
   }
   if (c.out_dir.empty()) usage_error("--out", "required: the run directory");
-  if (c.resume != "none") {
-    usage_error("--resume", "resuming is not supported by this build yet; use --resume none (got " +
-                                quoted(c.resume) + ")");
+  if (c.resume.empty()) usage_error("--resume", "expected auto, none or a checkpoint file");
+  if (c.resume != "none" && c.resume != "auto") {
+    struct stat info {};
+    if (::stat(c.resume.c_str(), &info) != 0) usage_error("--resume", c.resume + ": no such file");
+    if (!S_ISREG(info.st_mode)) usage_error("--resume", c.resume + ": not a file");
   }
   require_at_least("--max-tokens", c.max_tokens, 1);
   require_at_least("--max-sentences", c.max_sentences, 0);

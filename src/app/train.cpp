@@ -6,9 +6,19 @@
 // by N, the step's global count of target tokens (MPI_Allreduce before any
 // backward), and gradients are summed over ranks: the update is the gradient
 // of the mean loss over every target token of the step (DESIGN.md section 1).
+//
+// A run survives: --resume continues from a checkpoint exactly (the same
+// parameters, moments, data cursor and random streams), and SIGTERM or
+// SIGUSR1 make every rank stop at the next step boundary, write a
+// checkpoint and exit with kExitStopped, which job scripts requeue.
+#include <signal.h>
+
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -20,10 +30,14 @@
 #include "src/app/commands.h"
 #include "src/app/options.h"
 #include "src/core/error.h"
+#include "src/core/version.h"
 #include "src/data/make_source.h"
 #include "src/dist/data_parallel.h"
 #include "src/dist/replica_check.h"
 #include "src/io/checkpoint.h"
+#include "src/io/hdf5_file.h"
+#include "src/io/metrics.h"
+#include "src/io/shard.h"
 #include "src/loss/cross_entropy.h"
 #include "src/model/model.h"
 #include "src/optim/adamw.h"
@@ -77,6 +91,208 @@ LossSummary evaluate(Model& model, BatchSource& source, const TrainConfig& cfg,
   return summarize(allreduce(comm, local));
 }
 
+// ------------------------------------------------------------ stop signals
+
+volatile std::sig_atomic_t stop_signal = 0;
+
+extern "C" void note_stop_signal(int signal) {
+  stop_signal = signal;
+}
+
+// SIGTERM (scancel, the end of a time limit) and SIGUSR1 (SLURM's warning
+// before it, --signal=B:USR1@120) only raise a flag; the loop acts on it at
+// the next step boundary. The previous handlers come back on destruction.
+class StopSignals {
+ public:
+  StopSignals() {
+    struct sigaction action {};
+    action.sa_handler = note_stop_signal;
+    action.sa_flags = SA_RESTART;  // MPI and file calls carry on; the loop looks at the flag
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGTERM, &action, &saved_term_);
+    sigaction(SIGUSR1, &action, &saved_usr1_);
+  }
+  ~StopSignals() {
+    sigaction(SIGTERM, &saved_term_, nullptr);
+    sigaction(SIGUSR1, &saved_usr1_, nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  struct sigaction saved_term_ {
+  }, saved_usr1_{};
+};
+
+const char* signal_name(int signal) {
+  switch (signal) {
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGUSR1:
+      return "SIGUSR1";
+    default:
+      return "a signal";
+  }
+}
+
+// ------------------------------------------------------------ resuming
+
+// Where the run starts: a fresh run, or the state of a checkpoint (rank 0
+// also holds its tensors until they are broadcast).
+struct StartPoint {
+  bool resumed = false;
+  CheckpointState state;        // every rank (scalars only)
+  LoadedCheckpoint checkpoint;  // rank 0
+};
+
+// The outcome of a decision rank 0 takes for every rank: an exit code
+// (0: go on) and the line that explains it, printed by rank 0.
+struct Verdict {
+  int code = 0;
+  std::string message;
+};
+
+// Rank 0: the run directory and the checkpoint to resume from. Every fault
+// is a line for the user; "[rank 0]" is added by the caller.
+Verdict choose_start(const TrainConfig& cfg, StartPoint* start) {
+  namespace fs = std::filesystem;
+  const fs::path rundir(cfg.out_dir);
+  std::error_code ec;
+  fs::create_directories(rundir, ec);
+  if (ec || !fs::is_directory(rundir)) {
+    return {kExitUsage, "mpiformer train: --out: cannot use " + cfg.out_dir +
+                            " as the run directory (" +
+                            (ec ? ec.message() : std::string("not a directory")) + ")"};
+  }
+  const std::vector<std::string> found = list_checkpoints(cfg.out_dir);
+  if (cfg.resume == "none") {
+    if (!found.empty() || fs::exists(rundir / "metrics.h5")) {
+      return {kExitUsage, "mpiformer train: --out: " + cfg.out_dir +
+                              " already holds a run; continue it with --resume auto, or choose "
+                              "another --out"};
+    }
+    return {};
+  }
+  const std::vector<std::string> candidates =
+      cfg.resume == "auto" ? found : std::vector<std::string>{cfg.resume};
+  for (const std::string& path : candidates) {
+    try {
+      start->checkpoint = read_checkpoint(path);
+      start->state = start->checkpoint.state;
+      start->resumed = true;
+      return {};
+    } catch (const CheckpointError& e) {
+      if (cfg.resume != "auto") return {kExitFailure, std::string("cannot resume: ") + e.what()};
+      // A newest checkpoint that is damaged: say so and take the one before.
+      std::fprintf(stderr, "[rank 0] skipping a damaged checkpoint: %s\n", e.what());
+      std::fflush(stderr);
+    }
+  }
+  if (!candidates.empty()) {
+    return {kExitFailure, "cannot resume: none of the " + std::to_string(candidates.size()) +
+                              " checkpoint(s) in " + (rundir / "checkpoints").string() +
+                              " is readable"};
+  }
+  return {};
+}
+
+// Rank 0: the checkpoint against the flags of this run. The model's shape
+// is checked when its tensors are unpacked.
+Verdict check_resumable(const TrainConfig& cfg, const CheckpointState& state,
+                        const std::string& tokenizer, int world_size) {
+  const std::string sharding = cfg.sharding == Sharding::kFile ? "file" : "data";
+  if (state.sharding != sharding) {
+    return {kExitUsage, "mpiformer train: --sharding: the checkpoint was trained with --sharding " +
+                            state.sharding + "; resume with the same"};
+  }
+  if (sharding == "file" && state.world_size != world_size) {
+    return {kExitUsage,
+            "mpiformer train: --sharding file ties each rank's batches to the world size: the "
+            "checkpoint was written by " +
+                std::to_string(state.world_size) + " rank(s), this run has " +
+                std::to_string(world_size) + "; resume on " + std::to_string(state.world_size) +
+                " rank(s)"};
+  }
+  // Another vocabulary size shows as a tensor shape; the same size with
+  // other ids would train on garbage silently.
+  if (!cfg.data_dir.empty() &&
+      (state.special != cfg.model.special || state.tokenizer != tokenizer)) {
+    return {kExitUsage,
+            "mpiformer train: --data: the shards' tokenizer differs from the one the "
+            "checkpoint was trained with; resume on the same shards"};
+  }
+  return {};
+}
+
+// Every rank learns rank 0's verdict; rank 0 prints its line.
+int agree_on(const Communicator& comm, const Verdict& verdict) {
+  uint64_t code = static_cast<uint64_t>(verdict.code);
+  comm.broadcast(&code, 1, 0);
+  if (comm.is_root() && !verdict.message.empty()) {
+    std::fprintf(stderr, "%s\n", verdict.message.c_str());
+    std::fflush(stderr);
+  }
+  return static_cast<int>(code);
+}
+
+// Rank 0's checkpoint scalars to every rank.
+void broadcast_state(const Communicator& comm, StartPoint* start) {
+  CheckpointState& s = start->state;
+  uint64_t loss_scale_bits = 0;
+  std::memcpy(&loss_scale_bits, &s.loss_scale, sizeof loss_scale_bits);
+  uint64_t v[10] = {start->resumed ? 1u : 0u,
+                    static_cast<uint64_t>(s.step),
+                    static_cast<uint64_t>(s.world_size),
+                    static_cast<uint64_t>(s.optimizer_steps),
+                    s.next_batch,
+                    s.epoch,
+                    static_cast<uint64_t>(s.batches_per_step),
+                    s.seed,
+                    loss_scale_bits,
+                    static_cast<uint64_t>(s.loss_scale_good_steps)};
+  comm.broadcast(v, 10, 0);
+  start->resumed = v[0] != 0;
+  s.step = static_cast<int64_t>(v[1]);
+  s.world_size = static_cast<int>(v[2]);
+  s.optimizer_steps = static_cast<int64_t>(v[3]);
+  s.next_batch = v[4];
+  s.epoch = v[5];
+  s.batches_per_step = static_cast<int64_t>(v[6]);
+  s.seed = v[7];
+  std::memcpy(&s.loss_scale, &v[8], sizeof s.loss_scale);
+  s.loss_scale_good_steps = static_cast<int64_t>(v[9]);
+}
+
+// Puts the checkpoint's parameters and moments (read by rank 0) into every
+// rank's backend memory.
+// params, adam_m, adam_v: backend (params.count())
+void restore_tensors(const Communicator& comm, const LoadedCheckpoint& checkpoint,
+                     ParameterSet& params, float* adam_m, float* adam_v) {
+  std::vector<float> host(params.count());  // (params.count()), one group at a time
+  const std::pair<const std::vector<CheckpointTensor>*, float*> groups[] = {
+      {&checkpoint.params, params.params()}, {&checkpoint.m, adam_m}, {&checkpoint.v, adam_v}};
+  for (const auto& [tensors, dest] : groups) {
+    if (comm.is_root()) unpack_checkpoint_tensors(checkpoint.path, *tensors, params, host.data());
+    comm.broadcast(host.data(), host.size(), 0);
+    params.ops().copy_to_device(dest, host.data(), host.size() * sizeof(float));
+  }
+}
+
+// The run's description in metrics.h5.
+RunAttributes run_attributes(const TrainConfig& cfg, const Ops& ops, int world_size, int threads) {
+  RunAttributes a;
+  a.config = train_config_ini(cfg);
+  a.model = to_string(cfg.model.kind);
+  a.world_size = world_size;
+  a.devices = std::to_string(world_size) + " x " + ops.name() + " (" + std::to_string(threads) +
+              " thread(s) each)";
+  a.versions = std::string("mpiformer ") + MPIFORMER_VERSION + "; " +
+               Communicator::library_version() + "; " + hdf5::library_version() + "; " +
+               blas_version();
+  a.git_commit = MPIFORMER_GIT_COMMIT;
+  return a;
+}
+
 }  // namespace
 
 // Runs `what` on every rank and agrees on the outcome: a rank that failed
@@ -103,12 +319,45 @@ int run_train(const TrainConfig& requested, Communicator& comm) {
   // The shards decide what the flags left open (the vocabulary).
   TrainConfig cfg = requested;
   const int W = comm.size(), rank = comm.rank(), K = cfg.accum_steps;
-  std::unique_ptr<BatchSource> data;
+  std::string tokenizer;  // rank 0: the shards' SentencePiece model, kept in checkpoints
   if (!agreed(comm, [&] {
         resolve_data_config(&cfg);
-        data = make_batch_source(cfg, rank, W);
+        if (rank == 0 && !cfg.data_dir.empty()) {
+          tokenizer = read_shard_header(list_shards(cfg.data_dir, "train").front()).tokenizer;
+        }
       }))
     return kExitFailure;
+
+  // Where the run starts: rank 0 looks at the run directory and reads the
+  // checkpoint to resume from, if any; every rank learns the verdict.
+  StartPoint start;
+  {
+    Verdict verdict;
+    if (comm.is_root()) {
+      verdict = choose_start(cfg, &start);
+      if (verdict.code == 0 && start.resumed) {
+        verdict = check_resumable(cfg, start.state, tokenizer, W);
+      }
+    }
+    if (const int code = agree_on(comm, verdict)) return code;
+    broadcast_state(comm, &start);
+  }
+  const CheckpointState& resumed = start.state;
+  const int64_t first_step = start.resumed ? resumed.step + 1 : 1;
+  if (start.resumed && resumed.step >= cfg.steps) {
+    if (comm.is_root()) {
+      std::printf("%s: the checkpoint of step %lld already reaches --steps %lld; nothing to do\n",
+                  start.checkpoint.path.c_str(), static_cast<long long>(resumed.step),
+                  static_cast<long long>(cfg.steps));
+    }
+    return 0;
+  }
+  // A resumed run continues the checkpoint's random streams.
+  const uint64_t flag_seed = cfg.seed;
+  if (start.resumed) cfg.seed = resumed.seed;
+
+  std::unique_ptr<BatchSource> data;
+  if (!agreed(comm, [&] { data = make_batch_source(cfg, rank, W); })) return kExitFailure;
   BatchSource& source = *data;
   const int threads = cfg.threads > 0 ? cfg.threads : comm.cores_per_local_rank();
   std::unique_ptr<Ops> ops = make_cpu_ops(threads);
@@ -125,15 +374,62 @@ int run_train(const TrainConfig& requested, Communicator& comm) {
   AdamW optimizer(params, optim);
   LrSchedule schedule(optim, cfg.steps);
 
+  // Resuming: parameters, moments and the update count from the checkpoint.
+  // A checkpoint of another model shape is a flag fault, found here.
+  if (start.resumed) {
+    Verdict verdict;
+    if (comm.is_root()) {
+      try {
+        std::vector<float> scratch(params.count());  // (params.count())
+        unpack_checkpoint_tensors(start.checkpoint.path, start.checkpoint.params, params,
+                                  scratch.data());
+      } catch (const CheckpointMismatch& e) {
+        verdict = {kExitUsage, std::string("mpiformer train: --resume: ") + e.what() +
+                                   "; resume with the flags it was trained with (its config "
+                                   "attribute) or choose another --out"};
+      }
+    }
+    if (const int code = agree_on(comm, verdict)) return code;
+    restore_tensors(comm, start.checkpoint, params, optimizer.m(), optimizer.v());
+    optimizer.set_steps_taken(resumed.optimizer_steps);
+    start.checkpoint = LoadedCheckpoint{};  // the host copy is no longer needed
+  }
+
   // The gradient all-reduce: buckets of whole tensors, started during the
   // last backward pass of each step.
   std::unique_ptr<GradientReducer> reducer =
       make_mpi_reducer(params, cfg.bucket_mb, cfg.overlap, cfg.grad_sum, comm);
 
+  // The data cursor. Global indexing: the step after micro-batch index
+  // `cursor` reads [cursor, cursor + W K), rank r the micro-batches
+  // cursor + r + k W. Per-rank indexing (--sharding file): this rank's
+  // [cursor, cursor + K). A resumed run on another world size continues the
+  // same sequence of micro-batches.
+  const bool global_indices = source.global_indices();
+  const int64_t batches_per_step = global_indices ? static_cast<int64_t>(W) * K : K;
+  const uint64_t cursor0 = start.resumed ? resumed.next_batch : 0;
+  const uint64_t first = cursor0 + (global_indices ? rank : 0);
+  const uint64_t stride = global_indices ? W : 1;
+
+  // The run directory's files and the metrics log (rank 0).
   const std::filesystem::path rundir(cfg.out_dir);
+  std::unique_ptr<MetricsLog> metrics;
+  {
+    Verdict verdict;
+    if (comm.is_root()) {
+      try {
+        write_file_atomically(rundir / "config.ini", train_config_ini(cfg));
+        metrics = std::make_unique<MetricsLog>(
+            (rundir / "metrics.h5").string(), run_attributes(cfg, *ops, W, threads),
+            cfg.resume == "none" ? -1 : (start.resumed ? resumed.step : 0));
+      } catch (const std::exception& e) {
+        verdict = {kExitUsage, std::string("mpiformer train: --out: ") + e.what()};
+      }
+    }
+    if (const int code = agree_on(comm, verdict)) return code;
+  }
+
   if (comm.is_root()) {
-    std::filesystem::create_directories(rundir);
-    write_file_atomically(rundir / "config.ini", train_config_ini(cfg));
     std::printf("mpiformer train: %s on %s (%s), %d rank(s) x %d thread(s), %zu parameters\n",
                 to_string(cfg.model.kind),
                 cfg.data_dir.empty() ? to_string(cfg.synthetic) : cfg.data_dir.c_str(),
@@ -157,6 +453,28 @@ int run_train(const TrainConfig& requested, Communicator& comm) {
           cfg.overlap ? "overlapped with backward" : "after backward");
     const std::string data_summary = source.describe();
     if (!data_summary.empty()) std::printf("%s\n", data_summary.c_str());
+    if (start.resumed) {
+      std::printf(
+          "resumed from %s: step %lld, micro-batch %llu (epoch %llu), written by %d rank(s)\n",
+          cfg.resume == "auto" ? (rundir / "checkpoints").string().c_str() : cfg.resume.c_str(),
+          static_cast<long long>(resumed.step), static_cast<unsigned long long>(resumed.next_batch),
+          static_cast<unsigned long long>(resumed.epoch), resumed.world_size);
+      if (resumed.batches_per_step != batches_per_step) {
+        std::printf(
+            "  a step now reads %lld micro-batches (the checkpoint's run read %lld): the "
+            "micro-batch sequence continues, the global batch size changes\n",
+            static_cast<long long>(batches_per_step),
+            static_cast<long long>(resumed.batches_per_step));
+      }
+      if (flag_seed != cfg.seed) {
+        std::printf("  seed %llu from the checkpoint (--seed %llu is for new runs)\n",
+                    static_cast<unsigned long long>(cfg.seed),
+                    static_cast<unsigned long long>(flag_seed));
+      }
+    } else if (cfg.resume == "auto") {
+      std::printf("no checkpoint in %s: starting at step 1\n",
+                  (rundir / "checkpoints").string().c_str());
+    }
     std::fflush(stdout);
   }
 
@@ -168,19 +486,42 @@ int run_train(const TrainConfig& requested, Communicator& comm) {
   double window_compute_s = 0.0;
   int window_steps = 0, window_skipped = 0;
   Clock::time_point window_start = Clock::now();
+  const StopSignals stop_signals;
+  // For the stop tests only: the last rank signals itself after this step.
+  const char* signal_step_text = std::getenv("MPIFORMER_TEST_SIGNAL_AFTER_STEP");
+  const int64_t signal_step = signal_step_text ? std::atoll(signal_step_text) : 0;
 
-  // Global indexing: step s, micro-batch k is global batch (s-1) W K + r + k W.
-  // Per-rank indexing (--sharding file): this rank's batch (s-1) K + k.
-  const uint64_t first = source.global_indices() ? rank : 0;
-  const uint64_t stride = source.global_indices() ? W : 1;
   source.prefetch(first, stride);
 
-  for (int64_t step = 1; step <= cfg.steps; ++step) {
+  // Rank 0 writes for all: the replicas are identical.
+  const auto save = [&](int64_t step) {
+    if (!comm.is_root()) return;
+    CheckpointState state;
+    state.step = step;
+    state.world_size = W;
+    state.config_ini = train_config_ini(cfg);
+    state.optimizer_steps = optimizer.steps_taken();
+    state.next_batch = cursor0 + static_cast<uint64_t>((step - first_step + 1) * batches_per_step);
+    const uint64_t per_epoch = source.batches_per_epoch();
+    state.epoch = per_epoch > 0 ? state.next_batch / per_epoch : 0;
+    state.batches_per_step = batches_per_step;
+    state.sharding = cfg.sharding == Sharding::kFile ? "file" : "data";
+    state.seed = cfg.seed;
+    state.vocab_size = cfg.model.vocab;
+    state.special = cfg.model.special;
+    state.tokenizer = tokenizer;
+    const std::string path = save_checkpoint(cfg.out_dir, params, optimizer.m(), optimizer.v(),
+                                             state, cfg.keep_checkpoints);
+    std::printf("checkpoint step %lld: %s\n", static_cast<long long>(step), path.c_str());
+    std::fflush(stdout);
+  };
+
+  for (int64_t step = first_step; step <= cfg.steps; ++step) {
     const Clock::time_point step_start = Clock::now();
 
     // 1. This rank's micro-batches of the step (any may be empty).
     for (int k = 0; k < K; ++k) {
-      const uint64_t index = first + stride * static_cast<uint64_t>((step - 1) * K + k);
+      const uint64_t index = first + stride * static_cast<uint64_t>((step - first_step) * K + k);
       source.make_batch(BatchSource::kTrain, index, &batches[k]);
       window_real_tokens += batches[k].real_tokens();
       window_padded_tokens += batches[k].padded_tokens();
@@ -220,7 +561,7 @@ int run_train(const TrainConfig& requested, Communicator& comm) {
       }
     }
 
-    // 5. Progress: global token-weighted figures.
+    // 5. Progress: global token-weighted figures, on stdout and in metrics.h5.
     if (step % cfg.log_every == 0 || step == cfg.steps) {
       const LossSummary train = summarize(allreduce(comm, window));
       const double seconds = seconds_since(window_start);
@@ -230,6 +571,17 @@ int run_train(const TrainConfig& requested, Communicator& comm) {
                                window_reduce.hidden_s};
       comm.allreduce_sum(reduce_sums, 3);
       if (comm.is_root()) {
+        TrainRow row;
+        row.step = step;
+        row.loss = train.loss;
+        row.accuracy = train.accuracy;
+        row.tokens = train.tokens;
+        row.lr = lr;
+        row.grad_norm = grad_norm;
+        row.tokens_per_s = real / seconds;
+        row.step_ms = 1000.0 * window_compute_s / window_steps;
+        row.padding_efficiency = padded > 0 ? real / padded : 1.0;
+        row.loss_scale = 1.0;  // fp32: no loss scaling
         std::string comm_part;
         if (W > 1) {
           // Mean over ranks of the wait after backward, and the share of
@@ -244,10 +596,11 @@ int run_train(const TrainConfig& requested, Communicator& comm) {
         std::printf(
             "step %lld/%lld | loss %.4f | acc %.2f%% | lr %.3e | grad-norm %.3f | "
             "%.0f tok/s | pad-eff %.3f | %.1f ms/step%s\n",
-            static_cast<long long>(step), static_cast<long long>(cfg.steps), train.loss,
-            100.0 * train.accuracy, lr, grad_norm, real / seconds, padded > 0 ? real / padded : 1.0,
-            1000.0 * window_compute_s / window_steps, comm_part.c_str());
+            static_cast<long long>(step), static_cast<long long>(cfg.steps), row.loss,
+            100.0 * row.accuracy, lr, grad_norm, row.tokens_per_s, row.padding_efficiency,
+            row.step_ms, comm_part.c_str());
         std::fflush(stdout);
+        metrics->append(row);
       }
       window = LossSums{};
       window_reduce = ReduceTiming{};
@@ -257,21 +610,10 @@ int run_train(const TrainConfig& requested, Communicator& comm) {
       window_start = Clock::now();
     }
 
-    // 6. Checkpoint: replicas are identical, so rank 0 writes for all.
-    if ((cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0) || step == cfg.steps) {
-      if (comm.is_root()) {
-        CheckpointState state;
-        state.step = step;
-        state.world_size = W;
-        state.config_ini = train_config_ini(cfg);
-        state.vocab_size = cfg.model.vocab;
-        state.special = cfg.model.special;
-        const std::string path = save_checkpoint(cfg.out_dir, params, optimizer.m(), optimizer.v(),
-                                                 state, cfg.keep_checkpoints);
-        std::printf("checkpoint step %lld: %s\n", static_cast<long long>(step), path.c_str());
-        std::fflush(stdout);
-      }
-    }
+    // 6. Checkpoint.
+    const bool checkpoint_due =
+        (cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0) || step == cfg.steps;
+    if (checkpoint_due) save(step);
 
     // 7. Evaluation on held-out data.
     if (cfg.eval_every > 0 && step % cfg.eval_every == 0 && step != cfg.steps) {
@@ -281,7 +623,23 @@ int run_train(const TrainConfig& requested, Communicator& comm) {
                     static_cast<long long>(step), eval.loss, eval.perplexity, 100.0 * eval.accuracy,
                     static_cast<long long>(eval.tokens));
         std::fflush(stdout);
+        metrics->append(EvalRow{step, eval.loss, eval.perplexity, eval.accuracy, eval.tokens});
       }
+    }
+
+    // 8. A stop signal on any rank (the time limit is near, the job was
+    //    cancelled or preempted): every rank stops after this same step, with
+    //    a checkpoint, and exits kExitStopped for the job script to requeue.
+    if (step == signal_step && rank == W - 1) std::raise(SIGUSR1);
+    if (const int signal = comm.max(static_cast<int>(stop_signal))) {
+      if (step == cfg.steps) break;  // finished anyway
+      if (!checkpoint_due) save(step);
+      if (comm.is_root()) {
+        std::printf("stopped by %s after step %lld; continue with --resume auto (exit code %d)\n",
+                    signal_name(signal), static_cast<long long>(step), kExitStopped);
+        std::fflush(stdout);
+      }
+      return kExitStopped;
     }
   }
 
@@ -291,6 +649,8 @@ int run_train(const TrainConfig& requested, Communicator& comm) {
                 final_eval.perplexity, 100.0 * final_eval.accuracy,
                 static_cast<long long>(final_eval.tokens));
     std::fflush(stdout);
+    metrics->append(EvalRow{cfg.steps, final_eval.loss, final_eval.perplexity, final_eval.accuracy,
+                            final_eval.tokens});
   }
   return 0;
 }

@@ -11,6 +11,9 @@ namespace mpiformer {
 
 constexpr int kExitUsage = 2;
 constexpr int kExitFailure = 1;
+// Training stopped early on SIGTERM or SIGUSR1 after writing a checkpoint:
+// "resume me" (EX_TEMPFAIL of sysexits.h). slurm/ scripts requeue on it.
+constexpr int kExitStopped = 75;
 
 class UsageError : public std::runtime_error {
  public:

@@ -27,6 +27,9 @@ class BatchSource {
   // background. Optional.
   virtual void prefetch(uint64_t first_index, uint64_t stride) {}
 
+  // Training batches in an epoch of this rank's stream (0: no epochs, synthetic).
+  virtual uint64_t batches_per_epoch() const { return 0; }
+
   // Evaluation batches available (0: any number, synthetic).
   virtual uint64_t eval_batch_count() const { return 0; }
 

@@ -78,7 +78,7 @@ class ShardSource : public BatchSource {
   uint64_t eval_batch_count() const override { return eval_plan_.batches.size(); }
 
   // 0 on a rank with no train shard under --sharding file.
-  uint64_t batches_per_epoch() const {
+  uint64_t batches_per_epoch() const override {
     return train_.planner ? train_.planner->batches_per_epoch() : 0;
   }
   const LoadStats& train_stats() const { return train_.stats; }

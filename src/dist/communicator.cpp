@@ -93,6 +93,15 @@ void Communicator::broadcast(uint64_t* x, int n, int root) const {
   MPI_Bcast(x, n, MPI_UINT64_T, root, MPI_COMM_WORLD);
 }
 
+std::string Communicator::library_version() {
+  char text[MPI_MAX_LIBRARY_VERSION_STRING] = {};
+  int length = 0;
+  MPI_Get_library_version(text, &length);
+  std::string v(text, static_cast<size_t>(std::max(length, 0)));
+  const size_t end = v.find_first_of("\r\n,");
+  return v.substr(0, end);
+}
+
 int Communicator::max(int value) const {
   int global = value;
   MPI_Allreduce(&value, &global, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);

@@ -44,6 +44,9 @@ class Communicator {
   void broadcast(float* x, size_t n, int root) const;
   void barrier() const;
 
+  // The first line of MPI_Get_library_version ("Open MPI v4.1.4, ...").
+  static std::string library_version();
+
   // Prints "[rank r] message" to stderr and ends every rank with `code`.
   [[noreturn]] void abort(const std::string& message, int code) const;
 

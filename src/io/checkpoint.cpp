@@ -512,17 +512,7 @@ std::vector<std::string> list_checkpoints(const std::string& rundir) {
 }
 
 bool is_checkpoint(const std::string& path) {
-  try {
-    std::error_code ec;
-    if (!fs::is_regular_file(path, ec)) return false;
-    hdf5::Session session;
-    if (H5Fis_hdf5(path.c_str()) <= 0) return false;
-    Hid file = hdf5::open_read_only(path);
-    if (!file.ok() || H5Aexists(file.get(), "format") <= 0) return false;
-    return hdf5::read_string_attr(file.get(), "format", faults_of(path)) == kFormatName;
-  } catch (const std::exception&) {
-    return false;
-  }
+  return hdf5::has_format(path, kFormatName);
 }
 
 }  // namespace mpiformer

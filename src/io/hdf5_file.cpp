@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <stdexcept>
 
 namespace mpiformer {
 
@@ -115,6 +116,13 @@ Hid Faults::checked(hid_t id, herr_t (*close)(hid_t), const std::string& what) c
 
 // ---------------------------------------------------------------- files
 
+std::string library_version() {
+  unsigned major = 0, minor = 0, release = 0;
+  H5get_libversion(&major, &minor, &release);
+  return "HDF5 " + std::to_string(major) + "." + std::to_string(minor) + "." +
+         std::to_string(release);
+}
+
 std::string type_name(hid_t type) {
   switch (H5Tget_class(type)) {
     case H5T_INTEGER:
@@ -132,13 +140,28 @@ std::string type_name(hid_t type) {
   }
 }
 
-Hid open_read_only(const std::string& path, std::string* detail) {
+Hid open_read_only(const std::string& path, std::string* detail, bool swmr) {
   Hid fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
   if (fapl.ok()) H5Pset_file_locking(fapl.get(), 0, 1);
-  Hid file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.ok() ? fapl.get() : H5P_DEFAULT), H5Fclose);
+  const unsigned flags = H5F_ACC_RDONLY | (swmr ? H5F_ACC_SWMR_READ : 0u);
+  Hid file(H5Fopen(path.c_str(), flags, fapl.ok() ? fapl.get() : H5P_DEFAULT), H5Fclose);
   // Before fapl closes: closing it clears HDF5's error stack.
   if (!file.ok() && detail) *detail = reason();
   return file;
+}
+
+bool has_format(const std::string& path, const std::string& format, bool swmr) {
+  try {
+    std::error_code ec;
+    if (!fs::is_regular_file(path, ec)) return false;
+    Session session;
+    if (H5Fis_hdf5(path.c_str()) <= 0) return false;
+    Hid file = open_read_only(path, nullptr, swmr);
+    if (!file.ok() || H5Aexists(file.get(), "format") <= 0) return false;
+    return read_string_attr(file.get(), "format", Faults::of<std::runtime_error>(path)) == format;
+  } catch (const std::exception&) {
+    return false;
+  }
 }
 
 Hid open_for_reading(const Faults& faults, const std::string& noun) {

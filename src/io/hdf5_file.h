@@ -110,13 +110,22 @@ class Faults {
   MakeError make_error_;
 };
 
+// "HDF5 1.10.8" for the library linked in.
+std::string library_version();
+
 // The class of `type` in words: "integer", "float", "string", ...
 std::string type_name(hid_t type);
 
 // Opens `path` read-only with file locking off (the files are immutable once
-// renamed into place, and parallel file systems often lack flock()). Returns
-// an invalid Hid on failure, with HDF5's reason in `detail` when given.
-Hid open_read_only(const std::string& path, std::string* detail = nullptr);
+// renamed into place, a metrics file has one SWMR writer that needs no locks
+// from readers, and parallel file systems often lack flock()). `swmr` opens
+// as a reader beside a running SWMR writer. Returns an invalid Hid on
+// failure, with HDF5's reason in `detail` when given.
+Hid open_read_only(const std::string& path, std::string* detail = nullptr, bool swmr = false);
+
+// True when `path` is an HDF5 file whose root attribute `format` is
+// `format`; false for anything else, never throws.
+bool has_format(const std::string& path, const std::string& format, bool swmr = false);
 
 // open_read_only after checking that the file exists, is readable and is
 // HDF5; names a truncated file plainly. `noun` completes "is a directory, not

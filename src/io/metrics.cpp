@@ -2,6 +2,7 @@
 #include "src/io/metrics.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <filesystem>
 #include <utility>
 
@@ -31,37 +32,6 @@ Faults faults_of(const std::string& path) {
   return Faults::of<MetricsError>(path);
 }
 
-void replace_string_attr(hid_t loc, const char* name, const std::string& value,
-                         const Faults& faults) {
-  if (H5Aexists(loc, name) > 0)
-    faults.check(H5Adelete(loc, name), std::string("attribute ") + name);
-  hdf5::write_string_attr(loc, name, value, faults);
-}
-
-// The steps at which the run was resumed, one more each time.
-void append_resume_step(hid_t root, int64_t step, const Faults& faults) {
-  const char* name = "resumed_at_steps";
-  std::vector<int64_t> steps;
-  if (H5Aexists(root, name) > 0) {
-    Hid attr(H5Aopen(root, name, H5P_DEFAULT), H5Aclose);
-    Hid space(attr.ok() ? H5Aget_space(attr.get()) : H5I_INVALID_HID, H5Sclose);
-    const hssize_t n = space.ok() ? H5Sget_simple_extent_npoints(space.get()) : -1;
-    if (n < 0) faults.fail_corrupt("read attribute 'resumed_at_steps'");
-    steps.resize(static_cast<size_t>(n));
-    if (n > 0 && H5Aread(attr.get(), H5T_NATIVE_INT64, steps.data()) < 0) {
-      faults.fail_corrupt("read attribute 'resumed_at_steps'");
-    }
-    attr.close();
-    faults.check(H5Adelete(root, name), "attribute resumed_at_steps");
-  }
-  steps.push_back(step);
-  const hsize_t dims[1] = {steps.size()};
-  Hid space = faults.checked(H5Screate_simple(1, dims, nullptr), H5Sclose, name);
-  Hid attr = faults.checked(
-      H5Acreate2(root, name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose, name);
-  faults.check(H5Awrite(attr.get(), H5T_NATIVE_INT64, steps.data()), name);
-}
-
 hsize_t length_of(hid_t dset) {
   Hid space(H5Dget_space(dset), H5Sclose);
   hsize_t n = 0;
@@ -75,70 +45,69 @@ MetricsLog::MetricsLog(const std::string& path, const RunAttributes& attrs,
                        int64_t keep_through_step)
     : path_(path) {
   const Faults faults = faults_of(path);
-  hdf5::Session session;
   std::error_code ec;
   const fs::file_status status = fs::status(path, ec);
   if (fs::is_directory(status)) faults.fail("is a directory, not a metrics file");
-  const bool exists = fs::exists(status);
-  const bool create = keep_through_step < 0 || !exists;
-  if (!create && H5Fis_hdf5(path.c_str()) <= 0) {
-    faults.fail("not an HDF5 file; move it away or choose another --out");
+  // Resuming: the rows up to the resumed step are carried into a new file.
+  // Rewriting rather than reopening also recovers the file of a writer that
+  // was killed, which HDF5 leaves marked as open for writing.
+  const bool resume = keep_through_step >= 0 && fs::exists(status);
+  MetricsTable old;
+  if (resume) {
+    {
+      hdf5::Session session;
+      if (H5Fis_hdf5(path.c_str()) <= 0) {
+        faults.fail("not an HDF5 file; move it away or choose another --out");
+      }
+    }
+    old = read_metrics(path);
   }
-
+  hdf5::Session session;
+  const std::string target = resume ? path + ".tmp" : path;
   // The newest file format: SWMR needs it.
   Hid fapl = faults.checked(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, "the file");
   faults.check(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_LATEST, H5F_LIBVER_LATEST), "the file");
-  Hid file;
-  if (create) {
-    file = Hid(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
-    if (!file.ok()) faults.fail_corrupt("create the file");
-  } else {
-    file = Hid(H5Fopen(path.c_str(), H5F_ACC_RDWR, fapl.get()), H5Fclose);
-    if (!file.ok()) faults.fail_corrupt("open the file for writing (is another run writing it?)");
-    const bool ours = H5Aexists(file.get(), "format") > 0 &&
-                      hdf5::read_string_attr(file.get(), "format", faults) == kFormatName;
-    if (!ours) faults.fail("not an mpiformer metrics file; move it away or choose another --out");
-  }
+  Hid file(H5Fcreate(target.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
+  if (!file.ok()) faults.fail_corrupt("create " + target);
   const hid_t root = file.get();
-  replace_string_attr(root, "format", kFormatName, faults);
-  if (H5Aexists(root, "version") > 0) faults.check(H5Adelete(root, "version"), "attribute version");
+  hdf5::write_string_attr(root, "format", kFormatName, faults);
   const int version = kMetricsVersion;
   hdf5::write_int_attr(root, "version", H5T_STD_I32LE, H5T_NATIVE_INT, &version, faults);
-  if (H5Aexists(root, "world_size") > 0) {
-    faults.check(H5Adelete(root, "world_size"), "attribute world_size");
-  }
   hdf5::write_int_attr(root, "world_size", H5T_STD_I32LE, H5T_NATIVE_INT, &attrs.world_size,
                        faults);
-  replace_string_attr(root, "config", attrs.config, faults);
-  replace_string_attr(root, "model", attrs.model, faults);
-  replace_string_attr(root, "devices", attrs.devices, faults);
-  replace_string_attr(root, "versions", attrs.versions, faults);
-  replace_string_attr(root, "git_commit", attrs.git_commit, faults);
-  if (!create) append_resume_step(root, keep_through_step, faults);
+  hdf5::write_string_attr(root, "config", attrs.config, faults);
+  hdf5::write_string_attr(root, "model", attrs.model, faults);
+  hdf5::write_string_attr(root, "devices", attrs.devices, faults);
+  hdf5::write_string_attr(root, "versions", attrs.versions, faults);
+  hdf5::write_string_attr(root, "git_commit", attrs.git_commit, faults);
+  std::vector<int64_t> resumed = old.resumed_at_steps;
+  if (resume) resumed.push_back(keep_through_step);
+  {
+    const hsize_t dims[1] = {resumed.size()};
+    const char* name = "resumed_at_steps";
+    Hid space = faults.checked(H5Screate_simple(1, dims, nullptr), H5Sclose, name);
+    Hid attr =
+        faults.checked(H5Acreate2(root, name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT),
+                       H5Aclose, name);
+    if (!resumed.empty())
+      faults.check(H5Awrite(attr.get(), H5T_NATIVE_INT64, resumed.data()), name);
+  }
 
   file_ = file.release();  // closed by close_all() from here on
   try {
-    open_columns("train", kTrainColumns, create, &train_);
-    open_columns("eval", kEvalColumns, create, &eval_);
-    // Rows past the resumed step are redone by this run: drop them.
-    const auto keep_rows = [&](std::vector<Column>& columns, hsize_t* rows) {
-      hsize_t n = length_of(columns[0].id);
-      for (const Column& c : columns) n = std::min(n, length_of(c.id));
-      std::vector<int64_t> steps(n);
-      if (n > 0 && H5Dread(columns[0].id, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT,
-                           steps.data()) < 0) {
-        faults.fail_corrupt("read /" + columns[0].name);
-      }
-      hsize_t keep = 0;
-      while (keep < n && steps[keep] <= keep_through_step) ++keep;
-      for (const Column& c : columns) faults.check(H5Dset_extent(c.id, &keep), "/" + c.name);
-      *rows = keep;
-    };
-    keep_rows(train_, &train_rows_);
-    keep_rows(eval_, &eval_rows_);
+    open_columns("train", kTrainColumns, &train_);
+    open_columns("eval", kEvalColumns, &eval_);
+    for (const std::vector<double>& row : old.train_rows)
+      if (row[0] <= static_cast<double>(keep_through_step)) write_row(train_, &train_rows_, row);
+    for (const std::vector<double>& row : old.eval_rows)
+      if (row[0] <= static_cast<double>(keep_through_step)) write_row(eval_, &eval_rows_, row);
     faults.check(H5Fstart_swmr_write(file_), "the file (start SWMR writing)");
+    if (resume && std::rename(target.c_str(), path.c_str()) != 0) {
+      faults.fail_errno("cannot replace it with " + target);
+    }
   } catch (...) {
     close_all();
+    if (resume) fs::remove(target, ec);
     throw;
   }
 }
@@ -159,42 +128,34 @@ void MetricsLog::close_all() noexcept {
 }
 
 void MetricsLog::open_columns(const char* group,
-                              const std::vector<std::pair<const char*, bool>>& names, bool create,
+                              const std::vector<std::pair<const char*, bool>>& names,
                               std::vector<Column>* columns) {
   const Faults faults = faults_of(path_);
-  const std::string where = std::string("/") + group;
-  Hid g;
-  if (create) {
-    g = faults.checked(H5Gcreate2(file_, group, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose,
-                       "group " + where);
-  } else {
-    if (H5Lexists(file_, group, H5P_DEFAULT) <= 0) faults.fail("missing group " + where);
-    g = Hid(H5Gopen2(file_, group, H5P_DEFAULT), H5Gclose);
-    if (!g.ok()) faults.fail_corrupt("open " + where);
-  }
+  Hid g = faults.checked(H5Gcreate2(file_, group, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose,
+                         std::string("group /") + group);
   for (const auto& [name, integer] : names) {
-    Column c{where.substr(1) + "/" + name, H5I_INVALID_HID, integer};
-    if (create) {
-      const hsize_t dims[1] = {0}, maxdims[1] = {H5S_UNLIMITED}, chunk[1] = {kRowsPerChunk};
-      Hid space = faults.checked(H5Screate_simple(1, dims, maxdims), H5Sclose, c.name);
-      Hid dcpl = faults.checked(H5Pcreate(H5P_DATASET_CREATE), H5Pclose, c.name);
-      faults.check(H5Pset_chunk(dcpl.get(), 1, chunk), c.name);
-      c.id = H5Dcreate2(g.get(), name, integer ? H5T_STD_I64LE : H5T_IEEE_F64LE, space.get(),
-                        H5P_DEFAULT, dcpl.get(), H5P_DEFAULT);
-      if (c.id < 0) faults.fail_corrupt("create /" + c.name);
-    } else {
-      if (H5Lexists(g.get(), name, H5P_DEFAULT) <= 0) faults.fail("missing dataset /" + c.name);
-      c.id = H5Dopen2(g.get(), name, H5P_DEFAULT);
-      if (c.id < 0) faults.fail_corrupt("open /" + c.name);
-    }
+    Column c{std::string(group) + "/" + name, H5I_INVALID_HID, integer};
+    const hsize_t dims[1] = {0}, maxdims[1] = {H5S_UNLIMITED}, chunk[1] = {kRowsPerChunk};
+    Hid space = faults.checked(H5Screate_simple(1, dims, maxdims), H5Sclose, c.name);
+    Hid dcpl = faults.checked(H5Pcreate(H5P_DATASET_CREATE), H5Pclose, c.name);
+    faults.check(H5Pset_chunk(dcpl.get(), 1, chunk), c.name);
+    c.id = H5Dcreate2(g.get(), name, integer ? H5T_STD_I64LE : H5T_IEEE_F64LE, space.get(),
+                      H5P_DEFAULT, dcpl.get(), H5P_DEFAULT);
+    if (c.id < 0) faults.fail_corrupt("create /" + c.name);
     columns->push_back(c);
   }
 }
 
 void MetricsLog::append_row(std::vector<Column>& columns, hsize_t* rows,
                             const std::vector<double>& values) {
-  const Faults faults = faults_of(path_);
   hdf5::Session session;
+  write_row(columns, rows, values);
+  faults_of(path_).check(H5Fflush(file_, H5F_SCOPE_LOCAL), "the file");
+}
+
+void MetricsLog::write_row(std::vector<Column>& columns, hsize_t* rows,
+                           const std::vector<double>& values) {
+  const Faults faults = faults_of(path_);
   const hsize_t at[1] = {*rows}, one[1] = {1}, grown[1] = {*rows + 1};
   Hid memory = faults.checked(H5Screate_simple(1, one, nullptr), H5Sclose, "a row");
   for (size_t i = 0; i < columns.size(); ++i) {
@@ -210,7 +171,6 @@ void MetricsLog::append_row(std::vector<Column>& columns, hsize_t* rows,
                                     : static_cast<const void*>(&values[i])),
                  "/" + c.name);
   }
-  faults.check(H5Fflush(file_, H5F_SCOPE_LOCAL), "the file");
   ++*rows;
 }
 
@@ -224,6 +184,80 @@ void MetricsLog::append(const EvalRow& r) {
   append_row(eval_, &eval_rows_,
              {static_cast<double>(r.step), r.loss, r.perplexity, r.accuracy,
               static_cast<double>(r.tokens)});
+}
+
+namespace {
+
+// Reads every column of `group` into rows of the shortest column's length.
+void read_group(hid_t file, const char* group,
+                const std::vector<std::pair<const char*, bool>>& names, const Faults& faults,
+                std::vector<std::string>* columns, std::vector<std::vector<double>>* rows) {
+  std::vector<std::vector<double>> data;
+  size_t n = SIZE_MAX;
+  for (const auto& [name, integer] : names) {
+    const std::string where = std::string("/") + group + "/" + name;
+    if (H5Lexists(file, group, H5P_DEFAULT) <= 0 ||
+        H5Lexists(file, where.c_str(), H5P_DEFAULT) <= 0)
+      faults.fail("missing dataset " + where);
+    Hid dset(H5Dopen2(file, where.c_str(), H5P_DEFAULT), H5Dclose);
+    if (!dset.ok()) faults.fail_corrupt("open " + where);
+    std::vector<double> values(length_of(dset.get()));
+    if (!values.empty() &&
+        H5Dread(dset.get(), H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()) < 0) {
+      faults.fail_corrupt("read " + where);
+    }
+    n = std::min(n, values.size());
+    columns->push_back(name);
+    data.push_back(std::move(values));
+  }
+  rows->assign(n == SIZE_MAX ? 0 : n, std::vector<double>(data.size()));
+  for (size_t r = 0; r < rows->size(); ++r)
+    for (size_t c = 0; c < data.size(); ++c) (*rows)[r][c] = data[c][r];
+}
+
+}  // namespace
+
+MetricsTable read_metrics(const std::string& path) {
+  const Faults faults = faults_of(path);
+  hdf5::Session session;
+  std::error_code ec;
+  Hid file = fs::is_regular_file(path, ec) && H5Fis_hdf5(path.c_str()) > 0
+                 ? hdf5::open_read_only(path, nullptr, /*swmr=*/true)
+                 : Hid();
+  if (!file.ok()) {
+    // A plain-worded fault for a missing, odd or truncated file.
+    hdf5::open_for_reading(faults, "metrics file");
+    faults.fail_corrupt("open the file");
+  }
+  const hid_t root = file.get();
+  if (H5Aexists(root, "format") <= 0 ||
+      hdf5::read_string_attr(root, "format", faults) != kFormatName) {
+    faults.fail("not an mpiformer metrics file");
+  }
+  MetricsTable t;
+  t.attrs.config = hdf5::read_string_attr(root, "config", faults);
+  t.attrs.model = hdf5::read_string_attr(root, "model", faults);
+  t.attrs.world_size = hdf5::read_int_attr<int>(root, "world_size", faults);
+  t.attrs.devices = hdf5::read_string_attr(root, "devices", faults);
+  t.attrs.versions = hdf5::read_string_attr(root, "versions", faults);
+  t.attrs.git_commit = hdf5::read_string_attr(root, "git_commit", faults);
+  if (H5Aexists(root, "resumed_at_steps") > 0) {
+    Hid attr(H5Aopen(root, "resumed_at_steps", H5P_DEFAULT), H5Aclose);
+    Hid space(attr.ok() ? H5Aget_space(attr.get()) : H5I_INVALID_HID, H5Sclose);
+    const hssize_t n = space.ok() ? H5Sget_simple_extent_npoints(space.get()) : -1;
+    if (n < 0) faults.fail_corrupt("read attribute 'resumed_at_steps'");
+    t.resumed_at_steps.resize(static_cast<size_t>(n));
+    if (n > 0 && H5Aread(attr.get(), H5T_NATIVE_INT64, t.resumed_at_steps.data()) < 0) {
+      faults.fail_corrupt("read attribute 'resumed_at_steps'");
+    }
+  }
+  read_group(root, "train", kTrainColumns, faults, &t.train_columns, &t.train_rows);
+  read_group(root, "eval", kEvalColumns, faults, &t.eval_columns, &t.eval_rows);
+  return t;
+}
+
+bool is_metrics_file(const std::string& path) {
+  return hdf5::has_format(path, kFormatName, /*swmr=*/true);
 }
 
 }  // namespace mpiformer

@@ -54,10 +54,10 @@ struct RunAttributes {
 
 class MetricsLog {
  public:
-  // Creates `path` (keep_through_step < 0), or opens an existing one of an
-  // interrupted run and drops its rows past keep_through_step, the step the
-  // run resumes from (a missing file is created). The attributes are
-  // (re)written and the step is appended to resumed_at_steps; then SWMR
+  // Creates `path` (keep_through_step < 0). Resuming (keep_through_step >=
+  // 0, the step the run resumes from), the rows of an existing file up to
+  // that step are carried into a new one that replaces it, with the step
+  // appended to resumed_at_steps (a missing file is created). Then SWMR
   // writing starts. Throws MetricsError for a path that is not a writable
   // metrics file, leaving a file that is not ours untouched.
   MetricsLog(const std::string& path, const RunAttributes& attrs, int64_t keep_through_step);
@@ -78,9 +78,11 @@ class MetricsLog {
     bool integer = false;
   };
   void open_columns(const char* group, const std::vector<std::pair<const char*, bool>>& names,
-                    bool create, std::vector<Column>* columns);
-  // values: one per column, in column order (integers exact up to 2^53)
+                    std::vector<Column>* columns);
+  // values: one per column, in column order (integers exact up to 2^53).
+  // append_row flushes; write_row does not and needs the caller's session.
   void append_row(std::vector<Column>& columns, hsize_t* rows, const std::vector<double>& values);
+  void write_row(std::vector<Column>& columns, hsize_t* rows, const std::vector<double>& values);
   void close_all() noexcept;
 
   std::string path_;
@@ -88,5 +90,21 @@ class MetricsLog {
   std::vector<Column> train_, eval_;
   hsize_t train_rows_ = 0, eval_rows_ = 0;
 };
+
+// A metrics file as read back (also while a run writes it: SWMR read).
+struct MetricsTable {
+  RunAttributes attrs;
+  std::vector<int64_t> resumed_at_steps;
+  // Column names in file order, and rows (the shortest column's length).
+  std::vector<std::string> train_columns, eval_columns;
+  std::vector<std::vector<double>> train_rows, eval_rows;
+};
+
+// Throws MetricsError "PATH: fault".
+MetricsTable read_metrics(const std::string& path);
+
+// True when `path` is an HDF5 file whose root attribute `format` says
+// "mpiformer-metrics"; never throws.
+bool is_metrics_file(const std::string& path);
 
 }  // namespace mpiformer

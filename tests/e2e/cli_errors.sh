@@ -78,7 +78,7 @@ expect_usage_error --tied-embeddings "${train[@]}" --tied-embeddings maybe
 expect_usage_error --no-such-flag "${train[@]}" --no-such-flag 1
 expect_usage_error --steps "${train[@]}" --steps
 expect_usage_error --steps "${train[@]}" --steps 10 --steps 20
-expect_usage_error --resume "${train[@]}" --resume auto
+expect_usage_error --resume "${train[@]}" --resume "$work/no-such-checkpoint.h5"
 expect_usage_error --data train --model lm --synthetic copy --data "$work" --out "$run_dir"
 expect_usage_error --data train --model lm --out "$run_dir"
 expect_usage_error --out train --model lm --synthetic copy
@@ -111,6 +111,14 @@ expect_help train --help
 expect_help train --model gpt --help  # help wins over bad values
 expected_in_help=(--batch --seq --peak-tflops --steps --d-model "(=64)")
 expect_help bench --help
+
+# A task of srun that finds itself alone in its MPI world (srun and MPI did
+# not meet): one line, exit 2, before any work.
+rc=0
+SLURM_NTASKS=4 SLURM_STEP_NUM_TASKS=4 SLURM_PROCID=2 "$bin" "${train[@]}" >"$out" 2>"$err" || rc=$?
+expect_one_line_error "srun world smaller than SLURM_NTASKS" 2 "[task 2]" "srun started 4 task(s)" \
+  "world of 1 rank(s)" "--mpi=pmix"
+[[ ! -e $run_dir ]] || fail "the srun fault created the run directory"
 
 # Under mpirun every rank fails alike; only rank 0 speaks.
 if [[ -n ${MPIEXEC:-} ]] && command -v "$MPIEXEC" >/dev/null; then

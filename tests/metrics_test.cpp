@@ -1,0 +1,133 @@
+// metrics.h5: rows read back exactly, a resumed run keeps the rows up to its
+// step and records it, and a file that is not ours is refused untouched.
+#include "src/io/metrics.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+namespace mpiformer {
+namespace {
+
+namespace fs = std::filesystem;
+
+class MetricsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::path(::testing::TempDir()) /
+           ("mpiformer_metrics_test_" + std::to_string(::getpid()) + "_" + info->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    path_ = (dir_ / "metrics.h5").string();
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  static RunAttributes attrs(int world_size) {
+    return {"[model]\nkind = lm\n", "lm", world_size, "2 x cpu", "mpiformer x", "abc123"};
+  }
+  // Row of step s: every column a distinct function of s.
+  static TrainRow train_row(int64_t s) {
+    TrainRow r;
+    r.step = s;
+    r.loss = 1.0 / (s + 3);
+    r.tokens = 1000 + s;
+    r.accuracy = 0.01 * s;
+    r.lr = 1e-3 * s;
+    r.grad_norm = 0.5 + s;
+    r.tokens_per_s = 1e6 + s;
+    r.step_ms = 20.0 + s;
+    r.padding_efficiency = 0.9;
+    r.loss_scale = 1.0;
+    return r;
+  }
+  static std::string contents(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+
+  fs::path dir_;
+  std::string path_;
+};
+
+TEST_F(MetricsTest, RowsAndAttributesReadBackExactly) {
+  {
+    MetricsLog log(path_, attrs(4), -1);
+    for (int64_t s = 10; s <= 30; s += 10) log.append(train_row(s));
+    log.append(EvalRow{20, 2.5, 12.182493960703473, 0.25, 777});
+  }
+  ASSERT_TRUE(is_metrics_file(path_));
+  const MetricsTable t = read_metrics(path_);
+  EXPECT_EQ(t.attrs.world_size, 4);
+  EXPECT_EQ(t.attrs.config, attrs(4).config);
+  EXPECT_EQ(t.attrs.git_commit, "abc123");
+  EXPECT_TRUE(t.resumed_at_steps.empty());
+  EXPECT_EQ(t.train_columns, (std::vector<std::string>{"step", "loss", "tokens", "accuracy", "lr",
+                                                       "grad_norm", "tokens_per_s", "step_ms",
+                                                       "padding_efficiency", "loss_scale"}));
+  ASSERT_EQ(t.train_rows.size(), 3u);
+  const TrainRow r = train_row(20);
+  EXPECT_EQ(t.train_rows[1], (std::vector<double>{20, r.loss, 1020, r.accuracy, r.lr, r.grad_norm,
+                                                  r.tokens_per_s, r.step_ms, 0.9, 1.0}));
+  ASSERT_EQ(t.eval_rows.size(), 1u);
+  EXPECT_EQ(t.eval_rows[0], (std::vector<double>{20, 2.5, 12.182493960703473, 0.25, 777}));
+}
+
+TEST_F(MetricsTest, ResumingKeepsTheRowsUpToTheResumedStep) {
+  {
+    MetricsLog log(path_, attrs(2), -1);
+    for (int64_t s = 1; s <= 7; ++s) log.append(train_row(s));
+    log.append(EvalRow{4, 1, 2, 3, 4});
+    log.append(EvalRow{6, 1, 2, 3, 4});
+  }
+  {
+    // Resumed from the checkpoint of step 5 on one rank: steps 6 and 7 are redone.
+    MetricsLog log(path_, attrs(1), 5);
+    log.append(train_row(6));
+  }
+  { MetricsLog log(path_, attrs(3), 6); }
+  const MetricsTable t = read_metrics(path_);
+  EXPECT_EQ(t.resumed_at_steps, (std::vector<int64_t>{5, 6}));
+  EXPECT_EQ(t.attrs.world_size, 3);
+  ASSERT_EQ(t.train_rows.size(), 6u);
+  for (size_t i = 0; i < 6; ++i) EXPECT_EQ(t.train_rows[i][0], static_cast<double>(i + 1));
+  ASSERT_EQ(t.eval_rows.size(), 1u);
+  EXPECT_EQ(t.eval_rows[0][0], 4.0);
+  EXPECT_FALSE(fs::exists(path_ + ".tmp"));
+}
+
+TEST_F(MetricsTest, ResumingWithoutAFileStartsOne) {
+  { MetricsLog log(path_, attrs(1), 12); }
+  EXPECT_TRUE(read_metrics(path_).train_rows.empty());
+}
+
+TEST_F(MetricsTest, RefusesWhatIsNotAMetricsFileAndLeavesItAlone) {
+  std::ofstream(path_) << "someone's notes";
+  try {
+    MetricsLog log(path_, attrs(1), 0);
+    FAIL() << "a text file was accepted";
+  } catch (const MetricsError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              path_ + ": not an HDF5 file; move it away or choose another --out");
+  }
+  EXPECT_EQ(contents(path_), "someone's notes");
+  EXPECT_FALSE(is_metrics_file(path_));
+
+  fs::remove(path_);
+  fs::create_directories(path_);
+  EXPECT_THROW(MetricsLog(path_, attrs(1), -1), MetricsError);
+  try {
+    read_metrics((dir_ / "missing.h5").string());
+    FAIL() << "a missing file was read";
+  } catch (const MetricsError& e) {
+    EXPECT_NE(std::string(e.what()).find("no such file"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace mpiformer
