@@ -1,0 +1,53 @@
+# shellcheck shell=bash
+# Shared by train.sbatch and sweep.sbatch (sourced, not run): one training
+# step of a job that survives its time limit.
+#
+# mpiformer_run RUNDIR [train flags...] runs
+#   $MPIFORMER_LAUNCH $MPIFORMER_BIN train --out RUNDIR --resume auto FLAGS
+# in the background (launcher default: srun --mpi=pmix; binary default:
+# $SLURM_SUBMIT_DIR/build/mpiformer), with its output also appended to
+# RUNDIR/train.log. SLURM's warning signal reaches only this batch shell
+# (--signal=B:USR1@120), so USR1 and TERM are forwarded to the launcher,
+# which passes them to every rank; the ranks agree at the next step
+# boundary, write a checkpoint and exit 75. On 75 the job requeues itself
+# and the next start resumes from that checkpoint. Any other code is the
+# job's exit code.
+
+mpiformer_run() {
+  local rundir=$1
+  shift
+  local root=${SLURM_SUBMIT_DIR:-$(pwd)}
+  local bin=${MPIFORMER_BIN:-$root/build/mpiformer}
+  # Word splitting is intended: the launcher and its arguments.
+  # shellcheck disable=SC2206
+  local launch=(${MPIFORMER_LAUNCH:-srun --mpi=pmix})
+  local threads=${SLURM_CPUS_PER_TASK:-1}
+  export OMP_NUM_THREADS=$threads
+  mkdir -p "$rundir"
+  echo "==> job ${SLURM_JOB_ID:-?} start $((${SLURM_RESTART_COUNT:-0} + 1)) on" \
+    "${SLURM_JOB_NODELIST:-$(hostname)}: ${SLURM_NTASKS:-1} rank(s) x $threads thread(s)"
+
+  "${launch[@]}" "$bin" train --out "$rundir" --resume auto --threads "$threads" "$@" \
+    > >(tee -a "$rundir/train.log") 2>&1 &
+  local pid=$!
+  trap 'kill -s USR1 "$pid" 2>/dev/null || true' USR1
+  trap 'kill -s TERM "$pid" 2>/dev/null || true' TERM
+  # A trapped signal interrupts `wait`; wait again until the launcher is gone.
+  local rc=0
+  wait "$pid" || rc=$?
+  while kill -0 "$pid" 2>/dev/null; do
+    rc=0
+    wait "$pid" || rc=$?
+  done
+  trap - USR1 TERM
+
+  if [[ $rc -eq 75 ]]; then
+    if [[ -n ${SLURM_JOB_ID:-} ]]; then
+      echo "==> stopped with a checkpoint (exit 75): requeueing job $SLURM_JOB_ID"
+      scontrol requeue "$SLURM_JOB_ID"
+      return 0
+    fi
+    echo "==> stopped with a checkpoint (exit 75); run again to resume"
+  fi
+  return "$rc"
+}
