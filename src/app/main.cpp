@@ -24,19 +24,20 @@ constexpr const char* kUsage =
     "  train    train a Transformer (lm, seq2seq or mlm), data-parallel over MPI ranks\n"
     "  bench    time training steps of a model shape; prints one JSON line\n"
     "  prepare  turn text (or a parallel pair) into HDF5 token shards for --data\n"
+    "  eval     a checkpoint's loss, perplexity and accuracy on a shard set's validation split\n"
     "  inspect  summarise a shard, checkpoint or metrics file: mpiformer inspect FILE.h5\n"
     "\n"
-    "Not built yet in this version: eval, generate.\n"
+    "Not built yet in this version: generate.\n"
     "`mpiformer COMMAND --help` lists a command's flags and their defaults.\n";
 
 constexpr const char* kInspectUsage =
     "Usage: mpiformer inspect FILE.h5\n"
     "Prints a summary of a shard, checkpoint or metrics file.\n";
 
-constexpr const char* kCommands = "train, bench, prepare or inspect";
+constexpr const char* kCommands = "train, eval, bench, prepare or inspect";
 
 bool is_planned_command(const std::string& cmd) {
-  return cmd == "eval" || cmd == "generate";
+  return cmd == "generate";
 }
 
 // Every rank parses the same arguments and fails the same way, so only rank 0
@@ -140,6 +141,8 @@ int main(int argc, char** argv) {
   }
   if (cmd == "train")
     return parse_and_run<TrainConfig>(comm, cmd, rest, parse_train_options, run_train);
+  if (cmd == "eval")
+    return parse_and_run<EvalConfig>(comm, cmd, rest, parse_eval_options, run_eval);
   if (cmd == "bench")
     return parse_and_run<BenchConfig>(comm, cmd, rest, parse_bench_options, run_bench);
   if (cmd == "prepare")

@@ -350,6 +350,15 @@ void add_bench_flags(FlagTable& t, BenchConfig* c) {
   add_reducer_flags(t, &c->bucket_mb, &c->overlap, &c->grad_sum);
 }
 
+void add_eval_flags(FlagTable& t, EvalConfig* c) {
+  t.group("Evaluation");
+  t.add("checkpoint", &c->checkpoint, "FILE", "a checkpoint written by mpiformer train");
+  t.add("data", &c->data_dir, "DIR", "shards of the same vocabulary; their valid split is read");
+  t.add("max-tokens", &c->max_tokens, "T", "padded tokens per batch (0: the run's)");
+  t.add("batches", &c->batches, "N", "evaluation batches (0: all)");
+  t.add("threads", &c->threads, "N", "CPU threads per rank (0: the node's cores shared)");
+}
+
 void add_prepare_flags(FlagTable& t, PrepareConfig* c) {
   t.group("Input");
   t.add_choice("kind", &c->kind, {{"lm", std::string("lm")}, {"seq2seq", std::string("seq2seq")}},
@@ -429,6 +438,37 @@ void print_help(std::ostream& out, const char* synopsis, const po::options_descr
       << flags;
 }
 
+// Adds the values of an INI text to `vm`. po::store keeps values already
+// stored, so the command line wins.
+void store_ini(std::istream& in, const po::options_description& flags, const std::string& source,
+               po::variables_map* vm) {
+  try {
+    po::store(po::parse_config_file(in, flags), *vm);
+  } catch (const po::error& e) {
+    rethrow_boost_error(e, source);
+  }
+}
+
+// Parses the stored values into the fields bound by `table`; returns the
+// names given. A fault of a value from the INI text names `source`.
+std::set<std::string> apply_flags(const FlagTable& table, const po::variables_map& vm,
+                                  const std::set<std::string>& from_command_line,
+                                  const std::string& source) {
+  std::set<std::string> given;
+  for (const Flag& f : table.flags()) {
+    auto it = vm.find(f.name);
+    if (it == vm.end() || it->second.defaulted()) continue;
+    try {
+      f.parse(it->second.as<std::string>());
+    } catch (const UsageError& e) {
+      if (from_command_line.count(f.name)) throw;
+      throw UsageError(std::string(e.what()) + " (in " + source + ")");
+    }
+    given.insert(f.name);
+  }
+  return given;
+}
+
 // Parses the command line and --config into the fields bound by `table`.
 // Returns the names of the flags given explicitly, or nullopt after --help.
 std::optional<std::set<std::string>> parse_flags(const std::vector<std::string>& args,
@@ -476,27 +516,9 @@ std::optional<std::set<std::string>> parse_flags(const std::vector<std::string>&
     *config_file = vm["config"].as<std::string>();
     std::ifstream in(*config_file);
     if (!in) usage_error("--config", "cannot read " + quoted(*config_file));
-    // po::store keeps values already stored, so the command line wins.
-    try {
-      po::store(po::parse_config_file(in, flags), vm);
-    } catch (const po::error& e) {
-      rethrow_boost_error(e, *config_file);
-    }
+    store_ini(in, flags, *config_file, &vm);
   }
-
-  std::set<std::string> given;
-  for (const Flag& f : table.flags()) {
-    auto it = vm.find(f.name);
-    if (it == vm.end() || it->second.defaulted()) continue;
-    try {
-      f.parse(it->second.as<std::string>());
-    } catch (const UsageError& e) {
-      if (from_command_line.count(f.name)) throw;
-      throw UsageError(std::string(e.what()) + " (in " + *config_file + ")");
-    }
-    given.insert(f.name);
-  }
-  return given;
+  return apply_flags(table, vm, from_command_line, *config_file);
 }
 
 // ---- validation ------------------------------------------------------------
@@ -688,6 +710,10 @@ constexpr const char* kPrepareSynopsis =
     "                  --vocab-size V [--tokenizer MODEL] [flags]\n"
     "Writes DIR/train-NNNNN.h5, DIR/valid-00000.h5 and DIR/tokenizer.model; run it under\n"
     "mpirun to encode the shards in parallel.";
+constexpr const char* kEvalSynopsis =
+    "mpiformer eval --checkpoint FILE --data DIR [flags]\n"
+    "Global loss, perplexity and token accuracy of the checkpoint on DIR's validation shards,\n"
+    "split over the MPI ranks like training.";
 constexpr const char* kBenchSynopsis =
     "mpiformer bench --model lm|seq2seq|mlm --batch B --seq T [flags]\n"
     "Prints one JSON line: tokens_per_s, step_ms, mfu, peak_mem_bytes.\n"
@@ -751,6 +777,42 @@ bool parse_bench_options(const std::vector<std::string>& args, BenchConfig* cfg,
   if (!given->count("max-len")) cfg->model.max_len = std::max(cfg->seq, cfg->src_seq);
   validate_bench(*cfg);
   return true;
+}
+
+bool parse_eval_options(const std::vector<std::string>& args, EvalConfig* cfg, std::ostream& out) {
+  *cfg = EvalConfig{};
+  FlagTable table;
+  add_eval_flags(table, cfg);
+  std::string config_file;
+  if (!parse_flags(args, table, kEvalSynopsis, &config_file, out)) return false;
+  if (cfg->checkpoint.empty()) usage_error("--checkpoint", "required: the checkpoint to evaluate");
+  struct stat info {};
+  if (::stat(cfg->checkpoint.c_str(), &info) != 0) {
+    usage_error("--checkpoint", cfg->checkpoint + ": no such file");
+  }
+  if (!S_ISREG(info.st_mode)) usage_error("--checkpoint", cfg->checkpoint + ": not a file");
+  if (cfg->data_dir.empty()) usage_error("--data", "required: a directory of shards");
+  if (::stat(cfg->data_dir.c_str(), &info) != 0) {
+    usage_error("--data", cfg->data_dir + ": no such directory");
+  }
+  if (!S_ISDIR(info.st_mode)) usage_error("--data", cfg->data_dir + ": not a directory");
+  require_at_least("--max-tokens", cfg->max_tokens, 0);
+  require_at_least("--batches", cfg->batches, 0);
+  require_at_least("--threads", cfg->threads, 0);
+  return true;
+}
+
+TrainConfig train_config_from_ini(const std::string& ini, const std::string& source) {
+  TrainConfig cfg;
+  cfg.model.vocab = 0;
+  FlagTable table;
+  add_train_flags(table, &cfg);
+  po::options_description flags = describe(table);
+  po::variables_map vm;
+  std::istringstream in(ini);
+  store_ini(in, flags, source, &vm);
+  apply_flags(table, vm, {}, source);
+  return cfg;
 }
 
 bool parse_prepare_options(const std::vector<std::string>& args, PrepareConfig* cfg,

@@ -19,8 +19,15 @@ bool parse_bench_options(const std::vector<std::string>& args, BenchConfig* cfg,
 bool parse_prepare_options(const std::vector<std::string>& args, PrepareConfig* cfg,
                            std::ostream& out);
 
+bool parse_eval_options(const std::vector<std::string>& args, EvalConfig* cfg, std::ostream& out);
+
 // The effective configuration as INI, re-usable with --config.
 std::string train_config_ini(const TrainConfig& cfg);
+
+// The configuration a run recorded (train_config_ini's text, e.g. a
+// checkpoint's config attribute), read back like --config. `source` names
+// it in errors. Throws UsageError.
+TrainConfig train_config_from_ini(const std::string& ini, const std::string& source);
 
 // Checks that hold for any model: sizes positive, heads dividing d-model,
 // dropout and label smoothing in range. vocab 0 means "from the shards" and

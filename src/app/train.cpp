@@ -28,7 +28,9 @@
 
 #include "kernels/backend.h"
 #include "src/app/commands.h"
+#include "src/app/evaluation.h"
 #include "src/app/options.h"
+#include "src/app/restore.h"
 #include "src/core/error.h"
 #include "src/core/version.h"
 #include "src/data/make_source.h"
@@ -53,17 +55,6 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// Global loss sums over ranks: sums travel, divisions happen once.
-LossSums allreduce(const Communicator& comm, const LossSums& local) {
-  double v[3] = {local.loss, static_cast<double>(local.tokens), static_cast<double>(local.correct)};
-  comm.allreduce_sum(v, 3);
-  LossSums global;
-  global.loss = v[0];
-  global.tokens = static_cast<int64_t>(v[1]);
-  global.correct = static_cast<int64_t>(v[2]);
-  return global;
-}
-
 // Writes `text` to `path` through a temporary name, so a reader never sees
 // half a file.
 void write_file_atomically(const std::filesystem::path& path, const std::string& text) {
@@ -74,21 +65,6 @@ void write_file_atomically(const std::filesystem::path& path, const std::string&
     if (!out.flush()) throw std::runtime_error("cannot write " + tmp.string());
   }
   std::filesystem::rename(tmp, path);
-}
-
-// The evaluation batches are split over ranks like training batches.
-// --eval-batches caps the count; a shard set's validation split may hold fewer.
-LossSummary evaluate(Model& model, BatchSource& source, const TrainConfig& cfg,
-                     const Communicator& comm, Batch& batch) {
-  const uint64_t available = source.eval_batch_count();
-  const uint64_t count = available > 0 ? std::min<uint64_t>(available, cfg.eval_batches)
-                                       : static_cast<uint64_t>(cfg.eval_batches);
-  LossSums local;
-  for (uint64_t i = comm.rank(); i < count; i += comm.size()) {
-    source.make_batch(BatchSource::kEval, i, &batch);
-    local += model.evaluate(batch, cfg.label_smoothing);
-  }
-  return summarize(allreduce(comm, local));
 }
 
 // ------------------------------------------------------------ stop signals
@@ -143,13 +119,6 @@ struct StartPoint {
   bool resumed = false;
   CheckpointState state;        // every rank (scalars only)
   LoadedCheckpoint checkpoint;  // rank 0
-};
-
-// The outcome of a decision rank 0 takes for every rank: an exit code
-// (0: go on) and the line that explains it, printed by rank 0.
-struct Verdict {
-  int code = 0;
-  std::string message;
 };
 
 // Rank 0: the run directory and the checkpoint to resume from. Every fault
@@ -224,17 +193,6 @@ Verdict check_resumable(const TrainConfig& cfg, const CheckpointState& state,
   return {};
 }
 
-// Every rank learns rank 0's verdict; rank 0 prints its line.
-int agree_on(const Communicator& comm, const Verdict& verdict) {
-  uint64_t code = static_cast<uint64_t>(verdict.code);
-  comm.broadcast(&code, 1, 0);
-  if (comm.is_root() && !verdict.message.empty()) {
-    std::fprintf(stderr, "%s\n", verdict.message.c_str());
-    std::fflush(stderr);
-  }
-  return static_cast<int>(code);
-}
-
 // Rank 0's checkpoint scalars to every rank.
 void broadcast_state(const Communicator& comm, StartPoint* start) {
   CheckpointState& s = start->state;
@@ -268,14 +226,9 @@ void broadcast_state(const Communicator& comm, StartPoint* start) {
 // params, adam_m, adam_v: backend (params.count())
 void restore_tensors(const Communicator& comm, const LoadedCheckpoint& checkpoint,
                      ParameterSet& params, float* adam_m, float* adam_v) {
-  std::vector<float> host(params.count());  // (params.count()), one group at a time
-  const std::pair<const std::vector<CheckpointTensor>*, float*> groups[] = {
-      {&checkpoint.params, params.params()}, {&checkpoint.m, adam_m}, {&checkpoint.v, adam_v}};
-  for (const auto& [tensors, dest] : groups) {
-    if (comm.is_root()) unpack_checkpoint_tensors(checkpoint.path, *tensors, params, host.data());
-    comm.broadcast(host.data(), host.size(), 0);
-    params.ops().copy_to_device(dest, host.data(), host.size() * sizeof(float));
-  }
+  broadcast_tensors(comm, checkpoint.path, checkpoint.params, params, params.params());
+  broadcast_tensors(comm, checkpoint.path, checkpoint.m, params, adam_m);
+  broadcast_tensors(comm, checkpoint.path, checkpoint.v, params, adam_v);
 }
 
 // The run's description in metrics.h5.
@@ -294,25 +247,6 @@ RunAttributes run_attributes(const TrainConfig& cfg, const Ops& ops, int world_s
 }
 
 }  // namespace
-
-// Runs `what` on every rank and agrees on the outcome: a rank that failed
-// prints "[rank r] message", and every rank learns that some rank failed, so
-// nobody waits in a later collective for a rank that has given up.
-template <class Fn>
-bool agreed(const Communicator& comm, Fn&& what) {
-  std::string failure;
-  try {
-    what();
-  } catch (const std::exception& e) {
-    failure = e.what();
-    if (failure.empty()) failure = "unknown error";
-  }
-  if (!failure.empty()) {
-    std::fprintf(stderr, "[rank %d] %s\n", comm.rank(), failure.c_str());
-    std::fflush(stderr);
-  }
-  return !comm.any(!failure.empty());
-}
 
 int run_train(const TrainConfig& requested, Communicator& comm) {
   // Every input is validated before training, and all ranks agree on it.
@@ -617,7 +551,8 @@ int run_train(const TrainConfig& requested, Communicator& comm) {
 
     // 7. Evaluation on held-out data.
     if (cfg.eval_every > 0 && step % cfg.eval_every == 0 && step != cfg.steps) {
-      const LossSummary eval = evaluate(model, source, cfg, comm, eval_batch);
+      const LossSummary eval = evaluate(model, source, static_cast<uint64_t>(cfg.eval_batches),
+                                        cfg.label_smoothing, comm, eval_batch);
       if (comm.is_root()) {
         std::printf("eval step %lld | loss %.4f | ppl %.3f | acc %.2f%% | %lld tokens\n",
                     static_cast<long long>(step), eval.loss, eval.perplexity, 100.0 * eval.accuracy,
@@ -643,7 +578,8 @@ int run_train(const TrainConfig& requested, Communicator& comm) {
     }
   }
 
-  const LossSummary final_eval = evaluate(model, source, cfg, comm, eval_batch);
+  const LossSummary final_eval = evaluate(model, source, static_cast<uint64_t>(cfg.eval_batches),
+                                          cfg.label_smoothing, comm, eval_batch);
   if (comm.is_root()) {
     std::printf("final eval | loss %.4f | ppl %.3f | acc %.2f%% | %lld tokens\n", final_eval.loss,
                 final_eval.perplexity, 100.0 * final_eval.accuracy,

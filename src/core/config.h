@@ -142,6 +142,15 @@ struct PrepareConfig {
   uint64_t seed = 1;
 };
 
+// `mpiformer eval`: a checkpoint on the validation shards of a data set.
+struct EvalConfig {
+  std::string checkpoint;  // --checkpoint FILE
+  std::string data_dir;    // --data DIR (its valid-NNNNN.h5)
+  int max_tokens = 0;      // padded tokens per batch; 0: the checkpoint's run's
+  int batches = 0;         // evaluation batches; 0: all of them
+  int threads = 0;         // 0: all cores shared among local ranks
+};
+
 // `mpiformer bench`: a model shape and a fixed batch, timed after warm-up.
 struct BenchConfig {
   ModelConfig model;

@@ -108,6 +108,17 @@ int Communicator::max(int value) const {
   return global;
 }
 
+void Communicator::broadcast(std::string* text, int root) const {
+  uint64_t size = text->size();
+  broadcast(&size, 1, root);
+  text->resize(size);
+  constexpr uint64_t kPiece = uint64_t{1} << 30;  // MPI counts are int
+  for (uint64_t done = 0; done < size; done += kPiece) {
+    MPI_Bcast(text->data() + done, static_cast<int>(std::min(kPiece, size - done)), MPI_CHAR, root,
+              MPI_COMM_WORLD);
+  }
+}
+
 void Communicator::broadcast(float* x, size_t n, int root) const {
   constexpr size_t kPiece = size_t{1} << 30;  // MPI counts are int
   for (size_t done = 0; done < n; done += kPiece) {

@@ -40,6 +40,8 @@ class Communicator {
   int max(int value) const;
   // x: (n), root's values to every rank.
   void broadcast(uint64_t* x, int n, int root) const;
+  // root's text to every rank.
+  void broadcast(std::string* text, int root) const;
   // x: host (n), root's values to every rank; n may pass 2^31.
   void broadcast(float* x, size_t n, int root) const;
   void barrier() const;

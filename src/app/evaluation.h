@@ -1,0 +1,24 @@
+// Held-out evaluation shared by `train` (every --eval-every steps and at the
+// end) and `eval`: batches split over ranks like training batches, loss sums
+// all-reduced, divided once.
+#pragma once
+
+#include "src/core/config.h"
+#include "src/data/batch.h"
+#include "src/data/batch_source.h"
+#include "src/dist/communicator.h"
+#include "src/loss/cross_entropy.h"
+#include "src/model/model.h"
+
+namespace mpiformer {
+
+// Global loss sums over ranks: sums travel, divisions happen once.
+LossSums allreduce(const Communicator& comm, const LossSums& local);
+
+// The first `max_batches` evaluation batches of `source` (a shard set's
+// validation split may hold fewer), rank r taking r, r + W, ...
+// batch: scratch, reused
+LossSummary evaluate(Model& model, BatchSource& source, uint64_t max_batches, float label_smoothing,
+                     const Communicator& comm, Batch& batch);
+
+}  // namespace mpiformer
