@@ -25,20 +25,16 @@ constexpr const char* kUsage =
     "  bench    time training steps of a model shape; prints one JSON line\n"
     "  prepare  turn text (or a parallel pair) into HDF5 token shards for --data\n"
     "  eval     a checkpoint's loss, perplexity and accuracy on a shard set's validation split\n"
+    "  generate translate (seq2seq) or continue (lm) text with a checkpoint\n"
     "  inspect  summarise a shard, checkpoint or metrics file: mpiformer inspect FILE.h5\n"
     "\n"
-    "Not built yet in this version: generate.\n"
     "`mpiformer COMMAND --help` lists a command's flags and their defaults.\n";
 
 constexpr const char* kInspectUsage =
     "Usage: mpiformer inspect FILE.h5\n"
     "Prints a summary of a shard, checkpoint or metrics file.\n";
 
-constexpr const char* kCommands = "train, eval, bench, prepare or inspect";
-
-bool is_planned_command(const std::string& cmd) {
-  return cmd == "generate";
-}
+constexpr const char* kCommands = "train, eval, generate, bench, prepare or inspect";
 
 // Every rank parses the same arguments and fails the same way, so only rank 0
 // speaks and every rank returns the same code without a collective.
@@ -143,15 +139,13 @@ int main(int argc, char** argv) {
     return parse_and_run<TrainConfig>(comm, cmd, rest, parse_train_options, run_train);
   if (cmd == "eval")
     return parse_and_run<EvalConfig>(comm, cmd, rest, parse_eval_options, run_eval);
+  if (cmd == "generate")
+    return parse_and_run<GenerateConfig>(comm, cmd, rest, parse_generate_options, run_generate);
   if (cmd == "bench")
     return parse_and_run<BenchConfig>(comm, cmd, rest, parse_bench_options, run_bench);
   if (cmd == "prepare")
     return parse_and_run<PrepareConfig>(comm, cmd, rest, parse_prepare_options, run_prepare);
   if (cmd == "inspect") return inspect(comm, rest);
-  if (is_planned_command(cmd)) {
-    return usage_failure(comm, "mpiformer",
-                         "'" + cmd + "' is not built yet in this version; available: " + kCommands);
-  }
   return usage_failure(comm, "mpiformer",
                        "unknown command '" + cmd + "'; expected " + kCommands + " (see --help)");
 }

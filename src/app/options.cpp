@@ -359,6 +359,21 @@ void add_eval_flags(FlagTable& t, EvalConfig* c) {
   t.add("threads", &c->threads, "N", "CPU threads per rank (0: the node's cores shared)");
 }
 
+void add_generate_flags(FlagTable& t, GenerateConfig* c) {
+  t.group("Generation");
+  t.add("checkpoint", &c->checkpoint, "FILE", "a checkpoint of an lm or seq2seq run");
+  t.add("prompt", &c->prompt, "TEXT", "one input: a source sentence (seq2seq) or prompt (lm)");
+  t.add("input", &c->input, "FILE", "inputs, one per line");
+  t.add("output", &c->output, "FILE", "write the outputs here, one per line (default: stdout)");
+  t.add("beam", &c->beam, "N", "beam width (1: greedy)");
+  t.add("length-alpha", &c->length_alpha, "A", "beam scores are log p / length^A");
+  t.add("max-new-tokens", &c->max_new_tokens, "N", "tokens to produce at most (0: up to max-len)");
+  t.add("top-k", &c->top_k, "K", "lm: sample among the K most likely tokens (0: no sampling)");
+  t.add("temperature", &c->temperature, "T", "sampling temperature");
+  t.add("seed", &c->seed, "S", "seed of the sampling");
+  t.add("threads", &c->threads, "N", "CPU threads (0: all cores)");
+}
+
 void add_prepare_flags(FlagTable& t, PrepareConfig* c) {
   t.group("Input");
   t.add_choice("kind", &c->kind, {{"lm", std::string("lm")}, {"seq2seq", std::string("seq2seq")}},
@@ -714,6 +729,11 @@ constexpr const char* kEvalSynopsis =
     "mpiformer eval --checkpoint FILE --data DIR [flags]\n"
     "Global loss, perplexity and token accuracy of the checkpoint on DIR's validation shards,\n"
     "split over the MPI ranks like training.";
+constexpr const char* kGenerateSynopsis =
+    "mpiformer generate --checkpoint FILE (--prompt TEXT | --input FILE) [flags]\n"
+    "seq2seq: translates each input (greedy, or beam search with --beam N); lm: continues each\n"
+    "prompt (greedy, beam, or top-k sampling with --top-k K). Text goes through the tokenizer\n"
+    "kept in the checkpoint; a checkpoint of a synthetic task reads and writes token ids.";
 constexpr const char* kBenchSynopsis =
     "mpiformer bench --model lm|seq2seq|mlm --batch B --seq T [flags]\n"
     "Prints one JSON line: tokens_per_s, step_ms, mfu, peak_mem_bytes.\n"
@@ -799,6 +819,35 @@ bool parse_eval_options(const std::vector<std::string>& args, EvalConfig* cfg, s
   require_at_least("--max-tokens", cfg->max_tokens, 0);
   require_at_least("--batches", cfg->batches, 0);
   require_at_least("--threads", cfg->threads, 0);
+  return true;
+}
+
+bool parse_generate_options(const std::vector<std::string>& args, GenerateConfig* cfg,
+                            std::ostream& out) {
+  *cfg = GenerateConfig{};
+  FlagTable table;
+  add_generate_flags(table, cfg);
+  std::string config_file;
+  if (!parse_flags(args, table, kGenerateSynopsis, &config_file, out)) return false;
+  if (cfg->checkpoint.empty())
+    usage_error("--checkpoint", "required: the checkpoint to decode with");
+  struct stat info {};
+  if (::stat(cfg->checkpoint.c_str(), &info) != 0) {
+    usage_error("--checkpoint", cfg->checkpoint + ": no such file");
+  }
+  if (cfg->prompt.empty() == cfg->input.empty()) {
+    usage_error("--input", "give either --prompt TEXT or --input FILE");
+  }
+  if (!cfg->input.empty() && ::stat(cfg->input.c_str(), &info) != 0) {
+    usage_error("--input", cfg->input + ": no such file");
+  }
+  require_at_least("--beam", cfg->beam, 1);
+  require_at_least("--max-new-tokens", cfg->max_new_tokens, 0);
+  require_at_least("--top-k", cfg->top_k, 0);
+  require_at_least("--threads", cfg->threads, 0);
+  require_positive("--temperature", cfg->temperature);
+  require_non_negative("--length-alpha", cfg->length_alpha);
+  if (cfg->top_k > 0 && cfg->beam > 1) usage_error("--top-k", "sampling takes no --beam");
   return true;
 }
 

@@ -151,6 +151,21 @@ struct EvalConfig {
   int threads = 0;         // 0: all cores shared among local ranks
 };
 
+// `mpiformer generate`: decoding with a checkpoint (rank 0 decodes).
+struct GenerateConfig {
+  std::string checkpoint;  // --checkpoint FILE
+  std::string prompt;      // --prompt TEXT: one input
+  std::string input;       // --input FILE: one input per line
+  std::string output;      // --output FILE ("": stdout)
+  int beam = 1;            // 1: greedy
+  float length_alpha = 1.0f;
+  int max_new_tokens = 0;  // 0: up to max-len
+  int top_k = 0;           // lm: sample among the k most likely (0: greedy or beam)
+  float temperature = 1.0f;
+  uint64_t seed = 1;
+  int threads = 0;
+};
+
 // `mpiformer bench`: a model shape and a fixed batch, timed after warm-up.
 struct BenchConfig {
   ModelConfig model;

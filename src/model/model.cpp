@@ -249,6 +249,45 @@ struct Model::Impl {
     return sums;
   }
 
+  // The forward pass up to the main stack's output; the encoder output
+  // stays in memory_ / memory_rows_ for the backward pass.
+  // returns: backend (decoder.total(), C)
+  const float* forward(const Batch& batch, bool training) {
+    check(batch.decoder, "decoder");
+    ctx.training = training;
+    dec_seq.upload(ops, batch.decoder);
+    memory_ = nullptr;
+    memory_rows_ = Ragged{};
+    if (has_encoder) {
+      check(batch.encoder, "encoder");
+      if (batch.encoder.batch() != batch.decoder.batch())
+        throw std::runtime_error("seq2seq batch with different source and target counts");
+      enc_seq.upload(ops, batch.encoder);
+      memory_ = encoder.forward(ctx, scratch, enc_seq, nullptr, Ragged{});
+      memory_rows_ = enc_seq.rows;
+    }
+    return main.forward(ctx, scratch, dec_seq, memory_, memory_rows_);
+  }
+  const float* memory_ = nullptr;  // backend (memory_rows_.total, C)
+  Ragged memory_rows_;
+
+  // logits: host (B, V)
+  void last_logits(const Batch& batch, float* out) {
+    if (config.kind == ModelKind::kMlm)
+      throw std::runtime_error("an mlm predicts masked tokens; it does not continue sequences");
+    const int C = config.d_model, V = config.vocab;
+    if (batch.decoder.total() == 0) return;
+    const float* h = forward(batch, /*training=*/false);
+    for (int b = 0; b < batch.decoder.batch(); ++b) {
+      // One row at a time: decoding batches are small (beams), and the
+      // logits buffer holds chunk_rows rows.
+      const float* x = h + static_cast<size_t>(batch.decoder.offsets[b + 1] - 1) * C;
+      ops.matmul_forward(logits, x, params.param(output_weight), params.param(output_bias), 1, C,
+                         V);
+      ops.copy_to_host(out + static_cast<size_t>(b) * V, logits, V * sizeof(float));
+    }
+  }
+
   LossSums run(const Batch& batch, float smoothing, float grad_scale, bool training,
                GradientListener* listener) {
     const int C = config.d_model;
@@ -261,24 +300,14 @@ struct Model::Impl {
       if (t < 0 || t >= config.vocab)
         throw std::runtime_error("batch target id " + std::to_string(t) +
                                  " outside the vocabulary");
-    ctx.training = training;
-    dec_seq.upload(ops, batch.decoder);
+    if (batch.decoder.total() == 0) return {};
     ops.copy_to_device(targets, batch.targets.data(), batch.targets.size() * sizeof(int32_t));
-    const int N = dec_seq.rows.total;
-    if (N == 0) return {};
 
     // ---- forward ----
-    const float* memory = nullptr;
-    Ragged memory_rows;
-    if (has_encoder) {
-      check(batch.encoder, "encoder");
-      if (batch.encoder.batch() != batch.decoder.batch())
-        throw std::runtime_error("seq2seq batch with different source and target counts");
-      enc_seq.upload(ops, batch.encoder);
-      memory = encoder.forward(ctx, scratch, enc_seq, nullptr, Ragged{});
-      memory_rows = enc_seq.rows;
-    }
-    const float* h = main.forward(ctx, scratch, dec_seq, memory, memory_rows);
+    const float* h = forward(batch, training);
+    const int N = dec_seq.rows.total;
+    const float* memory = memory_;
+    const Ragged memory_rows = memory_rows_;
     if (config.kind == ModelKind::kMlm) {
       ops.matmul_forward(mlm_dense, h, params.param(mlm_dense_w), params.param(mlm_dense_b), N, C,
                          C);
@@ -339,6 +368,10 @@ LossSums Model::forward_backward(const Batch& batch, float label_smoothing, floa
 
 LossSums Model::evaluate(const Batch& batch, float label_smoothing) {
   return impl_->run(batch, label_smoothing, 1.0f, false, nullptr);
+}
+
+void Model::last_logits(const Batch& batch, float* logits) {
+  impl_->last_logits(batch, logits);
 }
 
 int64_t Model::flop_parameters() const {

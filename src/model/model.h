@@ -48,6 +48,11 @@ class Model {
   // Forward only, dropout off: loss sums for evaluation.
   LossSums evaluate(const Batch& batch, float label_smoothing);
 
+  // Forward only, dropout off: the logits of the last position of every
+  // decoder sequence, for decoding (batch.targets are not read).
+  // logits: host (batch.decoder.batch(), vocab)
+  void last_logits(const Batch& batch, float* logits);
+
   ParameterSet& parameters() { return *params_; }
   const ModelConfig& config() const { return config_; }
   const ModelCapacity& capacity() const { return capacity_; }

@@ -98,7 +98,8 @@ expect_usage_error --config "${train[@]}" --config "$work/missing.ini"
 
 # ---- commands ----
 expect_usage_error frobnicate frobnicate
-expect_usage_error eval eval --checkpoint x.h5
+expect_usage_error --checkpoint eval --checkpoint x.h5 --data "$work"
+expect_usage_error --checkpoint generate --checkpoint x.h5 --prompt "a b"
 expect_usage_error command # no command at all
 
 # ---- help: exit 0, flags with their defaults ----

@@ -9,3 +9,19 @@ run_logged "$work/train.log" "$bin" train --model lm --synthetic copy --out "$wo
   --max-tokens 1024 --steps 2000 --lr 3e-3 --warmup 60 --schedule inverse-sqrt \
   --label-smoothing 0.1 --dropout 0 --log-every 100 --eval-batches 32 --seed 1 --threads 1
 expect_at_least "lm copy accuracy (%)" "$(final_accuracy "$work/train.log")" 99
+
+# Generation: after "x [SEP]" (SEP is id 5) the lm continues with x, greedily
+# and by top-k sampling with k = 1; larger k samples the same way per seed.
+checkpoint=$work/run/checkpoints/step_00002000.h5
+copied=0
+for prompt in "7 8 9 10" "23 6 12 12 19 8" "15 14 13 12 11 10 9 8" "20 6 6 21 7 22 9 23 11 16"; do
+  greedy=$("$bin" generate --checkpoint "$checkpoint" --prompt "$prompt 5" --threads 1)
+  top1=$("$bin" generate --checkpoint "$checkpoint" --prompt "$prompt 5" --top-k 1 --threads 1)
+  [[ $greedy == "$top1" ]] || { echo "FAIL: --top-k 1 gave '$top1', greedy '$greedy'" >&2; exit 1; }
+  [[ $greedy == "$prompt" ]] && copied=$((copied + 1))
+done
+expect_at_least "generate: prompts copied (of 4)" "$copied" 4
+a=$("$bin" generate --checkpoint "$checkpoint" --prompt "7 8 9 5" --top-k 5 --temperature 2 --seed 3)
+b=$("$bin" generate --checkpoint "$checkpoint" --prompt "7 8 9 5" --top-k 5 --temperature 2 --seed 3)
+[[ -n $a && $a == "$b" ]] || { echo "FAIL: the same seed sampled '$a' and '$b'" >&2; exit 1; }
+echo "PASS: top-k sampling repeats with its seed"

@@ -1,0 +1,152 @@
+// `mpiformer generate`: translation (seq2seq) and continuation (lm) with a
+// checkpoint. Rank 0 decodes; other ranks of an mpirun job only wait.
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "src/app/commands.h"
+#include "src/app/options.h"
+#include "src/core/error.h"
+#include "src/data/tokenizer.h"
+#include "src/io/checkpoint.h"
+#include "src/model/decoding.h"
+#include "src/model/model.h"
+
+namespace mpiformer {
+
+namespace {
+
+// Text to ids through the tokenizer, or, for a checkpoint of a synthetic
+// task (no tokenizer), space-separated ids checked against the vocabulary.
+std::vector<int32_t> to_ids(const Tokenizer* tokenizer, const std::string& line, int vocab,
+                            const std::string& where) {
+  std::vector<int32_t> ids;
+  if (tokenizer) {
+    for (int id : tokenizer->encode(line)) ids.push_back(id);
+    return ids;
+  }
+  std::istringstream in(line);
+  std::string word;
+  while (in >> word) {
+    size_t used = 0;
+    int id = -1;
+    try {
+      id = std::stoi(word, &used);
+    } catch (const std::exception&) {
+    }
+    if (used != word.size() || id < 0 || id >= vocab) {
+      throw UsageError(where + ": '" + word + "' is not a token id in [0, " +
+                       std::to_string(vocab) +
+                       ") (the checkpoint has no tokenizer: a synthetic task reads token ids)");
+    }
+    ids.push_back(id);
+  }
+  return ids;
+}
+
+std::string to_text(const Tokenizer* tokenizer, const std::vector<int32_t>& ids) {
+  if (tokenizer) return tokenizer->decode(std::vector<int>(ids.begin(), ids.end()));
+  std::string text;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i > 0) text += ' ';
+    text += std::to_string(ids[i]);
+  }
+  return text;
+}
+
+int generate_on_root(const GenerateConfig& cfg) {
+  const CheckpointState state = read_checkpoint_state(cfg.checkpoint);
+  const std::vector<CheckpointTensor> tensors = read_checkpoint_tensors(cfg.checkpoint, "params");
+  TrainConfig run = train_config_from_ini(state.config_ini, cfg.checkpoint + " (its config)");
+  run.model.vocab = state.vocab_size;
+  run.model.special = state.special;
+  if (run.model.kind == ModelKind::kMlm) {
+    std::cerr << "mpiformer generate: --checkpoint: " << cfg.checkpoint
+              << " holds an mlm, which fills masks rather than generating; use an lm or seq2seq"
+              << std::endl;
+    return kExitUsage;
+  }
+  std::unique_ptr<Tokenizer> tokenizer;
+  if (!state.tokenizer.empty()) tokenizer = Tokenizer::from_bytes(state.tokenizer);
+
+  std::vector<std::string> lines;
+  if (!cfg.prompt.empty()) {
+    lines.push_back(cfg.prompt);
+  } else {
+    std::ifstream in(cfg.input);
+    if (!in) throw std::runtime_error(cfg.input + ": cannot read");
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+  }
+  // Parse every input before decoding any: a bad line is found at once.
+  std::vector<std::vector<int32_t>> inputs;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const std::string where = cfg.prompt.empty()
+                                  ? "--input: " + cfg.input + " line " + std::to_string(i + 1)
+                                  : std::string("--prompt");
+    inputs.push_back(to_ids(tokenizer.get(), lines[i], run.model.vocab, where));
+  }
+
+  std::unique_ptr<Ops> ops = make_cpu_ops(cfg.threads);
+  // Room for every beam at full length on both sides.
+  const int capacity = cfg.beam * run.model.max_len;
+  Model model(*ops, run.model, ModelCapacity{capacity, run.model.max_len});
+  model.init_parameters(run.seed);  // allocates; the checkpoint's values replace these
+  std::vector<float> host(model.parameters().count());  // (count)
+  unpack_checkpoint_tensors(cfg.checkpoint, tensors, model.parameters(), host.data());
+  ops->copy_to_device(model.parameters().params(), host.data(), host.size() * sizeof(float));
+
+  DecodeOptions options;
+  options.beam = cfg.beam;
+  options.length_alpha = cfg.length_alpha;
+  options.max_new_tokens = cfg.max_new_tokens;
+  options.top_k = cfg.top_k;
+  options.temperature = cfg.temperature;
+  std::ofstream file;
+  if (!cfg.output.empty()) {
+    file.open(cfg.output);
+    if (!file) throw std::runtime_error(cfg.output + ": cannot write");
+  }
+  std::ostream& out = cfg.output.empty() ? std::cout : file;
+  // Shard data frames sequences with EOS (source) and BOS (lm); the
+  // synthetic tasks do not.
+  const bool synthetic = run.synthetic != SyntheticTask::kNone;
+  const Layout layout{!synthetic, !synthetic};
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    options.seed = cfg.seed + i;  // each line its own stream, the same for any line order
+    const Hypothesis h = run.model.kind == ModelKind::kSeq2seq
+                             ? translate(model, inputs[i], layout, options)
+                             : continue_text(model, inputs[i], layout, options);
+    out << to_text(tokenizer.get(), h.ids) << "\n" << std::flush;
+  }
+  if (!cfg.output.empty()) {
+    file.close();
+    if (!file) throw std::runtime_error(cfg.output + ": cannot write");
+    std::cerr << "mpiformer generate: " << inputs.size() << " line(s) to " << cfg.output
+              << std::endl;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int run_generate(const GenerateConfig& cfg, Communicator& comm) {
+  int code = 0;
+  if (comm.is_root()) {
+    try {
+      code = generate_on_root(cfg);
+    } catch (const UsageError& e) {
+      std::cerr << "mpiformer generate: " << e.what() << std::endl;
+      code = kExitUsage;
+    } catch (const std::exception& e) {
+      std::cerr << "[rank 0] " << e.what() << std::endl;
+      code = kExitFailure;
+    }
+  }
+  return comm.max(code);
+}
+
+}  // namespace mpiformer
