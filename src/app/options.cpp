@@ -546,6 +546,13 @@ void require_at_least(const char* flag, int64_t value, int64_t least) {
   }
 }
 
+// `path` names an existing regular file.
+void require_file(const char* flag, const std::string& path) {
+  struct stat info {};
+  if (::stat(path.c_str(), &info) != 0) usage_error(flag, path + ": no such file");
+  if (!S_ISREG(info.st_mode)) usage_error(flag, path + ": not a file");
+}
+
 void require_non_negative(const char* flag, double value) {
   if (value < 0) usage_error(flag, "must not be negative; got " + format_number(value));
 }
@@ -615,11 +622,7 @@ void validate_train(const TrainConfig& c) {
   }
   if (c.out_dir.empty()) usage_error("--out", "required: the run directory");
   if (c.resume.empty()) usage_error("--resume", "expected auto, none or a checkpoint file");
-  if (c.resume != "none" && c.resume != "auto") {
-    struct stat info {};
-    if (::stat(c.resume.c_str(), &info) != 0) usage_error("--resume", c.resume + ": no such file");
-    if (!S_ISREG(info.st_mode)) usage_error("--resume", c.resume + ": not a file");
-  }
+  if (c.resume != "none" && c.resume != "auto") require_file("--resume", c.resume);
   require_at_least("--max-tokens", c.max_tokens, 1);
   require_at_least("--max-sentences", c.max_sentences, 0);
   for (int boundary : c.buckets) {
@@ -806,11 +809,8 @@ bool parse_eval_options(const std::vector<std::string>& args, EvalConfig* cfg, s
   std::string config_file;
   if (!parse_flags(args, table, kEvalSynopsis, &config_file, out)) return false;
   if (cfg->checkpoint.empty()) usage_error("--checkpoint", "required: the checkpoint to evaluate");
+  require_file("--checkpoint", cfg->checkpoint);
   struct stat info {};
-  if (::stat(cfg->checkpoint.c_str(), &info) != 0) {
-    usage_error("--checkpoint", cfg->checkpoint + ": no such file");
-  }
-  if (!S_ISREG(info.st_mode)) usage_error("--checkpoint", cfg->checkpoint + ": not a file");
   if (cfg->data_dir.empty()) usage_error("--data", "required: a directory of shards");
   if (::stat(cfg->data_dir.c_str(), &info) != 0) {
     usage_error("--data", cfg->data_dir + ": no such directory");
@@ -831,16 +831,11 @@ bool parse_generate_options(const std::vector<std::string>& args, GenerateConfig
   if (!parse_flags(args, table, kGenerateSynopsis, &config_file, out)) return false;
   if (cfg->checkpoint.empty())
     usage_error("--checkpoint", "required: the checkpoint to decode with");
-  struct stat info {};
-  if (::stat(cfg->checkpoint.c_str(), &info) != 0) {
-    usage_error("--checkpoint", cfg->checkpoint + ": no such file");
-  }
+  require_file("--checkpoint", cfg->checkpoint);
   if (cfg->prompt.empty() == cfg->input.empty()) {
     usage_error("--input", "give either --prompt TEXT or --input FILE");
   }
-  if (!cfg->input.empty() && ::stat(cfg->input.c_str(), &info) != 0) {
-    usage_error("--input", cfg->input + ": no such file");
-  }
+  if (!cfg->input.empty()) require_file("--input", cfg->input);
   require_at_least("--beam", cfg->beam, 1);
   require_at_least("--max-new-tokens", cfg->max_new_tokens, 0);
   require_at_least("--top-k", cfg->top_k, 0);
