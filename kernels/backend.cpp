@@ -7,8 +7,11 @@
 #include "kernels/cpu/cpu_ops.h"
 
 #ifdef MPIFORMER_HAVE_CUDA
+#include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/device.h"
 #endif
+
+#include <stdexcept>
 
 namespace mpiformer {
 
@@ -19,6 +22,24 @@ std::unique_ptr<Ops> make_cpu_ops(int threads) {
     openblas_set_num_threads(threads);
   }
   return std::make_unique<CpuOps>();
+}
+
+std::unique_ptr<Ops> make_cuda_ops(int device) {
+#ifdef MPIFORMER_HAVE_CUDA
+  return std::make_unique<CudaOps>(device);
+#else
+  (void)device;
+  throw std::runtime_error("this build has no CUDA backend (nvcc was not found at configure time)");
+#endif
+}
+
+std::string cuda_device_name(int device) {
+#ifdef MPIFORMER_HAVE_CUDA
+  return cuda::device_name(device);
+#else
+  (void)device;
+  return "";
+#endif
 }
 
 int cuda_device_count() {

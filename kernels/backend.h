@@ -12,10 +12,16 @@ namespace mpiformer {
 // threads: CPU threads for the kernels and BLAS (0: OpenMP's default).
 std::unique_ptr<Ops> make_cpu_ops(int threads);
 
+// The CUDA backend on GPU `device` (cudaSetDevice). Throws
+// std::runtime_error without a CUDA build or on a CUDA error.
+std::unique_ptr<Ops> make_cuda_ops(int device);
+
 // GPUs visible to this process (0 without a CUDA build).
 int cuda_device_count();
 // "OpenBLAS 0.3.21 ..." as the library describes its build.
 std::string blas_version();
+// The device's name ("NVIDIA H100 80GB HBM3"), "" without a CUDA build or on error.
+std::string cuda_device_name(int device);
 bool cuda_backend_built();
 
 }  // namespace mpiformer

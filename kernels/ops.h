@@ -14,6 +14,7 @@
 // - Shapes are written beside every pointer: (N, C) is row-major, C fastest.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -187,8 +188,21 @@ class Ops {
 // Attention probabilities saved by attention_forward: H * sum_b Lq_b * Lk_b floats.
 size_t attention_probs_size(const Ragged& qs, const Ragged& ks, int heads);
 
-// Per-query attention scale for the query that sees `visible_keys` keys.
-float attention_scale(const AttentionConfig& cfg, int visible_keys);
+// Per-query attention scale for the query that sees `visible_keys` keys;
+// the same code on the host and in CUDA kernels. Log-length scaling keeps
+// the attention entropy roughly constant as the number of visible keys
+// grows; a query that sees one key gets scale 0, which is harmless: its
+// softmax is 1 on that key whatever the logit.
+MPIFORMER_HOST_DEVICE inline float attention_scale(AttentionScale scale, int head_dim,
+                                                   float ref_len, int visible_keys) {
+  const double standard = 1.0 / sqrt(static_cast<double>(head_dim));
+  if (scale == AttentionScale::kStandard) return static_cast<float>(standard);
+  const double n = visible_keys > 1 ? static_cast<double>(visible_keys) : 1.0;
+  return static_cast<float>(log(n) / log(static_cast<double>(ref_len)) * standard);
+}
+inline float attention_scale(const AttentionConfig& cfg, int visible_keys) {
+  return attention_scale(cfg.scale, cfg.head_dim, cfg.ref_len, visible_keys);
+}
 
 // The normalising constant of the smoothed target distribution (>= 0).
 double label_smoothing_constant(float smoothing, int V);

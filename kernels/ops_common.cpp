@@ -13,16 +13,6 @@ size_t attention_probs_size(const Ragged& qs, const Ragged& ks, int heads) {
   return total * static_cast<size_t>(heads);
 }
 
-float attention_scale(const AttentionConfig& cfg, int visible_keys) {
-  const double standard = 1.0 / std::sqrt(static_cast<double>(cfg.head_dim));
-  if (cfg.scale == AttentionScale::kStandard) return static_cast<float>(standard);
-  // Log-length scaling keeps the attention entropy roughly constant as the
-  // number of visible keys grows; a query that sees one key gets scale 0,
-  // which is harmless: its softmax is 1 on that key whatever the logit.
-  const double n = visible_keys > 1 ? static_cast<double>(visible_keys) : 1.0;
-  return static_cast<float>(std::log(n) / std::log(static_cast<double>(cfg.ref_len)) * standard);
-}
-
 double label_smoothing_constant(float smoothing, int V) {
   // x ln x with the limit 0 ln 0 = 0.
   const auto x_log_y = [](double x, double y) { return x > 0.0 ? x * std::log(y) : 0.0; };

@@ -16,6 +16,7 @@
 #include "kernels/backend.h"
 #include "kernels/dropout_mask.h"
 #include "src/app/commands.h"
+#include "src/app/device.h"
 #include "src/dist/data_parallel.h"
 #include "src/model/model.h"
 #include "src/optim/adamw.h"
@@ -86,15 +87,19 @@ size_t peak_rss_bytes() {
 
 int run_bench(const BenchConfig& cfg, Communicator& comm) {
   const int threads = cfg.threads > 0 ? cfg.threads : comm.cores_per_local_rank();
-  std::unique_ptr<Ops> ops = make_cpu_ops(threads);
+  std::unique_ptr<Ops> ops = make_ops(cfg.device, threads, comm);
   std::vector<Batch> batch(1, make_bench_batch(cfg, comm.rank()));
   const int longest = std::max(batch[0].decoder.max_len(), batch[0].encoder.max_len());
   const int rows = std::max(batch[0].decoder.total(), batch[0].encoder.total());
   Model model(*ops, cfg.model, ModelCapacity{rows, longest});
   model.init_parameters(cfg.seed);
   AdamW optimizer(model.parameters(), cfg.optim);
+  // On a GPU one rank needs no reduction (the transports for GPU memory are
+  // still to come, see validate_bench).
   std::unique_ptr<GradientReducer> reducer =
-      make_mpi_reducer(model.parameters(), cfg.bucket_mb, cfg.overlap, cfg.grad_sum, comm);
+      cfg.device == DeviceKind::kCuda
+          ? nullptr
+          : make_mpi_reducer(model.parameters(), cfg.bucket_mb, cfg.overlap, cfg.grad_sum, comm);
 
   ReduceTiming reduce;
   auto train_step = [&](int64_t step) {
@@ -118,8 +123,11 @@ int run_bench(const BenchConfig& cfg, Communicator& comm) {
   const int W = comm.size();
   const double step_s = seconds / cfg.steps;
   const double tokens = static_cast<double>(comm.allreduce_sum(batch[0].real_tokens()));
-  const double peak =
-      cfg.peak_tflops > 0 ? cfg.peak_tflops * 1e12 : estimated_cpu_peak_flops(threads);
+  // GPU: the dense bf16 peak of an H100 SXM (DESIGN.md section 9) unless
+  // --peak-tflops names the device's.
+  const double peak = cfg.peak_tflops > 0               ? cfg.peak_tflops * 1e12
+                      : cfg.device == DeviceKind::kCuda ? 989e12
+                                                        : estimated_cpu_peak_flops(threads);
   const double mfu = model.training_flops(batch[0]) / step_s / peak;  // per rank
   // One rank moves nothing; its exact sum's conversions are in step_ms.
   if (W == 1) reduce = ReduceTiming{};
@@ -136,8 +144,8 @@ int run_bench(const BenchConfig& cfg, Communicator& comm) {
         to_string(cfg.model.kind), ops->name().c_str(), W, threads, cfg.batch, cfg.seq, tokens,
         static_cast<long long>(batch[0].padded_tokens()) * W, model.parameters().count(),
         tokens / step_s, 1000.0 * step_s, mfu, peak, peak_rss_bytes(), ops->peak_allocated_bytes(),
-        W > 1 ? reducer->bytes_per_step() : 0, W > 1 ? reducer->buckets().size() : 0,
-        1000.0 * reduce_sums[0] / (W * cfg.steps),
+        W > 1 && reducer ? reducer->bytes_per_step() : 0,
+        W > 1 && reducer ? reducer->buckets().size() : 0, 1000.0 * reduce_sums[0] / (W * cfg.steps),
         reduce_sums[1] > 0 ? reduce_sums[2] / reduce_sums[1] : 0.0);
     std::fflush(stdout);
   }

@@ -1,0 +1,27 @@
+#include "src/app/device.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/backend.h"
+
+namespace mpiformer {
+
+std::unique_ptr<Ops> make_ops(DeviceKind device, int threads, const Communicator& comm) {
+  if (device == DeviceKind::kCpu) return make_cpu_ops(threads);
+  const int count = cuda_device_count();
+  if (count == 0) throw std::runtime_error("--device cuda: no GPU is visible to this rank");
+  const int gpu = comm.local_rank() % count;
+  std::unique_ptr<Ops> ops = make_cuda_ops(gpu);
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  std::printf("[rank %d] %s: %s (local rank %d of %d, %d GPU(s) visible)\n", comm.rank(), host,
+              ops->name().c_str(), comm.local_rank(), comm.local_size(), count);
+  std::fflush(stdout);
+  return ops;
+}
+
+}  // namespace mpiformer

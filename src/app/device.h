@@ -1,0 +1,18 @@
+// The backend a rank computes on: the CPU, or the GPU its local rank maps to
+// (local rank % visible GPUs), reported at start.
+#pragma once
+
+#include <memory>
+
+#include "kernels/ops.h"
+#include "src/core/config.h"
+#include "src/dist/communicator.h"
+
+namespace mpiformer {
+
+// threads: CPU threads (0 is not allowed here; resolve it first). With
+// --device cuda every rank prints "[rank r] HOST: cuda:D (NAME), X GiB".
+// Throws std::runtime_error.
+std::unique_ptr<Ops> make_ops(DeviceKind device, int threads, const Communicator& comm);
+
+}  // namespace mpiformer
