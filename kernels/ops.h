@@ -80,6 +80,9 @@ class Ops {
   virtual void synchronize() = 0;
   // Peak of the backend's own allocations so far, in bytes.
   virtual size_t peak_allocated_bytes() const = 0;
+  // Whether the host may read and write this backend's memory directly
+  // (CPU: yes; a GPU's: no, copy_to_host and copy_to_device).
+  virtual bool host_accessible() const { return true; }
 
   // ---- elementwise ------------------------------------------------------
   // out = a + b; out may alias a or b.  out, a, b: (n)

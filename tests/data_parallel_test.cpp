@@ -177,6 +177,28 @@ TEST_P(UnevenShares, TheExactSumIsBitwiseTheSameOnOneRankAndOnThree) {
       << worst;
 }
 
+// The path a GPU's gradients take with the MPI transport: every bucket
+// copied to a host buffer, reduced there, copied back. On the CPU backend it
+// must give bitwise the gradient of the direct path, float and exact sums.
+TEST_P(UnevenShares, StagingThroughHostBuffersChangesNoBit) {
+  const Communicator& comm = *g_comm;
+  const ModelConfig m = shape(GetParam());
+  MpiTransport transport;
+  for (GradSum sum : {GradSum::kFloat, GradSum::kExact}) {
+    std::vector<float> results[2];
+    for (HostStaging staging : {HostStaging::kAuto, HostStaging::kAlways}) {
+      Replica replica(m);
+      ParameterSet& params = replica.model->parameters();
+      GradientReducer reducer(params, params.grads(), 512, transport, true, sum, staging);
+      EXPECT_EQ(reducer.stages_through_host(), staging == HostStaging::kAlways);
+      step_gradients(*replica.model, share_of(m, comm.rank(), 2), 1, 1, 0.1f, comm, &reducer);
+      results[staging == HostStaging::kAlways] = replica.grads();
+    }
+    EXPECT_TRUE(results[0] == results[1])
+        << "host staging changed the " << to_string(sum) << " sum";
+  }
+}
+
 TEST(DataParallel, TheExactSumTurnsAnOutOfRangeGradientIntoNaNOnEveryRank) {
   const Communicator& comm = *g_comm;
   const ModelConfig m = shape(ModelKind::kLm);

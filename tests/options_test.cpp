@@ -559,10 +559,16 @@ TEST(TrainOptions, StrayArgumentIsRefused) {
   EXPECT_NE(what.find("'extra'"), std::string::npos) << what;
 }
 
-TEST(TrainOptions, CudaTrainingIsRefusedUntilItIsBuilt) {
-  // Without a CUDA build or a GPU: that reason; with both: not built yet.
+TEST(TrainOptions, CudaNeedsACudaBuildWithAGpuAndRunsFp32) {
   const std::string what = train_error(with(base_args(), {"--device", "cuda"}));
-  EXPECT_EQ(what.rfind("--device: cuda ", 0), 0u) << what;
+  if (cuda_backend_built() && cuda_device_count() > 0) {
+    EXPECT_EQ(what, "");
+    EXPECT_EQ(train_error(with(base_args(), {"--device", "cuda", "--precision", "bf16"}))
+                  .rfind("--precision: ", 0),
+              0u);
+  } else {
+    EXPECT_EQ(what.rfind("--device: cuda ", 0), 0u) << what;
+  }
 }
 
 TEST(TrainOptions, ConfigFileErrorsNameTheKeyAndFile) {

@@ -53,6 +53,7 @@ class CudaOps final : public Ops {
   void fill_zero(float* x, size_t n) override;
   void synchronize() override;
   size_t peak_allocated_bytes() const override { return peak_bytes_; }
+  bool host_accessible() const override { return false; }
 
   // ---- elementwise, embeddings (cuda_ops.cu) --------------------------------
   void add(float* out, const float* a, const float* b, size_t n) override;

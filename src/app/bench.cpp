@@ -94,12 +94,9 @@ int run_bench(const BenchConfig& cfg, Communicator& comm) {
   Model model(*ops, cfg.model, ModelCapacity{rows, longest});
   model.init_parameters(cfg.seed);
   AdamW optimizer(model.parameters(), cfg.optim);
-  // On a GPU one rank needs no reduction (the transports for GPU memory are
-  // still to come, see validate_bench).
+  // On a GPU the MPI transport stages gradients through host buffers.
   std::unique_ptr<GradientReducer> reducer =
-      cfg.device == DeviceKind::kCuda
-          ? nullptr
-          : make_mpi_reducer(model.parameters(), cfg.bucket_mb, cfg.overlap, cfg.grad_sum, comm);
+      make_mpi_reducer(model.parameters(), cfg.bucket_mb, cfg.overlap, cfg.grad_sum, comm);
 
   ReduceTiming reduce;
   auto train_step = [&](int64_t step) {

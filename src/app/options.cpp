@@ -595,6 +595,10 @@ void validate_device(DeviceKind device, Precision precision, int threads) {
     if (cuda_device_count() == 0) {
       usage_error("--device", "cuda requested but no GPU is visible to this process");
     }
+    if (precision != Precision::kFp32) {
+      usage_error("--precision",
+                  "the CUDA backend computes in fp32 so far; bf16 and fp16 are still to come");
+    }
   } else if (precision != Precision::kFp32) {
     const char* name = precision == Precision::kBf16 ? "bf16" : "fp16";
     usage_error("--precision", std::string("--device cpu supports only fp32; got ") + name);
@@ -646,12 +650,6 @@ void validate_train(const TrainConfig& c) {
   require_at_least("--checkpoint-every", c.checkpoint_every, 0);
   require_at_least("--keep-checkpoints", c.keep_checkpoints, 0);
   validate_device(c.device, c.precision, c.threads);
-  if (c.device == DeviceKind::kCuda) {
-    usage_error("--device",
-                "cuda training is not built yet (the CUDA ops run in mpiformer bench --device "
-                "cuda and the gpu tests; the gradient transports for GPU memory and mixed "
-                "precision are still to come); use --device cpu");
-  }
   require_at_least("--lr-reference-tokens", c.lr_reference_tokens, int64_t{0});
   if (c.lr_scaling != LrScaling::kNone && c.lr_reference_tokens == 0) {
     usage_error("--lr-reference-tokens",
@@ -721,11 +719,6 @@ void validate_bench(const BenchConfig& c) {
   require_unit_interval("--label-smoothing", c.label_smoothing);
   require_non_negative("--peak-tflops", c.peak_tflops);
   validate_device(c.device, c.precision, c.threads);
-  if (c.device == DeviceKind::kCuda && c.precision != Precision::kFp32) {
-    usage_error("--precision",
-                "the CUDA backend computes in fp32 so far; bf16 and fp16 are "
-                "still to come");
-  }
 }
 
 // --vocab 0 with --synthetic: the vocabulary the synthetic tasks have always used.

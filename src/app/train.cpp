@@ -28,6 +28,7 @@
 
 #include "kernels/backend.h"
 #include "src/app/commands.h"
+#include "src/app/device.h"
 #include "src/app/evaluation.h"
 #include "src/app/options.h"
 #include "src/app/restore.h"
@@ -294,7 +295,7 @@ int run_train(const TrainConfig& requested, Communicator& comm) {
   if (!agreed(comm, [&] { data = make_batch_source(cfg, rank, W); })) return kExitFailure;
   BatchSource& source = *data;
   const int threads = cfg.threads > 0 ? cfg.threads : comm.cores_per_local_rank();
-  std::unique_ptr<Ops> ops = make_cpu_ops(threads);
+  std::unique_ptr<Ops> ops = make_ops(cfg.device, threads, comm);
   Model model(*ops, cfg.model, ModelCapacity{cfg.max_tokens, cfg.model.max_len});
   model.init_parameters(cfg.seed);
   ParameterSet& params = model.parameters();

@@ -53,9 +53,11 @@ std::vector<GradientBucket> plan_buckets(const std::vector<ParamInfo>& tensors,
 }
 
 GradientReducer::GradientReducer(const ParameterSet& params, float* grads, size_t bucket_floats,
-                                 ReduceTransport& transport, bool overlap, GradSum sum)
+                                 ReduceTransport& transport, bool overlap, GradSum sum,
+                                 HostStaging staging)
     : sum_(sum),
       grads_(grads),
+      host_(grads),
       buckets_(plan_buckets(params.info(), bucket_floats)),
       transport_(transport),
       overlap_(overlap),
@@ -63,13 +65,25 @@ GradientReducer::GradientReducer(const ParameterSet& params, float* grads, size_
       done_time_(buckets_.size()),
       done_(buckets_.size(), false) {
   if (sum_ == GradSum::kExact) fixed_.assign(params.count() + 1, 0);
+  if (staging == HostStaging::kAlways || !params.ops().host_accessible()) {
+    ops_ = &params.ops();
+    host_grads_.assign(params.count(), 0.0f);
+    host_ = host_grads_.data();
+  }
 }
 
 GradientReducer::GradientReducer(const ParameterSet& params, float* grads, size_t bucket_floats,
                                  std::unique_ptr<ReduceTransport> transport, bool overlap,
-                                 GradSum sum)
-    : GradientReducer(params, grads, bucket_floats, *transport, overlap, sum) {
+                                 GradSum sum, HostStaging staging)
+    : GradientReducer(params, grads, bucket_floats, *transport, overlap, sum, staging) {
   owned_transport_ = std::move(transport);
+}
+
+void GradientReducer::stage_to_host(size_t begin, size_t end) {
+  // A synchronous copy: the backward kernels that wrote these gradients
+  // have finished when it returns.
+  if (ops_ && end > begin)
+    ops_->copy_to_host(host_ + begin, grads_ + begin, (end - begin) * sizeof(float));
 }
 
 size_t GradientReducer::bytes_per_step() const {
@@ -90,7 +104,8 @@ void GradientReducer::absorb(size_t begin, size_t end) {
   const double scale = std::ldexp(1.0, kExactFractionBits);
   const double limit = std::ldexp(1.0, kExactLimitBits);
   int64_t* fixed = fixed_.data() + 1;
-  const float* grads = grads_;
+  stage_to_host(begin, end);
+  const float* grads = host_;
   int64_t out_of_range = 0;
   // Element by element, so the result does not depend on the thread count.
 #pragma omp parallel for schedule(static) reduction(+ : out_of_range)
@@ -121,7 +136,8 @@ void GradientReducer::start_next() {
     transport_.start(started_, fixed_.data() + first, b.end + 1 - first);
   } else {
     start_time_[started_] = Clock::now();
-    transport_.start(started_, grads_ + b.begin, b.size());
+    stage_to_host(b.begin, b.end);
+    transport_.start(started_, host_ + b.begin, b.size());
   }
   ++started_;
 }
@@ -156,18 +172,19 @@ ReduceTiming GradientReducer::finish() {
     poll();
     if (std::all_of(done_.begin(), done_.end(), [](bool d) { return d; })) break;
   }
-  if (sum_ == GradSum::kExact && !buckets_.empty()) {
-    const size_t n = buckets_.front().end;
+  const size_t n = buckets_.empty() ? 0 : buckets_.front().end;
+  if (sum_ == GradSum::kExact && n > 0) {
     if (fixed_[0] > 0) {
-      std::fill(grads_, grads_ + n, std::numeric_limits<float>::quiet_NaN());
+      std::fill(host_, host_ + n, std::numeric_limits<float>::quiet_NaN());
     } else {
       const int64_t* fixed = fixed_.data() + 1;
+      float* out = host_;
 #pragma omp parallel for schedule(static)
       for (size_t i = 0; i < n; ++i)
-        grads_[i] =
-            static_cast<float>(std::ldexp(static_cast<double>(fixed[i]), -kExactFractionBits));
+        out[i] = static_cast<float>(std::ldexp(static_cast<double>(fixed[i]), -kExactFractionBits));
     }
   }
+  if (ops_ && n > 0) ops_->copy_to_device(grads_, host_, n * sizeof(float));
   const Clock::time_point end = Clock::now();
   active_ = false;
 

@@ -64,15 +64,25 @@ std::vector<GradientBucket> plan_buckets(const std::vector<ParamInfo>& tensors,
 constexpr int kExactFractionBits = 40;
 constexpr int kExactLimitBits = 20;
 
+// Whether the reducer copies gradients through host buffers: kAuto when the
+// backend's memory is not host-accessible (a GPU's, for the MPI transport),
+// kAlways to exercise that path on any backend (tests).
+enum class HostStaging { kAuto, kAlways };
+
 class GradientReducer : public GradientListener {
  public:
   // overlap false: nothing starts before finish() (one burst after backward).
+  // grads: backend memory (params.count()); with host staging each bucket is
+  // copied to the host when it starts and the sum back when all are done.
   GradientReducer(const ParameterSet& params, float* grads, size_t bucket_floats,
-                  ReduceTransport& transport, bool overlap, GradSum sum = GradSum::kFloat);
+                  ReduceTransport& transport, bool overlap, GradSum sum = GradSum::kFloat,
+                  HostStaging staging = HostStaging::kAuto);
   // The same, owning its transport.
   GradientReducer(const ParameterSet& params, float* grads, size_t bucket_floats,
                   std::unique_ptr<ReduceTransport> transport, bool overlap,
-                  GradSum sum = GradSum::kFloat);
+                  GradSum sum = GradSum::kFloat, HostStaging staging = HostStaging::kAuto);
+
+  bool stages_through_host() const { return ops_ != nullptr; }
 
   const std::vector<GradientBucket>& buckets() const { return buckets_; }
   ReduceTransport& transport() { return transport_; }
@@ -99,13 +109,20 @@ class GradientReducer : public GradientListener {
   void poll();
   // Exact sum: fixed_[1 + i] += grads[i] in fixed point for i in [begin, end).
   void absorb(size_t begin, size_t end);
+  // With host staging: grads[begin, end) to the host copy.
+  void stage_to_host(size_t begin, size_t end);
 
   std::unique_ptr<ReduceTransport> owned_transport_;  // may be null
   GradSum sum_;
   // Exact sum: (1 + count); element 0 counts elements out of range and
   // travels with the bucket that starts last (the one at offset 0).
   std::vector<int64_t> fixed_;
-  float* grads_;
+  float* grads_;  // backend memory
+  // Host staging: the backend that owns grads_ (null without staging), the
+  // host copy, and what the host reads and the transport sends.
+  Ops* ops_ = nullptr;
+  std::vector<float> host_grads_;  // (params.count()) with staging
+  float* host_ = nullptr;          // grads_ or host_grads_
   std::vector<GradientBucket> buckets_;
   ReduceTransport& transport_;
   bool overlap_;
