@@ -1,0 +1,94 @@
+// dump_step CHECKPOINT OUT.h5 [--device cpu|cuda]: one forward and backward
+// pass of a checkpoint's lm on a fixed ragged batch (random ids, every third
+// target pad), written for analysis/torch_reference.py:
+//   /batch/{tokens, offsets, positions, targets}  int32
+//   /grads/<tensor>                               float32, flattened
+//   attributes loss_sum, tokens, correct: the loss sums of the batch; the
+//   gradients are those of the mean loss (grad_scale 1/tokens)
+#include <hdf5.h>
+
+#include <cstdio>
+#include <exception>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "src/app/options.h"
+#include "src/io/checkpoint.h"
+#include "src/io/hdf5_file.h"
+#include "src/model/model.h"
+#include "tests/test_batches.h"
+
+namespace mpiformer {
+namespace {
+
+int dump(const std::string& checkpoint, const std::string& out, bool cuda) {
+  const CheckpointState state = read_checkpoint_state(checkpoint);
+  TrainConfig run = train_config_from_ini(state.config_ini, checkpoint);
+  run.model.vocab = state.vocab_size;
+  run.model.special = state.special;
+  if (run.model.kind != ModelKind::kLm || run.model.dropout != 0.0f) {
+    std::cerr << "dump_step: " << checkpoint << ": an lm trained with --dropout 0 is needed\n";
+    return 2;
+  }
+  std::unique_ptr<Ops> ops = cuda ? make_cuda_ops(0) : make_cpu_ops(1);
+  const Batch batch = testing::random_batch(run.model, {7, 1, 12, 5}, {}, 11);
+  Model model(*ops, run.model, ModelCapacity{batch.decoder.total(), run.model.max_len});
+  model.init_parameters(1);
+  ParameterSet& params = model.parameters();
+  std::vector<float> host(params.count());  // (count)
+  unpack_checkpoint_tensors(checkpoint, read_checkpoint_tensors(checkpoint, "params"), params,
+                            host.data());
+  ops->copy_to_device(params.params(), host.data(), host.size() * sizeof(float));
+  params.zero_grads();
+  const int64_t N = batch.target_tokens(run.model.special.pad);
+  const LossSums sums = model.forward_backward(batch, run.label_smoothing,
+                                               1.0f / static_cast<float>(N), PassId{1, 1, 0});
+  ops->copy_to_host(host.data(), params.grads(), host.size() * sizeof(float));
+
+  const hdf5::Faults faults = hdf5::Faults::of<std::runtime_error>(out);
+  hdf5::Session session;
+  hdf5::Hid file = faults.checked(H5Fcreate(out.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT),
+                                  H5Fclose, "the file");
+  const hid_t root = file.get();
+  const auto ints = [&](const char* name, const std::vector<int32_t>& v) {
+    hdf5::write_vector_dataset(root, name, H5T_STD_I32LE, H5T_NATIVE_INT32, v.data(), v.size(),
+                               4096, faults);
+  };
+  ints("batch/tokens", batch.decoder.tokens);
+  ints("batch/offsets", batch.decoder.offsets);
+  ints("batch/positions", batch.decoder.positions);
+  ints("batch/targets", batch.targets);
+  for (const ParamInfo& info : params.info()) {
+    hdf5::write_vector_dataset(root, "grads/" + info.name, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT,
+                               host.data() + info.offset, info.size, 1 << 20, faults);
+  }
+  hdf5::write_double_attr(root, "loss_sum", sums.loss, faults);
+  hdf5::write_int_attr(root, "tokens", H5T_STD_I64LE, H5T_NATIVE_INT64, &sums.tokens, faults);
+  hdf5::write_int_attr(root, "correct", H5T_STD_I64LE, H5T_NATIVE_INT64, &sums.correct, faults);
+  faults.check(file.close(), "the file");
+  std::printf("dump_step: %s (%s): loss %.6f over %lld tokens -> %s\n", checkpoint.c_str(),
+              ops->name().c_str(), sums.loss / static_cast<double>(sums.tokens),
+              static_cast<long long>(sums.tokens), out.c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace mpiformer
+
+int main(int argc, char** argv) {
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  const bool cuda = args.size() == 4 && args[2] == "--device" && args[3] == "cuda";
+  if (args.size() != 2 && !(args.size() == 4 && args[2] == "--device")) {
+    std::cerr << "usage: dump_step CHECKPOINT OUT.h5 [--device cpu|cuda]\n";
+    return 2;
+  }
+  try {
+    return mpiformer::dump(args[0], args[1], cuda);
+  } catch (const std::exception& e) {
+    std::cerr << "dump_step: " << e.what() << "\n";
+    return 1;
+  }
+}
