@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""An independent reference for mpiformer's numerics: the same decoder-only
-lm written in PyTorch from the textbook definitions (pre-LN GPT-2 blocks,
-learned positions, tied embeddings, tanh GELU, causal scaled dot-product
+"""An independent reference for mpiformer's numerics: the same lm (decoder-
+only) or seq2seq model (encoder-decoder with cross-attention) written in
+PyTorch from the textbook definitions (pre-LN blocks, learned positions
+shared by both sides, tied embeddings, tanh GELU, scaled dot-product
 attention, label-smoothed cross entropy over non-pad targets), its weights
 read from an mpiformer checkpoint, run on the batch that `dump_step` used,
 in float64. Compares the mean loss and every parameter gradient with those
@@ -41,27 +42,53 @@ def gelu_tanh(x):
     return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
 
 
-def sequence_loss(p, cfg, tokens, positions, targets, smoothing):
-    """Sum of the label-smoothed losses of one sequence's non-pad targets,
-    the count of those targets, and of the correct ones."""
-    C, H = int(cfg["d-model"]), int(cfg["heads"])
-    D, T = C // H, len(tokens)
-    x = p["embed.tokens"][tokens] + p["embed.positions"][positions]
-    causal = torch.ones(T, T, dtype=torch.bool).tril()
-    for i in range(int(cfg["layers"])):
-        a = f"decoder.layers.{i}.self_attn"
+def attention(q, k, v, heads, causal):
+    """Multi-head scaled dot-product attention.  q: (Tq, C), k, v: (Tk, C)"""
+    (Tq, C), Tk = q.shape, k.shape[0]
+    D = C // heads
+    q, k, v = (t.reshape(-1, heads, D).transpose(0, 1) for t in (q, k, v))
+    scores = (q @ k.transpose(1, 2)) / math.sqrt(D)
+    if causal:
+        scores = scores.masked_fill(~torch.ones(Tq, Tk, dtype=torch.bool).tril(), float("-inf"))
+    return (torch.softmax(scores, dim=-1) @ v).transpose(0, 1).reshape(Tq, C)
+
+
+def stack(x, p, prefix, layers, heads, causal, memory=None):
+    """Pre-LN blocks: self-attention, cross-attention (with memory), MLP."""
+    C = x.shape[-1]
+    for i in range(layers):
+        a = f"{prefix}.layers.{i}.self_attn"
         u = layer_norm(x, p, a + ".norm")
         qkv = u @ p[a + ".qkv.weight"].T + p[a + ".qkv.bias"]
-        q, k, v = (qkv[:, j * C:(j + 1) * C].reshape(T, H, D).transpose(0, 1) for j in range(3))
-        scores = (q @ k.transpose(1, 2)) / math.sqrt(D)
-        probs = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)
-        attended = (probs @ v).transpose(0, 1).reshape(T, C)
-        x = x + attended @ p[a + ".out.weight"].T + p[a + ".out.bias"]
-        m = f"decoder.layers.{i}.mlp"
+        att = attention(qkv[:, :C], qkv[:, C:2 * C], qkv[:, 2 * C:], heads, causal)
+        x = x + att @ p[a + ".out.weight"].T + p[a + ".out.bias"]
+        if memory is not None:
+            c = f"{prefix}.layers.{i}.cross_attn"
+            u = layer_norm(x, p, c + ".norm")
+            q = u @ p[c + ".q.weight"].T + p[c + ".q.bias"]
+            kv = memory @ p[c + ".kv.weight"].T + p[c + ".kv.bias"]
+            att = attention(q, kv[:, :C], kv[:, C:], heads, False)
+            x = x + att @ p[c + ".out.weight"].T + p[c + ".out.bias"]
+        m = f"{prefix}.layers.{i}.mlp"
         u = layer_norm(x, p, m + ".norm")
         h = gelu_tanh(u @ p[m + ".fc.weight"].T + p[m + ".fc.bias"])
         x = x + h @ p[m + ".proj.weight"].T + p[m + ".proj.bias"]
-    x = layer_norm(x, p, "decoder.norm")
+    return layer_norm(x, p, prefix + ".norm")
+
+
+def sequence_loss(p, cfg, tokens, positions, targets, smoothing, source=None):
+    """Sum of the label-smoothed losses of one sequence's non-pad targets,
+    the count of those targets, and of the correct ones. source: the
+    encoder's (tokens, positions) for seq2seq."""
+    H = int(cfg["heads"])
+    embed = lambda ids, pos: p["embed.tokens"][ids] + p["embed.positions"][pos]  # noqa: E731
+    memory = None
+    if source is not None:
+        memory = stack(embed(*source), p, "encoder", int(cfg["enc-layers"]), H, False)
+        layers = int(cfg["dec-layers"])
+    else:
+        layers = int(cfg["layers"])
+    x = stack(embed(tokens, positions), p, "decoder", layers, H, True, memory)
     logits = x @ p["embed.tokens"].T + p["output.bias"]
     V = logits.shape[-1]
     keep = targets != 0  # pad id 0
@@ -91,7 +118,11 @@ def main(argv):
         params = {name: torch.tensor(np.asarray(f["params"][name]), dtype=torch.float64,
                                      device=args.device, requires_grad=True)
                   for name in f["params"]}
-    covered = {"model": "lm", "norm": "pre", "positions": "learned", "tied-embeddings": "true",
+    if cfg.get("model") not in ("lm", "seq2seq"):
+        print(f"torch_reference.py: covers lm and seq2seq; the checkpoint has {cfg.get('model')}",
+              file=sys.stderr)
+        return 2
+    covered = {"norm": "pre", "positions": "learned", "tied-embeddings": "true",
                "activation": "gelu", "attention-scale": "standard", "dropout": "0"}
     for key, value in covered.items():
         if cfg.get(key) != value:
@@ -101,7 +132,7 @@ def main(argv):
 
     with h5py.File(args.dump, "r") as f:
         batch = {k: torch.tensor(np.asarray(f["batch"][k]), dtype=torch.long, device=args.device)
-                 for k in ("tokens", "offsets", "positions", "targets")}
+                 for k in f["batch"]}
         ours_grads = {name: np.asarray(f["grads"][name]) for name in f["grads"]}
         ours_loss = float(f.attrs["loss_sum"])
         ours_tokens = int(f.attrs["tokens"])
@@ -109,10 +140,15 @@ def main(argv):
     smoothing = float(cfg["label-smoothing"])
     total, tokens, correct = 0.0, 0, 0
     offsets = batch["offsets"].tolist()
+    src_offsets = batch["src_offsets"].tolist() if "src_offsets" in batch else None
     for b in range(len(offsets) - 1):
         s = slice(offsets[b], offsets[b + 1])
+        source = None
+        if src_offsets is not None:
+            r = slice(src_offsets[b], src_offsets[b + 1])
+            source = (batch["src_tokens"][r], batch["src_positions"][r])
         loss, n, c = sequence_loss(params, cfg, batch["tokens"][s], batch["positions"][s],
-                                   batch["targets"][s], smoothing)
+                                   batch["targets"][s], smoothing, source)
         total, tokens, correct = total + loss, tokens + n, correct + c
     (total / tokens).backward()
 

@@ -1,12 +1,14 @@
 // dump_step CHECKPOINT OUT.h5 [--device cpu|cuda]: one forward and backward
-// pass of a checkpoint's lm on a fixed ragged batch (random ids, every third
-// target pad), written for analysis/torch_reference.py:
-//   /batch/{tokens, offsets, positions, targets}  int32
+// pass of a checkpoint's lm or seq2seq model on a fixed ragged batch (random
+// ids, every third target pad), written for analysis/torch_reference.py:
+//   /batch/{tokens, offsets, positions, targets}  int32 (decoder side)
+//   /batch/{src_tokens, src_offsets, src_positions}  int32 (seq2seq)
 //   /grads/<tensor>                               float32, flattened
 //   attributes loss_sum, tokens, correct: the loss sums of the batch; the
 //   gradients are those of the mean loss (grad_scale 1/tokens)
 #include <hdf5.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <iostream>
@@ -29,13 +31,15 @@ int dump(const std::string& checkpoint, const std::string& out, bool cuda) {
   TrainConfig run = train_config_from_ini(state.config_ini, checkpoint);
   run.model.vocab = state.vocab_size;
   run.model.special = state.special;
-  if (run.model.kind != ModelKind::kLm || run.model.dropout != 0.0f) {
-    std::cerr << "dump_step: " << checkpoint << ": an lm trained with --dropout 0 is needed\n";
+  if (run.model.kind == ModelKind::kMlm || run.model.dropout != 0.0f) {
+    std::cerr << "dump_step: " << checkpoint
+              << ": an lm or seq2seq model trained with --dropout 0 is needed\n";
     return 2;
   }
   std::unique_ptr<Ops> ops = cuda ? make_cuda_ops(0) : make_cpu_ops(1);
-  const Batch batch = testing::random_batch(run.model, {7, 1, 12, 5}, {}, 11);
-  Model model(*ops, run.model, ModelCapacity{batch.decoder.total(), run.model.max_len});
+  const Batch batch = testing::random_batch(run.model, {7, 1, 12, 5}, {3, 9, 6, 1}, 11);
+  const int rows = std::max(batch.decoder.total(), batch.encoder.total());
+  Model model(*ops, run.model, ModelCapacity{rows, run.model.max_len});
   model.init_parameters(1);
   ParameterSet& params = model.parameters();
   std::vector<float> host(params.count());  // (count)
@@ -61,6 +65,11 @@ int dump(const std::string& checkpoint, const std::string& out, bool cuda) {
   ints("batch/offsets", batch.decoder.offsets);
   ints("batch/positions", batch.decoder.positions);
   ints("batch/targets", batch.targets);
+  if (run.model.kind == ModelKind::kSeq2seq) {
+    ints("batch/src_tokens", batch.encoder.tokens);
+    ints("batch/src_offsets", batch.encoder.offsets);
+    ints("batch/src_positions", batch.encoder.positions);
+  }
   for (const ParamInfo& info : params.info()) {
     hdf5::write_vector_dataset(root, "grads/" + info.name, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT,
                                host.data() + info.offset, info.size, 1 << 20, faults);
