@@ -24,11 +24,11 @@ std::unique_ptr<Ops> make_cpu_ops(int threads) {
   return std::make_unique<CpuOps>();
 }
 
-std::unique_ptr<Ops> make_cuda_ops(int device) {
+std::unique_ptr<Ops> make_cuda_ops(int device, bool tf32) {
 #ifdef MPIFORMER_HAVE_CUDA
-  return std::make_unique<CudaOps>(device);
+  return std::make_unique<CudaOps>(device, tf32);
 #else
-  (void)device;
+  (void)device, (void)tf32;
   throw std::runtime_error("this build has no CUDA backend (nvcc was not found at configure time)");
 #endif
 }

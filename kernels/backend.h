@@ -12,9 +12,10 @@ namespace mpiformer {
 // threads: CPU threads for the kernels and BLAS (0: OpenMP's default).
 std::unique_ptr<Ops> make_cpu_ops(int threads);
 
-// The CUDA backend on GPU `device` (cudaSetDevice). Throws
-// std::runtime_error without a CUDA build or on a CUDA error.
-std::unique_ptr<Ops> make_cuda_ops(int device);
+// The CUDA backend on GPU `device` (cudaSetDevice); tf32: fp32 GEMMs on
+// TF32 tensor cores. Throws std::runtime_error without a CUDA build or on a
+// CUDA error.
+std::unique_ptr<Ops> make_cuda_ops(int device, bool tf32 = false);
 
 // GPUs visible to this process (0 without a CUDA build).
 int cuda_device_count();

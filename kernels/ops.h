@@ -8,6 +8,13 @@
 //   a FLOP; per-sequence lengths are honoured by construction.
 // - Every pointer is backend memory (host memory for the CPU backend) except
 //   where a comment says "host".
+// - Precision (kernels/dtype.h): activations, their gradients and the compute
+//   copy of the weights are `Act` (fp32, bf16 or fp16); master weights,
+//   parameter gradients, optimizer state, layer-norm statistics and loss sums
+//   are fp32 or wider. Ops compute in fp32 and round what they store.
+// - Stream order: ops are queued on the backend's stream and return at once;
+//   nothing in a training step waits for the device. Only copy_to_host,
+//   copy_to_device and synchronize wait.
 // - Parameter gradients are always accumulated (+=), so micro-batches of one
 //   step add up. Input gradients are written (=) unless the op takes an
 //   `accumulate` flag.
@@ -17,9 +24,12 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "kernels/dropout_mask.h"
+#include "kernels/dtype.h"
 
 namespace mpiformer {
 
@@ -33,7 +43,22 @@ struct Ragged {
   int batch = 0;                            // B
   int total = 0;                            // N = offsets[B]
   int max_len = 0;                          // max over b of lengths[b]
+  // Changes whenever new offsets are uploaded to device_offsets, so a
+  // backend may keep what it derives from them (per-batch attention
+  // metadata) for every layer of a micro-batch. 0: derive anew each call.
+  uint64_t version = 0;
   int length(int b) const { return host_offsets[b + 1] - host_offsets[b]; }
+};
+
+// The rows of a batch grouped by the table row they read, for a
+// deterministic embedding backward: rows[starts[g] .. starts[g+1]) read
+// table row keys[g], in ascending order. Built on the host by
+// group_rows_by_key (kernels/ops_common.cpp) and uploaded with the batch.
+struct RowGroups {
+  const int32_t* keys = nullptr;    // backend (G)
+  const int32_t* starts = nullptr;  // backend (G+1)
+  const int32_t* rows = nullptr;    // backend (N)
+  int groups = 0;                   // G
 };
 
 struct AttentionConfig {
@@ -45,7 +70,24 @@ struct AttentionConfig {
   float ref_len = 512.0f;
 };
 
+// Inverted dropout whose mask is a counter-based hash of (seed, stream,
+// element index): backward regenerates it and every backend agrees.
+// p = 0: no dropout.
+struct Dropout {
+  float p = 0.0f;
+  uint64_t seed = 0;
+  uint64_t stream = 0;
+};
+
+// An activation fused into a GEMM (see matmul_forward and matmul_backward).
+// A null `pre` means no activation.
+struct FusedActivation {
+  Activation act = Activation::kGelu;
+  Act pre;
+};
+
 // Sums over the weighted rows of a batch; divisions happen once, at the end.
+// Plain data, so backends accumulate it in their own memory.
 struct LossSums {
   double loss = 0.0;    // sum of per-token losses over weighted rows
   int64_t tokens = 0;   // rows whose target is not pad
@@ -56,14 +98,54 @@ struct LossSums {
   }
 };
 
+// A contiguous run of the flat parameter buffer with one weight decay (at
+// most kAdamWRangeFloats long, so the runs spread over a GPU's blocks).
+constexpr size_t kAdamWRangeFloats = size_t{1} << 16;
+struct AdamWRange {
+  size_t begin = 0, end = 0;  // floats from the start of the buffer
+  float weight_decay = 0.0f;  // decoupled: p -= lr * wd * p
+};
+
 struct AdamWConfig {
   float lr = 0.0f;
   float beta1 = 0.9f;
   float beta2 = 0.999f;
   float eps = 1e-8f;
-  float weight_decay = 0.0f;  // decoupled: p -= lr * wd * p
-  int64_t step = 1;           // 1-based, for bias correction
-  float grad_scale = 1.0f;    // gradients are multiplied by this first (clipping)
+  int64_t step = 1;             // 1-based, for bias correction
+  float inv_loss_scale = 1.0f;  // gradients carry the loss scale; this removes it
+  float max_norm = 0.0f;        // global-norm clipping (0: off)
+};
+
+// The clip factor for a gradient of global norm `norm`: brings it to at most
+// max_norm (1 when max_norm <= 0 or the norm is within it). The 1e-6 keeps
+// the clipped norm just under max_norm, as torch's clip does. Host and device.
+MPIFORMER_HOST_DEVICE inline float clip_factor(double norm, float max_norm) {
+  if (max_norm > 0.0f && norm > max_norm) return static_cast<float>(max_norm / (norm + 1e-6));
+  return 1.0f;
+}
+
+// Where the time of a step goes (`bench --profile`).
+enum class OpFamily {
+  kGemm,
+  kAttention,
+  kNorm,
+  kElementwise,
+  kEmbedding,
+  kLoss,
+  kOptimizer,
+  kCount
+};
+const char* to_string(OpFamily f);
+
+// Times ops by family on the backend's own clock (CUDA events on a GPU).
+class OpTimer {
+ public:
+  virtual ~OpTimer() = default;
+  virtual void begin(OpFamily family) = 0;
+  virtual void end(OpFamily family) = 0;
+  // Milliseconds per family since the last reset; waits for the device.
+  virtual std::vector<double> milliseconds() = 0;
+  virtual void reset() = 0;
 };
 
 class Ops {
@@ -74,122 +156,136 @@ class Ops {
   // ---- memory -----------------------------------------------------------
   virtual void* allocate(size_t bytes) = 0;  // zero-filled, 64-byte aligned
   virtual void release(void* ptr) = 0;
+  // Synchronous copies: they return when the data has arrived.
   virtual void copy_to_device(void* dst, const void* host_src, size_t bytes) = 0;
   virtual void copy_to_host(void* host_dst, const void* src, size_t bytes) = 0;
-  virtual void fill_zero(float* x, size_t n) = 0;  // x: (n)
+  // A stream-ordered copy from the host: queued behind the ops before it and
+  // staged (through pinned memory on a GPU), so host_src may change as soon
+  // as it returns. For the per-batch data of a step.
+  virtual void upload(void* dst, const void* host_src, size_t bytes) = 0;
+  // Staging memory for uploads of up to `bytes` in flight, allocated now so
+  // that a step allocates nothing.
+  virtual void reserve_uploads(size_t bytes) {}
+  virtual void fill_zero(void* x, size_t bytes) = 0;
   virtual void synchronize() = 0;
-  // Peak of the backend's own allocations so far, in bytes.
+  // Peak of the backend's own device memory so far (buffers, scratch and
+  // library workspaces), in bytes.
   virtual size_t peak_allocated_bytes() const = 0;
   // Whether the host may read and write this backend's memory directly
   // (CPU: yes; a GPU's: no, copy_to_host and copy_to_device).
   virtual bool host_accessible() const { return true; }
+  // How many logits the vocabulary projection may hold at a time: a CPU
+  // wants its chunks in cache, a GPU wants GEMMs with many rows.
+  virtual size_t logits_chunk_elements() const { return size_t{1} << 22; }
+  // A timer for this backend's ops (bench --profile).
+  virtual std::unique_ptr<OpTimer> make_timer() = 0;
+
+  // ---- precision --------------------------------------------------------
+  // dst = src rounded to dst's type (the compute copy of the weights).
+  // dst: (n), src: (n) fp32
+  virtual void convert(Act dst, const float* src, size_t n) = 0;
 
   // ---- elementwise ------------------------------------------------------
-  // out = a + b; out may alias a or b.  out, a, b: (n)
-  virtual void add(float* out, const float* a, const float* b, size_t n) = 0;
-
-  // out = act(x); out may alias x only for the forward pass of ReLU.
-  // out, x: (n)
-  virtual void activation_forward(float* out, const float* x, size_t n, Activation act) = 0;
-  // dx = act'(x) * dout.  dx, dout, x: (n)
-  virtual void activation_backward(float* dx, const float* dout, const float* x, size_t n,
-                                   Activation act) = 0;
-
-  // Inverted dropout with a mask regenerated from (seed, stream, index) by a
-  // counter-based hash, so backward stores nothing and any backend agrees.
-  // out = x * keep / (1 - p); out may alias x.  out, x: (n)
-  virtual void dropout_forward(float* out, const float* x, size_t n, float p, uint64_t seed,
-                               uint64_t stream) = 0;
-  // dx = dout * keep / (1 - p); dx may alias dout.  dx, dout: (n)
-  virtual void dropout_backward(float* dx, const float* dout, size_t n, float p, uint64_t seed,
-                                uint64_t stream) = 0;
+  // out = dropout(x); out may alias x. The backward is the same op on the
+  // gradient (the mask and scale are regenerated).  out, x: (n)
+  virtual void dropout(Act out, Act x, size_t n, const Dropout& d) = 0;
+  // dx = act'(pre) * dout, for an activation whose backward follows no GEMM
+  // (the mlm head); dx may alias dout.  dx, dout, pre: (n)
+  virtual void activation_backward(Act dx, Act dout, Act pre, size_t n, Activation act) = 0;
 
   // ---- embeddings -------------------------------------------------------
-  // out[i] = table[ids[i]] * scale.  out: (N, C), ids: (N), table: (V, C)
-  virtual void embedding_forward(float* out, const int32_t* ids, const float* table, int N, int C,
-                                 float scale) = 0;
-  // dtable[ids[i]] += dout[i] * scale.  dtable: (V, C), dout: (N, C), ids: (N)
-  virtual void embedding_backward(float* dtable, const float* dout, const int32_t* ids, int N,
-                                  int C, float scale) = 0;
-  // x[i] += table[positions[i]].  x: (N, C), positions: (N), table: (L, C)
-  virtual void positional_add_forward(float* x, const int32_t* positions, const float* table, int N,
-                                      int C) = 0;
-  // dtable[positions[i]] += dx[i].  dtable: (L, C), dx: (N, C)
-  virtual void positional_add_backward(float* dtable, const float* dx, const int32_t* positions,
-                                       int N, int C) = 0;
+  // out[i] = tokens[ids[i]] * scale + positions[pos[i]].
+  // out: (N, C), ids, pos: (N), tokens: (V, C), positions: (L, C) (a
+  // learned table's compute copy, or fixed sinusoids)
+  virtual void embedding_forward(Act out, const int32_t* ids, Act tokens, const int32_t* pos,
+                                 Act positions, int N, int C, float scale) = 0;
+  // dtokens[ids[i]] += dout[i] * scale and, when dpositions is not null,
+  // dpositions[pos[i]] += dout[i]; each row of a table sums its rows in
+  // ascending order (no float atomics: deterministic).
+  // dtokens: (V, C), dpositions: (L, C) or null, dout: (N, C)
+  virtual void embedding_backward(float* dtokens, float* dpositions, Act dout,
+                                  const RowGroups& by_id, const RowGroups& by_pos, int N, int C,
+                                  float scale) = 0;
 
   // ---- layer norm -------------------------------------------------------
   // out = (x - mean) * rstd * gamma + beta, per row.
   // out, x: (N, C), mean, rstd: (N) saved for backward, gamma, beta: (C)
-  virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* x,
-                                 const float* gamma, const float* beta, int N, int C,
-                                 float eps) = 0;
+  virtual void layernorm_forward(Act out, float* mean, float* rstd, Act x, Act gamma, Act beta,
+                                 int N, int C, float eps) = 0;
+  // A residual connection and the layer norm after it, in one pass:
+  // sum = s + dropout(y), out = LN(sum).  sum, out, s, y: (N, C)
+  virtual void residual_layernorm_forward(Act sum, Act out, float* mean, float* rstd, Act s, Act y,
+                                          const Dropout& d, Act gamma, Act beta, int N, int C,
+                                          float eps) = 0;
   // dx (= or += with accumulate): (N, C), dgamma, dbeta (+=): (C)
-  virtual void layernorm_backward(float* dx, float* dgamma, float* dbeta, const float* dout,
-                                  const float* x, const float* gamma, const float* mean,
-                                  const float* rstd, int N, int C, bool accumulate) = 0;
+  virtual void layernorm_backward(Act dx, float* dgamma, float* dbeta, Act dout, Act x, Act gamma,
+                                  const float* mean, const float* rstd, int N, int C,
+                                  bool accumulate) = 0;
 
   // ---- GEMM -------------------------------------------------------------
-  // out = x @ weight^T + bias.  out: (N, OC), x: (N, IC), weight: (OC, IC),
-  // bias: (OC) or null
-  virtual void matmul_forward(float* out, const float* x, const float* weight, const float* bias,
-                              int N, int IC, int OC) = 0;
-  // dx (= or += with accumulate; null to skip): (N, IC), dweight (+=): (OC, IC),
-  // dbias (+=, null to skip): (OC), dout: (N, OC)
-  virtual void matmul_backward(float* dx, float* dweight, float* dbias, const float* dout,
-                               const float* x, const float* weight, int N, int IC, int OC,
-                               bool accumulate) = 0;
-
-  // ---- softmax ----------------------------------------------------------
-  // Row softmax of x * scale over the first `valid[r]` columns (all when valid
-  // is null); columns past valid[r] get probability 0.
-  // probs, x: (R, L), valid: host (R) or null
-  virtual void softmax_forward(float* probs, const float* x, int R, int L, float scale,
-                               const int32_t* valid) = 0;
-  // dx = scale * probs * (dprobs - sum(dprobs * probs)).  dx, dprobs, probs: (R, L)
-  virtual void softmax_backward(float* dx, const float* dprobs, const float* probs, int R, int L,
-                                float scale) = 0;
+  // out = act(x @ weight^T + bias); with an activation, fused.pre (N, OC)
+  // keeps x @ weight^T + bias for the backward pass.
+  // out: (N, OC) rows out_stride elements apart (0: OC; a padded stride
+  // keeps wide GEMMs aligned), x: (N, IC), weight: (OC, IC), bias: (OC) or null
+  virtual void matmul_forward(Act out, Act x, Act weight, Act bias, int N, int IC, int OC,
+                              const FusedActivation& fused = {}, int out_stride = 0) = 0;
+  // dx (= or += with accumulate; null to skip): (N, IC), dweight (+=):
+  // (OC, IC), dbias (+=, null to skip): (OC), dout: (N, OC) rows dout_stride
+  // apart (0: OC). With an activation (fused.pre: (N, IC), the forward's
+  // pre-activation of x), dx = act'(pre) * (dout @ weight): the gradient at
+  // the pre-activation (accumulate must be false).
+  virtual void matmul_backward(Act dx, float* dweight, float* dbias, Act dout, Act x, Act weight,
+                               int N, int IC, int OC, bool accumulate,
+                               const FusedActivation& fused = {}, int dout_stride = 0) = 0;
 
   // ---- attention --------------------------------------------------------
   // Multi-head scaled dot-product attention over ragged batches. Query b
   // attends to the keys of sequence b only (key padding by construction),
   // and with `causal` to keys 0..i (requires q and k lengths equal).
-  // q: (Nq, H*D) rows `q_stride` floats apart; k, v: (Nk, H*D) rows
+  // q: (Nq, H*D) rows `q_stride` elements apart; k, v: (Nk, H*D) rows
   // `kv_stride` apart (so q, k, v may be column slices of one fused QKV
-  // tensor); out: (Nq, H*D) dense; probs: attention_probs_size() floats saved
-  // for backward.
-  virtual void attention_forward(float* out, float* probs, const float* q, int q_stride,
-                                 const float* k, const float* v, int kv_stride, const Ragged& qs,
-                                 const Ragged& ks, const AttentionConfig& cfg) = 0;
-  // dq: (Nq, H*D) stride q_stride; dk, dv: (Nk, H*D) stride kv_stride;
-  // all written (=). dout: (Nq, H*D) dense.
-  virtual void attention_backward(float* dq, float* dk, float* dv, const float* dout,
-                                  const float* probs, const float* q, int q_stride, const float* k,
-                                  const float* v, int kv_stride, const Ragged& qs, const Ragged& ks,
+  // tensor); out: (Nq, H*D) dense. Saved for backward: out and
+  // stats (Nq, H), each query row's log-sum-exp of its scaled scores (not
+  // the probabilities).
+  virtual void attention_forward(Act out, float* stats, Act q, int q_stride, Act k, Act v,
+                                 int kv_stride, const Ragged& qs, const Ragged& ks,
+                                 const AttentionConfig& cfg) = 0;
+  // dq: (Nq, H*D) stride q_stride; dk, dv: (Nk, H*D) stride kv_stride; all
+  // written (=). dout, out: (Nq, H*D) dense; stats: (Nq, H) from forward.
+  virtual void attention_backward(Act dq, Act dk, Act dv, Act dout, Act out, const float* stats,
+                                  Act q, int q_stride, Act k, Act v, int kv_stride,
+                                  const Ragged& qs, const Ragged& ks,
                                   const AttentionConfig& cfg) = 0;
 
   // ---- loss -------------------------------------------------------------
   // Label-smoothed softmax cross entropy fused with its gradient. Target
   // distribution: 1-e on the label, e/(V-1) elsewhere; the constant
   // -((1-e)ln(1-e) + e ln(e/(V-1))) is subtracted so a perfect prediction
-  // scores 0. Rows whose target is pad_id have weight 0.
-  // With compute_grad, logits are overwritten by dlogits = (p - q) * grad_scale
-  // (0 on pad rows): the probabilities are never stored.
-  // logits: (N, V), targets: (N)
-  virtual LossSums cross_entropy(float* logits, const int32_t* targets, int N, int V,
-                                 float smoothing, int pad_id, float grad_scale,
-                                 bool compute_grad) = 0;
+  // scores 0. Rows whose target is pad_id have weight 0. Softmax and loss in
+  // fp32. With compute_grad, logits are overwritten by
+  // dlogits = (p - q) * grad_scale (0 on pad rows): the probabilities are
+  // never stored. The batch's sums are added to *sums in row order.
+  // logits: (N, V) rows `stride` elements apart (0: V), targets: (N),
+  // sums: backend (1)
+  virtual void cross_entropy(Act logits, const int32_t* targets, int N, int V, float smoothing,
+                             int pad_id, float grad_scale, bool compute_grad, LossSums* sums,
+                             int stride = 0) = 0;
 
   // ---- optimizer --------------------------------------------------------
-  // AdamW on one tensor. params, grads, m, v: (n)
-  virtual void adamw_update(float* params, const float* grads, float* m, float* v, size_t n,
-                            const AdamWConfig& cfg) = 0;
-  // sum of x[i]^2, accumulated in double.  x: (n)
-  virtual double sum_squares(const float* x, size_t n) = 0;
+  // *out = sum of x[i]^2, accumulated in double in an order that depends on
+  // n only.  x: (n), out: backend (1)
+  virtual void sum_squares(double* out, const float* x, size_t n) = 0;
+  // One AdamW update of every range of the flat buffers, in one pass (one
+  // launch on a GPU, a block per range). Gradients are multiplied by cfg.inv_loss_scale and by
+  // clip_factor(sqrt(*grad_norm_sq) * inv_loss_scale, max_norm) first, so
+  // the clip is decided on the device. compute (the compute copy of the
+  // weights) is refreshed; null when the compute precision is fp32.
+  // params, grads, m, v: (n) fp32, compute: (n), ranges: backend (R),
+  // grad_norm_sq: backend (1), from sum_squares
+  virtual void adamw_update(float* params, const float* grads, float* m, float* v, Act compute,
+                            size_t n, const AdamWRange* ranges, int range_count,
+                            const AdamWConfig& cfg, const double* grad_norm_sq) = 0;
 };
-
-// Attention probabilities saved by attention_forward: H * sum_b Lq_b * Lk_b floats.
-size_t attention_probs_size(const Ragged& qs, const Ragged& ks, int heads);
 
 // Per-query attention scale for the query that sees `visible_keys` keys;
 // the same code on the host and in CUDA kernels. Log-length scaling keeps
@@ -209,5 +305,10 @@ inline float attention_scale(const AttentionConfig& cfg, int visible_keys) {
 
 // The normalising constant of the smoothed target distribution (>= 0).
 double label_smoothing_constant(float smoothing, int V);
+
+// Groups rows 0..N-1 by keys[row] (host data): the host side of RowGroups.
+// out_keys: (G), out_starts: (G+1), out_rows: (N); returns G.
+int group_rows_by_key(const int32_t* keys, int N, std::vector<int32_t>* out_keys,
+                      std::vector<int32_t>* out_starts, std::vector<int32_t>* out_rows);
 
 }  // namespace mpiformer

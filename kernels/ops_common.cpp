@@ -1,17 +1,11 @@
 // Backend-independent helpers declared in kernels/ops.h.
+#include <algorithm>
 #include <cmath>
+#include <stdexcept>
 
 #include "kernels/ops.h"
 
 namespace mpiformer {
-
-size_t attention_probs_size(const Ragged& qs, const Ragged& ks, int heads) {
-  size_t total = 0;
-  for (int b = 0; b < qs.batch; ++b) {
-    total += static_cast<size_t>(qs.length(b)) * static_cast<size_t>(ks.length(b));
-  }
-  return total * static_cast<size_t>(heads);
-}
 
 double label_smoothing_constant(float smoothing, int V) {
   // x ln x with the limit 0 ln 0 = 0.
@@ -19,6 +13,51 @@ double label_smoothing_constant(float smoothing, int V) {
   const double e = smoothing;
   if (V < 2) return 0.0;  // one class: the target distribution is a point mass
   return -(x_log_y(1.0 - e, 1.0 - e) + x_log_y(e, e / (V - 1)));
+}
+
+const char* to_string(OpFamily f) {
+  switch (f) {
+    case OpFamily::kGemm:
+      return "gemm";
+    case OpFamily::kAttention:
+      return "attention";
+    case OpFamily::kNorm:
+      return "layernorm";
+    case OpFamily::kElementwise:
+      return "elementwise";
+    case OpFamily::kEmbedding:
+      return "embedding";
+    case OpFamily::kLoss:
+      return "loss";
+    case OpFamily::kOptimizer:
+      return "optimizer";
+    case OpFamily::kCount:
+      break;
+  }
+  return "?";
+}
+
+int group_rows_by_key(const int32_t* keys, int N, std::vector<int32_t>* out_keys,
+                      std::vector<int32_t>* out_starts, std::vector<int32_t>* out_rows) {
+  // A counting sort: stable, so each group lists its rows in ascending order.
+  int32_t largest = -1;
+  for (int i = 0; i < N; ++i) {
+    if (keys[i] < 0) throw std::invalid_argument("group_rows_by_key: negative key");
+    largest = std::max(largest, keys[i]);
+  }
+  std::vector<int32_t> count(static_cast<size_t>(largest) + 2, 0);  // (K+1), then start of each key
+  for (int i = 0; i < N; ++i) ++count[keys[i] + 1];
+  out_keys->clear();
+  out_starts->assign(1, 0);
+  for (int32_t k = 0; k <= largest; ++k) {
+    if (count[k + 1] == 0) continue;
+    out_keys->push_back(k);
+    out_starts->push_back(out_starts->back() + count[k + 1]);
+  }
+  for (int32_t k = 0; k <= largest; ++k) count[k + 1] += count[k];  // start of key k's rows
+  out_rows->resize(N);
+  for (int i = 0; i < N; ++i) (*out_rows)[count[keys[i]]++] = i;
+  return static_cast<int>(out_keys->size());
 }
 
 }  // namespace mpiformer

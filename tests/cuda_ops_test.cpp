@@ -1,220 +1,567 @@
-// Every CUDA op against the CPU reference on random inputs, ragged batches
-// included (label gpu). Without a GPU every test is skipped with a message.
-// Tolerances (fp32): 1e-5 relative for elementwise ops, 1e-4 for reductions,
-// GEMMs and attention (other summation orders).
+// Every CUDA op against the CPU reference, in fp32, bf16 and fp16 (label
+// gpu), then whole models: one training step of lm, seq2seq and mlm on both
+// backends. Without a GPU every test is skipped with a message.
+//
+// Inputs are drawn in fp32 and rounded to the precision under test, so both
+// backends see the same values; the CPU backend computes in fp32 and rounds
+// what it stores, as the GPU kernels do, so outputs differ only by the
+// order of sums and by roundings inside fused kernels. Tolerances, relative
+// to the largest reference magnitude (at least 1):
+// - fp32: 1e-5 elementwise, 1e-4 for reductions (GEMM, attention, norms).
+// - bf16 stores 8 significant bits (ulp 2^-8 = 3.9e-3 relative): an output
+//   whose fp32 value differs in the last bits may round one ulp apart, so
+//   elementwise ops get 8e-3 (two ulps). Reductions also round inside
+//   (cuDNN's flash attention keeps P in bf16 for P V, a folded log-length
+//   scale rounds q once more, a fused epilogue rounds its pre-activation):
+//   2.5e-2.
+// - fp16 stores 11 significant bits (ulp 4.9e-4): 1e-3 and 5e-3.
+// - fp32 results (parameter gradients, statistics, sums) from identical
+//   inputs: 1e-4 in every precision, except where they are sums over
+//   intermediates the GPU rounds (attention statistics: the reduction
+//   tolerance of the precision).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/backend.h"
 #include "kernels/ops.h"
+#include "src/model/model.h"
+#include "tests/test_batches.h"
 
 namespace mpiformer {
 namespace {
 
-class CudaOpsTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (cuda_device_count() == 0) GTEST_SKIP() << "no GPU visible: the CUDA op tests are skipped";
-    gpu_ = make_cuda_ops(0);
-    cpu_ = make_cpu_ops(1);
+double elementwise_tolerance(DType t) {
+  return t == DType::kF32 ? 1e-5 : t == DType::kBF16 ? 8e-3 : 1e-3;
+}
+double reduction_tolerance(DType t) {
+  return t == DType::kF32 ? 1e-4 : t == DType::kBF16 ? 2.5e-2 : 5e-3;
+}
+constexpr double kFp32Tolerance = 1e-4;
+
+std::string dtype_name(const ::testing::TestParamInfo<DType>& info) {
+  return to_string(info.param);
+}
+
+bool gpu_present() {
+  return cuda_device_count() > 0;
+}
+
+// The same data on both backends.
+struct Pair {
+  Act gpu, cpu;
+};
+struct FloatPair {
+  float* gpu;
+  float* cpu;
+};
+struct IntPair {
+  int32_t* gpu;
+  int32_t* cpu;
+};
+
+class Backends {
+ public:
+  Backends() : gpu(make_cuda_ops(0)), cpu(make_cpu_ops(1)) {}
+  ~Backends() {
+    for (void* p : gpu_owned_) gpu->release(p);
+    for (void* p : cpu_owned_) cpu->release(p);
   }
 
+  // values rounded to t, on both backends.  values: host (n)
+  Pair acts(const std::vector<float>& values, DType t) {
+    std::vector<unsigned char> stored(std::max<size_t>(values.size(), 1) * dtype_bytes(t));
+    narrow(stored.data(), t, values.data(), values.size());
+    void* g = gpu->allocate(stored.size());
+    void* c = cpu->allocate(stored.size());
+    gpu->copy_to_device(g, stored.data(), stored.size());
+    cpu->copy_to_device(c, stored.data(), stored.size());
+    gpu_owned_.push_back(g);
+    cpu_owned_.push_back(c);
+    return Pair{Act(g, t), Act(c, t)};
+  }
+  FloatPair floats(const std::vector<float>& values) {
+    const Pair p = acts(values, DType::kF32);
+    return FloatPair{static_cast<float*>(p.gpu.data), static_cast<float*>(p.cpu.data)};
+  }
+  IntPair ints(const std::vector<int32_t>& values) {
+    const size_t bytes = std::max<size_t>(values.size(), 1) * sizeof(int32_t);
+    void* g = gpu->allocate(bytes);
+    void* c = cpu->allocate(bytes);
+    gpu->copy_to_device(g, values.data(), values.size() * sizeof(int32_t));
+    cpu->copy_to_device(c, values.data(), values.size() * sizeof(int32_t));
+    gpu_owned_.push_back(g);
+    cpu_owned_.push_back(c);
+    return IntPair{static_cast<int32_t*>(g), static_cast<int32_t*>(c)};
+  }
+  // Both sides read back, widened.
+  std::vector<float> read_gpu(Act a, size_t n) { return read(*gpu, a, n); }
+  std::vector<float> read_cpu(Act a, size_t n) { return read(*cpu, a, n); }
+
+  std::unique_ptr<Ops> gpu, cpu;
+
+ private:
+  static std::vector<float> read(Ops& ops, Act a, size_t n) {
+    std::vector<unsigned char> stored(n * dtype_bytes(a.dtype));
+    ops.copy_to_host(stored.data(), a.data, stored.size());
+    std::vector<float> out(n);
+    widen(out.data(), stored.data(), a.dtype, n);
+    return out;
+  }
+  std::vector<void*> gpu_owned_, cpu_owned_;
+};
+
+// max |got - want| <= rel * max(1, max |want|), reported at the worst element.
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, double rel,
+                  const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double largest = 1.0, worst = 0.0;
+  size_t at = 0;
+  for (float w : want) largest = std::max(largest, std::abs(static_cast<double>(w)));
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double d = std::abs(static_cast<double>(got[i]) - want[i]);
+    if (!(d <= worst)) worst = d, at = i;  // NaN counts as worst
+  }
+  EXPECT_LE(worst, rel * largest) << what << ": worst at " << at << ": " << got[at] << " vs "
+                                  << want[at] << " (largest |want| " << largest << ")";
+}
+
+class CudaOpsTest : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override {
+    if (!gpu_present()) GTEST_SKIP() << "no GPU visible: the CUDA op tests are skipped";
+    b_ = std::make_unique<Backends>();
+  }
+  DType t() const { return GetParam(); }
   std::vector<float> random(size_t n, float scale = 1.0f) {
     std::normal_distribution<float> normal(0.0f, scale);
     std::vector<float> x(n);
     for (float& v : x) v = normal(rng_);
     return x;
   }
-
-  // A device copy of host data, released at the end of the test.
-  template <typename T>
-  T* upload(const std::vector<T>& host) {
-    auto* p = static_cast<T*>(gpu_->allocate(std::max<size_t>(host.size(), 1) * sizeof(T)));
-    gpu_->copy_to_device(p, host.data(), host.size() * sizeof(T));
-    owned_.push_back(p);
-    return p;
+  std::vector<float> read_gpu(Act a, size_t n) { return b_->read_gpu(a, n); }
+  std::vector<float> read_cpu(Act a, size_t n) { return b_->read_cpu(a, n); }
+  void compare(Pair p, size_t n, double rel, const std::string& what) {
+    expect_close(read_gpu(p.gpu, n), read_cpu(p.cpu, n), rel, what);
   }
-  template <typename T>
-  std::vector<T> download(const T* p, size_t n) {
-    std::vector<T> host(n);
-    gpu_->copy_to_host(host.data(), p, n * sizeof(T));
-    return host;
-  }
-  void TearDown() override {
-    for (void* p : owned_) gpu_->release(p);
+  void compare(FloatPair p, size_t n, double rel, const std::string& what) {
+    compare(Pair{Act::f32(p.gpu), Act::f32(p.cpu)}, n, rel, what);
   }
 
-  static void expect_close(const std::vector<float>& got, const std::vector<float>& want,
-                           double rel, const char* what) {
-    ASSERT_EQ(got.size(), want.size()) << what;
-    double max_abs = 0.0;
-    for (float w : want) max_abs = std::max(max_abs, std::abs(static_cast<double>(w)));
-    for (size_t i = 0; i < got.size(); ++i) {
-      ASSERT_NEAR(got[i], want[i], rel * std::max(1.0, max_abs)) << what << " at " << i;
+  // Self-attention over a fused QKV tensor (and dQKV gradient), or
+  // cross-attention over separate q and kv tensors.
+  void attention_case(int H, int D, const std::vector<int32_t>& q_offsets,
+                      const std::vector<int32_t>& k_offsets, bool cross, bool causal,
+                      AttentionScale scale) {
+    Backends& b = *b_;
+    const DType t = GetParam();
+    const int C = H * D, B = static_cast<int>(q_offsets.size()) - 1;
+    const int Nq = q_offsets.back(), Nk = k_offsets.back();
+    auto ragged = [&](const std::vector<int32_t>& offsets, const int32_t* device) {
+      Ragged r{offsets.data(), device, B, offsets.back(), 0};
+      for (int i = 0; i < B; ++i) r.max_len = std::max(r.max_len, offsets[i + 1] - offsets[i]);
+      return r;
+    };
+    const IntPair q_off = b.ints(q_offsets), k_off = b.ints(k_offsets);
+    const Ragged qs_gpu = ragged(q_offsets, q_off.gpu), qs_cpu = ragged(q_offsets, q_off.cpu);
+    const Ragged ks_gpu = ragged(k_offsets, k_off.gpu), ks_cpu = ragged(k_offsets, k_off.cpu);
+    const int q_stride = cross ? C : 3 * C, kv_stride = cross ? 2 * C : 3 * C;
+    const Pair q = b.acts(random(static_cast<size_t>(Nq) * q_stride), t);
+    const Pair kv = cross ? b.acts(random(static_cast<size_t>(Nk) * kv_stride), t) : q;
+    const Act k_gpu = cross ? kv.gpu : q.gpu + C, k_cpu = cross ? kv.cpu : q.cpu + C;
+    const Act v_gpu = k_gpu + C, v_cpu = k_cpu + C;
+    const AttentionConfig cfg{H, D, causal, scale, 64.0f};
+    const std::string what = std::string(cross ? "cross" : "self") + (causal ? " causal" : "") +
+                             (scale == AttentionScale::kLogLength ? " log-length" : "") + " H" +
+                             std::to_string(H) + " D" + std::to_string(D);
+
+    const Pair out = b.acts(std::vector<float>(static_cast<size_t>(Nq) * C), t);
+    const FloatPair stats = b.floats(std::vector<float>(static_cast<size_t>(Nq) * H));
+    b.gpu->attention_forward(out.gpu, stats.gpu, q.gpu, q_stride, k_gpu, v_gpu, kv_stride, qs_gpu,
+                             ks_gpu, cfg);
+    b.cpu->attention_forward(out.cpu, stats.cpu, q.cpu, q_stride, k_cpu, v_cpu, kv_stride, qs_cpu,
+                             ks_cpu, cfg);
+    compare(out, static_cast<size_t>(Nq) * C, reduction_tolerance(t), "attention_forward " + what);
+    compare(Pair{Act::f32(stats.gpu), Act::f32(stats.cpu)}, static_cast<size_t>(Nq) * H,
+            t == DType::kF32 ? kFp32Tolerance : reduction_tolerance(t), "attention stats " + what);
+
+    const Pair dout = b.acts(random(static_cast<size_t>(Nq) * C), t);
+    const Pair dq = b.acts(std::vector<float>(static_cast<size_t>(Nq) * q_stride), t);
+    const Pair dkv =
+        cross ? b.acts(std::vector<float>(static_cast<size_t>(Nk) * kv_stride), t) : dq;
+    const Act dk_gpu = cross ? dkv.gpu : dq.gpu + C, dk_cpu = cross ? dkv.cpu : dq.cpu + C;
+    b.gpu->attention_backward(dq.gpu, dk_gpu, dk_gpu + C, dout.gpu, out.gpu, stats.gpu, q.gpu,
+                              q_stride, k_gpu, v_gpu, kv_stride, qs_gpu, ks_gpu, cfg);
+    b.cpu->attention_backward(dq.cpu, dk_cpu, dk_cpu + C, dout.cpu, out.cpu, stats.cpu, q.cpu,
+                              q_stride, k_cpu, v_cpu, kv_stride, qs_cpu, ks_cpu, cfg);
+    compare(dq, static_cast<size_t>(Nq) * q_stride, reduction_tolerance(t),
+            "attention_backward " + std::string(cross ? "dq " : "dq, dk, dv ") + what);
+    if (cross) {
+      compare(dkv, static_cast<size_t>(Nk) * kv_stride, reduction_tolerance(t),
+              "attention_backward dk, dv " + what);
     }
   }
 
   std::mt19937 rng_{7};
-  std::unique_ptr<Ops> gpu_, cpu_;
-  std::vector<void*> owned_;
+  std::unique_ptr<Backends> b_;
 };
 
-TEST_F(CudaOpsTest, ElementwiseAndDropout) {
+INSTANTIATE_TEST_SUITE_P(Precisions, CudaOpsTest,
+                         ::testing::Values(DType::kF32, DType::kBF16, DType::kF16), dtype_name);
+
+TEST_P(CudaOpsTest, ConvertDropoutAndActivationBackward) {
   const size_t n = 10007;
-  std::vector<float> x = random(n), d = random(n), want(n);
+  const std::vector<float> master = random(n);
+  const Pair converted = b_->acts(std::vector<float>(n), t());
+  const FloatPair src = b_->floats(master);
+  b_->gpu->convert(converted.gpu, src.gpu, n);
+  b_->cpu->convert(converted.cpu, src.cpu, n);
+  compare(converted, n, 0.0, "convert: the same rounding bit for bit");
+
+  const Pair x = b_->acts(random(n), t()), out = b_->acts(std::vector<float>(n), t());
+  const Dropout d{0.3f, 42, 9};
+  b_->gpu->dropout(out.gpu, x.gpu, n, d);
+  b_->cpu->dropout(out.cpu, x.cpu, n, d);
+  compare(out, n, elementwise_tolerance(t()), "dropout: the same mask on both backends");
+  b_->gpu->dropout(x.gpu, x.gpu, n, d);  // in place
+  b_->cpu->dropout(x.cpu, x.cpu, n, d);
+  compare(x, n, elementwise_tolerance(t()), "dropout in place");
+
   for (Activation act : {Activation::kGelu, Activation::kRelu}) {
-    float* out = upload(std::vector<float>(n));
-    gpu_->activation_forward(out, upload(x), n, act);
-    cpu_->activation_forward(want.data(), x.data(), n, act);
-    expect_close(download(out, n), want, 1e-5, "activation_forward");
-    gpu_->activation_backward(out, upload(d), upload(x), n, act);
-    cpu_->activation_backward(want.data(), d.data(), x.data(), n, act);
-    expect_close(download(out, n), want, 1e-5, "activation_backward");
+    const Pair pre = b_->acts(random(n, 2.0f), t()), dout = b_->acts(random(n), t());
+    const Pair dx = b_->acts(std::vector<float>(n), t());
+    b_->gpu->activation_backward(dx.gpu, dout.gpu, pre.gpu, n, act);
+    b_->cpu->activation_backward(dx.cpu, dout.cpu, pre.cpu, n, act);
+    compare(dx, n, elementwise_tolerance(t()),
+            std::string("activation_backward ") + to_string(act));
   }
-  float* out = upload(std::vector<float>(n));
-  gpu_->dropout_forward(out, upload(x), n, 0.3f, 42, 9);
-  cpu_->dropout_forward(want.data(), x.data(), n, 0.3f, 42, 9);
-  expect_close(download(out, n), want, 1e-6, "dropout: the same mask on both backends");
 }
 
-TEST_F(CudaOpsTest, EmbeddingsLayerNormAndMatmul) {
-  const int N = 37, C = 48, V = 29, OC = 70;
-  std::vector<int32_t> ids(N);
-  for (int32_t& id : ids) id = std::uniform_int_distribution<int>(0, V - 1)(rng_);
-  const std::vector<float> table = random(static_cast<size_t>(V) * C);
-  std::vector<float> want(static_cast<size_t>(N) * C);
-  float* out = upload(std::vector<float>(want.size()));
-  gpu_->embedding_forward(out, upload(ids), upload(table), N, C, 2.0f);
-  cpu_->embedding_forward(want.data(), ids.data(), table.data(), N, C, 2.0f);
-  expect_close(download(out, want.size()), want, 1e-6, "embedding_forward");
-
-  const std::vector<float> dout = random(want.size());
-  std::vector<float> dtable_want(table.size());
-  float* dtable = upload(std::vector<float>(table.size()));
-  gpu_->embedding_backward(dtable, upload(dout), upload(ids), N, C, 2.0f);
-  cpu_->embedding_backward(dtable_want.data(), dout.data(), ids.data(), N, C, 2.0f);
-  expect_close(download(dtable, table.size()), dtable_want, 1e-5, "embedding_backward");
-
-  const std::vector<float> x = random(want.size(), 3.0f), gamma = random(C), beta = random(C);
-  std::vector<float> mean_w(N), rstd_w(N);
-  float* mean = upload(std::vector<float>(N));
-  float* rstd = upload(std::vector<float>(N));
-  float* x_d = upload(x);
-  float* gamma_d = upload(gamma);
-  gpu_->layernorm_forward(out, mean, rstd, x_d, gamma_d, upload(beta), N, C, 1e-5f);
-  cpu_->layernorm_forward(want.data(), mean_w.data(), rstd_w.data(), x.data(), gamma.data(),
-                          beta.data(), N, C, 1e-5f);
-  expect_close(download(out, want.size()), want, 1e-4, "layernorm_forward");
-  std::vector<float> dgamma_w(C), dbeta_w(C);
-  float* dgamma = upload(std::vector<float>(C));
-  float* dbeta = upload(std::vector<float>(C));
-  gpu_->layernorm_backward(out, dgamma, dbeta, upload(dout), x_d, gamma_d, mean, rstd, N, C, false);
-  cpu_->layernorm_backward(want.data(), dgamma_w.data(), dbeta_w.data(), dout.data(), x.data(),
-                           gamma.data(), mean_w.data(), rstd_w.data(), N, C, false);
-  expect_close(download(out, want.size()), want, 1e-4, "layernorm_backward dx");
-  expect_close(download(dgamma, C), dgamma_w, 1e-4, "layernorm_backward dgamma");
-  expect_close(download(dbeta, C), dbeta_w, 1e-4, "layernorm_backward dbeta");
-
-  const std::vector<float> w = random(static_cast<size_t>(OC) * C), bias = random(OC);
-  std::vector<float> y_w(static_cast<size_t>(N) * OC);
-  float* y = upload(std::vector<float>(y_w.size()));
-  float* w_d = upload(w);
-  gpu_->matmul_forward(y, x_d, w_d, upload(bias), N, C, OC);
-  cpu_->matmul_forward(y_w.data(), x.data(), w.data(), bias.data(), N, C, OC);
-  expect_close(download(y, y_w.size()), y_w, 1e-4, "matmul_forward");
-  const std::vector<float> dy = random(y_w.size());
-  std::vector<float> dx_w(x.size(), 0.5f), dw_w(w.size(), 0.25f), db_w(OC, 0.125f);
-  float* dx = upload(dx_w);
-  float* dw = upload(dw_w);
-  float* db = upload(db_w);
-  gpu_->matmul_backward(dx, dw, db, upload(dy), x_d, w_d, N, C, OC, true);
-  cpu_->matmul_backward(dx_w.data(), dw_w.data(), db_w.data(), dy.data(), x.data(), w.data(), N, C,
-                        OC, true);
-  expect_close(download(dx, x.size()), dx_w, 1e-4, "matmul_backward dx (accumulated)");
-  expect_close(download(dw, w.size()), dw_w, 1e-4, "matmul_backward dweight");
-  expect_close(download(db, OC), db_w, 1e-4, "matmul_backward dbias");
+TEST_P(CudaOpsTest, UploadsAreStreamOrderedAndStaged) {
+  // Far more staged bytes than the ring holds, each host buffer overwritten
+  // right after its upload: every device copy must hold what was uploaded.
+  b_->gpu->reserve_uploads(1 << 12);
+  const int copies = 64, n = 300;
+  std::vector<int32_t*> dst;
+  for (int c = 0; c < copies; ++c) dst.push_back(b_->ints(std::vector<int32_t>(n)).gpu);
+  std::vector<int32_t> host(n);
+  for (int c = 0; c < copies; ++c) {
+    for (int i = 0; i < n; ++i) host[i] = c * 1000 + i;
+    b_->gpu->upload(dst[c], host.data(), n * sizeof(int32_t));
+    std::fill(host.begin(), host.end(), -1);
+  }
+  for (int c = 0; c < copies; ++c) {
+    std::vector<int32_t> got(n);
+    b_->gpu->copy_to_host(got.data(), dst[c], n * sizeof(int32_t));
+    for (int i = 0; i < n; ++i) ASSERT_EQ(got[i], c * 1000 + i) << "copy " << c << " element " << i;
+  }
 }
 
-TEST_F(CudaOpsTest, RaggedAttentionForwardAndBackward) {
-  const int H = 3, D = 8, C = H * D;
+TEST_P(CudaOpsTest, EmbeddingsWithoutAtomics) {
+  const int N = 97, C = 48, V = 29, L = 40;
+  std::vector<int32_t> ids(N), pos(N);
+  for (int i = 0; i < N; ++i) {
+    ids[i] = std::uniform_int_distribution<int>(0, V - 1)(rng_);
+    pos[i] = i % 17;  // repeated positions, as in a batch of sequences
+  }
+  const IntPair ids_d = b_->ints(ids), pos_d = b_->ints(pos);
+  const Pair tokens = b_->acts(random(static_cast<size_t>(V) * C), t());
+  const Pair positions = b_->acts(random(static_cast<size_t>(L) * C), t());
+  const Pair out = b_->acts(std::vector<float>(static_cast<size_t>(N) * C), t());
+  b_->gpu->embedding_forward(out.gpu, ids_d.gpu, tokens.gpu, pos_d.gpu, positions.gpu, N, C, 2.0f);
+  b_->cpu->embedding_forward(out.cpu, ids_d.cpu, tokens.cpu, pos_d.cpu, positions.cpu, N, C, 2.0f);
+  compare(out, static_cast<size_t>(N) * C, elementwise_tolerance(t()), "embedding_forward");
+
+  // Row groups as the model builds them: on the host, uploaded.
+  std::vector<int32_t> keys, starts, rows;
+  auto groups = [&](const std::vector<int32_t>& by) {
+    const int g = group_rows_by_key(by.data(), N, &keys, &starts, &rows);
+    const IntPair k = b_->ints(keys), s = b_->ints(starts), r = b_->ints(rows);
+    return std::pair<RowGroups, RowGroups>{RowGroups{k.gpu, s.gpu, r.gpu, g},
+                                           RowGroups{k.cpu, s.cpu, r.cpu, g}};
+  };
+  const auto [by_id_gpu, by_id_cpu] = groups(ids);
+  const auto [by_pos_gpu, by_pos_cpu] = groups(pos);
+  const Pair dout = b_->acts(random(static_cast<size_t>(N) * C), t());
+  const FloatPair dtokens = b_->floats(random(static_cast<size_t>(V) * C, 0.1f));
+  const FloatPair dpositions = b_->floats(random(static_cast<size_t>(L) * C, 0.1f));
+  b_->gpu->embedding_backward(dtokens.gpu, dpositions.gpu, dout.gpu, by_id_gpu, by_pos_gpu, N, C,
+                              2.0f);
+  b_->cpu->embedding_backward(dtokens.cpu, dpositions.cpu, dout.cpu, by_id_cpu, by_pos_cpu, N, C,
+                              2.0f);
+  compare(dtokens, static_cast<size_t>(V) * C, kFp32Tolerance, "embedding_backward tokens (+=)");
+  compare(dpositions, static_cast<size_t>(L) * C, kFp32Tolerance,
+          "embedding_backward positions (+=)");
+  // Deterministic: a second run from the same state gives the same bits.
+  const std::vector<float> once = read_gpu(Act::f32(dtokens.gpu), static_cast<size_t>(V) * C);
+  const FloatPair again = b_->floats(std::vector<float>(static_cast<size_t>(V) * C));
+  const FloatPair twice = b_->floats(std::vector<float>(static_cast<size_t>(V) * C));
+  b_->gpu->embedding_backward(again.gpu, nullptr, dout.gpu, by_id_gpu, by_pos_gpu, N, C, 2.0f);
+  b_->gpu->embedding_backward(twice.gpu, nullptr, dout.gpu, by_id_gpu, by_pos_gpu, N, C, 2.0f);
+  EXPECT_EQ(read_gpu(Act::f32(again.gpu), once.size()), read_gpu(Act::f32(twice.gpu), once.size()))
+      << "embedding_backward is not deterministic";
+}
+
+TEST_P(CudaOpsTest, LayerNormFusedWithTheResidual) {
+  const int N = 77, C = 96;
+  const size_t n = static_cast<size_t>(N) * C;
+  const Pair x = b_->acts(random(n, 3.0f), t()), y = b_->acts(random(n), t());
+  const Pair gamma = b_->acts(random(C), t()), beta = b_->acts(random(C), t());
+  const Pair out = b_->acts(std::vector<float>(n), t()), sum = b_->acts(std::vector<float>(n), t());
+  const FloatPair mean = b_->floats(std::vector<float>(N)),
+                  rstd = b_->floats(std::vector<float>(N));
+  b_->gpu->layernorm_forward(out.gpu, mean.gpu, rstd.gpu, x.gpu, gamma.gpu, beta.gpu, N, C, 1e-5f);
+  b_->cpu->layernorm_forward(out.cpu, mean.cpu, rstd.cpu, x.cpu, gamma.cpu, beta.cpu, N, C, 1e-5f);
+  compare(out, n, reduction_tolerance(t()), "layernorm_forward");
+  compare(mean, N, kFp32Tolerance, "layernorm mean");
+  compare(rstd, N, kFp32Tolerance, "layernorm rstd");
+
+  const Dropout d{0.2f, 5, 77};
+  b_->gpu->residual_layernorm_forward(sum.gpu, out.gpu, mean.gpu, rstd.gpu, x.gpu, y.gpu, d,
+                                      gamma.gpu, beta.gpu, N, C, 1e-5f);
+  b_->cpu->residual_layernorm_forward(sum.cpu, out.cpu, mean.cpu, rstd.cpu, x.cpu, y.cpu, d,
+                                      gamma.cpu, beta.cpu, N, C, 1e-5f);
+  compare(sum, n, elementwise_tolerance(t()), "residual_layernorm_forward sum");
+  compare(out, n, reduction_tolerance(t()), "residual_layernorm_forward out");
+
+  for (bool accumulate : {false, true}) {
+    const std::vector<float> dx0 = random(n);
+    const Pair dout = b_->acts(random(n), t()), dx = b_->acts(dx0, t());
+    const FloatPair dgamma = b_->floats(random(C)), dbeta = b_->floats(random(C));
+    b_->gpu->layernorm_backward(dx.gpu, dgamma.gpu, dbeta.gpu, dout.gpu, sum.gpu, gamma.gpu,
+                                mean.gpu, rstd.gpu, N, C, accumulate);
+    b_->cpu->layernorm_backward(dx.cpu, dgamma.cpu, dbeta.cpu, dout.cpu, sum.cpu, gamma.cpu,
+                                mean.cpu, rstd.cpu, N, C, accumulate);
+    const std::string how = accumulate ? " (+=)" : " (=)";
+    compare(dx, n, reduction_tolerance(t()), "layernorm_backward dx" + how);
+    compare(dgamma, C, kFp32Tolerance, "layernorm_backward dgamma" + how);
+    compare(dbeta, C, kFp32Tolerance, "layernorm_backward dbeta" + how);
+  }
+}
+
+TEST_P(CudaOpsTest, MatmulWithEpilogues) {
+  // N not a multiple of 8, a padded output stride, the fused activations.
+  const int N = 37, IC = 64, OC = 96, stride = 128;
+  const Pair x = b_->acts(random(static_cast<size_t>(N) * IC), t());
+  const Pair w = b_->acts(random(static_cast<size_t>(OC) * IC, 0.2f), t());
+  const Pair bias = b_->acts(random(OC), t());
+  const Pair out = b_->acts(std::vector<float>(static_cast<size_t>(N) * stride), t());
+  b_->gpu->matmul_forward(out.gpu, x.gpu, w.gpu, bias.gpu, N, IC, OC, {}, stride);
+  b_->cpu->matmul_forward(out.cpu, x.cpu, w.cpu, bias.cpu, N, IC, OC, {}, stride);
+  // Compare the OC columns of each row (the padding is never written).
+  const std::vector<float> got = read_gpu(out.gpu, static_cast<size_t>(N) * stride);
+  const std::vector<float> want = read_cpu(out.cpu, static_cast<size_t>(N) * stride);
+  std::vector<float> got_cols, want_cols;
+  for (int r = 0; r < N; ++r) {
+    got_cols.insert(got_cols.end(), got.begin() + r * stride, got.begin() + r * stride + OC);
+    want_cols.insert(want_cols.end(), want.begin() + r * stride, want.begin() + r * stride + OC);
+  }
+  expect_close(got_cols, want_cols, reduction_tolerance(t()), "matmul_forward + bias, stride");
+
+  for (Activation act : {Activation::kGelu, Activation::kRelu}) {
+    const std::string name = to_string(act);
+    const size_t no = static_cast<size_t>(N) * OC;
+    const Pair y = b_->acts(std::vector<float>(no), t()),
+               pre = b_->acts(std::vector<float>(no), t());
+    b_->gpu->matmul_forward(y.gpu, x.gpu, w.gpu, bias.gpu, N, IC, OC, {act, pre.gpu});
+    b_->cpu->matmul_forward(y.cpu, x.cpu, w.cpu, bias.cpu, N, IC, OC, {act, pre.cpu});
+    compare(pre, no, reduction_tolerance(t()), "matmul_forward pre-activation, " + name);
+    compare(y, no, reduction_tolerance(t()), "matmul_forward fused " + name);
+
+    // Backward through the activation: the previous layer's view, IC = OC here.
+    const Pair dout = b_->acts(random(static_cast<size_t>(N) * IC), t());
+    const Pair w2 = b_->acts(random(static_cast<size_t>(IC) * OC, 0.2f), t());
+    const Pair dx = b_->acts(std::vector<float>(no), t());
+    const FloatPair dw = b_->floats(random(static_cast<size_t>(IC) * OC, 0.1f));
+    const FloatPair db = b_->floats(random(IC, 0.1f));
+    b_->gpu->matmul_backward(dx.gpu, dw.gpu, db.gpu, dout.gpu, y.gpu, w2.gpu, N, OC, IC, false,
+                             {act, pre.gpu});
+    b_->cpu->matmul_backward(dx.cpu, dw.cpu, db.cpu, dout.cpu, y.cpu, w2.cpu, N, OC, IC, false,
+                             {act, pre.cpu});
+    compare(dx, no, reduction_tolerance(t()), "matmul_backward through " + name);
+    compare(dw, static_cast<size_t>(IC) * OC, kFp32Tolerance, "matmul_backward dweight, " + name);
+    compare(db, IC, kFp32Tolerance, "matmul_backward dbias, " + name);
+  }
+
+  // Plain backward with accumulation into dx, and dout with a padded stride.
+  const Pair dout = b_->acts(random(static_cast<size_t>(N) * stride), t());
+  const Pair dx = b_->acts(random(static_cast<size_t>(N) * IC), t());
+  const FloatPair dw = b_->floats(random(static_cast<size_t>(OC) * IC, 0.25f));
+  const FloatPair db = b_->floats(random(OC, 0.125f));
+  b_->gpu->matmul_backward(dx.gpu, dw.gpu, db.gpu, dout.gpu, x.gpu, w.gpu, N, IC, OC, true, {},
+                           stride);
+  b_->cpu->matmul_backward(dx.cpu, dw.cpu, db.cpu, dout.cpu, x.cpu, w.cpu, N, IC, OC, true, {},
+                           stride);
+  compare(dx, static_cast<size_t>(N) * IC, reduction_tolerance(t()), "matmul_backward dx (+=)");
+  compare(dw, static_cast<size_t>(OC) * IC, kFp32Tolerance, "matmul_backward dweight (+=)");
+  compare(db, OC, kFp32Tolerance, "matmul_backward dbias (+=)");
+
+  // One row: the shape cuBLASLt's heuristics may refuse.
+  const Pair one = b_->acts(std::vector<float>(OC), t());
+  b_->gpu->matmul_forward(one.gpu, x.gpu, w.gpu, bias.gpu, 1, IC, OC);
+  b_->cpu->matmul_forward(one.cpu, x.cpu, w.cpu, bias.cpu, 1, IC, OC);
+  compare(one, OC, reduction_tolerance(t()), "matmul_forward, one row");
+}
+
+TEST_P(CudaOpsTest, RaggedAttention) {
+  // Small heads (the plain kernels) and a length-0 sequence.
+  const std::vector<int32_t> small = {0, 5, 6, 19, 19, 27};
+  // Heads cuDNN takes (D 64), sequences across its 64- and 128-row tiles.
+  const std::vector<int32_t> large = {0, 1, 70, 200, 263, 391};
   for (bool causal : {false, true}) {
     for (AttentionScale scale : {AttentionScale::kStandard, AttentionScale::kLogLength}) {
-      const std::vector<int32_t> offsets = {0, 5, 6, 19, 19, 27};  // a length-0 sequence too
-      const int B = 5, N = offsets.back(), stride = 3 * C;         // fused QKV rows
-      Ragged r{offsets.data(), upload(offsets), B, N, 13};
-      AttentionConfig cfg{H, D, causal, scale, 64.0f};
-      const std::vector<float> qkv = random(static_cast<size_t>(N) * stride);
-      const float* qkv_d = upload(qkv);
-      const size_t P = attention_probs_size(r, r, H);
-      std::vector<float> out_w(static_cast<size_t>(N) * C), probs_w(P);
-      float* out = upload(std::vector<float>(out_w.size()));
-      float* probs = upload(std::vector<float>(P));
-      gpu_->attention_forward(out, probs, qkv_d, stride, qkv_d + C, qkv_d + 2 * C, stride, r, r,
-                              cfg);
-      Ragged rc = r;
-      rc.device_offsets = offsets.data();
-      cpu_->attention_forward(out_w.data(), probs_w.data(), qkv.data(), stride, qkv.data() + C,
-                              qkv.data() + 2 * C, stride, rc, rc, cfg);
-      expect_close(download(out, out_w.size()), out_w, 1e-4, "attention_forward");
-
-      const std::vector<float> dout = random(out_w.size());
-      std::vector<float> dqkv_w(qkv.size());
-      float* dqkv = upload(std::vector<float>(qkv.size()));
-      gpu_->attention_backward(dqkv, dqkv + C, dqkv + 2 * C, upload(dout), probs, qkv_d, stride,
-                               qkv_d + C, qkv_d + 2 * C, stride, r, r, cfg);
-      cpu_->attention_backward(dqkv_w.data(), dqkv_w.data() + C, dqkv_w.data() + 2 * C, dout.data(),
-                               probs_w.data(), qkv.data(), stride, qkv.data() + C,
-                               qkv.data() + 2 * C, stride, rc, rc, cfg);
-      expect_close(download(dqkv, qkv.size()), dqkv_w, 1e-4, "attention_backward dq, dk, dv");
+      attention_case(3, 8, small, small, false, causal, scale);
+      attention_case(2, 64, large, large, false, causal, scale);
     }
+  }
+  // Cross-attention: other lengths on the key side.
+  const std::vector<int32_t> sources = {0, 9, 40, 41, 170, 300};
+  for (AttentionScale scale : {AttentionScale::kStandard, AttentionScale::kLogLength}) {
+    attention_case(2, 64, large, sources, true, false, scale);
   }
 }
 
-TEST_F(CudaOpsTest, SoftmaxCrossEntropyAdamWAndNorm) {
-  const int R = 9, L = 33;
-  const std::vector<float> x = random(static_cast<size_t>(R) * L);
-  const std::vector<int32_t> valid = {33, 1, 0, 17, 33, 5, 40, 2, 33};
-  std::vector<float> p_w(x.size());
-  float* p = upload(std::vector<float>(x.size()));
-  gpu_->softmax_forward(p, upload(x), R, L, 0.5f, valid.data());
-  cpu_->softmax_forward(p_w.data(), x.data(), R, L, 0.5f, valid.data());
-  expect_close(download(p, x.size()), p_w, 1e-5, "softmax_forward");
-
-  const int N = 23, V = 517;
-  const std::vector<float> logits = random(static_cast<size_t>(N) * V, 2.0f);
+TEST_P(CudaOpsTest, CrossEntropyAdamWAndNorm) {
+  const int N = 23, V = 517, stride = 576;
+  std::vector<float> logits = random(static_cast<size_t>(N) * stride, 2.0f);
   std::vector<int32_t> targets(N);
-  for (int32_t& t : targets) t = std::uniform_int_distribution<int>(0, V - 1)(rng_);
+  for (int32_t& target : targets) target = std::uniform_int_distribution<int>(0, V - 1)(rng_);
   targets[3] = targets[11] = 0;  // pad rows
-  std::vector<float> grad_w = logits;
-  float* grad = upload(logits);
-  const LossSums got = gpu_->cross_entropy(grad, upload(targets), N, V, 0.1f, 0, 0.01f, true);
-  const LossSums want =
-      cpu_->cross_entropy(grad_w.data(), targets.data(), N, V, 0.1f, 0, 0.01f, true);
-  EXPECT_NEAR(got.loss, want.loss, 1e-4 * std::abs(want.loss));
+  const Pair x = b_->acts(logits, t());
+  const IntPair tg = b_->ints(targets);
+  const Pair sums = b_->acts(std::vector<float>(8), DType::kF32);  // room for a LossSums
+  auto* sums_gpu = static_cast<LossSums*>(sums.gpu.data);
+  auto* sums_cpu = static_cast<LossSums*>(sums.cpu.data);
+  for (int pass = 0; pass < 2; ++pass) {  // sums accumulate; the second pass has no gradient
+    b_->gpu->cross_entropy(x.gpu, tg.gpu, N, V, 0.1f, 0, 0.01f, pass == 0, sums_gpu, stride);
+    b_->cpu->cross_entropy(x.cpu, tg.cpu, N, V, 0.1f, 0, 0.01f, pass == 0, sums_cpu, stride);
+  }
+  LossSums got, want;
+  b_->gpu->copy_to_host(&got, sums_gpu, sizeof got);
+  b_->cpu->copy_to_host(&want, sums_cpu, sizeof want);
+  EXPECT_NEAR(got.loss, want.loss, reduction_tolerance(t()) * std::abs(want.loss));
   EXPECT_EQ(got.tokens, want.tokens);
-  EXPECT_EQ(got.correct, want.correct);
-  expect_close(download(grad, logits.size()), grad_w, 1e-5, "cross_entropy gradient");
+  if (t() == DType::kF32) EXPECT_EQ(got.correct, want.correct);
+  compare(x, static_cast<size_t>(N) * stride, elementwise_tolerance(t()),
+          "cross_entropy gradient in place");
 
+  // AdamW over ranges with different decays, clipped on the device, with a
+  // loss scale to remove; the compute copy in the precision under test.
   const size_t n = 70001;
-  std::vector<float> params = random(n), grads = random(n), m = random(n, 0.1f), v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = std::abs(m[i]) * 0.5f;
-  float* params_d = upload(params);
-  float* m_d = upload(m);
-  float* v_d = upload(v);
-  const float* grads_d = upload(grads);
-  AdamWConfig cfg{1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 3, 0.5f};
-  gpu_->adamw_update(params_d, grads_d, m_d, v_d, n, cfg);
-  cpu_->adamw_update(params.data(), grads.data(), m.data(), v.data(), n, cfg);
-  expect_close(download(params_d, n), params, 1e-5, "adamw params");
-  expect_close(download(m_d, n), m, 1e-5, "adamw m");
-  expect_close(download(v_d, n), v, 1e-5, "adamw v");
-  EXPECT_NEAR(gpu_->sum_squares(grads_d, n), cpu_->sum_squares(grads.data(), n),
-              1e-9 * cpu_->sum_squares(grads.data(), n));
+  std::vector<float> g = random(n), m0 = random(n, 0.1f), v0(n);
+  for (size_t i = 0; i < n; ++i) v0[i] = std::abs(m0[i]) * 0.5f;
+  const FloatPair params = b_->floats(random(n)), grads = b_->floats(g), m = b_->floats(m0),
+                  v = b_->floats(v0);
+  const Pair compute = b_->acts(std::vector<float>(n), t());
+  const std::vector<AdamWRange> ranges = {{0, 1000, 0.01f}, {1000, 1300, 0.0f}, {1300, n, 0.1f}};
+  const Pair range_bytes =
+      b_->acts(std::vector<float>(ranges.size() * sizeof(AdamWRange) / 4), DType::kF32);
+  b_->gpu->copy_to_device(range_bytes.gpu.data, ranges.data(), ranges.size() * sizeof(AdamWRange));
+  b_->cpu->copy_to_device(range_bytes.cpu.data, ranges.data(), ranges.size() * sizeof(AdamWRange));
+  const Pair norm = b_->acts(std::vector<float>(2), DType::kF32);  // one double
+  b_->gpu->sum_squares(static_cast<double*>(norm.gpu.data), grads.gpu, n);
+  b_->cpu->sum_squares(static_cast<double*>(norm.cpu.data), grads.cpu, n);
+  double norm_gpu = 0, norm_cpu = 0;
+  b_->gpu->copy_to_host(&norm_gpu, norm.gpu.data, sizeof norm_gpu);
+  b_->cpu->copy_to_host(&norm_cpu, norm.cpu.data, sizeof norm_cpu);
+  EXPECT_NEAR(norm_gpu, norm_cpu, 1e-12 * norm_cpu);
+  AdamWConfig cfg;
+  cfg.lr = 1e-3f, cfg.beta1 = 0.9f, cfg.beta2 = 0.999f, cfg.eps = 1e-8f, cfg.step = 3;
+  cfg.inv_loss_scale = 0.5f, cfg.max_norm = 10.0f;  // the norm is ~264 / 2: clipped
+  const Act compute_gpu = t() == DType::kF32 ? Act() : compute.gpu;
+  const Act compute_cpu = t() == DType::kF32 ? Act() : compute.cpu;
+  b_->gpu->adamw_update(params.gpu, grads.gpu, m.gpu, v.gpu, compute_gpu, n,
+                        static_cast<AdamWRange*>(range_bytes.gpu.data), 3, cfg,
+                        static_cast<double*>(norm.gpu.data));
+  b_->cpu->adamw_update(params.cpu, grads.cpu, m.cpu, v.cpu, compute_cpu, n,
+                        static_cast<AdamWRange*>(range_bytes.cpu.data), 3, cfg,
+                        static_cast<double*>(norm.cpu.data));
+  compare(params, n, 1e-5, "adamw params");
+  compare(m, n, 1e-5, "adamw m");
+  compare(v, n, 1e-5, "adamw v");
+  if (compute_gpu) compare(compute, n, elementwise_tolerance(t()), "adamw compute copy");
+}
+
+// ---- whole models ---------------------------------------------------------
+
+class CudaModelTest : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override {
+    if (!gpu_present()) GTEST_SKIP() << "no GPU visible: the CUDA model tests are skipped";
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(Precisions, CudaModelTest,
+                         ::testing::Values(DType::kF32, DType::kBF16, DType::kF16), dtype_name);
+
+// One training step (two micro-batches) of the same model and batch on both
+// backends: the loss sums and every parameter gradient agree. bf16 and fp16
+// round every activation, so per-tensor differences of a few ulps of the
+// activations (relative to the tensor's largest gradient) are expected.
+void check_model(ModelConfig m, DType t) {
+  m.d_model = 128, m.heads = 2, m.d_ff = 256, m.max_len = 160, m.vocab = 200;
+  std::unique_ptr<Ops> gpu = make_cuda_ops(0), cpu = make_cpu_ops(2);
+  const std::vector<int> lengths = {3, 150, 64, 1, 77};
+  const std::vector<int> src_lengths = {10, 120, 64, 5, 1};
+  const Batch a = testing::random_batch(m, lengths, src_lengths, 5);
+  const Batch b = testing::random_batch(m, {40, 9}, {12, 33}, 6);
+  Model on_gpu(*gpu, m, ModelCapacity{400, m.max_len}, t);
+  Model on_cpu(*cpu, m, ModelCapacity{400, m.max_len}, t);
+  on_gpu.init_parameters(3);
+  on_cpu.init_parameters(3);
+  const float scale = 1.0f / static_cast<float>(a.target_tokens(0) + b.target_tokens(0));
+  on_gpu.parameters().zero_grads();
+  on_cpu.parameters().zero_grads();
+  for (Model* model : {&on_gpu, &on_cpu}) {
+    model->forward_backward(a, 0.1f, scale, PassId{1, 1, 0});
+    model->forward_backward(b, 0.1f, scale, PassId{1, 1, 1});
+  }
+  const LossSums got = on_gpu.take_train_sums(), want = on_cpu.take_train_sums();
+  EXPECT_EQ(got.tokens, want.tokens);
+  EXPECT_NEAR(got.loss, want.loss, (t == DType::kF32 ? 1e-5 : 1e-2) * want.loss)
+      << to_string(m.kind);
+  const ParameterSet& pg = on_gpu.parameters();
+  const ParameterSet& pc = on_cpu.parameters();
+  std::vector<float> grads_gpu(pg.count());
+  gpu->copy_to_host(grads_gpu.data(), pg.grads(), grads_gpu.size() * sizeof(float));
+  const double tolerance = t == DType::kF32 ? 1e-4 : t == DType::kBF16 ? 5e-2 : 1e-2;
+  for (const ParamInfo& info : pc.info()) {
+    const std::vector<float> got_t(grads_gpu.begin() + info.offset,
+                                   grads_gpu.begin() + info.offset + info.size);
+    const std::vector<float> want_t(pc.grads() + info.offset, pc.grads() + info.offset + info.size);
+    double largest = 0.0, worst = 0.0;
+    for (size_t i = 0; i < info.size; ++i) {
+      largest = std::max(largest, std::abs(static_cast<double>(want_t[i])));
+      worst = std::max(worst, std::abs(static_cast<double>(got_t[i]) - want_t[i]));
+    }
+    // Gradients that are zero up to rounding (the key bias: softmax ignores it).
+    if (largest < 1e-6) continue;
+    EXPECT_LE(worst, tolerance * largest) << to_string(m.kind) << " " << info.name;
+  }
+}
+
+TEST_P(CudaModelTest, LmStep) {
+  check_model(testing::tiny(ModelKind::kLm), GetParam());
+}
+
+TEST_P(CudaModelTest, Seq2seqStepLogLengthPostNorm) {
+  ModelConfig m = testing::tiny(ModelKind::kSeq2seq);
+  m.attention_scale = AttentionScale::kLogLength;
+  m.pre_norm = false;
+  m.positions = PositionKind::kSinusoidal;
+  check_model(m, GetParam());
+}
+
+TEST_P(CudaModelTest, MlmStepWithDropout) {
+  ModelConfig m = testing::tiny(ModelKind::kMlm);
+  m.dropout = 0.1f;
+  m.activation = Activation::kRelu;
+  check_model(m, GetParam());
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
-// dump_step CHECKPOINT OUT.h5 [--device cpu|cuda]: one forward and backward
-// pass of a checkpoint's lm or seq2seq model on a fixed ragged batch (random
-// ids, every third target pad), written for analysis/torch_reference.py:
+// dump_step CHECKPOINT OUT.h5 [--device cpu|cuda] [--precision fp32|bf16|fp16]:
+// one forward and backward pass of a checkpoint's lm or seq2seq model on a
+// fixed ragged batch (random ids, every third target pad) in that compute
+// precision, written for analysis/torch_reference.py:
 //   /batch/{tokens, offsets, positions, targets}  int32 (decoder side)
 //   /batch/{src_tokens, src_offsets, src_positions}  int32 (seq2seq)
 //   /grads/<tensor>                               float32, flattened
@@ -26,7 +27,7 @@
 namespace mpiformer {
 namespace {
 
-int dump(const std::string& checkpoint, const std::string& out, bool cuda) {
+int dump(const std::string& checkpoint, const std::string& out, bool cuda, DType precision) {
   const CheckpointState state = read_checkpoint_state(checkpoint);
   TrainConfig run = train_config_from_ini(state.config_ini, checkpoint);
   run.model.vocab = state.vocab_size;
@@ -39,18 +40,24 @@ int dump(const std::string& checkpoint, const std::string& out, bool cuda) {
   std::unique_ptr<Ops> ops = cuda ? make_cuda_ops(0) : make_cpu_ops(1);
   const Batch batch = testing::random_batch(run.model, {7, 1, 12, 5}, {3, 9, 6, 1}, 11);
   const int rows = std::max(batch.decoder.total(), batch.encoder.total());
-  Model model(*ops, run.model, ModelCapacity{rows, run.model.max_len});
+  Model model(*ops, run.model, ModelCapacity{rows, run.model.max_len}, precision);
   model.init_parameters(1);
   ParameterSet& params = model.parameters();
   std::vector<float> host(params.count());  // (count)
   unpack_checkpoint_tensors(checkpoint, read_checkpoint_tensors(checkpoint, "params"), params,
                             host.data());
   ops->copy_to_device(params.params(), host.data(), host.size() * sizeof(float));
+  params.refresh_compute();
   params.zero_grads();
   const int64_t N = batch.target_tokens(run.model.special.pad);
-  const LossSums sums = model.forward_backward(batch, run.label_smoothing,
-                                               1.0f / static_cast<float>(N), PassId{1, 1, 0});
+  // fp16 runs with a loss scale, as training does (small gradients would
+  // vanish below fp16's range otherwise), divided out of what is written.
+  const float loss_scale = precision == DType::kF16 ? 1024.0f : 1.0f;
+  model.forward_backward(batch, run.label_smoothing, loss_scale / static_cast<float>(N),
+                         PassId{1, 1, 0});
+  const LossSums sums = model.take_train_sums();
   ops->copy_to_host(host.data(), params.grads(), host.size() * sizeof(float));
+  for (float& g : host) g /= loss_scale;
 
   const hdf5::Faults faults = hdf5::Faults::of<std::runtime_error>(out);
   hdf5::Session session;
@@ -78,9 +85,10 @@ int dump(const std::string& checkpoint, const std::string& out, bool cuda) {
   hdf5::write_int_attr(root, "tokens", H5T_STD_I64LE, H5T_NATIVE_INT64, &sums.tokens, faults);
   hdf5::write_int_attr(root, "correct", H5T_STD_I64LE, H5T_NATIVE_INT64, &sums.correct, faults);
   faults.check(file.close(), "the file");
-  std::printf("dump_step: %s (%s): loss %.6f over %lld tokens -> %s\n", checkpoint.c_str(),
-              ops->name().c_str(), sums.loss / static_cast<double>(sums.tokens),
-              static_cast<long long>(sums.tokens), out.c_str());
+  std::printf("dump_step: %s (%s, %s): loss %.6f over %lld tokens -> %s\n", checkpoint.c_str(),
+              ops->name().c_str(), to_string(precision),
+              sums.loss / static_cast<double>(sums.tokens), static_cast<long long>(sums.tokens),
+              out.c_str());
   return 0;
 }
 
@@ -89,13 +97,30 @@ int dump(const std::string& checkpoint, const std::string& out, bool cuda) {
 
 int main(int argc, char** argv) {
   const std::vector<std::string> args(argv + 1, argv + argc);
-  const bool cuda = args.size() == 4 && args[2] == "--device" && args[3] == "cuda";
-  if (args.size() != 2 && !(args.size() == 4 && args[2] == "--device")) {
-    std::cerr << "usage: dump_step CHECKPOINT OUT.h5 [--device cpu|cuda]\n";
+  bool cuda = false, usage = args.size() < 2 || args.size() % 2 != 0;
+  mpiformer::DType precision = mpiformer::DType::kF32;
+  for (size_t i = 2; !usage && i + 1 < args.size(); i += 2) {
+    const std::string& flag = args[i];
+    const std::string& value = args[i + 1];
+    if (flag == "--device" && (value == "cpu" || value == "cuda")) {
+      cuda = value == "cuda";
+    } else if (flag == "--precision" && value == "fp32") {
+      precision = mpiformer::DType::kF32;
+    } else if (flag == "--precision" && value == "bf16") {
+      precision = mpiformer::DType::kBF16;
+    } else if (flag == "--precision" && value == "fp16") {
+      precision = mpiformer::DType::kF16;
+    } else {
+      usage = true;
+    }
+  }
+  if (usage) {
+    std::cerr << "usage: dump_step CHECKPOINT OUT.h5 [--device cpu|cuda] "
+                 "[--precision fp32|bf16|fp16]\n";
     return 2;
   }
   try {
-    return mpiformer::dump(args[0], args[1], cuda);
+    return mpiformer::dump(args[0], args[1], cuda, precision);
   } catch (const std::exception& e) {
     std::cerr << "dump_step: " << e.what() << "\n";
     return 1;

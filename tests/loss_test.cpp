@@ -1,4 +1,4 @@
-// Label-smoothed cross entropy (DESIGN.md section 4) through the CPU op.
+// Label-smoothed cross entropy (docs/DESIGN.md section 4) through the CPU op.
 // Expected values are worked out by hand in the comments (and checked with a
 // calculator), never by calling the code under test.
 #include <gtest/gtest.h>
@@ -50,10 +50,11 @@ class LossTest : public ::testing::Test {
                float smoothing, int pad_id, float grad_scale, bool compute_grad) {
     Buffer<float> x(*ops_, logits);
     Buffer<int32_t> t(*ops_, targets);
-    const LossSums sums = ops_->cross_entropy(x.get(), t.get(), static_cast<int>(targets.size()), V,
-                                              smoothing, pad_id, grad_scale, compute_grad);
+    Buffer<LossSums> sums(*ops_, std::vector<LossSums>(1));
+    ops_->cross_entropy(Act::f32(x.get()), t.get(), static_cast<int>(targets.size()), V, smoothing,
+                        pad_id, grad_scale, compute_grad, sums.get());
     logits = x.read();
-    return sums;
+    return sums.read()[0];
   }
 
   std::unique_ptr<Ops> ops_ = make_cpu_ops(1);

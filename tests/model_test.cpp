@@ -32,7 +32,15 @@ struct Fixture {
 
 // Loss of the batch as the training pass computes it (same dropout masks).
 double training_loss(Model& model, const Batch& batch, float smoothing, float scale) {
-  return model.forward_backward(batch, smoothing, scale, PassId{3, 1, 0}).loss * scale;
+  model.forward_backward(batch, smoothing, scale, PassId{3, 1, 0});
+  return model.take_train_sums().loss * scale;
+}
+
+// The loss sums of one training pass.
+LossSums train_sums(Model& model, const Batch& batch, float smoothing, float scale,
+                    const PassId& pass) {
+  model.forward_backward(batch, smoothing, scale, pass);
+  return model.take_train_sums();
 }
 
 // For each parameter tensor: the directional derivative along a random +-1
@@ -125,10 +133,10 @@ TEST(Model, MicroBatchesAddUpToTheWholeBatch) {
 
   Fixture split(m, 64), whole(m, 64);
   split.model->parameters().zero_grads();
-  const LossSums sa = split.model->forward_backward(a, 0.1f, scale, PassId{1, 1, 0});
-  const LossSums sb = split.model->forward_backward(b, 0.1f, scale, PassId{1, 1, 1});
+  const LossSums sa = train_sums(*split.model, a, 0.1f, scale, PassId{1, 1, 0});
+  const LossSums sb = train_sums(*split.model, b, 0.1f, scale, PassId{1, 1, 1});
   whole.model->parameters().zero_grads();
-  const LossSums sw = whole.model->forward_backward(both, 0.1f, scale, PassId{1, 1, 0});
+  const LossSums sw = train_sums(*whole.model, both, 0.1f, scale, PassId{1, 1, 0});
 
   EXPECT_EQ(sa.tokens + sb.tokens, sw.tokens);
   EXPECT_NEAR(sa.loss + sb.loss, sw.loss, 1e-4 * std::fabs(sw.loss));
@@ -150,10 +158,10 @@ TEST(Model, SameSeedSameParametersAndLoss) {
   ASSERT_EQ(x.model->parameters().count(), y.model->parameters().count());
   for (size_t i = 0; i < x.model->parameters().count(); ++i)
     ASSERT_EQ(x.model->parameters().params()[i], y.model->parameters().params()[i]);
-  const LossSums lx = x.model->forward_backward(batch, 0.1f, 1.0f, PassId{5, 2, 0});
-  const LossSums ly = y.model->forward_backward(batch, 0.1f, 1.0f, PassId{5, 2, 0});
+  const LossSums lx = train_sums(*x.model, batch, 0.1f, 1.0f, PassId{5, 2, 0});
+  const LossSums ly = train_sums(*y.model, batch, 0.1f, 1.0f, PassId{5, 2, 0});
   EXPECT_EQ(lx.loss, ly.loss);
-  const LossSums other = y.model->forward_backward(batch, 0.1f, 1.0f, PassId{5, 3, 0});
+  const LossSums other = train_sums(*y.model, batch, 0.1f, 1.0f, PassId{5, 3, 0});
   EXPECT_NE(lx.loss, other.loss) << "another step must draw other dropout masks";
 }
 

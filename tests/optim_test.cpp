@@ -205,8 +205,8 @@ TEST_F(OptimTest, NormalInitHasTheRequestedStd) {
   EXPECT_NEAR(double(within_one_std) / n, 0.6827, 0.005);
 }
 
-// Scalar AdamW in double: g *= scale; m, v moments; bias-corrected update;
-// decoupled decay p -= lr * wd * p.
+// Scalar AdamW in double: g *= scale (the inverse loss scale times the clip
+// factor); m, v moments; bias-corrected update; decoupled decay p -= lr * wd * p.
 struct ScalarAdam {
   double beta1, beta2, eps;
   std::vector<double> p, m, v;
@@ -245,6 +245,7 @@ TEST_F(OptimTest, AdamWMatchesScalarReferenceOverTwoSteps) {
   cfg.beta2 = 0.98f;
   cfg.eps = 1e-9f;
   cfg.weight_decay = 0.1f;
+  cfg.clip_norm = 0.0f;  // the scale below is the inverse loss scale alone
   AdamW adam(p, cfg);
 
   ScalarAdam ref{
@@ -255,12 +256,14 @@ TEST_F(OptimTest, AdamWMatchesScalarReferenceOverTwoSteps) {
       cfg.weight_decay, cfg.weight_decay, cfg.weight_decay, cfg.weight_decay, 0, 0, 0, 0};
 
   write(p.grads(), g1);
+  adam.measure_gradients();
   adam.step(0.01f, 0.5f);
   ref.step({g1.begin(), g1.end()}, wd, 0.01f, 0.5f, 1);
   EXPECT_EQ(adam.steps_taken(), 1);
   expect_close(read(p.params(), 8), ref.p, "params after step 1");
 
   write(p.grads(), g2);
+  adam.measure_gradients();
   adam.step(0.02f, 0.8f);
   ref.step({g2.begin(), g2.end()}, wd, 0.02f, 0.8f, 2);
   EXPECT_EQ(adam.steps_taken(), 2);
@@ -282,6 +285,7 @@ TEST_F(OptimTest, WeightDecayOnlyOnDecayTensorsUnlessDecayAll) {
     cfg.weight_decay = 0.1f;
     cfg.decay_all = decay_all;
     AdamW adam(p, cfg);
+    adam.measure_gradients();
     adam.step(0.1f, 1.0f);
     const std::vector<float> got = read(p.params(), 8);
     for (int i = 0; i < 8; ++i) {
@@ -292,8 +296,8 @@ TEST_F(OptimTest, WeightDecayOnlyOnDecayTensorsUnlessDecayAll) {
   }
 }
 
-TEST_F(OptimTest, GradScaleMultipliesGradients) {
-  // grads g with scale 0.25 == grads g / 4 with scale 1.
+TEST_F(OptimTest, InverseLossScaleMultipliesGradients) {
+  // grads g with inverse loss scale 0.25 == grads g / 4 with 1.
   const std::vector<float> g = {0.4f, -0.8f, 1.2f, 0.0f, 2.0f, -1.0f, 0.2f, -0.6f};
   std::vector<float> quarter(8);
   for (int i = 0; i < 8; ++i) quarter[i] = g[i] / 4;
@@ -304,10 +308,13 @@ TEST_F(OptimTest, GradScaleMultipliesGradients) {
   b.allocate(2);
   OptimConfig cfg;
   cfg.weight_decay = 0.01f;
+  cfg.clip_norm = 0.0f;
   AdamW adam_a(a, cfg), adam_b(b, cfg);
   for (int step = 0; step < 2; ++step) {
     write(a.grads(), g);
     write(b.grads(), quarter);
+    adam_a.measure_gradients();
+    adam_b.measure_gradients();
     adam_a.step(0.01f, 0.25f);
     adam_b.step(0.01f, 1.0f);
   }
@@ -323,6 +330,7 @@ TEST_F(OptimTest, GradScaleMultipliesGradients) {
   c.allocate(2);
   AdamW adam_c(c, cfg);
   write(c.grads(), g);
+  adam_c.measure_gradients();
   adam_c.step(0.01f, 1.0f);
   // After one step v = (1 - beta2) g^2: element 0 is 0.02 * 0.16 (beta2 = 0.98).
   EXPECT_NEAR(read(adam_c.v(), 1)[0], 0.0032f, 1e-5f * 0.0032f);
@@ -335,7 +343,35 @@ TEST_F(OptimTest, GradNormIsTheGlobalL2Norm) {
   AdamW adam(p, OptimConfig{});
   // sqrt(3^2 + 4^2 + 12^2) = sqrt(169) = 13, across three tensors.
   write(p.grads(), {3, 0, 0, 0, 0, 4, 0, 12});
-  EXPECT_DOUBLE_EQ(adam.grad_norm(), 13.0);
+  adam.measure_gradients();
+  EXPECT_DOUBLE_EQ(adam.measured_norm(), 13.0);
+}
+
+TEST_F(OptimTest, ClipsWithTheNormMeasuredOnTheBackend) {
+  // Gradients of norm 13 carrying a loss scale of 4: the unscaled norm is
+  // 3.25, clipped to 1 by the factor 1 / (3.25 + 1e-6) after unscaling.
+  const std::vector<float> g = {3, 0, 0, 0, 0, 4, 0, 12};
+  ParameterSet p(*ops_);
+  add_tiny(p);
+  p.allocate(5);
+  const std::vector<float> p0 = read(p.params(), 8);
+  OptimConfig cfg;
+  cfg.clip_norm = 1.0f;
+  AdamW adam(p, cfg);
+  write(p.grads(), g);
+  adam.measure_gradients();
+  adam.step(0.01f, 0.25f);
+  ScalarAdam ref{cfg.beta1,
+                 cfg.beta2,
+                 cfg.eps,
+                 {p0.begin(), p0.end()},
+                 std::vector<double>(8, 0.0),
+                 std::vector<double>(8, 0.0)};
+  const double clip = 1.0 / (3.25 + 1e-6);
+  ref.step({g.begin(), g.end()}, std::vector<double>(8, 0.0), 0.01, 0.25 * clip, 1);
+  expect_close(read(p.params(), 8), ref.p, "clipped params");
+  expect_close(read(adam.m(), 8), ref.m, "clipped m");
+  EXPECT_NEAR(read(adam.m(), 8)[7], (1 - cfg.beta1) * 12 * 0.25 * clip, 1e-7);
 }
 
 }  // namespace

@@ -128,6 +128,9 @@ TEST(TrainOptions, DefaultsComeFromTrainConfig) {
   EXPECT_EQ(cfg.resume, "none");
   EXPECT_EQ(cfg.device, DeviceKind::kCpu);
   EXPECT_EQ(cfg.precision, Precision::kFp32);
+  EXPECT_FALSE(cfg.tf32);
+  EXPECT_EQ(cfg.loss_scale, def.loss_scale);
+  EXPECT_EQ(cfg.loss_scale_window, def.loss_scale_window);
   EXPECT_TRUE(cfg.config_file.empty());
 }
 
@@ -506,9 +509,24 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{{"--tied-embeddings", "maybe"}, "--tied-embeddings", ""},
         BadCase{{"--schedule", "linear"}, "--schedule", ""},
         BadCase{{"--norm", "middle"}, "--norm", ""},
-        BadCase{{"--precision", "bf16"},
-                "--precision",
-                "--precision: --device cpu supports only fp32; got bf16"},
+        BadCase{{"--precision", "fp8"}, "--precision", ""},
+        BadCase{{"--tf32"}, "--tf32", "--tf32: only with --device cuda --precision fp32"},
+        BadCase{{"--tf32", "--precision", "bf16"},
+                "--tf32",
+                "--tf32: only with --device cuda --precision fp32"},
+        BadCase{{"--tf32", "--precision", "fp16"}, "--tf32", ""},
+        BadCase{{"--loss-scale", "0.5"},
+                "--loss-scale",
+                "--loss-scale: must be a finite number >= 1; got 0.5"},
+        BadCase{{"--loss-scale", "0"}, "--loss-scale", ""},
+        BadCase{{"--loss-scale", "-1024"}, "--loss-scale", ""},
+        BadCase{{"--loss-scale", "inf"}, "--loss-scale", ""},
+        BadCase{{"--loss-scale", "nan"}, "--loss-scale", ""},
+        BadCase{{"--loss-scale", "big"}, "--loss-scale", ""},
+        BadCase{{"--precision", "fp16", "--loss-scale", "1e39"}, "--loss-scale", ""},
+        BadCase{{"--loss-scale-window", "0"}, "--loss-scale-window", ""},
+        BadCase{{"--loss-scale-window", "-5"}, "--loss-scale-window", ""},
+        BadCase{{"--loss-scale-window", "2.5"}, "--loss-scale-window", ""},
         BadCase{{"--device", "tpu"}, "--device", ""},
         BadCase{{"--lr-scaling", "cubic"}, "--lr-scaling", ""},
         BadCase{{"--lr-reference-tokens", "-1"}, "--lr-reference-tokens", ""},
@@ -559,12 +577,55 @@ TEST(TrainOptions, StrayArgumentIsRefused) {
   EXPECT_NE(what.find("'extra'"), std::string::npos) << what;
 }
 
-TEST(TrainOptions, CudaNeedsACudaBuildWithAGpuAndRunsFp32) {
+TEST(TrainOptions, MixedPrecisionOnTheCpuToo) {
+  for (const char* precision : {"bf16", "fp16"}) {
+    EXPECT_EQ(train_error(with(base_args(), {"--precision", precision})), "") << precision;
+  }
+  TrainConfig cfg;
+  std::ostringstream out;
+  ASSERT_TRUE(parse_train_options(with(base_args(), {"--precision", "fp16", "--loss-scale", "1024",
+                                                     "--loss-scale-window", "50"}),
+                                  &cfg, out));
+  EXPECT_EQ(cfg.precision, Precision::kFp16);
+  EXPECT_EQ(cfg.loss_scale, 1024.0f);
+  EXPECT_EQ(cfg.loss_scale_window, 50);
+  // The smallest scale and window are allowed; bf16 takes them too (and
+  // ignores them: only fp16 scales).
+  EXPECT_EQ(train_error(with(base_args(), {"--precision", "fp16", "--loss-scale", "1",
+                                           "--loss-scale-window", "1"})),
+            "");
+  EXPECT_EQ(train_error(with(base_args(), {"--precision", "bf16", "--loss-scale", "8"})), "");
+  // They travel through config.ini like every other flag.
+  const std::string ini = train_config_ini(cfg);
+  EXPECT_NE(ini.find("precision = fp16\n"), std::string::npos) << ini;
+  EXPECT_NE(ini.find("loss-scale = 1024\n"), std::string::npos) << ini;
+  EXPECT_NE(ini.find("loss-scale-window = 50\n"), std::string::npos) << ini;
+  TempFile file("precision.ini", ini);
+  const TrainConfig back = parse_train({"--config", file.path()});
+  EXPECT_EQ(back.precision, Precision::kFp16);
+  EXPECT_EQ(back.loss_scale, 1024.0f);
+  EXPECT_EQ(back.loss_scale_window, 50);
+  EXPECT_EQ(train_config_ini(back), ini);
+}
+
+// --tf32 is a cuda fp32 switch: refused on the CPU whatever the precision.
+TEST(TrainOptions, Tf32OnlyWithCudaFp32) {
+  for (const char* precision : {"fp32", "bf16", "fp16"}) {
+    EXPECT_EQ(
+        train_error(with(base_args(), {"--device", "cpu", "--precision", precision, "--tf32"})),
+        "--tf32: only with --device cuda --precision fp32")
+        << precision;
+  }
+}
+
+TEST(TrainOptions, CudaNeedsACudaBuildWithAGpu) {
   const std::string what = train_error(with(base_args(), {"--device", "cuda"}));
   if (cuda_backend_built() && cuda_device_count() > 0) {
     EXPECT_EQ(what, "");
-    EXPECT_EQ(train_error(with(base_args(), {"--device", "cuda", "--precision", "bf16"}))
-                  .rfind("--precision: ", 0),
+    EXPECT_EQ(train_error(with(base_args(), {"--device", "cuda", "--precision", "bf16"})), "");
+    EXPECT_EQ(train_error(with(base_args(), {"--device", "cuda", "--tf32"})), "");
+    EXPECT_EQ(train_error(with(base_args(), {"--device", "cuda", "--precision", "bf16", "--tf32"}))
+                  .rfind("--tf32: ", 0),
               0u);
   } else {
     EXPECT_EQ(what.rfind("--device: cuda ", 0), 0u) << what;
@@ -711,15 +772,29 @@ TEST(BenchOptions, DefaultsAndOverrides) {
   EXPECT_NE(out.str().find("--peak-tflops"), std::string::npos);
 }
 
-TEST(BenchOptions, CudaNeedsACudaBuildWithAGpuAndRunsFp32) {
+TEST(BenchOptions, CudaNeedsACudaBuildWithAGpu) {
   const std::string what = bench_error({"--device", "cuda"});
   if (cuda_backend_built() && cuda_device_count() > 0) {
     EXPECT_EQ(what, "");
-    EXPECT_EQ(bench_error({"--device", "cuda", "--precision", "bf16"}).rfind("--precision: ", 0),
-              0u);
+    EXPECT_EQ(bench_error({"--device", "cuda", "--precision", "bf16", "--profile"}), "");
   } else {
     EXPECT_EQ(what.rfind("--device: cuda ", 0), 0u) << what;
   }
+}
+
+TEST(BenchOptions, MixedPrecisionOnTheCpuButNoTf32) {
+  for (const char* precision : {"bf16", "fp16"}) {
+    EXPECT_EQ(bench_error({"--precision", precision}), "") << precision;
+  }
+  BenchConfig cfg;
+  std::ostringstream out;
+  ASSERT_TRUE(parse_bench_options({"--precision", "bf16"}, &cfg, out));
+  EXPECT_EQ(cfg.precision, Precision::kBf16);
+  EXPECT_FALSE(cfg.tf32);
+  EXPECT_EQ(bench_error({"--tf32"}), "--tf32: only with --device cuda --precision fp32");
+  EXPECT_EQ(bench_error({"--precision", "fp16", "--tf32"}),
+            "--tf32: only with --device cuda --precision fp32");
+  EXPECT_EQ(bench_error({"--precision", "fp8"}).rfind("--precision: ", 0), 0u);
 }
 
 TEST(BenchOptions, BadValuesNameTheFlag) {

@@ -8,8 +8,8 @@
 namespace mpiformer {
 namespace {
 
-// Elements per OpenMP task. Also the block of the sum_squares partial sums,
-// whose fixed size keeps that sum independent of the thread count.
+// The block of the sum_squares partial sums, whose fixed size keeps that sum
+// independent of the thread count.
 constexpr size_t kChunk = 16384;
 
 struct AdamWStep {
@@ -44,29 +44,33 @@ MPIFORMER_HOT double sum_squares_chunk(const float* x, size_t n) {
 
 }  // namespace
 
-void CpuOps::adamw_update(float* params, const float* grads, float* m, float* v, size_t n,
-                          const AdamWConfig& cfg) {
+void CpuOps::adamw_update(float* params, const float* grads, float* m, float* v, Act compute,
+                          size_t n, const AdamWRange* ranges, int range_count,
+                          const AdamWConfig& cfg, const double* grad_norm_sq) {
   const double t = static_cast<double>(std::max<int64_t>(cfg.step, 1));
+  const double norm = std::sqrt(*grad_norm_sq) * cfg.inv_loss_scale;
   AdamWStep s;
   s.lr = cfg.lr;
   s.beta1 = cfg.beta1;
   s.beta2 = cfg.beta2;
   s.eps = cfg.eps;
-  s.weight_decay = cfg.weight_decay;
-  s.grad_scale = cfg.grad_scale;
+  s.grad_scale = clip_factor(norm, cfg.max_norm) * cfg.inv_loss_scale;
   // Bias corrections in double: 1 - 0.999^t loses digits in float for small t.
   s.inv_bias1 = static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(cfg.beta1), t)));
   s.inv_bias2 = static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(cfg.beta2), t)));
-  const size_t chunks = (n + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static) if (cpu::worth_threading(n))
-  for (size_t c = 0; c < chunks; ++c) {
-    const size_t begin = c * kChunk;
-    adamw_chunk(params + begin, grads + begin, m + begin, v + begin, std::min(kChunk, n - begin),
-                s);
+  // Elementwise: any split of the ranges over threads gives the same bits.
+#pragma omp parallel for schedule(dynamic, 1) if (cpu::worth_threading(n))
+  for (int r = 0; r < range_count; ++r) {
+    AdamWStep range_step = s;
+    range_step.weight_decay = ranges[r].weight_decay;
+    const size_t begin = ranges[r].begin;
+    adamw_chunk(params + begin, grads + begin, m + begin, v + begin, ranges[r].end - begin,
+                range_step);
   }
+  if (compute) convert(compute, params, n);
 }
 
-double CpuOps::sum_squares(const float* x, size_t n) {
+void CpuOps::sum_squares(double* out, const float* x, size_t n) {
   const size_t chunks = (n + kChunk - 1) / kChunk;
   double* partial = grow(double_scratch_, chunks);  // (chunks)
 #pragma omp parallel for schedule(static) if (cpu::worth_threading(n))
@@ -76,7 +80,7 @@ double CpuOps::sum_squares(const float* x, size_t n) {
   }
   double total = 0.0;
   for (size_t c = 0; c < chunks; ++c) total += partial[c];
-  return total;
+  *out = total;
 }
 
 }  // namespace mpiformer

@@ -1,7 +1,12 @@
 // Multi-head attention over ragged batches. Each (sequence, head) pair is an
-// independent task: small SGEMMs and a row softmax per block of queries. OpenMP spreads the
-// pairs over the cores, and OpenBLAS (its OpenMP build) runs single-threaded
-// inside the parallel region, so there is no nested oversubscription.
+// independent task: small SGEMMs and a row softmax per block of queries.
+// OpenMP spreads the pairs over the cores, and OpenBLAS (its OpenMP build)
+// runs single-threaded inside the parallel region, so there is no nested
+// oversubscription.
+//
+// Like flash attention, forward keeps only each query row's log-sum-exp
+// (the stats); backward recomputes the probabilities from it, block by
+// block, in per-thread scratch.
 #include <cblas.h>
 #include <omp.h>
 
@@ -19,15 +24,6 @@ namespace {
 void zero_slice(float* x, int rows, int width, int stride) {
   for (int i = 0; i < rows; ++i) {
     std::memset(x + static_cast<size_t>(i) * stride, 0, width * sizeof(float));
-  }
-}
-
-// Start of each sequence's probs block: H * sum_{b' < b} Lq_b' * Lk_b'.
-// starts: host (B + 1)
-void probs_block_starts(size_t* starts, const Ragged& qs, const Ragged& ks, int heads) {
-  starts[0] = 0;
-  for (int b = 0; b < qs.batch; ++b) {
-    starts[b + 1] = starts[b] + static_cast<size_t>(heads) * qs.length(b) * ks.length(b);
   }
 }
 
@@ -60,19 +56,44 @@ bool blas_runs_on_caller() {
   return parallel != 1;
 }
 
+// Per-thread scratch of `floats` floats for the (sequence, head) tasks.
+float* thread_scratch(float* base, size_t floats) {
+  return base + floats * static_cast<size_t>(omp_get_thread_num());
+}
+
+// The largest Lq * Lk over the batch's sequences.
+size_t largest_block(const Ragged& qs, const Ragged& ks) {
+  size_t largest = 0;
+  for (int b = 0; b < qs.batch; ++b)
+    largest = std::max(largest, static_cast<size_t>(qs.length(b)) * ks.length(b));
+  return largest;
+}
+
+// Work of the whole batch (multiply-adds of one GEMM), to decide threading.
+size_t attention_work(const Ragged& qs, const Ragged& ks, int heads, int head_dim) {
+  size_t work = 0;
+  for (int b = 0; b < qs.batch; ++b) work += static_cast<size_t>(qs.length(b)) * ks.length(b);
+  return work * heads * head_dim;
+}
+
 }  // namespace
 
-void CpuOps::attention_forward(float* out, float* probs, const float* q, int q_stride,
-                               const float* k, const float* v, int kv_stride, const Ragged& qs,
-                               const Ragged& ks, const AttentionConfig& cfg) {
+void CpuOps::attention_forward(Act out, float* stats, Act q, int q_stride, Act k, Act v,
+                               int kv_stride, const Ragged& qs, const Ragged& ks,
+                               const AttentionConfig& cfg) {
   const int H = cfg.heads;
   const int D = cfg.head_dim;
   const int C = H * D;
-  size_t* starts = grow(index_scratch_, static_cast<size_t>(qs.batch) + 1);
-  probs_block_starts(starts, qs, ks, H);
+  Fp32 f(*this);
+  const float* qf = f.in(q, qs.total, q_stride, C);
+  const float* kf = f.in(k, ks.total, kv_stride, C);
+  const float* vf = f.in(v, ks.total, kv_stride, C);
+  float* of = f.out(out, static_cast<size_t>(qs.total) * C);
+  const size_t block = largest_block(qs, ks);
+  float* scratch = grow(float_scratch_, block * omp_get_max_threads());
   const int tasks = qs.batch * H;
   const bool parallel_tasks =
-      blas_runs_on_caller() && cpu::worth_threading(attention_probs_size(qs, ks, H) * D);
+      blas_runs_on_caller() && cpu::worth_threading(attention_work(qs, ks, H, D));
 
 #pragma omp parallel for schedule(dynamic, 1) if (parallel_tasks)
   for (int task = 0; task < tasks; ++task) {
@@ -82,30 +103,33 @@ void CpuOps::attention_forward(float* out, float* probs, const float* q, int q_s
     const int Lk = ks.length(b);
     const size_t q_row = qs.host_offsets[b];
     const size_t k_row = ks.host_offsets[b];
-    const float* q_bh = q + q_row * q_stride + h * D;                    // (Lq, D) ld q_stride
-    const float* k_bh = k + k_row * kv_stride + h * D;                   // (Lk, D) ld kv_stride
-    const float* v_bh = v + k_row * kv_stride + h * D;                   // (Lk, D) ld kv_stride
-    float* out_bh = out + q_row * C + h * D;                             // (Lq, D) ld C
-    float* p_bh = probs + starts[b] + static_cast<size_t>(h) * Lq * Lk;  // (Lq, Lk)
+    const float* q_bh = qf + q_row * q_stride + h * D;   // (Lq, D) ld q_stride
+    const float* k_bh = kf + k_row * kv_stride + h * D;  // (Lk, D) ld kv_stride
+    const float* v_bh = vf + k_row * kv_stride + h * D;  // (Lk, D) ld kv_stride
+    float* out_bh = of + q_row * C + h * D;              // (Lq, D) ld C
+    float* stats_bh = stats + q_row * H + h;             // (Lq) stride H
     if (Lq == 0) continue;
     if (Lk == 0) {  // nothing to attend to: the output is 0
       zero_slice(out_bh, Lq, D, C);
+      for (int i = 0; i < Lq; ++i) stats_bh[static_cast<size_t>(i) * H] = 0.0f;
       continue;
     }
+    float* p_bh = thread_scratch(scratch, block);  // (Lq, Lk)
     const int block_rows = query_block_rows(cfg, Lq);
     for (int r0 = 0; r0 < Lq; r0 += block_rows) {
       const int rows = std::min(Lq - r0, block_rows);
       const int keys = keys_of_block(cfg, r0 + rows, Lk);
       float* p_rows = p_bh + static_cast<size_t>(r0) * Lk;  // (rows, Lk), first `keys` computed
       // S = Q K^T, then P = softmax(S * scale_i) row by row over the visible
-      // keys; softmax_row zeroes the rest of the row.
+      // keys; softmax_row zeroes the rest of the row and gives its log-sum-exp.
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, D, 1.0f,
                   q_bh + static_cast<size_t>(r0) * q_stride, q_stride, k_bh, kv_stride, 0.0f,
                   p_rows, Lk);
       for (int i = r0; i < r0 + rows; ++i) {
         const int visible = visible_keys(cfg, i, Lk);
         float* row = p_bh + static_cast<size_t>(i) * Lk;  // (Lk)
-        cpu::softmax_row(row, row, visible, Lk, attention_scale(cfg, visible));
+        stats_bh[static_cast<size_t>(i) * H] =
+            cpu::softmax_row(row, row, visible, Lk, attention_scale(cfg, visible));
       }
       // O = P V
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, D, keys, 1.0f, p_rows, Lk, v_bh,
@@ -114,25 +138,28 @@ void CpuOps::attention_forward(float* out, float* probs, const float* q, int q_s
   }
 }
 
-void CpuOps::attention_backward(float* dq, float* dk, float* dv, const float* dout,
-                                const float* probs, const float* q, int q_stride, const float* k,
-                                const float* v, int kv_stride, const Ragged& qs, const Ragged& ks,
-                                const AttentionConfig& cfg) {
+void CpuOps::attention_backward(Act dq, Act dk, Act dv, Act dout, Act out, const float* stats,
+                                Act q, int q_stride, Act k, Act v, int kv_stride, const Ragged& qs,
+                                const Ragged& ks, const AttentionConfig& cfg) {
   const int H = cfg.heads;
   const int D = cfg.head_dim;
   const int C = H * D;
-  size_t* starts = grow(index_scratch_, static_cast<size_t>(qs.batch) + 1);
-  probs_block_starts(starts, qs, ks, H);
-  size_t largest_block = 0;
-  for (int b = 0; b < qs.batch; ++b) {
-    largest_block = std::max(largest_block, static_cast<size_t>(qs.length(b)) * ks.length(b));
-  }
-  // One dP / dS block per thread: (threads, largest Lq * Lk)
-  const int threads = omp_get_max_threads();
-  float* scratch = grow(float_scratch_, largest_block * threads);
+  Fp32 f(*this);
+  const float* qf = f.in(q, qs.total, q_stride, C);
+  const float* kf = f.in(k, ks.total, kv_stride, C);
+  const float* vf = f.in(v, ks.total, kv_stride, C);
+  const float* dof = f.in(dout, static_cast<size_t>(qs.total) * C);
+  // dq, dk, dv may be column slices of one buffer (dQKV): every column of a
+  // slice is written, and only the slice is stored back.
+  float* dqf = f.out(dq, qs.total, q_stride, C);
+  float* dkf = f.out(dk, ks.total, kv_stride, C);
+  float* dvf = f.out(dv, ks.total, kv_stride, C);
+  // P and dS blocks per thread: (threads, 2, largest Lq * Lk)
+  const size_t block = largest_block(qs, ks);
+  float* scratch = grow(float_scratch_, 2 * block * omp_get_max_threads());
   const int tasks = qs.batch * H;
   const bool parallel_tasks =
-      blas_runs_on_caller() && cpu::worth_threading(attention_probs_size(qs, ks, H) * D);
+      blas_runs_on_caller() && cpu::worth_threading(attention_work(qs, ks, H, D));
 
 #pragma omp parallel for schedule(dynamic, 1) if (parallel_tasks)
   for (int task = 0; task < tasks; ++task) {
@@ -142,21 +169,22 @@ void CpuOps::attention_backward(float* dq, float* dk, float* dv, const float* do
     const int Lk = ks.length(b);
     const size_t q_row = qs.host_offsets[b];
     const size_t k_row = ks.host_offsets[b];
-    const float* q_bh = q + q_row * q_stride + h * D;   // (Lq, D) ld q_stride
-    const float* k_bh = k + k_row * kv_stride + h * D;  // (Lk, D) ld kv_stride
-    const float* v_bh = v + k_row * kv_stride + h * D;  // (Lk, D) ld kv_stride
-    const float* do_bh = dout + q_row * C + h * D;      // (Lq, D) ld C
-    float* dq_bh = dq + q_row * q_stride + h * D;       // (Lq, D) ld q_stride
-    float* dk_bh = dk + k_row * kv_stride + h * D;      // (Lk, D) ld kv_stride
-    float* dv_bh = dv + k_row * kv_stride + h * D;      // (Lk, D) ld kv_stride
+    const float* q_bh = qf + q_row * q_stride + h * D;   // (Lq, D) ld q_stride
+    const float* k_bh = kf + k_row * kv_stride + h * D;  // (Lk, D) ld kv_stride
+    const float* v_bh = vf + k_row * kv_stride + h * D;  // (Lk, D) ld kv_stride
+    const float* do_bh = dof + q_row * C + h * D;        // (Lq, D) ld C
+    const float* stats_bh = stats + q_row * H + h;       // (Lq) stride H
+    float* dq_bh = dqf + q_row * q_stride + h * D;       // (Lq, D) ld q_stride
+    float* dk_bh = dkf + k_row * kv_stride + h * D;      // (Lk, D) ld kv_stride
+    float* dv_bh = dvf + k_row * kv_stride + h * D;      // (Lk, D) ld kv_stride
     if (Lq == 0 || Lk == 0) {  // no query-key pair: every gradient of this slice is 0
       zero_slice(dq_bh, Lq, D, q_stride);
       zero_slice(dk_bh, Lk, D, kv_stride);
       zero_slice(dv_bh, Lk, D, kv_stride);
       continue;
     }
-    const float* p_bh = probs + starts[b] + static_cast<size_t>(h) * Lq * Lk;  // (Lq, Lk)
-    float* ds_bh = scratch + largest_block * omp_get_thread_num();             // (Lq, Lk)
+    float* p_bh = thread_scratch(scratch, 2 * block);  // (Lq, Lk)
+    float* ds_bh = p_bh + block;                       // (Lq, Lk)
 
     // Several query blocks add into dK and dV, so those start from 0.
     const int block_rows = query_block_rows(cfg, Lq);
@@ -169,11 +197,20 @@ void CpuOps::attention_backward(float* dq, float* dk, float* dv, const float* do
     for (int r0 = 0; r0 < Lq; r0 += block_rows) {
       const int rows = std::min(Lq - r0, block_rows);
       const int keys = keys_of_block(cfg, r0 + rows, Lk);
-      const float* p_rows = p_bh + static_cast<size_t>(r0) * Lk;  // (rows, Lk)
-      float* ds_rows = ds_bh + static_cast<size_t>(r0) * Lk;      // (rows, Lk), first `keys` used
+      float* p_rows = p_bh + static_cast<size_t>(r0) * Lk;    // (rows, Lk), first `keys` used
+      float* ds_rows = ds_bh + static_cast<size_t>(r0) * Lk;  // (rows, Lk), first `keys` used
       const float* q_rows = q_bh + static_cast<size_t>(r0) * q_stride;  // (rows, D)
       const float* do_rows = do_bh + static_cast<size_t>(r0) * C;       // (rows, D)
 
+      // P = exp(S * scale_i - lse_i) over the visible keys, 0 beyond them.
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, D, 1.0f, q_rows, q_stride,
+                  k_bh, kv_stride, 0.0f, p_rows, Lk);
+      for (int i = r0; i < r0 + rows; ++i) {
+        const int visible = visible_keys(cfg, i, Lk);
+        float* row = p_bh + static_cast<size_t>(i) * Lk;  // (Lk)
+        cpu::softmax_row_from_stats(row, row, visible, keys, attention_scale(cfg, visible),
+                                    stats_bh[static_cast<size_t>(i) * H]);
+      }
       // dV (+)= P^T dO
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, D, rows, 1.0f, p_rows, Lk, do_rows,
                   C, kv_beta, dv_bh, kv_stride);

@@ -2,9 +2,15 @@
 // made fast with OpenBLAS SGEMM for the matmuls, OpenMP across rows or
 // (sequence, head) pairs elsewhere, and AVX2 clones of the hot row loops.
 // Member definitions are split by op family over kernels/cpu/*.cpp.
+//
+// The kernels compute in fp32. Data in another compute precision (bf16,
+// fp16) is widened into scratch, run through the same fp32 kernels and
+// rounded where it is stored, which is what a GPU kernel does too: this
+// backend is then the reference of the GPU's bf16 and fp16 ops as well.
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <vector>
 
 #include "kernels/ops.h"
@@ -21,6 +27,14 @@ inline bool worth_threading(size_t work) {
   return work >= (size_t{1} << 15);
 }
 
+// Elementwise fp32 kernels shared by the op families (elementwise.cpp).
+// out = act(x); out may alias x.  out, x: (n)
+void activation_forward(float* out, const float* x, size_t n, Activation act);
+// dx = act'(x) * dout; dx may alias dout.  dx, dout, x: (n)
+void activation_backward(float* dx, const float* dout, const float* x, size_t n, Activation act);
+// out = dropout(x); out may alias x.  out, x: (n)
+void apply_dropout(float* out, const float* x, size_t n, const Dropout& d);
+
 }  // namespace cpu
 
 class CpuOps final : public Ops {
@@ -35,68 +49,102 @@ class CpuOps final : public Ops {
   void release(void* ptr) override;
   void copy_to_device(void* dst, const void* host_src, size_t bytes) override;
   void copy_to_host(void* host_dst, const void* src, size_t bytes) override;
-  void fill_zero(float* x, size_t n) override;
+  void upload(void* dst, const void* host_src, size_t bytes) override;
+  void fill_zero(void* x, size_t bytes) override;
   void synchronize() override {}
   size_t peak_allocated_bytes() const override { return peak_bytes_; }
+  std::unique_ptr<OpTimer> make_timer() override;
+  void convert(Act dst, const float* src, size_t n) override;
 
-  // ---- elementwise (elementwise.cpp) ---------------------------------------
-  void add(float* out, const float* a, const float* b, size_t n) override;
-  void activation_forward(float* out, const float* x, size_t n, Activation act) override;
-  void activation_backward(float* dx, const float* dout, const float* x, size_t n,
-                           Activation act) override;
-  void dropout_forward(float* out, const float* x, size_t n, float p, uint64_t seed,
-                       uint64_t stream) override;
-  void dropout_backward(float* dx, const float* dout, size_t n, float p, uint64_t seed,
-                        uint64_t stream) override;
-
-  // ---- embeddings (embedding.cpp) ------------------------------------------
-  void embedding_forward(float* out, const int32_t* ids, const float* table, int N, int C,
-                         float scale) override;
-  void embedding_backward(float* dtable, const float* dout, const int32_t* ids, int N, int C,
-                          float scale) override;
-  void positional_add_forward(float* x, const int32_t* positions, const float* table, int N,
-                              int C) override;
-  void positional_add_backward(float* dtable, const float* dx, const int32_t* positions, int N,
-                               int C) override;
+  // ---- elementwise, embeddings (elementwise.cpp, embedding.cpp) ------------
+  void dropout(Act out, Act x, size_t n, const Dropout& d) override;
+  void activation_backward(Act dx, Act dout, Act pre, size_t n, Activation act) override;
+  void embedding_forward(Act out, const int32_t* ids, Act tokens, const int32_t* pos, Act positions,
+                         int N, int C, float scale) override;
+  void embedding_backward(float* dtokens, float* dpositions, Act dout, const RowGroups& by_id,
+                          const RowGroups& by_pos, int N, int C, float scale) override;
 
   // ---- layer norm (layernorm.cpp) ------------------------------------------
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* gamma,
-                         const float* beta, int N, int C, float eps) override;
-  void layernorm_backward(float* dx, float* dgamma, float* dbeta, const float* dout, const float* x,
-                          const float* gamma, const float* mean, const float* rstd, int N, int C,
+  void layernorm_forward(Act out, float* mean, float* rstd, Act x, Act gamma, Act beta, int N,
+                         int C, float eps) override;
+  void residual_layernorm_forward(Act sum, Act out, float* mean, float* rstd, Act s, Act y,
+                                  const Dropout& d, Act gamma, Act beta, int N, int C,
+                                  float eps) override;
+  void layernorm_backward(Act dx, float* dgamma, float* dbeta, Act dout, Act x, Act gamma,
+                          const float* mean, const float* rstd, int N, int C,
                           bool accumulate) override;
 
   // ---- GEMM (matmul.cpp) ---------------------------------------------------
-  void matmul_forward(float* out, const float* x, const float* weight, const float* bias, int N,
-                      int IC, int OC) override;
-  void matmul_backward(float* dx, float* dweight, float* dbias, const float* dout, const float* x,
-                       const float* weight, int N, int IC, int OC, bool accumulate) override;
-
-  // ---- softmax (softmax.cpp) -----------------------------------------------
-  void softmax_forward(float* probs, const float* x, int R, int L, float scale,
-                       const int32_t* valid) override;
-  void softmax_backward(float* dx, const float* dprobs, const float* probs, int R, int L,
-                        float scale) override;
+  void matmul_forward(Act out, Act x, Act weight, Act bias, int N, int IC, int OC,
+                      const FusedActivation& fused, int out_stride) override;
+  void matmul_backward(Act dx, float* dweight, float* dbias, Act dout, Act x, Act weight, int N,
+                       int IC, int OC, bool accumulate, const FusedActivation& fused,
+                       int dout_stride) override;
 
   // ---- attention (attention.cpp) -------------------------------------------
-  void attention_forward(float* out, float* probs, const float* q, int q_stride, const float* k,
-                         const float* v, int kv_stride, const Ragged& qs, const Ragged& ks,
-                         const AttentionConfig& cfg) override;
-  void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* probs,
-                          const float* q, int q_stride, const float* k, const float* v,
-                          int kv_stride, const Ragged& qs, const Ragged& ks,
-                          const AttentionConfig& cfg) override;
+  void attention_forward(Act out, float* stats, Act q, int q_stride, Act k, Act v, int kv_stride,
+                         const Ragged& qs, const Ragged& ks, const AttentionConfig& cfg) override;
+  void attention_backward(Act dq, Act dk, Act dv, Act dout, Act out, const float* stats, Act q,
+                          int q_stride, Act k, Act v, int kv_stride, const Ragged& qs,
+                          const Ragged& ks, const AttentionConfig& cfg) override;
 
   // ---- loss (cross_entropy.cpp) --------------------------------------------
-  LossSums cross_entropy(float* logits, const int32_t* targets, int N, int V, float smoothing,
-                         int pad_id, float grad_scale, bool compute_grad) override;
+  void cross_entropy(Act logits, const int32_t* targets, int N, int V, float smoothing, int pad_id,
+                     float grad_scale, bool compute_grad, LossSums* sums, int stride) override;
 
   // ---- optimizer (adamw.cpp) -----------------------------------------------
-  void adamw_update(float* params, const float* grads, float* m, float* v, size_t n,
-                    const AdamWConfig& cfg) override;
-  double sum_squares(const float* x, size_t n) override;
+  void sum_squares(double* out, const float* x, size_t n) override;
+  void adamw_update(float* params, const float* grads, float* m, float* v, Act compute, size_t n,
+                    const AdamWRange* ranges, int range_count, const AdamWConfig& cfg,
+                    const double* grad_norm_sq) override;
 
  private:
+  // fp32 views of Act data for the kernels: the data itself when it is
+  // fp32, else a widened copy in scratch that is rounded back into the data
+  // (outputs) when the view ends. One per op call.
+  class Fp32 {
+   public:
+    explicit Fp32(CpuOps& ops) : ops_(ops) {}
+    ~Fp32();
+    Fp32(const Fp32&) = delete;
+    Fp32& operator=(const Fp32&) = delete;
+    // A read-only view of n elements.
+    const float* in(Act a, size_t n);
+    // A view whose contents are stored back: `out` need not be read first,
+    // `inout` is (accumulated outputs).
+    float* out(Act a, size_t n) { return view(a, n, false, true); }
+    float* inout(Act a, size_t n) { return view(a, n, true, true); }
+    // A strided column slice: `rows` rows of `width` elements, `stride`
+    // apart (e.g. the k columns of a fused QKV tensor). Only the slice is
+    // stored back, so slices of one buffer may be viewed side by side.
+    const float* in(Act a, size_t rows, size_t stride, size_t width) {
+      return view(a, extent(rows, stride, width), true, false);
+    }
+    float* out(Act a, size_t rows, size_t stride, size_t width) {
+      return slice(a, rows, stride, width, false);
+    }
+    float* inout(Act a, size_t rows, size_t stride, size_t width) {
+      return slice(a, rows, stride, width, true);
+    }
+    // fp32 scratch of n floats, zero-filled, for this call.
+    float* temp(size_t n);
+
+   private:
+    static size_t extent(size_t rows, size_t stride, size_t width) {
+      return rows == 0 ? 0 : (rows - 1) * stride + width;
+    }
+    float* view(Act a, size_t n, bool read, bool write);
+    float* slice(Act a, size_t rows, size_t stride, size_t width, bool read);
+    struct Stored {  // rows of width elements, stride apart
+      Act dst;
+      size_t rows, stride, width;
+      float* src;
+    };
+    CpuOps& ops_;
+    std::vector<Stored> stores_;
+    size_t slots_used_ = 0;
+  };
+
   // Scratch that grows to the largest request and is then reused, so the
   // step loop does not allocate once the first step has run. Not counted in
   // peak_allocated_bytes (that reports the model's own buffers).
@@ -106,9 +154,18 @@ class CpuOps final : public Ops {
     return buffer.data();
   }
 
-  std::vector<float> float_scratch_;    // attention dP per thread; layer-norm partial sums
+  // The fp32 kernels behind the ops (each op widens, calls one, rounds).
+  void layernorm_backward_f32(float* dx, float* dgamma, float* dbeta, const float* dout,
+                              const float* x, const float* gamma, const float* mean,
+                              const float* rstd, int N, int C, bool accumulate);
+  void matmul_backward_f32(float* dx, float* dweight, float* dbias, const float* dout,
+                           int dout_stride, const float* x, const float* weight, int N, int IC,
+                           int OC, bool accumulate);
+
+  std::vector<std::vector<float>> widened_;  // Fp32 views' scratch, slot by slot
+  std::vector<float> float_scratch_;    // attention P and dS per thread; layer-norm partial sums
   std::vector<double> double_scratch_;  // per-row / per-chunk partial sums (deterministic order)
-  std::vector<size_t> index_scratch_;   // attention: start of each sequence's probs block
+  std::vector<size_t> index_scratch_;   // per-task scratch offsets
 
   size_t current_bytes_ = 0;
   size_t peak_bytes_ = 0;

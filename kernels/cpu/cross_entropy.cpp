@@ -90,8 +90,14 @@ MPIFORMER_HOT RowLoss cross_entropy_row(float* logits, int target, int V, float 
 
 }  // namespace
 
-LossSums CpuOps::cross_entropy(float* logits, const int32_t* targets, int N, int V, float smoothing,
-                               int pad_id, float grad_scale, bool compute_grad) {
+void CpuOps::cross_entropy(Act logits_act, const int32_t* targets, int N, int V, float smoothing,
+                           int pad_id, float grad_scale, bool compute_grad, LossSums* sums_out,
+                           int stride) {
+  Fp32 f(*this);
+  const int ld = stride > 0 ? stride : V;
+  // Without a gradient the rows are only read.
+  float* logits =
+      compute_grad ? f.inout(logits_act, N, ld, V) : const_cast<float*>(f.in(logits_act, N, ld, V));
   const double constant = label_smoothing_constant(smoothing, V);
   // Per-row losses are summed afterwards in row order, so the total does not
   // depend on the thread count or on which thread finishes first.
@@ -101,7 +107,7 @@ LossSums CpuOps::cross_entropy(float* logits, const int32_t* targets, int N, int
 #pragma omp parallel for schedule(static) reduction(+ : tokens, correct) \
     if (cpu::worth_threading(static_cast<size_t>(N) * V))
   for (int i = 0; i < N; ++i) {
-    float* row = logits + static_cast<size_t>(i) * V;  // (V)
+    float* row = logits + static_cast<size_t>(i) * ld;  // (V)
     if (targets[i] == pad_id) {
       row_loss[i] = 0.0;
       if (compute_grad) std::fill(row, row + V, 0.0f);
@@ -117,7 +123,7 @@ LossSums CpuOps::cross_entropy(float* logits, const int32_t* targets, int N, int
   for (int i = 0; i < N; ++i) sums.loss += row_loss[i];
   sums.tokens = tokens;
   sums.correct = correct;
-  return sums;
+  *sums_out += sums;
 }
 
 }  // namespace mpiformer

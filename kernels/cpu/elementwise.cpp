@@ -1,4 +1,4 @@
-// Elementwise ops: add, activations (GELU tanh approximation as in GPT-2,
+// Elementwise ops: activations (GELU tanh approximation as in GPT-2,
 // ReLU) and counter-based inverted dropout.
 #include <algorithm>
 #include <cmath>
@@ -54,10 +54,14 @@ MPIFORMER_HOT void dropout_chunk(float* out, const float* in, size_t first, size
   }
 }
 
+}  // namespace
+
+namespace cpu {
+
 // Forward and backward apply the same mask, regenerated from (seed, stream,
 // index): out[i] = in[i] / (1 - p) where kept, 0 where dropped.
-void apply_dropout(float* out, const float* in, size_t n, float p, uint64_t seed,
-                   uint64_t stream) {  // out, in: (n)
+void apply_dropout(float* out, const float* in, size_t n, const Dropout& d) {  // out, in: (n)
+  const float p = d.p;
   if (!(p > 0.0f)) {
     if (out != in) std::memcpy(out, in, n * sizeof(float));
     return;
@@ -65,9 +69,9 @@ void apply_dropout(float* out, const float* in, size_t n, float p, uint64_t seed
   const float keep_scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
   const auto keep_threshold =
       static_cast<uint64_t>(std::ceil(static_cast<double>(std::min(p, 1.0f)) * 16777216.0));
-  const uint64_t stream_key = mix64(seed ^ mix64(stream));  // as in dropout_keep()
+  const uint64_t stream_key = mix64(d.seed ^ mix64(d.stream));  // as in dropout_keep()
   const size_t chunks = (n + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static) if (cpu::worth_threading(n))
+#pragma omp parallel for schedule(static) if (worth_threading(n))
   for (size_t c = 0; c < chunks; ++c) {
     const size_t begin = c * kChunk;
     dropout_chunk(out + begin, in + begin, begin, std::min(kChunk, n - begin), keep_threshold,
@@ -75,50 +79,47 @@ void apply_dropout(float* out, const float* in, size_t n, float p, uint64_t seed
   }
 }
 
-}  // namespace
-
-void CpuOps::add(float* out, const float* a, const float* b, size_t n) {
-#pragma omp parallel for simd schedule(static) if (cpu::worth_threading(n))
-  for (size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
-}
-
-void CpuOps::activation_forward(float* out, const float* x, size_t n, Activation act) {
+void activation_forward(float* out, const float* x, size_t n, Activation act) {
   if (act == Activation::kRelu) {
-#pragma omp parallel for simd schedule(static) if (cpu::worth_threading(n))
+#pragma omp parallel for simd schedule(static) if (worth_threading(n))
     for (size_t i = 0; i < n; ++i) out[i] = x[i] > 0.0f ? x[i] : 0.0f;
     return;
   }
   const size_t chunks = (n + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static) if (cpu::worth_threading(n))
+#pragma omp parallel for schedule(static) if (worth_threading(n))
   for (size_t c = 0; c < chunks; ++c) {
     const size_t begin = c * kChunk;
     gelu_forward_chunk(out + begin, x + begin, std::min(kChunk, n - begin));
   }
 }
 
-void CpuOps::activation_backward(float* dx, const float* dout, const float* x, size_t n,
-                                 Activation act) {
+void activation_backward(float* dx, const float* dout, const float* x, size_t n, Activation act) {
   if (act == Activation::kRelu) {
-#pragma omp parallel for simd schedule(static) if (cpu::worth_threading(n))
+#pragma omp parallel for simd schedule(static) if (worth_threading(n))
     for (size_t i = 0; i < n; ++i) dx[i] = x[i] > 0.0f ? dout[i] : 0.0f;
     return;
   }
   const size_t chunks = (n + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static) if (cpu::worth_threading(n))
+#pragma omp parallel for schedule(static) if (worth_threading(n))
   for (size_t c = 0; c < chunks; ++c) {
     const size_t begin = c * kChunk;
     gelu_backward_chunk(dx + begin, dout + begin, x + begin, std::min(kChunk, n - begin));
   }
 }
 
-void CpuOps::dropout_forward(float* out, const float* x, size_t n, float p, uint64_t seed,
-                             uint64_t stream) {
-  apply_dropout(out, x, n, p, seed, stream);
+}  // namespace cpu
+
+void CpuOps::dropout(Act out, Act x, size_t n, const Dropout& d) {
+  Fp32 f(*this);
+  const float* in = f.in(x, n);
+  cpu::apply_dropout(f.out(out, n), in, n, d);
 }
 
-void CpuOps::dropout_backward(float* dx, const float* dout, size_t n, float p, uint64_t seed,
-                              uint64_t stream) {
-  apply_dropout(dx, dout, n, p, seed, stream);
+void CpuOps::activation_backward(Act dx, Act dout, Act pre, size_t n, Activation act) {
+  Fp32 f(*this);
+  const float* dy = f.in(dout, n);
+  const float* x = f.in(pre, n);
+  cpu::activation_backward(f.out(dx, n), dy, x, n, act);
 }
 
 }  // namespace mpiformer

@@ -1,9 +1,9 @@
-// Token embedding lookup and learned positional embedding add.
+// Token embedding lookup plus positions, and its backward.
 //
-// The backward passes scatter-add rows into a table where ids repeat, so
-// threads split the columns rather than the rows: no two threads touch the
-// same table entry and the sum order is fixed (deterministic for any thread
-// count).
+// The backward adds rows into tables where ids repeat. It walks the row
+// groups (RowGroups: the rows that read one table row, ascending), so threads
+// never share a table row and each row's sum runs in ascending row order:
+// deterministic for any thread count, and the order a GPU uses too.
 #include <algorithm>
 #include <cstring>
 
@@ -12,62 +12,51 @@
 namespace mpiformer {
 namespace {
 
-// Columns per backward task: 4 cache lines of floats.
-constexpr int kColumnBlock = 64;
-
-// dtable[ids[i], c0:c1] += dout[i, c0:c1] * scale over all rows i.
-// dtable: (V, C), dout: (N, C), ids: (N)
-void scatter_add_rows(float* dtable, const float* dout, const int32_t* ids, int N, int C,
+// dtable[keys[g]] += dout[rows[r]] * scale for the rows r of each group g.
+// dtable: (K, C), dout: (N, C)
+void add_grouped_rows(float* dtable, const float* dout, const RowGroups& groups, int N, int C,
                       float scale) {
-  const int blocks = (C + kColumnBlock - 1) / kColumnBlock;
   const bool threaded = cpu::worth_threading(static_cast<size_t>(N) * C);
-#pragma omp parallel for schedule(static) if (threaded)
-  for (int block = 0; block < blocks; ++block) {
-    const int c0 = block * kColumnBlock;
-    const int c1 = std::min(C, c0 + kColumnBlock);
-    for (int i = 0; i < N; ++i) {
-      float* dst = dtable + static_cast<size_t>(ids[i]) * C;  // dst: (C)
-      const float* src = dout + static_cast<size_t>(i) * C;   // src: (C)
+#pragma omp parallel for schedule(dynamic, 16) if (threaded)
+  for (int g = 0; g < groups.groups; ++g) {
+    float* dst = dtable + static_cast<size_t>(groups.keys[g]) * C;  // dst: (C)
+    for (int r = groups.starts[g]; r < groups.starts[g + 1]; ++r) {
+      const float* src = dout + static_cast<size_t>(groups.rows[r]) * C;  // src: (C)
 #pragma omp simd
-      for (int c = c0; c < c1; ++c) dst[c] += src[c] * scale;
+      for (int c = 0; c < C; ++c) dst[c] += src[c] * scale;
     }
   }
 }
 
 }  // namespace
 
-void CpuOps::embedding_forward(float* out, const int32_t* ids, const float* table, int N, int C,
-                               float scale) {
+void CpuOps::embedding_forward(Act out, const int32_t* ids, Act tokens, const int32_t* pos,
+                               Act positions, int N, int C, float scale) {
+  Fp32 f(*this);
+  // The tables are widened whole: a reference path, not a fast one.
+  int32_t max_id = 0, max_pos = 0;
+  for (int i = 0; i < N; ++i)
+    max_id = std::max(max_id, ids[i]), max_pos = std::max(max_pos, pos[i]);
+  const float* table = f.in(tokens, static_cast<size_t>(max_id + 1) * C);       // (V, C)
+  const float* ptable = f.in(positions, static_cast<size_t>(max_pos + 1) * C);  // (L, C)
+  float* y = f.out(out, static_cast<size_t>(N) * C);
   const bool threaded = cpu::worth_threading(static_cast<size_t>(N) * C);
 #pragma omp parallel for schedule(static) if (threaded)
   for (int i = 0; i < N; ++i) {
-    const float* src = table + static_cast<size_t>(ids[i]) * C;  // src: (C)
-    float* dst = out + static_cast<size_t>(i) * C;               // dst: (C)
+    const float* t = table + static_cast<size_t>(ids[i]) * C;   // t: (C)
+    const float* p = ptable + static_cast<size_t>(pos[i]) * C;  // p: (C)
+    float* dst = y + static_cast<size_t>(i) * C;                // dst: (C)
 #pragma omp simd
-    for (int c = 0; c < C; ++c) dst[c] = src[c] * scale;
+    for (int c = 0; c < C; ++c) dst[c] = t[c] * scale + p[c];
   }
 }
 
-void CpuOps::embedding_backward(float* dtable, const float* dout, const int32_t* ids, int N, int C,
-                                float scale) {
-  scatter_add_rows(dtable, dout, ids, N, C, scale);
-}
-
-void CpuOps::positional_add_forward(float* x, const int32_t* positions, const float* table, int N,
-                                    int C) {
-  const bool threaded = cpu::worth_threading(static_cast<size_t>(N) * C);
-#pragma omp parallel for schedule(static) if (threaded)
-  for (int i = 0; i < N; ++i) {
-    const float* src = table + static_cast<size_t>(positions[i]) * C;  // src: (C)
-    float* dst = x + static_cast<size_t>(i) * C;                       // dst: (C)
-#pragma omp simd
-    for (int c = 0; c < C; ++c) dst[c] += src[c];
-  }
-}
-
-void CpuOps::positional_add_backward(float* dtable, const float* dx, const int32_t* positions,
-                                     int N, int C) {
-  scatter_add_rows(dtable, dx, positions, N, C, 1.0f);
+void CpuOps::embedding_backward(float* dtokens, float* dpositions, Act dout, const RowGroups& by_id,
+                                const RowGroups& by_pos, int N, int C, float scale) {
+  Fp32 f(*this);
+  const float* d = f.in(dout, static_cast<size_t>(N) * C);
+  if (dpositions) add_grouped_rows(dpositions, d, by_pos, N, C, 1.0f);
+  add_grouped_rows(dtokens, d, by_id, N, C, scale);
 }
 
 }  // namespace mpiformer

@@ -71,10 +71,9 @@ MPIFORMER_HOT void layernorm_backward_row(float* dx, float* dgamma, float* dbeta
   }
 }
 
-}  // namespace
-
-void CpuOps::layernorm_forward(float* out, float* mean, float* rstd, const float* x,
-                               const float* gamma, const float* beta, int N, int C, float eps) {
+// out = LN(x) for every row.  out, x: (N, C)
+void layernorm_rows(float* out, float* mean, float* rstd, const float* x, const float* gamma,
+                    const float* beta, int N, int C, float eps) {
   const bool threaded = cpu::worth_threading(static_cast<size_t>(N) * C);
 #pragma omp parallel for schedule(static) if (threaded)
   for (int i = 0; i < N; ++i) {
@@ -83,9 +82,56 @@ void CpuOps::layernorm_forward(float* out, float* mean, float* rstd, const float
   }
 }
 
-void CpuOps::layernorm_backward(float* dx, float* dgamma, float* dbeta, const float* dout,
-                                const float* x, const float* gamma, const float* mean,
-                                const float* rstd, int N, int C, bool accumulate) {
+}  // namespace
+
+void CpuOps::layernorm_forward(Act out, float* mean, float* rstd, Act x, Act gamma, Act beta, int N,
+                               int C, float eps) {
+  Fp32 f(*this);
+  const size_t n = static_cast<size_t>(N) * C;
+  const float* xf = f.in(x, n);
+  const float* g = f.in(gamma, C);
+  const float* b = f.in(beta, C);
+  layernorm_rows(f.out(out, n), mean, rstd, xf, g, b, N, C, eps);
+}
+
+void CpuOps::residual_layernorm_forward(Act sum, Act out, float* mean, float* rstd, Act s, Act y,
+                                        const Dropout& d, Act gamma, Act beta, int N, int C,
+                                        float eps) {
+  // The sum is rounded to its storage type before the norm reads it, as the
+  // fused GPU kernel normalises the stored residual stream.
+  const size_t n = static_cast<size_t>(N) * C;
+  {
+    Fp32 f(*this);
+    const float* sf = f.in(s, n);
+    const float* dy = f.in(y, n);
+    if (d.p > 0.0f) {
+      float* dropped = f.temp(n);
+      cpu::apply_dropout(dropped, dy, n, d);
+      dy = dropped;
+    }
+    float* total = f.out(sum, n);
+    const bool threaded = cpu::worth_threading(n);
+#pragma omp parallel for simd schedule(static) if (threaded)
+    for (size_t i = 0; i < n; ++i) total[i] = sf[i] + dy[i];
+  }
+  layernorm_forward(out, mean, rstd, sum, gamma, beta, N, C, eps);
+}
+
+void CpuOps::layernorm_backward(Act dx, float* dgamma, float* dbeta, Act dout, Act x, Act gamma,
+                                const float* mean, const float* rstd, int N, int C,
+                                bool accumulate) {
+  Fp32 f(*this);
+  const size_t n = static_cast<size_t>(N) * C;
+  const float* dy = f.in(dout, n);
+  const float* xf = f.in(x, n);
+  const float* g = f.in(gamma, C);
+  float* d = accumulate ? f.inout(dx, n) : f.out(dx, n);
+  layernorm_backward_f32(d, dgamma, dbeta, dy, xf, g, mean, rstd, N, C, accumulate);
+}
+
+void CpuOps::layernorm_backward_f32(float* dx, float* dgamma, float* dbeta, const float* dout,
+                                    const float* x, const float* gamma, const float* mean,
+                                    const float* rstd, int N, int C, bool accumulate) {
   const int blocks = (N + kRowBlock - 1) / kRowBlock;
   // partial: (blocks, 2, C) = dgamma then dbeta of each block of rows
   float* partial = grow(float_scratch_, static_cast<size_t>(blocks) * 2 * C);

@@ -12,11 +12,9 @@ namespace {
 // Columns per task of the bias-gradient reduction.
 constexpr int kColumnBlock = 64;
 
-}  // namespace
-
-void CpuOps::matmul_forward(float* out, const float* x, const float* weight, const float* bias,
-                            int N, int IC, int OC) {
-  if (N == 0 || OC == 0) return;
+// out (N, OC) rows ldo apart = x (N, IC) @ weight^T + bias, all fp32.
+void matmul_forward_f32(float* out, int ldo, const float* x, const float* weight, const float* bias,
+                        int N, int IC, int OC) {
   float beta = 0.0f;
   if (bias != nullptr) {
     // Seed out with the bias and let SGEMM add x @ W^T onto it (beta = 1):
@@ -24,37 +22,84 @@ void CpuOps::matmul_forward(float* out, const float* x, const float* weight, con
     const bool threaded = cpu::worth_threading(static_cast<size_t>(N) * OC);
 #pragma omp parallel for schedule(static) if (threaded)
     for (int i = 0; i < N; ++i) {
-      float* row = out + static_cast<size_t>(i) * OC;  // row: (OC)
+      float* row = out + static_cast<size_t>(i) * ldo;  // row: (OC)
       std::copy(bias, bias + OC, row);
     }
     beta = 1.0f;
   }
   if (IC == 0) {
-    if (bias == nullptr) std::fill(out, out + static_cast<size_t>(N) * OC, 0.0f);
+    if (bias == nullptr)
+      for (int i = 0; i < N; ++i) std::fill_n(out + static_cast<size_t>(i) * ldo, OC, 0.0f);
     return;
   }
   // out (N, OC) = x (N, IC) @ weight^T (IC, OC) [+ out]
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, IC, 1.0f, x, IC, weight, IC, beta,
-              out, OC);
+              out, ldo);
 }
 
-void CpuOps::matmul_backward(float* dx, float* dweight, float* dbias, const float* dout,
-                             const float* x, const float* weight, int N, int IC, int OC,
-                             bool accumulate) {
+}  // namespace
+
+void CpuOps::matmul_forward(Act out, Act x, Act weight, Act bias, int N, int IC, int OC,
+                            const FusedActivation& fused, int out_stride) {
+  if (N == 0 || OC == 0) return;
+  Fp32 f(*this);
+  const float* xf = f.in(x, static_cast<size_t>(N) * IC);
+  const float* w = f.in(weight, static_cast<size_t>(OC) * IC);
+  const float* b = f.in(bias, OC);
+  const size_t n = static_cast<size_t>(N) * OC;
+  const int ldo = out_stride > 0 ? out_stride : OC;
+  if (!fused.pre) {
+    matmul_forward_f32(f.out(out, N, ldo, OC), ldo, xf, w, b, N, IC, OC);
+    return;
+  }
+  // The activation reads the fp32 pre-activation, not its rounded copy.
+  // pre is dense (N, OC); out keeps its row stride.
+  float* pre = f.out(fused.pre, n);
+  matmul_forward_f32(pre, OC, xf, w, b, N, IC, OC);
+  if (ldo == OC) {
+    cpu::activation_forward(f.out(out, n), pre, n, fused.act);
+    return;
+  }
+  float* y = f.out(out, N, ldo, OC);
+  for (int i = 0; i < N; ++i) {
+    cpu::activation_forward(y + static_cast<size_t>(i) * ldo, pre + static_cast<size_t>(i) * OC, OC,
+                            fused.act);
+  }
+}
+
+void CpuOps::matmul_backward(Act dx, float* dweight, float* dbias, Act dout, Act x, Act weight,
+                             int N, int IC, int OC, bool accumulate, const FusedActivation& fused,
+                             int dout_stride) {
+  if (N == 0) return;
+  Fp32 f(*this);
+  const size_t nx = static_cast<size_t>(N) * IC;
+  const int ldd = dout_stride > 0 ? dout_stride : OC;
+  const float* dy = f.in(dout, N, ldd, OC);
+  const float* xf = f.in(x, nx);
+  const float* w = f.in(weight, static_cast<size_t>(OC) * IC);
+  const float* pre = f.in(fused.pre, nx);
+  float* d = !dx ? nullptr : (accumulate ? f.inout(dx, nx) : f.out(dx, nx));
+  matmul_backward_f32(d, dweight, dbias, dy, ldd, xf, w, N, IC, OC, accumulate);
+  if (d && pre) cpu::activation_backward(d, d, pre, nx, fused.act);
+}
+
+void CpuOps::matmul_backward_f32(float* dx, float* dweight, float* dbias, const float* dout,
+                                 int ldd, const float* x, const float* weight, int N, int IC,
+                                 int OC, bool accumulate) {
   if (N == 0) return;
   if (dx != nullptr) {
     if (OC == 0) {
       if (!accumulate) std::fill(dx, dx + static_cast<size_t>(N) * IC, 0.0f);
     } else {
       // dx (N, IC) = dout (N, OC) @ weight (OC, IC) [+ dx]
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, weight, IC,
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, ldd, weight, IC,
                   accumulate ? 1.0f : 0.0f, dx, IC);
     }
   }
   if (OC == 0) return;
   if (IC > 0) {
     // dweight (OC, IC) += dout^T (OC, N) @ x (N, IC)
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, x, IC, 1.0f,
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, ldd, x, IC, 1.0f,
                 dweight, IC);
   }
   if (dbias != nullptr) {
@@ -67,7 +112,7 @@ void CpuOps::matmul_backward(float* dx, float* dweight, float* dbias, const floa
       const int c1 = std::min(OC, c0 + kColumnBlock);
       float sums[kColumnBlock] = {};
       for (int i = 0; i < N; ++i) {
-        const float* row = dout + static_cast<size_t>(i) * OC;  // row: (OC)
+        const float* row = dout + static_cast<size_t>(i) * ldd;  // row: (OC)
 #pragma omp simd
         for (int c = c0; c < c1; ++c) sums[c - c0] += row[c];
       }

@@ -1,15 +1,16 @@
-// Row softmax with an optional per-row count of valid columns.
+// Row softmax over a count of valid columns, with its log-sum-exp.
 #include <algorithm>
+#include <cmath>
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/softmax_row.h"
 #include "kernels/cpu/vec_math.h"
 
-namespace mpiformer {
-namespace cpu {
+namespace mpiformer::cpu {
 
-MPIFORMER_HOT void softmax_row(float* probs, const float* x, int valid, int L, float scale) {
+MPIFORMER_HOT float softmax_row(float* probs, const float* x, int valid, int L, float scale) {
   valid = std::clamp(valid, 0, L);
+  float lse = 0.0f;
   if (valid > 0) {
     // max of x * scale, not scale * max(x): scale may be 0 or negative.
     // (A ternary, not std::max: GCC does not vectorise the reference form.)
@@ -29,7 +30,17 @@ MPIFORMER_HOT void softmax_row(float* probs, const float* x, int valid, int L, f
     const float inv_sum = 1.0f / sum;  // sum >= 1: the max contributes exp(0)
 #pragma omp simd
     for (int j = 0; j < valid; ++j) probs[j] *= inv_sum;
+    lse = max_logit + std::log(sum);
   }
+  for (int j = valid; j < L; ++j) probs[j] = 0.0f;
+  return lse;
+}
+
+MPIFORMER_HOT void softmax_row_from_stats(float* probs, const float* x, int valid, int L,
+                                          float scale, float lse) {
+  valid = std::clamp(valid, 0, L);
+#pragma omp simd
+  for (int j = 0; j < valid; ++j) probs[j] = fast_exp(x[j] * scale - lse);
   for (int j = valid; j < L; ++j) probs[j] = 0.0f;
 }
 
@@ -42,26 +53,4 @@ MPIFORMER_HOT void softmax_backward_row(float* dx, const float* dprobs, const fl
   for (int j = 0; j < L; ++j) dx[j] = scale * probs[j] * (dprobs[j] - dot);
 }
 
-}  // namespace cpu
-
-void CpuOps::softmax_forward(float* probs, const float* x, int R, int L, float scale,
-                             const int32_t* valid) {
-  const bool threaded = cpu::worth_threading(static_cast<size_t>(R) * L);
-#pragma omp parallel for schedule(static) if (threaded)
-  for (int r = 0; r < R; ++r) {
-    const size_t row = static_cast<size_t>(r) * L;
-    cpu::softmax_row(probs + row, x + row, valid != nullptr ? valid[r] : L, L, scale);
-  }
-}
-
-void CpuOps::softmax_backward(float* dx, const float* dprobs, const float* probs, int R, int L,
-                              float scale) {
-  const bool threaded = cpu::worth_threading(static_cast<size_t>(R) * L);
-#pragma omp parallel for schedule(static) if (threaded)
-  for (int r = 0; r < R; ++r) {
-    const size_t row = static_cast<size_t>(r) * L;
-    cpu::softmax_backward_row(dx + row, dprobs + row, probs + row, L, scale);
-  }
-}
-
-}  // namespace mpiformer
+}  // namespace mpiformer::cpu

@@ -1,11 +1,17 @@
-// Row kernels of the softmax, shared by softmax.cpp and attention.cpp.
+// Row kernels of the softmax, for attention.cpp.
 #pragma once
 
 namespace mpiformer::cpu {
 
 // probs[j] = softmax_j(x * scale) over j < valid; probs[j] = 0 for valid <= j < L.
+// Returns the row's log-sum-exp, log(sum_{j < valid} exp(x_j * scale)) (0
+// when valid is 0). probs may alias x.  probs, x: (L)
+float softmax_row(float* probs, const float* x, int valid, int L, float scale);
+
+// The same probabilities from a log-sum-exp saved by softmax_row:
+// probs[j] = exp(x_j * scale - lse) over j < valid, 0 for valid <= j < L.
 // probs may alias x.  probs, x: (L)
-void softmax_row(float* probs, const float* x, int valid, int L, float scale);
+void softmax_row_from_stats(float* probs, const float* x, int valid, int L, float scale, float lse);
 
 // dx = scale * probs * (dprobs - sum(dprobs * probs)); dx may alias dprobs.
 // dx, dprobs, probs: (L)

@@ -1,8 +1,15 @@
-// Row softmax and multi-head attention over ragged batches, one block per
-// (query row, head): plain kernels that keep the probabilities (the CPU
-// backend's contract). cuDNN's fused attention replaces them later.
+// Multi-head attention over ragged batches: cuDNN's fused flash attention
+// for bf16 and fp16 where the build has it (attention_cudnn.cpp), and plain
+// kernels, one block per (query row, head), for fp32 and as the fallback.
+//
+// The plain kernels keep what flash attention keeps: the output and each
+// query row's log-sum-exp. Backward recomputes the probabilities from it
+// into scratch (P and dS of one layer at a time), then a key pass sums
+// dK and dV over the queries that see each key.
 #include <vector>
 
+#include "kernels/cuda/attention_cudnn.h"
+#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/reduce.cuh"
 
@@ -10,52 +17,29 @@ namespace mpiformer {
 
 namespace {
 
+using cuda::load;
+using cuda::store;
+using cuda::typed;
+
 constexpr int kThreads = 128;
-
-// probs, x: (R, L); valid: (R) or null
-__global__ void softmax_forward_kernel(float* probs, const float* x, int L, float scale,
-                                       const int32_t* valid) {
-  __shared__ float shared[32];
-  const size_t row = blockIdx.x;
-  const int n = valid ? min(max(valid[row], 0), L) : L;
-  const float* xr = x + row * L;
-  float* pr = probs + row * L;
-  float top = -INFINITY;
-  for (int j = threadIdx.x; j < n; j += blockDim.x) top = fmaxf(top, xr[j] * scale);
-  top = cuda::block_max(top, shared);
-  float sum = 0.0f;
-  for (int j = threadIdx.x; j < n; j += blockDim.x) sum += expf(xr[j] * scale - top);
-  sum = cuda::block_sum(sum, shared);
-  for (int j = threadIdx.x; j < L; j += blockDim.x)
-    pr[j] = j < n ? expf(xr[j] * scale - top) / sum : 0.0f;
-}
-
-// dx = scale * probs * (dprobs - sum(dprobs * probs)).  dx, dprobs, probs: (R, L)
-__global__ void softmax_backward_kernel(float* dx, const float* dprobs, const float* probs, int L,
-                                        float scale) {
-  __shared__ float shared[32];
-  const size_t row = blockIdx.x;
-  float dot = 0.0f;
-  for (int j = threadIdx.x; j < L; j += blockDim.x) dot += dprobs[row * L + j] * probs[row * L + j];
-  dot = cuda::block_sum(dot, shared);
-  for (int j = threadIdx.x; j < L; j += blockDim.x)
-    dx[row * L + j] = scale * probs[row * L + j] * (dprobs[row * L + j] - dot);
-}
 
 // The sequence that holds global row `row`.  offsets: (B+1)
 __device__ int sequence_of(const int32_t* offsets, int batch, int row) {
   int lo = 0, hi = batch - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
-    if (offsets[mid] <= row) lo = mid; else hi = mid - 1;
+    if (offsets[mid] <= row)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   return lo;
 }
 
 struct AttentionShape {
-  const int32_t* q_offsets;   // (B+1)
-  const int32_t* k_offsets;   // (B+1)
-  const int64_t* p_offsets;   // (B+1): start of each sequence's probabilities
+  const int32_t* q_offsets;  // (B+1)
+  const int32_t* k_offsets;  // (B+1)
+  const int64_t* p_offsets;  // (B+1): start of each sequence's probabilities (backward)
   int batch, heads, head_dim, q_stride, kv_stride;
   bool causal;
   AttentionScale scale;
@@ -86,22 +70,23 @@ __device__ size_t prob_row(const AttentionShape& s, int b, int h, int i, int lq,
 }
 
 // grid (Nq, H); dynamic shared memory: max Lk floats.
-// out: (Nq, H*D) dense; q: stride q_stride; k, v: stride kv_stride
-__global__ void attention_forward_kernel(float* out, float* probs, const float* q, const float* k,
-                                         const float* v, AttentionShape s) {
+// out: (Nq, H*D) dense; q: stride q_stride; k, v: stride kv_stride;
+// stats: (Nq, H)
+template <typename T>
+__global__ void attention_forward_kernel(T* out, float* stats, const T* q, const T* k, const T* v,
+                                         AttentionShape s) {
   extern __shared__ float scores[];
   __shared__ float shared[32];
   const int row = blockIdx.x, h = blockIdx.y, D = s.head_dim;
   const QueryRow r = locate_query(s, row);
-  const int b = r.b, i = r.i, lq = r.lq, k0 = r.k0, lk = r.lk, visible = r.visible;
-  const float scale = r.scale;
-  const float* qr = q + static_cast<size_t>(row) * s.q_stride + h * D;
+  const int k0 = r.k0, visible = r.visible;
+  const size_t q_base = static_cast<size_t>(row) * s.q_stride + h * D;
   float top = -INFINITY;
   for (int j = threadIdx.x; j < visible; j += blockDim.x) {
-    const float* kr = k + static_cast<size_t>(k0 + j) * s.kv_stride + h * D;
+    const size_t k_base = static_cast<size_t>(k0 + j) * s.kv_stride + h * D;
     float dot = 0.0f;
-    for (int d = 0; d < D; ++d) dot += qr[d] * kr[d];
-    scores[j] = dot * scale;
+    for (int d = 0; d < D; ++d) dot += load(q, q_base + d) * load(k, k_base + d);
+    scores[j] = dot * r.scale;
     top = fmaxf(top, scores[j]);
   }
   top = cuda::block_max(top, shared);
@@ -110,61 +95,66 @@ __global__ void attention_forward_kernel(float* out, float* probs, const float* 
     scores[j] = expf(scores[j] - top);
     sum += scores[j];
   }
-  sum = cuda::block_sum(sum, shared);
-  float* pr = probs + prob_row(s, b, h, i, lq, lk);
-  for (int j = threadIdx.x; j < lk; j += blockDim.x) {
-    const float p = j < visible ? scores[j] / sum : 0.0f;
-    if (j < visible) scores[j] = p;
-    pr[j] = p;
-  }
-  __syncthreads();
+  sum = cuda::block_sum(sum, shared);  // its barriers also publish scores[]
+  if (threadIdx.x == 0)
+    stats[static_cast<size_t>(row) * s.heads + h] = visible > 0 ? top + logf(sum) : 0.0f;
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     float acc = 0.0f;
     for (int j = 0; j < visible; ++j)
-      acc += scores[j] * v[static_cast<size_t>(k0 + j) * s.kv_stride + h * D + d];
-    out[static_cast<size_t>(row) * s.heads * D + h * D + d] = acc;
+      acc += scores[j] * load(v, static_cast<size_t>(k0 + j) * s.kv_stride + h * D + d);
+    store(out, static_cast<size_t>(row) * s.heads * D + h * D + d, visible > 0 ? acc / sum : 0.0f);
   }
 }
 
-// Per query row: dS = P (dP - sum(P dP)) * scale with dP = dout v^T, kept in
-// `dscores` (the probabilities' layout); dq = dS k.  grid (Nq, H)
-__global__ void attention_backward_query_kernel(float* dq, float* dscores, const float* dout,
-                                                const float* probs, const float* k, const float* v,
-                                                AttentionShape s) {
+// Per query row: P = exp(S * scale - lse) recomputed, dP = dout v^T,
+// dS = P (dP - sum(P dP)) * scale, both kept in the probabilities' layout;
+// dq = dS k.  grid (Nq, H)
+template <typename T>
+__global__ void attention_backward_query_kernel(T* dq, float* probs, float* dscores,
+                                                const float* stats, const T* dout, const T* q,
+                                                const T* k, const T* v, AttentionShape s) {
   __shared__ float shared[32];
   const int row = blockIdx.x, h = blockIdx.y, D = s.head_dim;
   const QueryRow r = locate_query(s, row);
   const int b = r.b, i = r.i, lq = r.lq, k0 = r.k0, lk = r.lk, visible = r.visible;
-  const float scale = r.scale;
-  const float* dr = dout + static_cast<size_t>(row) * s.heads * D + h * D;
-  const float* pr = probs + prob_row(s, b, h, i, lq, lk);
+  const float lse = stats[static_cast<size_t>(row) * s.heads + h];
+  const size_t q_base = static_cast<size_t>(row) * s.q_stride + h * D;
+  const size_t do_base = static_cast<size_t>(row) * s.heads * D + h * D;
+  float* pr = probs + prob_row(s, b, h, i, lq, lk);
   float* dsr = dscores + prob_row(s, b, h, i, lq, lk);
   float p_dp = 0.0f;
   for (int j = threadIdx.x; j < lk; j += blockDim.x) {
-    float dp = 0.0f;
+    float p = 0.0f, dp = 0.0f;
     if (j < visible) {
-      const float* vr = v + static_cast<size_t>(k0 + j) * s.kv_stride + h * D;
-      for (int d = 0; d < D; ++d) dp += dr[d] * vr[d];
+      const size_t k_base = static_cast<size_t>(k0 + j) * s.kv_stride + h * D;
+      float dot = 0.0f;
+      for (int d = 0; d < D; ++d) {
+        dot += load(q, q_base + d) * load(k, k_base + d);
+        dp += load(dout, do_base + d) * load(v, k_base + d);
+      }
+      p = expf(dot * r.scale - lse);
     }
+    pr[j] = p;
     dsr[j] = dp;  // dP for now
-    p_dp += pr[j] * dp;
+    p_dp += p * dp;
   }
-  p_dp = cuda::block_sum(p_dp, shared);  // also orders the dP writes before the reads below
-  for (int j = threadIdx.x; j < lk; j += blockDim.x) dsr[j] = pr[j] * (dsr[j] - p_dp) * scale;
+  p_dp = cuda::block_sum(p_dp, shared);  // also orders the writes above before the reads below
+  for (int j = threadIdx.x; j < lk; j += blockDim.x) dsr[j] = pr[j] * (dsr[j] - p_dp) * r.scale;
   __syncthreads();
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     float acc = 0.0f;
     for (int j = 0; j < visible; ++j)
-      acc += dsr[j] * k[static_cast<size_t>(k0 + j) * s.kv_stride + h * D + d];
-    dq[static_cast<size_t>(row) * s.q_stride + h * D + d] = acc;
+      acc += dsr[j] * load(k, static_cast<size_t>(k0 + j) * s.kv_stride + h * D + d);
+    store(dq, q_base + d, acc);
   }
 }
 
 // Per key row j: dk = dS^T q and dv = P^T dout over the queries that see it.
 // grid (Nk, H)
-__global__ void attention_backward_key_kernel(float* dk, float* dv, const float* dscores,
-                                              const float* probs, const float* q,
-                                              const float* dout, AttentionShape s) {
+template <typename T>
+__global__ void attention_backward_key_kernel(T* dk, T* dv, const float* dscores,
+                                              const float* probs, const T* q, const T* dout,
+                                              AttentionShape s) {
   const int row = blockIdx.x, h = blockIdx.y, D = s.head_dim;
   const int b = sequence_of(s.k_offsets, s.batch, row);
   const int j = row - s.k_offsets[b];
@@ -175,80 +165,159 @@ __global__ void attention_backward_key_kernel(float* dk, float* dv, const float*
     float acc_k = 0.0f, acc_v = 0.0f;
     for (int i = first; i < lq; ++i) {
       const size_t at = prob_row(s, b, h, i, lq, lk) + j;
-      acc_k += dscores[at] * q[static_cast<size_t>(q0 + i) * s.q_stride + h * D + d];
-      acc_v += probs[at] * dout[static_cast<size_t>(q0 + i) * s.heads * D + h * D + d];
+      acc_k += dscores[at] * load(q, static_cast<size_t>(q0 + i) * s.q_stride + h * D + d);
+      acc_v += probs[at] * load(dout, static_cast<size_t>(q0 + i) * s.heads * D + h * D + d);
     }
-    dk[static_cast<size_t>(row) * s.kv_stride + h * D + d] = acc_k;
-    dv[static_cast<size_t>(row) * s.kv_stride + h * D + d] = acc_v;
+    store(dk, static_cast<size_t>(row) * s.kv_stride + h * D + d, acc_k);
+    store(dv, static_cast<size_t>(row) * s.kv_stride + h * D + d, acc_v);
+  }
+}
+
+// Sequence b's block of probabilities: H * Lq_b * Lk_b floats, head-major.
+// offsets: (B+1) each
+__global__ void prob_offsets_kernel(int64_t* p_offsets, const int32_t* q_offsets,
+                                    const int32_t* k_offsets, int batch, int heads) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  int64_t total = 0;
+  p_offsets[0] = 0;
+  for (int b = 0; b < batch; ++b) {
+    total += static_cast<int64_t>(heads) * (q_offsets[b + 1] - q_offsets[b]) *
+             (k_offsets[b + 1] - k_offsets[b]);
+    p_offsets[b + 1] = total;
+  }
+}
+
+// One thread per slot s (and one for the end): lengths and ragged offsets,
+// slots past the batch empty with offsets at the end.
+__global__ void attention_meta_kernel(cuda::AttentionMeta meta, const int32_t* q_offsets,
+                                      const int32_t* k_offsets, int batch, int slots,
+                                      int64_t q_stride, int64_t kv_stride, int64_t o_stride,
+                                      int64_t stats_stride) {
+  const int s = blockIdx.x * blockDim.x + threadIdx.x;
+  if (s > slots) return;
+  const int b = min(s, batch);
+  const int64_t q = q_offsets[b], k = k_offsets[b];
+  meta.ro_q[s] = q * q_stride;
+  meta.ro_kv[s] = k * kv_stride;
+  meta.ro_o[s] = q * o_stride;
+  meta.ro_stats[s] = q * stats_stride;
+  if (s < slots) {
+    meta.seq_q[s] = s < batch ? q_offsets[s + 1] - q_offsets[s] : 0;
+    meta.seq_kv[s] = s < batch ? k_offsets[s + 1] - k_offsets[s] : 0;
+  }
+}
+
+// dst[row, c] = src[row, c] * ln(n) / ln(ref), n the keys query `row` sees.
+template <typename T>
+__global__ void scale_queries_kernel(T* dst, int dst_stride, const T* src, int src_stride,
+                                     AttentionShape s, int C) {
+  MPIFORMER_FOR_EACH(i, static_cast<size_t>(s.q_offsets[s.batch]) * C) {
+    const int row = static_cast<int>(i / C), c = static_cast<int>(i % C);
+    const int b = sequence_of(s.q_offsets, s.batch, row);
+    const int lk = s.k_offsets[b + 1] - s.k_offsets[b];
+    const int visible = s.causal ? min(row - s.q_offsets[b] + 1, lk) : lk;
+    const float factor = visible > 1 ? static_cast<float>(log(static_cast<double>(visible)) /
+                                                          log(static_cast<double>(s.ref_len)))
+                                     : 0.0f;
+    store(dst, static_cast<size_t>(row) * dst_stride + c,
+          load(src, static_cast<size_t>(row) * src_stride + c) * factor);
   }
 }
 
 AttentionShape shape_of(const Ragged& qs, const Ragged& ks, const AttentionConfig& cfg,
                         const int64_t* p_offsets, int q_stride, int kv_stride) {
-  return AttentionShape{qs.device_offsets, ks.device_offsets, p_offsets, qs.batch, cfg.heads,
-                        cfg.head_dim,      q_stride,          kv_stride, cfg.causal, cfg.scale,
-                        cfg.ref_len};
+  return AttentionShape{qs.device_offsets, ks.device_offsets, p_offsets,  qs.batch,
+                        cfg.heads,         cfg.head_dim,      q_stride,   kv_stride,
+                        cfg.causal,        cfg.scale,         cfg.ref_len};
 }
 
 }  // namespace
 
-void CudaOps::softmax_forward(float* probs, const float* x, int R, int L, float scale,
-                              const int32_t* valid) {
-  if (R == 0 || L == 0) return;
-  int32_t* device_valid = nullptr;
-  if (valid) {
-    device_valid = static_cast<int32_t*>(scratch(kValid, sizeof(int32_t) * R));
-    copy_to_device(device_valid, valid, sizeof(int32_t) * R);
-  }
-  softmax_forward_kernel<<<R, kThreads, 0, stream_>>>(probs, x, L, scale, device_valid);
-  cuda::check(cudaGetLastError(), "softmax_forward");
+namespace cuda {
+
+void launch_attention_meta(const AttentionMeta& meta, const int32_t* q_offsets,
+                           const int32_t* k_offsets, int batch, int slots, int64_t q_stride,
+                           int64_t kv_stride, int64_t o_stride, int64_t stats_stride,
+                           cudaStream_t stream) {
+  attention_meta_kernel<<<(slots + 1 + 127) / 128, 128, 0, stream>>>(
+      meta, q_offsets, k_offsets, batch, slots, q_stride, kv_stride, o_stride, stats_stride);
+  check(cudaGetLastError(), "attention metadata");
 }
 
-void CudaOps::softmax_backward(float* dx, const float* dprobs, const float* probs, int R, int L,
-                               float scale) {
-  if (R == 0 || L == 0) return;
-  softmax_backward_kernel<<<R, kThreads, 0, stream_>>>(dx, dprobs, probs, L, scale);
-  cuda::check(cudaGetLastError(), "softmax_backward");
-}
-
-const int64_t* CudaOps::prob_offsets(const Ragged& qs, const Ragged& ks, int heads) {
-  // Sequence b's block holds H * Lq_b * Lk_b probabilities, head-major.
-  std::vector<int64_t> offsets(qs.batch + 1, 0);  // host (B+1)
-  for (int b = 0; b < qs.batch; ++b) {
-    offsets[b + 1] = offsets[b] + static_cast<int64_t>(heads) * qs.length(b) * ks.length(b);
-  }
-  auto* device = static_cast<int64_t*>(scratch(kProbOffsets, sizeof(int64_t) * offsets.size()));
-  copy_to_device(device, offsets.data(), sizeof(int64_t) * offsets.size());
-  return device;
-}
-
-void CudaOps::attention_forward(float* out, float* probs, const float* q, int q_stride,
-                                const float* k, const float* v, int kv_stride, const Ragged& qs,
-                                const Ragged& ks, const AttentionConfig& cfg) {
+void launch_scale_queries(Act dst, int dst_stride, Act src, int src_stride, const Ragged& qs,
+                          const Ragged& ks, const AttentionConfig& cfg, cudaStream_t stream) {
   if (qs.total == 0) return;
-  const int64_t* p_offsets = prob_offsets(qs, ks, cfg.heads);
-  const AttentionShape s = shape_of(qs, ks, cfg, p_offsets, q_stride, kv_stride);
+  const AttentionShape s = shape_of(qs, ks, cfg, nullptr, src_stride, 0);
+  const int C = cfg.heads * cfg.head_dim;
+  dispatch(dst.dtype, [&](auto t) {
+    using T = decltype(t);
+    scale_queries_kernel<<<blocks_for(static_cast<size_t>(qs.total) * C), 256, 0, stream>>>(
+        typed<T>(dst), dst_stride, typed<T>(src), src_stride, s, C);
+  });
+  check(cudaGetLastError(), "log-length scale of the queries");
+}
+
+}  // namespace cuda
+
+void CudaOps::attention_forward(Act out, float* stats, Act q, int q_stride, Act k, Act v,
+                                int kv_stride, const Ragged& qs, const Ragged& ks,
+                                const AttentionConfig& cfg) {
+  if (qs.total == 0) return;
+  if (flash_ && out.dtype != DType::kF32 &&
+      flash_->forward(out, stats, q, q_stride, k, v, kv_stride, qs, ks, cfg))
+    return;
+  plain_attention_forward(out, stats, q, q_stride, k, v, kv_stride, qs, ks, cfg);
+}
+
+void CudaOps::attention_backward(Act dq, Act dk, Act dv, Act dout, Act out, const float* stats,
+                                 Act q, int q_stride, Act k, Act v, int kv_stride, const Ragged& qs,
+                                 const Ragged& ks, const AttentionConfig& cfg) {
+  if (qs.total == 0) return;
+  if (flash_ && dout.dtype != DType::kF32 &&
+      flash_->backward(dq, dk, dv, dout, out, stats, q, q_stride, k, v, kv_stride, qs, ks, cfg))
+    return;
+  plain_attention_backward(dq, dk, dv, dout, stats, q, q_stride, k, v, kv_stride, qs, ks, cfg);
+}
+
+void CudaOps::plain_attention_forward(Act out, float* stats, Act q, int q_stride, Act k, Act v,
+                                      int kv_stride, const Ragged& qs, const Ragged& ks,
+                                      const AttentionConfig& cfg) {
+  const AttentionShape s = shape_of(qs, ks, cfg, nullptr, q_stride, kv_stride);
   const dim3 grid(qs.total, cfg.heads);
   const size_t shared = sizeof(float) * static_cast<size_t>(ks.max_len > 0 ? ks.max_len : 1);
-  attention_forward_kernel<<<grid, kThreads, shared, stream_>>>(out, probs, q, k, v, s);
+  cuda::dispatch(out.dtype, [&](auto t) {
+    using T = decltype(t);
+    attention_forward_kernel<<<grid, kThreads, shared, stream_>>>(typed<T>(out), stats, typed<T>(q),
+                                                                  typed<T>(k), typed<T>(v), s);
+  });
   cuda::check(cudaGetLastError(), "attention_forward");
 }
 
-void CudaOps::attention_backward(float* dq, float* dk, float* dv, const float* dout,
-                                 const float* probs, const float* q, int q_stride, const float* k,
-                                 const float* v, int kv_stride, const Ragged& qs, const Ragged& ks,
-                                 const AttentionConfig& cfg) {
-  if (qs.total == 0) return;
-  const int64_t* p_offsets = prob_offsets(qs, ks, cfg.heads);
+void CudaOps::plain_attention_backward(Act dq, Act dk, Act dv, Act dout, const float* stats, Act q,
+                                       int q_stride, Act k, Act v, int kv_stride, const Ragged& qs,
+                                       const Ragged& ks, const AttentionConfig& cfg) {
+  // The probabilities and dS of this call: H * sum_b Lq_b * Lk_b each.
+  size_t pairs = 0;
+  for (int b = 0; b < qs.batch; ++b) pairs += static_cast<size_t>(qs.length(b)) * ks.length(b);
+  const size_t floats = pairs * cfg.heads;
+  auto* probs = static_cast<float*>(scratch(kAttentionProbs, sizeof(float) * (floats + 1)));
+  auto* dscores = static_cast<float*>(scratch(kAttentionGrad, sizeof(float) * (floats + 1)));
+  auto* p_offsets =
+      static_cast<int64_t*>(scratch(kAttentionOffsets, sizeof(int64_t) * (qs.batch + 1)));
+  prob_offsets_kernel<<<1, 1, 0, stream_>>>(p_offsets, qs.device_offsets, ks.device_offsets,
+                                            qs.batch, cfg.heads);
   const AttentionShape s = shape_of(qs, ks, cfg, p_offsets, q_stride, kv_stride);
-  auto* dscores = static_cast<float*>(
-      scratch(kAttentionGrad, sizeof(float) * attention_probs_size(qs, ks, cfg.heads)));
-  attention_backward_query_kernel<<<dim3(qs.total, cfg.heads), kThreads, 0, stream_>>>(
-      dq, dscores, dout, probs, k, v, s);
-  cuda::check(cudaGetLastError(), "attention_backward (queries)");
-  attention_backward_key_kernel<<<dim3(ks.total, cfg.heads), kThreads, 0, stream_>>>(
-      dk, dv, dscores, probs, q, dout, s);
-  cuda::check(cudaGetLastError(), "attention_backward (keys)");
+  cuda::dispatch(dq.dtype, [&](auto t) {
+    using T = decltype(t);
+    attention_backward_query_kernel<<<dim3(qs.total, cfg.heads), kThreads, 0, stream_>>>(
+        typed<T>(dq), probs, dscores, stats, typed<T>(dout), typed<T>(q), typed<T>(k), typed<T>(v),
+        s);
+    if (ks.total > 0) {
+      attention_backward_key_kernel<<<dim3(ks.total, cfg.heads), kThreads, 0, stream_>>>(
+          typed<T>(dk), typed<T>(dv), dscores, probs, typed<T>(q), typed<T>(dout), s);
+    }
+  });
+  cuda::check(cudaGetLastError(), "attention_backward");
 }
 
 }  // namespace mpiformer

@@ -1,10 +1,16 @@
-// The CUDA backend's memory, elementwise ops and embeddings.
+// The CUDA backend's memory (allocations, scratch, the pinned upload ring),
+// its op timer, and the elementwise and embedding ops.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
+#include "kernels/cuda/attention_cudnn.h"
+#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/gemm.h"
 #include "kernels/dropout_mask.h"
 
 namespace mpiformer {
@@ -30,91 +36,155 @@ void check(cublasStatus_t status, const char* what) {
 namespace {
 
 using cuda::blocks_for;
+using cuda::load;
+using cuda::store;
+using cuda::typed;
 
-// GELU, tanh approximation as in GPT-2 (the CPU backend's formula).
-constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
-constexpr float kGeluA = 0.044715f;
-
-// Grid-stride loops: any n with a bounded grid.
-#define FOR_EACH(i, n) \
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < (n); i += static_cast<size_t>(gridDim.x) * blockDim.x)
-
-__global__ void add_kernel(float* out, const float* a, const float* b, size_t n) {
-  FOR_EACH(i, n) out[i] = a[i] + b[i];
-}
-
-__global__ void activation_forward_kernel(float* out, const float* x, size_t n, bool gelu) {
-  FOR_EACH(i, n) {
-    const float xi = x[i];
-    out[i] = gelu ? 0.5f * xi * (1.0f + tanhf(kGeluC * (xi + kGeluA * xi * xi * xi)))
-                  : fmaxf(xi, 0.0f);
+// Op families timed by CUDA events on the stream: device time, which is
+// what a queued, asynchronous step spends.
+class EventTimer final : public OpTimer {
+ public:
+  explicit EventTimer(cudaStream_t stream) : stream_(stream) {}
+  ~EventTimer() override {
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);
   }
-}
-
-// d/dx 0.5 x (1 + tanh u), u = c (x + a x^3).
-__global__ void activation_backward_kernel(float* dx, const float* dout, const float* x, size_t n,
-                                           bool gelu) {
-  FOR_EACH(i, n) {
-    const float xi = x[i];
-    float d;
-    if (gelu) {
-      const float t = tanhf(kGeluC * (xi + kGeluA * xi * xi * xi));
-      d = 0.5f * (1.0f + t) + 0.5f * xi * (1.0f - t * t) * kGeluC * (1.0f + 3.0f * kGeluA * xi * xi);
-    } else {
-      d = xi > 0.0f ? 1.0f : 0.0f;
+  void begin(OpFamily family) override {
+    open_ = next_event();
+    cuda::check(cudaEventRecord(open_, stream_), "cudaEventRecord");
+    (void)family;
+  }
+  void end(OpFamily family) override {
+    cudaEvent_t done = next_event();
+    cuda::check(cudaEventRecord(done, stream_), "cudaEventRecord");
+    spans_.push_back({family, open_, done});
+  }
+  std::vector<double> milliseconds() override {
+    std::vector<double> ms(static_cast<int>(OpFamily::kCount), 0.0);
+    cuda::check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    for (const Span& s : spans_) {
+      float elapsed = 0.0f;
+      cuda::check(cudaEventElapsedTime(&elapsed, s.begin, s.end), "cudaEventElapsedTime");
+      ms[static_cast<int>(s.family)] += elapsed;
     }
-    dx[i] = d * dout[i];
+    return ms;
   }
+  void reset() override {
+    spans_.clear();
+    used_ = 0;
+  }
+
+ private:
+  struct Span {
+    OpFamily family;
+    cudaEvent_t begin, end;
+  };
+  cudaEvent_t next_event() {
+    if (used_ == events_.size()) {
+      cudaEvent_t e;
+      cuda::check(cudaEventCreate(&e), "cudaEventCreate");
+      events_.push_back(e);
+    }
+    return events_[used_++];
+  }
+  cudaStream_t stream_;
+  std::vector<cudaEvent_t> events_;
+  size_t used_ = 0;
+  cudaEvent_t open_ = nullptr;
+  std::vector<Span> spans_;
+};
+
+// dst = src rounded to T.  dst, src: (n)
+template <typename T>
+__global__ void convert_kernel(T* dst, const float* src, size_t n) {
+  MPIFORMER_FOR_EACH(i, n) store(dst, i, src[i]);
 }
 
 // out = x * keep / (1 - p), the mask of dropout_keep (the CPU backend's).
-__global__ void dropout_kernel(float* out, const float* x, size_t n, float p, uint64_t seed,
+template <typename T>
+__global__ void dropout_kernel(T* out, const T* x, size_t n, float p, uint64_t seed,
                                uint64_t stream) {
   const float keep_scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
-  FOR_EACH(i, n) out[i] = dropout_keep(seed, stream, i, p) ? x[i] * keep_scale : 0.0f;
-}
-
-// out: (N, C), ids: (N), table: (V, C)
-__global__ void gather_rows_kernel(float* out, const int32_t* ids, const float* table, int N, int C,
-                                   float scale, bool add) {
-  FOR_EACH(i, static_cast<size_t>(N) * C) {
-    const size_t row = i / C, col = i % C;
-    const float value = table[static_cast<size_t>(ids[row]) * C + col] * scale;
-    out[i] = add ? out[i] + value : value;
+  MPIFORMER_FOR_EACH(i, n) {
+    store(out, i, dropout_keep(seed, stream, i, p) ? load(x, i) * keep_scale : 0.0f);
   }
 }
 
-// dtable[ids[r]] += dout[r] * scale.  dtable: (V, C), dout: (N, C)
-__global__ void scatter_add_rows_kernel(float* dtable, const float* dout, const int32_t* ids, int N,
-                                        int C, float scale) {
-  FOR_EACH(i, static_cast<size_t>(N) * C) {
+// dx = act'(pre) * dout.  dx, dout, pre: (n)
+template <typename T>
+__global__ void activation_backward_kernel(T* dx, const T* dout, const T* pre, size_t n,
+                                           bool gelu) {
+  MPIFORMER_FOR_EACH(i, n) {
+    const float x = load(pre, i);
+    const float d = gelu ? cuda::gelu_grad(x) : (x > 0.0f ? 1.0f : 0.0f);
+    store(dx, i, d * load(dout, i));
+  }
+}
+
+// out[i] = tokens[ids[i]] * scale + positions[pos[i]].
+// out: (N, C), ids, pos: (N), tokens: (V, C), positions: (L, C)
+template <typename T>
+__global__ void embedding_forward_kernel(T* out, const int32_t* ids, const T* tokens,
+                                         const int32_t* pos, const T* positions, int N, int C,
+                                         float scale) {
+  MPIFORMER_FOR_EACH(i, static_cast<size_t>(N) * C) {
     const size_t row = i / C, col = i % C;
-    atomicAdd(dtable + static_cast<size_t>(ids[row]) * C + col, dout[i] * scale);
+    const float t = load(tokens, static_cast<size_t>(ids[row]) * C + col);
+    const float p = load(positions, static_cast<size_t>(pos[row]) * C + col);
+    store(out, i, t * scale + p);
+  }
+}
+
+// One block per group: table row keys[g] gains its rows' sum, added in
+// ascending row order, so no two blocks touch one row and no float atomics
+// decide the order. dtable: (K, C) fp32, dout: (N, C)
+template <typename T>
+__global__ void embedding_backward_kernel(float* dtable, const T* dout, RowGroups groups, int C,
+                                          float scale) {
+  const int g = blockIdx.x;
+  const int first = groups.starts[g], last = groups.starts[g + 1];
+  float* dst = dtable + static_cast<size_t>(groups.keys[g]) * C;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    float sum = 0.0f;
+    for (int r = first; r < last; ++r)
+      sum += load(dout, static_cast<size_t>(groups.rows[r]) * C + c);
+    dst[c] += sum * scale;
   }
 }
 
 }  // namespace
 
-CudaOps::CudaOps(int device) : device_(device) {
+// ---- set-up ---------------------------------------------------------------
+
+CudaOps::CudaOps(int device, bool tf32) : device_(device) {
   cuda::check(cudaSetDevice(device), "cudaSetDevice");
   cudaDeviceProp props{};
   cuda::check(cudaGetDeviceProperties(&props, device), "cudaGetDeviceProperties");
   name_ = std::string("cuda:") + std::to_string(device) + " (" + props.name + ")";
   cuda::check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-  cuda::check(cublasCreate(&cublas_), "cublasCreate");
-  cuda::check(cublasSetStream(cublas_, stream_), "cublasSetStream");
-  // fp32 means fp32: no TF32 behind the caller's back.
-  cuda::check(cublasSetMathMode(cublas_, CUBLAS_PEDANTIC_MATH), "cublasSetMathMode");
+  gemm_ = std::make_unique<cuda::Gemm>(*this, tf32);
+  try {
+    flash_ = cuda::FlashAttention::create(*this);  // null when the build has no cuDNN
+  } catch (const std::exception& e) {
+    // cuDNN missing or broken on this machine: attention still runs.
+    std::fprintf(stderr, "mpiformer: %s; attention runs on the plain CUDA kernels\n", e.what());
+    std::fflush(stderr);
+  }
 }
 
 CudaOps::~CudaOps() {
   if (stream_) cudaStreamSynchronize(stream_);
+  flash_.reset();
+  gemm_.reset();
   for (void* p : scratch_)
     if (p) cudaFree(p);
   for (auto& [ptr, bytes] : sizes_) cudaFree(ptr);
-  if (cublas_) cublasDestroy(cublas_);
+  for (const Staged& s : staged_) cudaEventDestroy(s.done);
+  for (cudaEvent_t e : spare_events_) cudaEventDestroy(e);
+  if (ring_) cudaFreeHost(ring_);
   if (stream_) cudaStreamDestroy(stream_);
 }
+
+// ---- memory ---------------------------------------------------------------
 
 void* CudaOps::allocate(size_t bytes) {
   void* ptr = nullptr;
@@ -137,6 +207,11 @@ void CudaOps::release(void* ptr) {
   sizes_.erase(it);
 }
 
+void CudaOps::count_workspace(size_t bytes) {
+  current_bytes_ += bytes;
+  peak_bytes_ = std::max(peak_bytes_, current_bytes_);
+}
+
 void CudaOps::copy_to_device(void* dst, const void* host_src, size_t bytes) {
   if (bytes == 0) return;
   cuda::check(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_),
@@ -152,97 +227,142 @@ void CudaOps::copy_to_host(void* host_dst, const void* src, size_t bytes) {
   cuda::check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
 }
 
-void CudaOps::fill_zero(float* x, size_t n) {
-  if (n > 0) cuda::check(cudaMemsetAsync(x, 0, n * sizeof(float), stream_), "cudaMemsetAsync");
+void CudaOps::reserve_uploads(size_t bytes) {
+  if (bytes <= ring_bytes_) return;
+  // Nothing staged may be lost: wait for every copy out of the old ring.
+  cuda::check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  for (const Staged& s : staged_) spare_events_.push_back(s.done);
+  staged_.clear();
+  if (ring_) cuda::check(cudaFreeHost(ring_), "cudaFreeHost");
+  ring_ = nullptr;
+  cuda::check(cudaMallocHost(reinterpret_cast<void**>(&ring_), bytes), "cudaMallocHost (uploads)");
+  ring_bytes_ = bytes;
+  ring_head_ = 0;
+}
+
+void CudaOps::upload(void* dst, const void* host_src, size_t bytes) {
+  if (bytes == 0) return;
+  if (bytes > ring_bytes_) reserve_uploads(std::max(bytes, 2 * ring_bytes_));
+  size_t begin = ring_head_;
+  if (begin + bytes > ring_bytes_) begin = 0;  // wrap: a region is never split
+  const size_t end = begin + bytes;
+  // Wait for the copies still reading [begin, end): the oldest ones.
+  while (!staged_.empty() && staged_.front().begin < end && begin < staged_.front().end) {
+    cuda::check(cudaEventSynchronize(staged_.front().done), "cudaEventSynchronize");
+    spare_events_.push_back(staged_.front().done);
+    staged_.pop_front();
+  }
+  std::memcpy(ring_ + begin, host_src, bytes);
+  cuda::check(cudaMemcpyAsync(dst, ring_ + begin, bytes, cudaMemcpyHostToDevice, stream_),
+              "cudaMemcpyAsync (upload)");
+  cudaEvent_t done;
+  if (spare_events_.empty()) {
+    cuda::check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
+  } else {
+    done = spare_events_.back();
+    spare_events_.pop_back();
+  }
+  cuda::check(cudaEventRecord(done, stream_), "cudaEventRecord");
+  staged_.push_back({begin, end, done});
+  ring_head_ = end;
+}
+
+void CudaOps::fill_zero(void* x, size_t bytes) {
+  if (bytes > 0) cuda::check(cudaMemsetAsync(x, 0, bytes, stream_), "cudaMemsetAsync");
 }
 
 void CudaOps::synchronize() {
   cuda::check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
 }
 
-void* CudaOps::scratch(int slot, size_t bytes) {
+void* CudaOps::scratch(Slot slot, size_t bytes) {
   if (scratch_bytes_[slot] < bytes) {
     if (scratch_[slot]) {
       cuda::check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
       cuda::check(cudaFree(scratch_[slot]), "cudaFree");
+      current_bytes_ -= scratch_bytes_[slot];
     }
     scratch_[slot] = nullptr;
+    scratch_bytes_[slot] = 0;
     cuda::check(cudaMalloc(&scratch_[slot], bytes), "cudaMalloc (scratch)");
     scratch_bytes_[slot] = bytes;
+    count_workspace(bytes);
   }
   return scratch_[slot];
 }
 
-void CudaOps::add(float* out, const float* a, const float* b, size_t n) {
-  if (n == 0) return;
-  add_kernel<<<blocks_for(n), 256, 0, stream_>>>(out, a, b, n);
-  cuda::check(cudaGetLastError(), "add");
+std::unique_ptr<OpTimer> CudaOps::make_timer() {
+  return std::make_unique<EventTimer>(stream_);
 }
 
-void CudaOps::activation_forward(float* out, const float* x, size_t n, Activation act) {
+void CudaOps::convert(Act dst, const float* src, size_t n) {
   if (n == 0) return;
-  activation_forward_kernel<<<blocks_for(n), 256, 0, stream_>>>(out, x, n, act == Activation::kGelu);
-  cuda::check(cudaGetLastError(), "activation_forward");
+  cuda::dispatch(dst.dtype, [&](auto t) {
+    using T = decltype(t);
+    convert_kernel<<<blocks_for(n), 256, 0, stream_>>>(typed<T>(dst), src, n);
+  });
+  cuda::check(cudaGetLastError(), "convert");
 }
 
-void CudaOps::activation_backward(float* dx, const float* dout, const float* x, size_t n,
-                                  Activation act) {
-  if (n == 0) return;
-  activation_backward_kernel<<<blocks_for(n), 256, 0, stream_>>>(dx, dout, x, n,
-                                                                  act == Activation::kGelu);
-  cuda::check(cudaGetLastError(), "activation_backward");
-}
+// ---- elementwise ----------------------------------------------------------
 
-void CudaOps::dropout_forward(float* out, const float* x, size_t n, float p, uint64_t seed,
-                              uint64_t stream) {
+void CudaOps::dropout(Act out, Act x, size_t n, const Dropout& d) {
   if (n == 0) return;
-  if (!(p > 0.0f)) {
-    if (out != x) {
-      cuda::check(cudaMemcpyAsync(out, x, n * sizeof(float), cudaMemcpyDeviceToDevice, stream_),
+  if (!(d.p > 0.0f)) {
+    if (out.data != x.data) {
+      cuda::check(cudaMemcpyAsync(out.data, x.data, n * dtype_bytes(x.dtype),
+                                  cudaMemcpyDeviceToDevice, stream_),
                   "dropout (copy)");
     }
     return;
   }
-  dropout_kernel<<<blocks_for(n), 256, 0, stream_>>>(out, x, n, p, seed, stream);
+  cuda::dispatch(out.dtype, [&](auto t) {
+    using T = decltype(t);
+    dropout_kernel<<<blocks_for(n), 256, 0, stream_>>>(typed<T>(out), typed<T>(x), n, d.p, d.seed,
+                                                       d.stream);
+  });
   cuda::check(cudaGetLastError(), "dropout");
 }
 
-void CudaOps::dropout_backward(float* dx, const float* dout, size_t n, float p, uint64_t seed,
-                               uint64_t stream) {
-  // The same mask and scale: d(x * keep / (1 - p)) = dout * keep / (1 - p).
-  dropout_forward(dx, dout, n, p, seed, stream);
+void CudaOps::activation_backward(Act dx, Act dout, Act pre, size_t n, Activation act) {
+  if (n == 0) return;
+  cuda::dispatch(dx.dtype, [&](auto t) {
+    using T = decltype(t);
+    activation_backward_kernel<<<blocks_for(n), 256, 0, stream_>>>(
+        typed<T>(dx), typed<T>(dout), typed<T>(pre), n, act == Activation::kGelu);
+  });
+  cuda::check(cudaGetLastError(), "activation_backward");
 }
 
-void CudaOps::embedding_forward(float* out, const int32_t* ids, const float* table, int N, int C,
-                                float scale) {
+// ---- embeddings -----------------------------------------------------------
+
+void CudaOps::embedding_forward(Act out, const int32_t* ids, Act tokens, const int32_t* pos,
+                                Act positions, int N, int C, float scale) {
   if (N == 0) return;
-  gather_rows_kernel<<<blocks_for(static_cast<size_t>(N) * C), 256, 0, stream_>>>(out, ids, table, N, C, scale,
-                                                                     false);
+  cuda::dispatch(out.dtype, [&](auto t) {
+    using T = decltype(t);
+    embedding_forward_kernel<<<blocks_for(static_cast<size_t>(N) * C), 256, 0, stream_>>>(
+        typed<T>(out), ids, typed<T>(tokens), pos, typed<T>(positions), N, C, scale);
+  });
   cuda::check(cudaGetLastError(), "embedding_forward");
 }
 
-void CudaOps::embedding_backward(float* dtable, const float* dout, const int32_t* ids, int N, int C,
+void CudaOps::embedding_backward(float* dtokens, float* dpositions, Act dout,
+                                 const RowGroups& by_id, const RowGroups& by_pos, int N, int C,
                                  float scale) {
   if (N == 0) return;
-  scatter_add_rows_kernel<<<blocks_for(static_cast<size_t>(N) * C), 256, 0, stream_>>>(dtable, dout, ids, N, C,
-                                                                          scale);
+  cuda::dispatch(dout.dtype, [&](auto t) {
+    using T = decltype(t);
+    if (dpositions && by_pos.groups > 0) {
+      embedding_backward_kernel<<<by_pos.groups, 256, 0, stream_>>>(dpositions, typed<T>(dout),
+                                                                    by_pos, C, 1.0f);
+    }
+    if (by_id.groups > 0) {
+      embedding_backward_kernel<<<by_id.groups, 256, 0, stream_>>>(dtokens, typed<T>(dout), by_id,
+                                                                   C, scale);
+    }
+  });
   cuda::check(cudaGetLastError(), "embedding_backward");
-}
-
-void CudaOps::positional_add_forward(float* x, const int32_t* positions, const float* table, int N,
-                                     int C) {
-  if (N == 0) return;
-  gather_rows_kernel<<<blocks_for(static_cast<size_t>(N) * C), 256, 0, stream_>>>(x, positions, table, N, C,
-                                                                     1.0f, true);
-  cuda::check(cudaGetLastError(), "positional_add_forward");
-}
-
-void CudaOps::positional_add_backward(float* dtable, const float* dx, const int32_t* positions,
-                                      int N, int C) {
-  if (N == 0) return;
-  scatter_add_rows_kernel<<<blocks_for(static_cast<size_t>(N) * C), 256, 0, stream_>>>(dtable, dx, positions,
-                                                                          N, C, 1.0f);
-  cuda::check(cudaGetLastError(), "positional_add_backward");
 }
 
 }  // namespace mpiformer

@@ -1,19 +1,34 @@
-// The CUDA backend (fp32): every op of kernels/ops.h on one GPU, checked
-// against the CPU reference by tests/cuda_ops_test.cpp (label gpu). GEMMs go
-// through cuBLAS; the other ops are plain kernels, one file per op family.
-// Every kernel runs on the backend's stream; copies to and from the host
-// synchronise with it.
+// The CUDA backend: every op of kernels/ops.h on one GPU, in fp32, bf16 or
+// fp16, checked against the CPU reference by tests/cuda_ops_test.cpp (label
+// gpu).
 //
-// Still to come (see the CUDA issue): cuBLASLt with fused epilogues, cuDNN
-// fused attention, bf16/fp16 with a loss scaler, and the NCCL transport.
+// - GEMMs through cuBLASLt (gemm.cu): bf16/fp16 inputs with fp32
+//   accumulation, fused epilogues (bias; GELU keeping its pre-activation;
+//   GELU backward; bias gradient), fp32 weight gradients accumulated in
+//   place. fp32 GEMMs stay fp32 unless the backend was made with tf32.
+// - Attention through cuDNN's fused flash attention (attention_cudnn.cpp)
+//   for bf16/fp16 on packed ragged sequences when the build has the cuDNN
+//   frontend; plain kernels (attention.cu) otherwise and for fp32.
+// - Row kernels for layer norm (fused with the residual add), the fused
+//   cross entropy and AdamW over the whole flat buffer with the clip taken
+//   on the device.
+//
+// Stream order: every op is queued on the backend's stream; per-batch data
+// comes through upload(), staged in a pinned ring. Nothing in a step waits
+// for the device except what the caller reads back (loss sums, the norm).
+// Scratch and library workspaces grow to the largest request, so once the
+// shapes of a run have been seen nothing is allocated.
 #pragma once
 
-#include <cublas_v2.h>
+#include <cublasLt.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <deque>
+#include <memory>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "kernels/ops.h"
 
@@ -25,105 +40,142 @@ namespace cuda {
 void check(cudaError_t status, const char* what);
 void check(cublasStatus_t status, const char* what);
 
-// Blocks of `threads` covering n items (at least one block).
+// Blocks of `threads` covering n items (at least one block, a bounded grid).
 inline unsigned blocks_for(size_t n, unsigned threads = 256) {
   const size_t b = (n + threads - 1) / threads;
   return static_cast<unsigned>(b == 0 ? 1 : (b > 65535u * 32u ? 65535u * 32u : b));
 }
+
+class Gemm;            // gemm.cu
+class FlashAttention;  // attention_cudnn.cpp
 
 }  // namespace cuda
 
 class CudaOps final : public Ops {
  public:
   // Binds this process to `device` (cudaSetDevice) and creates its stream
-  // and cuBLAS handle. Throws std::runtime_error.
-  explicit CudaOps(int device);
+  // and library handles. tf32: fp32 GEMMs on TF32 tensor cores. Throws
+  // std::runtime_error.
+  CudaOps(int device, bool tf32 = false);
   ~CudaOps() override;
   CudaOps(const CudaOps&) = delete;
   CudaOps& operator=(const CudaOps&) = delete;
 
   std::string name() const override { return name_; }
   int device() const { return device_; }
+  cudaStream_t stream() const { return stream_; }
 
   // ---- memory (cuda_ops.cu) -------------------------------------------------
   void* allocate(size_t bytes) override;
   void release(void* ptr) override;
   void copy_to_device(void* dst, const void* host_src, size_t bytes) override;
   void copy_to_host(void* host_dst, const void* src, size_t bytes) override;
-  void fill_zero(float* x, size_t n) override;
+  void upload(void* dst, const void* host_src, size_t bytes) override;
+  void reserve_uploads(size_t bytes) override;
+  void fill_zero(void* x, size_t bytes) override;
   void synchronize() override;
   size_t peak_allocated_bytes() const override { return peak_bytes_; }
   bool host_accessible() const override { return false; }
+  size_t logits_chunk_elements() const override { return size_t{1} << 29; }
+  std::unique_ptr<OpTimer> make_timer() override;
+  void convert(Act dst, const float* src, size_t n) override;
 
   // ---- elementwise, embeddings (cuda_ops.cu) --------------------------------
-  void add(float* out, const float* a, const float* b, size_t n) override;
-  void activation_forward(float* out, const float* x, size_t n, Activation act) override;
-  void activation_backward(float* dx, const float* dout, const float* x, size_t n,
-                           Activation act) override;
-  void dropout_forward(float* out, const float* x, size_t n, float p, uint64_t seed,
-                       uint64_t stream) override;
-  void dropout_backward(float* dx, const float* dout, size_t n, float p, uint64_t seed,
-                        uint64_t stream) override;
-  void embedding_forward(float* out, const int32_t* ids, const float* table, int N, int C,
-                         float scale) override;
-  void embedding_backward(float* dtable, const float* dout, const int32_t* ids, int N, int C,
-                          float scale) override;
-  void positional_add_forward(float* x, const int32_t* positions, const float* table, int N,
-                              int C) override;
-  void positional_add_backward(float* dtable, const float* dx, const int32_t* positions, int N,
-                               int C) override;
+  void dropout(Act out, Act x, size_t n, const Dropout& d) override;
+  void activation_backward(Act dx, Act dout, Act pre, size_t n, Activation act) override;
+  void embedding_forward(Act out, const int32_t* ids, Act tokens, const int32_t* pos, Act positions,
+                         int N, int C, float scale) override;
+  void embedding_backward(float* dtokens, float* dpositions, Act dout, const RowGroups& by_id,
+                          const RowGroups& by_pos, int N, int C, float scale) override;
 
   // ---- layer norm (layernorm.cu) --------------------------------------------
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* gamma,
-                         const float* beta, int N, int C, float eps) override;
-  void layernorm_backward(float* dx, float* dgamma, float* dbeta, const float* dout, const float* x,
-                          const float* gamma, const float* mean, const float* rstd, int N, int C,
+  void layernorm_forward(Act out, float* mean, float* rstd, Act x, Act gamma, Act beta, int N,
+                         int C, float eps) override;
+  void residual_layernorm_forward(Act sum, Act out, float* mean, float* rstd, Act s, Act y,
+                                  const Dropout& d, Act gamma, Act beta, int N, int C,
+                                  float eps) override;
+  void layernorm_backward(Act dx, float* dgamma, float* dbeta, Act dout, Act x, Act gamma,
+                          const float* mean, const float* rstd, int N, int C,
                           bool accumulate) override;
 
-  // ---- GEMM (matmul.cu) -----------------------------------------------------
-  void matmul_forward(float* out, const float* x, const float* weight, const float* bias, int N,
-                      int IC, int OC) override;
-  void matmul_backward(float* dx, float* dweight, float* dbias, const float* dout, const float* x,
-                       const float* weight, int N, int IC, int OC, bool accumulate) override;
+  // ---- GEMM (gemm.cu) -------------------------------------------------------
+  void matmul_forward(Act out, Act x, Act weight, Act bias, int N, int IC, int OC,
+                      const FusedActivation& fused, int out_stride) override;
+  void matmul_backward(Act dx, float* dweight, float* dbias, Act dout, Act x, Act weight, int N,
+                       int IC, int OC, bool accumulate, const FusedActivation& fused,
+                       int dout_stride) override;
 
-  // ---- softmax and attention (attention.cu) ---------------------------------
-  void softmax_forward(float* probs, const float* x, int R, int L, float scale,
-                       const int32_t* valid) override;
-  void softmax_backward(float* dx, const float* dprobs, const float* probs, int R, int L,
-                        float scale) override;
-  void attention_forward(float* out, float* probs, const float* q, int q_stride, const float* k,
-                         const float* v, int kv_stride, const Ragged& qs, const Ragged& ks,
-                         const AttentionConfig& cfg) override;
-  void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* probs,
-                          const float* q, int q_stride, const float* k, const float* v,
-                          int kv_stride, const Ragged& qs, const Ragged& ks,
-                          const AttentionConfig& cfg) override;
+  // ---- attention (attention.cu, attention_cudnn.cpp) ------------------------
+  void attention_forward(Act out, float* stats, Act q, int q_stride, Act k, Act v, int kv_stride,
+                         const Ragged& qs, const Ragged& ks, const AttentionConfig& cfg) override;
+  void attention_backward(Act dq, Act dk, Act dv, Act dout, Act out, const float* stats, Act q,
+                          int q_stride, Act k, Act v, int kv_stride, const Ragged& qs,
+                          const Ragged& ks, const AttentionConfig& cfg) override;
 
   // ---- loss and optimizer (loss_optim.cu) -----------------------------------
-  LossSums cross_entropy(float* logits, const int32_t* targets, int N, int V, float smoothing,
-                         int pad_id, float grad_scale, bool compute_grad) override;
-  void adamw_update(float* params, const float* grads, float* m, float* v, size_t n,
-                    const AdamWConfig& cfg) override;
-  double sum_squares(const float* x, size_t n) override;
+  void cross_entropy(Act logits, const int32_t* targets, int N, int V, float smoothing, int pad_id,
+                     float grad_scale, bool compute_grad, LossSums* sums, int stride) override;
+  void sum_squares(double* out, const float* x, size_t n) override;
+  void adamw_update(float* params, const float* grads, float* m, float* v, Act compute, size_t n,
+                    const AdamWRange* ranges, int range_count, const AdamWConfig& cfg,
+                    const double* grad_norm_sq) override;
+
+  // Device scratch that grows to the largest request and is then reused;
+  // counted in peak_allocated_bytes. Growing waits for the stream (the old
+  // buffer may still be in use), so it happens on the first steps only.
+  enum Slot {
+    kAttentionProbs,      // plain attention: probabilities recomputed in backward
+    kAttentionGrad,       // plain attention: dS
+    kAttentionOffsets,    // plain attention: where each sequence's block starts
+    kAttentionQuery,      // cuDNN: q with the log-length factor folded in
+    kAttentionQueryGrad,  // cuDNN: the gradient at that q
+    kAttentionWorkspace,  // cuDNN: the graphs' workspace
+    kColumnSums,          // partial column sums (bias and layer-norm gradients)
+    kBiasGrad,            // a GEMM epilogue's bias gradient before it is added
+    kRowResults,          // cross entropy's per-row results
+    kReduce,              // block partial sums
+    kSlots
+  };
+  void* scratch(Slot slot, size_t bytes);
+  // Counts a library's workspace in the peak figure.
+  void count_workspace(size_t bytes);
 
  private:
-  // Device scratch that grows to the largest request and is then reused
-  // (not counted in peak_allocated_bytes).
-  void* scratch(int slot, size_t bytes);
-  // Where each sequence's block of attention probabilities starts, uploaded
-  // to scratch slot kProbOffsets.  returns: device (B+1)
-  const int64_t* prob_offsets(const Ragged& qs, const Ragged& ks, int heads);
+  // The plain attention kernels (attention.cu), for fp32 and where cuDNN
+  // cannot run.
+  void plain_attention_forward(Act out, float* stats, Act q, int q_stride, Act k, Act v,
+                               int kv_stride, const Ragged& qs, const Ragged& ks,
+                               const AttentionConfig& cfg);
+  void plain_attention_backward(Act dq, Act dk, Act dv, Act dout, const float* stats, Act q,
+                                int q_stride, Act k, Act v, int kv_stride, const Ragged& qs,
+                                const Ragged& ks, const AttentionConfig& cfg);
+  // Column sums of a (N, C) gradient added into fp32 sums (+=) in a fixed
+  // order: bias gradients. dst: (C), src: (N, C) rows `stride` apart.
+  void add_column_sums(float* dst, Act src, int N, int C, int stride);
 
-  enum Slot { kProbOffsets, kAttentionGrad, kValid, kReduce, kSlots };
   int device_ = 0;
   std::string name_;
   cudaStream_t stream_ = nullptr;
-  cublasHandle_t cublas_ = nullptr;
+  std::unique_ptr<cuda::Gemm> gemm_;
+  std::unique_ptr<cuda::FlashAttention> flash_;  // null without cuDNN
   void* scratch_[kSlots] = {};
   size_t scratch_bytes_[kSlots] = {};
   std::unordered_map<void*, size_t> sizes_;
   size_t current_bytes_ = 0;
   size_t peak_bytes_ = 0;
+
+  // Uploads go through a ring of pinned host memory. Each upload's region
+  // is free again once its copy has run (its event); the ring is written in
+  // order, so the oldest uploads are the ones a new write may reach.
+  struct Staged {
+    size_t begin, end;
+    cudaEvent_t done;
+  };
+  unsigned char* ring_ = nullptr;
+  size_t ring_bytes_ = 0;
+  size_t ring_head_ = 0;
+  std::deque<Staged> staged_;
+  std::vector<cudaEvent_t> spare_events_;
 };
 
 }  // namespace mpiformer

@@ -15,6 +15,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/dropout_mask.h"
+#include "kernels/profiled_ops.h"
 #include "src/app/commands.h"
 #include "src/app/device.h"
 #include "src/dist/data_parallel.h"
@@ -77,37 +78,79 @@ double estimated_cpu_peak_flops(int threads) {
   return threads * mhz * 1e6 * 32.0;
 }
 
+// Dense peak of an H100 SXM (docs/DESIGN.md section 10) for the GEMMs' precision:
+// bf16/fp16 tensor cores, TF32 tensor cores, or fp32 CUDA cores.
+double h100_peak_flops(Precision precision, bool tf32) {
+  if (precision != Precision::kFp32) return 989e12;
+  return tf32 ? 494.7e12 : 66.9e12;
+}
+
 size_t peak_rss_bytes() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   return static_cast<size_t>(usage.ru_maxrss) * 1024;
 }
 
+// `, "profile_ms": {"gemm": 1.234, ...}` (per step), or "" without --profile.
+std::string profile_json(const std::vector<double>& ms) {
+  if (ms.empty()) return "";
+  std::string out = ", \"profile_ms\": {";
+  char buf[64];
+  for (int f = 0; f < static_cast<int>(OpFamily::kCount); ++f) {
+    std::snprintf(buf, sizeof buf, "%s\"%s\": %.3f", f ? ", " : "",
+                  to_string(static_cast<OpFamily>(f)), ms[f]);
+    out += buf;
+  }
+  return out + "}";
+}
+
+// A table of the step's time by op family on stderr (stdout keeps its one
+// JSON line).
+void print_profile(const std::vector<double>& ms, double step_ms) {
+  double ops_ms = 0.0;
+  for (double m : ms) ops_ms += m;
+  std::fprintf(stderr, "time per step by op family (device time, %.2f ms per step):\n", step_ms);
+  for (int f = 0; f < static_cast<int>(OpFamily::kCount); ++f) {
+    std::fprintf(stderr, "  %-12s %9.3f ms  %5.1f%%\n", to_string(static_cast<OpFamily>(f)), ms[f],
+                 step_ms > 0 ? 100.0 * ms[f] / step_ms : 0.0);
+  }
+  std::fprintf(stderr, "  %-12s %9.3f ms  %5.1f%%  (host work, waits, all-reduce)\n", "other",
+               step_ms - ops_ms, step_ms > 0 ? 100.0 * (step_ms - ops_ms) / step_ms : 0.0);
+}
+
 }  // namespace
 
 int run_bench(const BenchConfig& cfg, Communicator& comm) {
   const int threads = cfg.threads > 0 ? cfg.threads : comm.cores_per_local_rank();
-  std::unique_ptr<Ops> ops = make_ops(cfg.device, threads, comm);
+  std::unique_ptr<Ops> backend = make_ops(cfg.device, threads, comm, cfg.tf32);
+  // --profile: the model runs on a wrapper that times each op family.
+  std::unique_ptr<ProfiledOps> profiled;
+  if (cfg.profile) profiled = std::make_unique<ProfiledOps>(*backend);
+  Ops* ops = profiled ? profiled.get() : backend.get();
   std::vector<Batch> batch(1, make_bench_batch(cfg, comm.rank()));
   const int longest = std::max(batch[0].decoder.max_len(), batch[0].encoder.max_len());
   const int rows = std::max(batch[0].decoder.total(), batch[0].encoder.total());
-  Model model(*ops, cfg.model, ModelCapacity{rows, longest});
+  Model model(*ops, cfg.model, ModelCapacity{rows, longest}, compute_dtype(cfg.precision));
   model.init_parameters(cfg.seed);
   AdamW optimizer(model.parameters(), cfg.optim);
   // On a GPU the MPI transport stages gradients through host buffers.
   std::unique_ptr<GradientReducer> reducer =
       make_mpi_reducer(model.parameters(), cfg.bucket_mb, cfg.overlap, cfg.grad_sum, comm);
+  // fp16 runs with a loss scale: a fixed one here, as the bench never overflows.
+  const float loss_scale = cfg.precision == Precision::kFp16 ? 1024.0f : 1.0f;
 
   ReduceTiming reduce;
   auto train_step = [&](int64_t step) {
-    const StepGradients g =
-        step_gradients(model, batch, cfg.seed, step, cfg.label_smoothing, comm, reducer.get());
+    const StepGradients g = step_gradients(model, batch, cfg.seed, step, cfg.label_smoothing, comm,
+                                           reducer.get(), loss_scale);
     reduce += g.reduce;
-    const double norm = optimizer.grad_norm();
-    optimizer.step(cfg.optim.lr, clip_factor(norm, cfg.optim.clip_norm));
+    optimizer.measure_gradients();
+    optimizer.step(cfg.optim.lr, 1.0f / loss_scale);
   };
   for (int s = 0; s < cfg.warmup_steps; ++s) train_step(s + 1);
   ops->synchronize();
+  model.take_train_sums();
+  if (profiled) profiled->reset();
   reduce = ReduceTiming{};
   comm.barrier();
   const auto t0 = std::chrono::steady_clock::now();
@@ -120,11 +163,18 @@ int run_bench(const BenchConfig& cfg, Communicator& comm) {
   const int W = comm.size();
   const double step_s = seconds / cfg.steps;
   const double tokens = static_cast<double>(comm.allreduce_sum(batch[0].real_tokens()));
-  // GPU: the dense bf16 peak of an H100 SXM (DESIGN.md section 9) unless
-  // --peak-tflops names the device's.
+  // GPU: an H100 SXM's dense peak for the precision unless --peak-tflops
+  // names the device's.
   const double peak = cfg.peak_tflops > 0               ? cfg.peak_tflops * 1e12
-                      : cfg.device == DeviceKind::kCuda ? 989e12
+                      : cfg.device == DeviceKind::kCuda ? h100_peak_flops(cfg.precision, cfg.tf32)
                                                         : estimated_cpu_peak_flops(threads);
+  // Per step and family, and what the step spent outside every op (the
+  // device idle, waiting for the host or the all-reduce).
+  std::vector<double> profile_ms;
+  if (profiled) {
+    profile_ms = profiled->milliseconds();
+    for (double& ms : profile_ms) ms /= cfg.steps;
+  }
   const double mfu = model.training_flops(batch[0]) / step_s / peak;  // per rank
   // One rank moves nothing; its exact sum's conversions are in step_ms.
   if (W == 1) reduce = ReduceTiming{};
@@ -134,17 +184,19 @@ int run_bench(const BenchConfig& cfg, Communicator& comm) {
     std::printf(
         "{\"model\": \"%s\", \"device\": \"%s\", \"ranks\": %d, \"threads\": %d, "
         "\"batch\": %d, \"seq\": %d, \"real_tokens\": %.0f, \"padded_tokens\": %lld, "
-        "\"parameters\": %zu, \"tokens_per_s\": %.1f, \"step_ms\": %.2f, \"mfu\": %.4f, "
-        "\"peak_flops\": %.4g, \"peak_mem_bytes\": %zu, \"allocated_bytes\": %zu, "
+        "\"precision\": \"%s\", \"parameters\": %zu, \"tokens_per_s\": %.1f, \"step_ms\": %.2f, "
+        "\"mfu\": %.4f, \"peak_flops\": %.4g, \"peak_mem_bytes\": %zu, \"allocated_bytes\": %zu, "
         "\"allreduce_bytes\": %zu, \"buckets\": %zu, \"comm_wait_ms\": %.3f, "
-        "\"hidden_share\": %.3f}\n",
-        to_string(cfg.model.kind), ops->name().c_str(), W, threads, cfg.batch, cfg.seq, tokens,
-        static_cast<long long>(batch[0].padded_tokens()) * W, model.parameters().count(),
-        tokens / step_s, 1000.0 * step_s, mfu, peak, peak_rss_bytes(), ops->peak_allocated_bytes(),
-        W > 1 && reducer ? reducer->bytes_per_step() : 0,
+        "\"hidden_share\": %.3f%s}\n",
+        to_string(cfg.model.kind), backend->name().c_str(), W, threads, cfg.batch, cfg.seq, tokens,
+        static_cast<long long>(batch[0].padded_tokens()) * W, to_string(cfg.precision),
+        model.parameters().count(), tokens / step_s, 1000.0 * step_s, mfu, peak, peak_rss_bytes(),
+        backend->peak_allocated_bytes(), W > 1 && reducer ? reducer->bytes_per_step() : 0,
         W > 1 && reducer ? reducer->buckets().size() : 0, 1000.0 * reduce_sums[0] / (W * cfg.steps),
-        reduce_sums[1] > 0 ? reduce_sums[2] / reduce_sums[1] : 0.0);
+        reduce_sums[1] > 0 ? reduce_sums[2] / reduce_sums[1] : 0.0,
+        profile_json(profile_ms).c_str());
     std::fflush(stdout);
+    if (profiled) print_profile(profile_ms, 1000.0 * step_s);
   }
   return 0;
 }

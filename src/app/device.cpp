@@ -10,12 +10,12 @@
 
 namespace mpiformer {
 
-std::unique_ptr<Ops> make_ops(DeviceKind device, int threads, const Communicator& comm) {
+std::unique_ptr<Ops> make_ops(DeviceKind device, int threads, const Communicator& comm, bool tf32) {
   if (device == DeviceKind::kCpu) return make_cpu_ops(threads);
   const int count = cuda_device_count();
   if (count == 0) throw std::runtime_error("--device cuda: no GPU is visible to this rank");
   const int gpu = comm.local_rank() % count;
-  std::unique_ptr<Ops> ops = make_cuda_ops(gpu);
+  std::unique_ptr<Ops> ops = make_cuda_ops(gpu, tf32);
   char host[256] = {};
   gethostname(host, sizeof host - 1);
   std::printf("[rank %d] %s: %s (local rank %d of %d, %d GPU(s) visible)\n", comm.rank(), host,

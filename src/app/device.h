@@ -10,9 +10,11 @@
 
 namespace mpiformer {
 
-// threads: CPU threads (0 is not allowed here; resolve it first). With
-// --device cuda every rank prints "[rank r] HOST: cuda:D (NAME), X GiB".
+// threads: CPU threads (0 is not allowed here; resolve it first). tf32:
+// fp32 GEMMs on TF32 tensor cores (cuda). With --device cuda every rank
+// prints "[rank r] HOST: cuda:D (NAME) (local rank l of n, g GPU(s) visible)".
 // Throws std::runtime_error.
-std::unique_ptr<Ops> make_ops(DeviceKind device, int threads, const Communicator& comm);
+std::unique_ptr<Ops> make_ops(DeviceKind device, int threads, const Communicator& comm,
+                              bool tf32 = false);
 
 }  // namespace mpiformer

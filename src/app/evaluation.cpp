@@ -18,12 +18,11 @@ LossSummary evaluate(Model& model, BatchSource& source, uint64_t max_batches, fl
                      const Communicator& comm, Batch& batch) {
   const uint64_t available = source.eval_batch_count();
   const uint64_t count = available > 0 ? std::min(available, max_batches) : max_batches;
-  LossSums local;
   for (uint64_t i = comm.rank(); i < count; i += comm.size()) {
     source.make_batch(BatchSource::kEval, i, &batch);
-    local += model.evaluate(batch, label_smoothing);
+    model.evaluate(batch, label_smoothing);
   }
-  return summarize(allreduce(comm, local));
+  return summarize(allreduce(comm, model.take_eval_sums()));
 }
 
 }  // namespace mpiformer

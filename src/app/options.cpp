@@ -258,12 +258,18 @@ void add_optim_flags(FlagTable& t, OptimConfig* o) {
   t.add("clip-norm", &o->clip_norm, "C", "clip the global gradient norm to C (0: off)");
 }
 
-void add_device_flags(FlagTable& t, DeviceKind* device, Precision* precision, int* threads) {
+void add_device_flags(FlagTable& t, DeviceKind* device, Precision* precision, bool* tf32,
+                      int* threads) {
   t.add_choice("device", device, {{"cpu", DeviceKind::kCpu}, {"cuda", DeviceKind::kCuda}},
                "where the model runs");
   t.add_choice("precision", precision,
                {{"fp32", Precision::kFp32}, {"bf16", Precision::kBf16}, {"fp16", Precision::kFp16}},
-               "compute precision (master weights stay fp32)");
+               "precision of activations and GEMM inputs; master weights, Adam state, gradient "
+               "sums, layer-norm statistics, softmax and the loss stay fp32 (fp16 adds dynamic "
+               "loss scaling)");
+  t.add_switch("tf32", tf32,
+               "cuda, fp32: run the GEMMs on TF32 tensor cores (10-bit mantissas; fp32 is exact "
+               "without it)");
   t.add("threads", threads, "N", "CPU threads per rank (0: the node's cores shared by its ranks)");
 }
 
@@ -318,7 +324,12 @@ void add_train_flags(FlagTable& t, TrainConfig* c) {
   t.add("checkpoint-every", &c->checkpoint_every, "N",
         "steps between checkpoints; the last step always writes one (0: only the last)");
   t.add("keep-checkpoints", &c->keep_checkpoints, "K", "newest checkpoints kept (0: all)");
-  add_device_flags(t, &c->device, &c->precision, &c->threads);
+  add_device_flags(t, &c->device, &c->precision, &c->tf32, &c->threads);
+  t.add("loss-scale", &c->loss_scale, "S",
+        "fp16: the initial loss scale (halved on overflow, doubled after --loss-scale-window "
+        "good steps)");
+  t.add("loss-scale-window", &c->loss_scale_window, "N",
+        "fp16: good steps in a row before the loss scale doubles");
   t.group("Distribution");
   t.add_choice(
       "lr-scaling", &c->lr_scaling,
@@ -345,7 +356,9 @@ void add_bench_flags(FlagTable& t, BenchConfig* c) {
   t.add("label-smoothing", &c->label_smoothing, "E", "label smoothing, in [0, 1)");
   t.add("seed", &c->seed, "S", "seed of the batch and initialisation");
   t.add("peak-tflops", &c->peak_tflops, "TF", "device peak for MFU (0: estimate for the device)");
-  add_device_flags(t, &c->device, &c->precision, &c->threads);
+  t.add_switch("profile", &c->profile,
+               "also time the ops by family (GEMM, attention, layer norm, ...) and print a table");
+  add_device_flags(t, &c->device, &c->precision, &c->tf32, &c->threads);
   t.group("Distribution (under mpirun: every rank runs its own batch of the shape)");
   add_reducer_flags(t, &c->bucket_mb, &c->overlap, &c->grad_sum);
 }
@@ -585,7 +598,7 @@ void validate_optim(const OptimConfig& o) {
   require_non_negative("--clip-norm", o.clip_norm);
 }
 
-void validate_device(DeviceKind device, Precision precision, int threads) {
+void validate_device(DeviceKind device, Precision precision, bool tf32, int threads) {
   if (device == DeviceKind::kCuda) {
     if (!cuda_backend_built()) {
       usage_error("--device",
@@ -595,13 +608,9 @@ void validate_device(DeviceKind device, Precision precision, int threads) {
     if (cuda_device_count() == 0) {
       usage_error("--device", "cuda requested but no GPU is visible to this process");
     }
-    if (precision != Precision::kFp32) {
-      usage_error("--precision",
-                  "the CUDA backend computes in fp32 so far; bf16 and fp16 are still to come");
-    }
-  } else if (precision != Precision::kFp32) {
-    const char* name = precision == Precision::kBf16 ? "bf16" : "fp16";
-    usage_error("--precision", std::string("--device cpu supports only fp32; got ") + name);
+  }
+  if (tf32 && (device != DeviceKind::kCuda || precision != Precision::kFp32)) {
+    usage_error("--tf32", "only with --device cuda --precision fp32");
   }
   require_at_least("--threads", threads, 0);
 }
@@ -649,7 +658,11 @@ void validate_train(const TrainConfig& c) {
   require_at_least("--eval-batches", c.eval_batches, 1);
   require_at_least("--checkpoint-every", c.checkpoint_every, 0);
   require_at_least("--keep-checkpoints", c.keep_checkpoints, 0);
-  validate_device(c.device, c.precision, c.threads);
+  validate_device(c.device, c.precision, c.tf32, c.threads);
+  if (!(c.loss_scale >= 1.0f && std::isfinite(c.loss_scale))) {
+    usage_error("--loss-scale", "must be a finite number >= 1; got " + format_number(c.loss_scale));
+  }
+  require_at_least("--loss-scale-window", c.loss_scale_window, 1);
   require_at_least("--lr-reference-tokens", c.lr_reference_tokens, int64_t{0});
   if (c.lr_scaling != LrScaling::kNone && c.lr_reference_tokens == 0) {
     usage_error("--lr-reference-tokens",
@@ -718,7 +731,7 @@ void validate_bench(const BenchConfig& c) {
   require_at_least("--warmup-steps", c.warmup_steps, 0);
   require_unit_interval("--label-smoothing", c.label_smoothing);
   require_non_negative("--peak-tflops", c.peak_tflops);
-  validate_device(c.device, c.precision, c.threads);
+  validate_device(c.device, c.precision, c.tf32, c.threads);
 }
 
 // --vocab 0 with --synthetic: the vocabulary the synthetic tasks have always used.

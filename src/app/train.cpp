@@ -5,7 +5,7 @@
 // global batch does not depend on W. The loss of every micro-batch is divided
 // by N, the step's global count of target tokens (MPI_Allreduce before any
 // backward), and gradients are summed over ranks: the update is the gradient
-// of the mean loss over every target token of the step (DESIGN.md section 1).
+// of the mean loss over every target token of the step (docs/DESIGN.md section 1).
 //
 // A run survives: --resume continues from a checkpoint exactly (the same
 // parameters, moments, data cursor and random streams), and SIGTERM or
@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -44,6 +45,7 @@
 #include "src/loss/cross_entropy.h"
 #include "src/model/model.h"
 #include "src/optim/adamw.h"
+#include "src/optim/loss_scaler.h"
 #include "src/optim/schedule.h"
 
 namespace mpiformer {
@@ -295,8 +297,9 @@ int run_train(const TrainConfig& requested, Communicator& comm) {
   if (!agreed(comm, [&] { data = make_batch_source(cfg, rank, W); })) return kExitFailure;
   BatchSource& source = *data;
   const int threads = cfg.threads > 0 ? cfg.threads : comm.cores_per_local_rank();
-  std::unique_ptr<Ops> ops = make_ops(cfg.device, threads, comm);
-  Model model(*ops, cfg.model, ModelCapacity{cfg.max_tokens, cfg.model.max_len});
+  std::unique_ptr<Ops> ops = make_ops(cfg.device, threads, comm, cfg.tf32);
+  Model model(*ops, cfg.model, ModelCapacity{cfg.max_tokens, cfg.model.max_len},
+              compute_dtype(cfg.precision));
   model.init_parameters(cfg.seed);
   ParameterSet& params = model.parameters();
 
@@ -308,6 +311,7 @@ int run_train(const TrainConfig& requested, Communicator& comm) {
   optim.end_lr = static_cast<float>(optim.end_lr * lr_factor);
   AdamW optimizer(params, optim);
   LrSchedule schedule(optim, cfg.steps);
+  LossScaler scaler(cfg.precision == Precision::kFp16, cfg.loss_scale, cfg.loss_scale_window);
 
   // Resuming: parameters, moments and the update count from the checkpoint.
   // A checkpoint of another model shape is a flag fault, found here.
@@ -326,7 +330,9 @@ int run_train(const TrainConfig& requested, Communicator& comm) {
     }
     if (const int code = agree_on(comm, verdict)) return code;
     restore_tensors(comm, start.checkpoint, params, optimizer.m(), optimizer.v());
+    params.refresh_compute();
     optimizer.set_steps_taken(resumed.optimizer_steps);
+    scaler.restore(resumed.loss_scale, resumed.loss_scale_good_steps);
     start.checkpoint = LoadedCheckpoint{};  // the host copy is no longer needed
   }
 
@@ -376,6 +382,11 @@ int run_train(const TrainConfig& requested, Communicator& comm) {
                                               : cfg.model.layers,
         cfg.model.d_model, cfg.model.heads, cfg.model.d_ff, cfg.model.vocab, cfg.model.max_len,
         cfg.max_tokens, K, W);
+    if (cfg.precision != Precision::kFp32)
+      std::printf(
+          "  precision %s: activations and GEMM inputs; fp32 master weights, Adam state "
+          "and loss%s\n",
+          to_string(cfg.precision), scaler.dynamic() ? ", with dynamic loss scaling" : "");
     if (cfg.lr_scaling != LrScaling::kNone)
       std::printf("  lr %.3e x %.4f (%s: %lld / %lld tokens per step) = %.3e\n", cfg.optim.lr,
                   lr_factor, to_string(cfg.lr_scaling), static_cast<long long>(step_budget),
@@ -415,16 +426,26 @@ int run_train(const TrainConfig& requested, Communicator& comm) {
 
   std::vector<Batch> batches(K);
   Batch eval_batch;
-  LossSums window;  // local sums since the last progress line
+  // Loss sums since the last progress line stay on the backend (the model's
+  // training sums) and are read there.
   ReduceTiming window_reduce;
   int64_t window_real_tokens = 0, window_padded_tokens = 0;
-  double window_compute_s = 0.0;
-  int window_steps = 0, window_skipped = 0;
+  // Time in the window spent on other things than steps (replica checks,
+  // checkpoints, evaluation): step time is the rest. Steps are queued
+  // asynchronously on a GPU, so only the window's end, after the device
+  // has been waited for, says how long they took.
+  double window_other_s = 0.0;
+  int window_steps = 0, window_skipped = 0, window_overflows = 0;
+  // The loss scale the last measured gradient norm carries (0: no norm yet).
+  float measured_scale = 0.0f;
   Clock::time_point window_start = Clock::now();
   const StopSignals stop_signals;
   // For the stop tests only: the last rank signals itself after this step.
   const char* signal_step_text = std::getenv("MPIFORMER_TEST_SIGNAL_AFTER_STEP");
   const int64_t signal_step = signal_step_text ? std::atoll(signal_step_text) : 0;
+  // For the loss-scaling tests only: the last rank's gradients overflow at this step.
+  const char* overflow_step_text = std::getenv("MPIFORMER_TEST_OVERFLOW_AT_STEP");
+  const int64_t overflow_step = overflow_step_text ? std::atoll(overflow_step_text) : 0;
 
   source.prefetch(first, stride);
 
@@ -442,6 +463,8 @@ int run_train(const TrainConfig& requested, Communicator& comm) {
     state.batches_per_step = batches_per_step;
     state.sharding = cfg.sharding == Sharding::kFile ? "file" : "data";
     state.seed = cfg.seed;
+    state.loss_scale = scaler.scale();
+    state.loss_scale_good_steps = scaler.good_steps();
     state.vocab_size = cfg.model.vocab;
     state.special = cfg.model.special;
     state.tokenizer = tokenizer;
@@ -452,8 +475,6 @@ int run_train(const TrainConfig& requested, Communicator& comm) {
   };
 
   for (int64_t step = first_step; step <= cfg.steps; ++step) {
-    const Clock::time_point step_start = Clock::now();
-
     // 1. This rank's micro-batches of the step (any may be empty).
     for (int k = 0; k < K; ++k) {
       const uint64_t index = first + stride * static_cast<uint64_t>((step - first_step) * K + k);
@@ -463,27 +484,42 @@ int run_train(const TrainConfig& requested, Communicator& comm) {
     }
 
     // 2. The gradient of the mean loss over the step's target tokens on all
-    //    ranks: N by MPI_Allreduce first, then backward, then the bucketed
-    //    gradient all-reduce (src/dist/data_parallel.h).
+    //    ranks, times the loss scale: N by MPI_Allreduce first, then
+    //    backward, then the bucketed gradient all-reduce
+    //    (src/dist/data_parallel.h).
+    const float loss_scale = scaler.scale();
+    const bool inject_overflow = step == overflow_step && rank == W - 1;
     const StepGradients gradients =
-        step_gradients(model, batches, cfg.seed, step, cfg.label_smoothing, comm, reducer.get());
-    window += gradients.local;
+        step_gradients(model, batches, cfg.seed, step, cfg.label_smoothing, comm, reducer.get(),
+                       inject_overflow ? INFINITY : loss_scale);
     window_reduce += gradients.reduce;
 
-    // 3. Clip and update; a step with no target tokens anywhere changes nothing.
-    double grad_norm = 0.0;
+    // 3. Clip and update on the device; a step with no target tokens
+    //    anywhere changes nothing. fp16: a step whose summed gradients
+    //    overflowed (the same on every rank) is skipped and the scale halved.
     const float lr = schedule.lr(step);
+    measured_scale = 0.0f;
     if (gradients.skipped) {
       ++window_skipped;
     } else {
-      grad_norm = optimizer.grad_norm();
-      optimizer.step(lr, clip_factor(grad_norm, cfg.optim.clip_norm));
+      optimizer.measure_gradients();
+      measured_scale = loss_scale;
+      bool apply = true;
+      if (scaler.dynamic()) {
+        const bool finite = std::isfinite(optimizer.measured_norm());
+        apply = scaler.update(!comm.any(!finite));
+      }
+      if (apply) {
+        optimizer.step(lr, 1.0f / loss_scale);
+      } else {
+        ++window_overflows;
+      }
     }
-    window_compute_s += seconds_since(step_start);
     ++window_steps;
 
     // 4. Replicas must still be identical.
     if (W > 1 && cfg.check_every > 0 && step % cfg.check_every == 0) {
+      const Clock::time_point check_start = Clock::now();
       const ReplicaMismatch mismatch = check_replicas(params, comm);
       if (mismatch.found()) {
         if (comm.rank() == mismatch.rank)
@@ -494,11 +530,14 @@ int run_train(const TrainConfig& requested, Communicator& comm) {
         std::fflush(stderr);
         return kExitFailure;
       }
+      window_other_s += seconds_since(check_start);
     }
 
     // 5. Progress: global token-weighted figures, on stdout and in metrics.h5.
     if (step % cfg.log_every == 0 || step == cfg.steps) {
-      const LossSummary train = summarize(allreduce(comm, window));
+      const LossSummary train = summarize(allreduce(comm, model.take_train_sums()));
+      const double grad_norm =
+          measured_scale > 0.0f ? optimizer.measured_norm() / measured_scale : 0.0;
       const double seconds = seconds_since(window_start);
       const double real = static_cast<double>(comm.allreduce_sum(window_real_tokens));
       const double padded = static_cast<double>(comm.allreduce_sum(window_padded_tokens));
@@ -514,9 +553,9 @@ int run_train(const TrainConfig& requested, Communicator& comm) {
         row.lr = lr;
         row.grad_norm = grad_norm;
         row.tokens_per_s = real / seconds;
-        row.step_ms = 1000.0 * window_compute_s / window_steps;
+        row.step_ms = 1000.0 * std::max(0.0, seconds - window_other_s) / window_steps;
         row.padding_efficiency = padded > 0 ? real / padded : 1.0;
-        row.loss_scale = 1.0;  // fp32: no loss scaling
+        row.loss_scale = scaler.scale();
         std::string comm_part;
         if (W > 1) {
           // Mean over ranks of the wait after backward, and the share of
@@ -528,6 +567,13 @@ int run_train(const TrainConfig& requested, Communicator& comm) {
           comm_part = buf;
         }
         if (window_skipped > 0) comm_part += " | skipped " + std::to_string(window_skipped);
+        if (scaler.dynamic()) {
+          char buf[96];
+          std::snprintf(buf, sizeof buf, " | loss-scale %g", scaler.scale());
+          comm_part += buf;
+          if (window_overflows > 0)
+            comm_part += " (" + std::to_string(window_overflows) + " overflow step(s) skipped)";
+        }
         std::printf(
             "step %lld/%lld | loss %.4f | acc %.2f%% | lr %.3e | grad-norm %.3f | "
             "%.0f tok/s | pad-eff %.3f | %.1f ms/step%s\n",
@@ -537,17 +583,17 @@ int run_train(const TrainConfig& requested, Communicator& comm) {
         std::fflush(stdout);
         metrics->append(row);
       }
-      window = LossSums{};
       window_reduce = ReduceTiming{};
       window_real_tokens = window_padded_tokens = 0;
-      window_compute_s = 0.0;
-      window_steps = window_skipped = 0;
+      window_other_s = 0.0;
+      window_steps = window_skipped = window_overflows = 0;
       window_start = Clock::now();
     }
 
     // 6. Checkpoint.
     const bool checkpoint_due =
         (cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0) || step == cfg.steps;
+    const Clock::time_point other_start = Clock::now();
     if (checkpoint_due) save(step);
 
     // 7. Evaluation on held-out data.
@@ -562,6 +608,7 @@ int run_train(const TrainConfig& requested, Communicator& comm) {
         metrics->append(EvalRow{step, eval.loss, eval.perplexity, eval.accuracy, eval.tokens});
       }
     }
+    window_other_s += seconds_since(other_start);
 
     // 8. A stop signal on any rank (the time limit is near, the job was
     //    cancelled or preempted): every rank stops after this same step, with

@@ -77,6 +77,18 @@ const char* to_string(Precision k) {
   return "?";
 }
 
+DType compute_dtype(Precision p) {
+  switch (p) {
+    case Precision::kFp32:
+      return DType::kF32;
+    case Precision::kBf16:
+      return DType::kBF16;
+    case Precision::kFp16:
+      return DType::kF16;
+  }
+  return DType::kF32;
+}
+
 const char* to_string(Activation k) {
   switch (k) {
     case Activation::kGelu:

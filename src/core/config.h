@@ -21,7 +21,7 @@ enum class TooLong { kAuto, kSkip, kTruncate };
 // data: every rank reads the whole set and takes every W-th global batch;
 // file: each rank reads its own shard files.
 enum class Sharding { kData, kFile };
-// How the peak LR follows the global token budget per step (DESIGN.md section 6).
+// How the peak LR follows the global token budget per step (docs/DESIGN.md section 6).
 enum class LrScaling { kNone, kLinear, kSqrt };
 // How gradients are summed over micro-batches and ranks (src/dist/gradient_reducer.h).
 enum class GradSum { kExact, kFloat };
@@ -38,6 +38,9 @@ const char* to_string(TooLong k);
 const char* to_string(Sharding k);
 const char* to_string(LrScaling k);
 const char* to_string(GradSum k);
+
+// The element type of activations for a compute precision.
+DType compute_dtype(Precision p);
 
 // Reserved token ids shared by every model kind and the synthetic tasks.
 struct SpecialTokens {
@@ -117,7 +120,11 @@ struct TrainConfig {
   int keep_checkpoints = 5;  // newest step_*.h5 kept (0: all)
   DeviceKind device = DeviceKind::kCpu;
   Precision precision = Precision::kFp32;
-  int threads = 0;  // 0: all cores shared among local ranks
+  bool tf32 = false;  // fp32 GEMMs on TF32 tensor cores (cuda only)
+  int threads = 0;    // 0: all cores shared among local ranks
+  // fp16's dynamic loss scaling (src/optim/loss_scaler.h)
+  float loss_scale = 65536.0f;   // the initial scale
+  int loss_scale_window = 2000;  // good steps in a row before the scale doubles
 
   // distribution
   LrScaling lr_scaling = LrScaling::kNone;
@@ -180,8 +187,10 @@ struct BenchConfig {
   uint64_t seed = 1;
   DeviceKind device = DeviceKind::kCpu;
   Precision precision = Precision::kFp32;
+  bool tf32 = false;
   int threads = 0;
   double peak_tflops = 0.0;  // 0: estimate for the device
+  bool profile = false;      // time per op family
   float bucket_mb = 4.0f;    // under mpirun: the gradient reducer's buckets
   bool overlap = true;
   GradSum grad_sum = GradSum::kExact;

@@ -30,7 +30,7 @@ int64_t count_targets(const std::vector<Batch>& micro, int32_t pad) {
 
 StepGradients step_gradients(Model& model, const std::vector<Batch>& micro, uint64_t seed,
                              int64_t step, float label_smoothing, const Communicator& comm,
-                             GradientReducer* reducer) {
+                             GradientReducer* reducer, float loss_scale) {
   const int W = comm.size(), K = static_cast<int>(micro.size());
   if (W > 1 && reducer == nullptr)
     throw std::logic_error("step_gradients: more than one rank needs a gradient reducer");
@@ -40,7 +40,7 @@ StepGradients step_gradients(Model& model, const std::vector<Batch>& micro, uint
     out.skipped = true;
     return out;
   }
-  const float grad_scale = 1.0f / static_cast<float>(out.global_targets);
+  const float grad_scale = loss_scale / static_cast<float>(out.global_targets);
 
   ParameterSet& params = model.parameters();
   params.zero_grads();
@@ -52,8 +52,7 @@ StepGradients step_gradients(Model& model, const std::vector<Batch>& micro, uint
     // reducer as it goes.
     const bool last = k == K - 1;
     const PassId pass{seed, step, comm.rank() + k * W};
-    out.local += model.forward_backward(micro[k], label_smoothing, grad_scale, pass,
-                                        last ? reducer : nullptr);
+    model.forward_backward(micro[k], label_smoothing, grad_scale, pass, last ? reducer : nullptr);
   }
   if (reducer) out.reduce = reducer->finish();
   return out;

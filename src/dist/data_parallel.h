@@ -1,4 +1,4 @@
-// One optimizer step's gradient on W ranks (DESIGN.md section 1):
+// One optimizer step's gradient on W ranks (docs/DESIGN.md section 1):
 //
 //   N    = sum over ranks and micro-batches of target tokens   (MPI_Allreduce, before any backward)
 //   grad = sum over ranks of grad(sum of this rank's losses / N)  (the bucketed all-reduce)
@@ -20,7 +20,6 @@
 namespace mpiformer {
 
 struct StepGradients {
-  LossSums local;              // this rank's un-normalised sums
   int64_t global_targets = 0;  // N: target tokens of the step on all ranks
   bool skipped = false;        // N == 0: every rank skips the step, gradients untouched
   ReduceTiming reduce;         // empty on one rank
@@ -36,13 +35,14 @@ std::unique_ptr<GradientReducer> make_mpi_reducer(ParameterSet& params, double b
 // Target tokens (weight-1 positions) of this rank's micro-batches.
 int64_t count_targets(const std::vector<Batch>& micro, int32_t pad);
 
-// Leaves in params.grads() the step's global mean-loss gradient, identical on
-// every rank. micro: this rank's K micro-batches (any of them may be empty);
-// micro-batch k of rank r is the step's global micro-batch r + k W, which
-// picks its dropout masks. reducer: required when W > 1 (null: the float sum
-// on one rank). Collective.
+// Leaves in params.grads() the step's global mean-loss gradient, times
+// loss_scale, identical on every rank; this rank's loss sums are added to
+// the model's training sums (Model::take_train_sums). micro: this rank's K
+// micro-batches (any of them may be empty); micro-batch k of rank r is the
+// step's global micro-batch r + k W, which picks its dropout masks.
+// reducer: required when W > 1 (null: the float sum on one rank). Collective.
 StepGradients step_gradients(Model& model, const std::vector<Batch>& micro, uint64_t seed,
                              int64_t step, float label_smoothing, const Communicator& comm,
-                             GradientReducer* reducer);
+                             GradientReducer* reducer, float loss_scale = 1.0f);
 
 }  // namespace mpiformer

@@ -14,31 +14,33 @@ ActivationArena::~ActivationArena() {
   for (void* p : blocks_) ops_.release(p);
 }
 
-float* ActivationArena::floats(size_t n) {
-  void* p = ops_.allocate(n * sizeof(float));
+void* ActivationArena::bytes(size_t n) {
+  void* p = ops_.allocate(n);
   blocks_.push_back(p);
-  bytes_ += n * sizeof(float);
-  return static_cast<float*>(p);
+  bytes_ += n;
+  return p;
+}
+
+Act ActivationArena::acts(size_t n) {
+  return Act(bytes(n * dtype_bytes(compute_)), compute_);
+}
+
+float* ActivationArena::floats(size_t n) {
+  return static_cast<float*>(bytes(n * sizeof(float)));
 }
 
 int32_t* ActivationArena::ints(size_t n) {
-  void* p = ops_.allocate(n * sizeof(int32_t));
-  blocks_.push_back(p);
-  bytes_ += n * sizeof(int32_t);
-  return static_cast<int32_t*>(p);
+  return static_cast<int32_t*>(bytes(n * sizeof(int32_t)));
 }
 
 uint64_t dropout_stream(uint64_t pass, uint64_t site) {
   return mix64(pass) ^ site;
 }
 
-namespace {
-
-bool dropout_active(const BlockContext& ctx) {
-  return ctx.training && ctx.config->dropout > 0.0f;
+Dropout dropout_at(const BlockContext& ctx, uint64_t site) {
+  if (!ctx.training || !(ctx.config->dropout > 0.0f)) return {};
+  return Dropout{ctx.config->dropout, ctx.dropout_seed, dropout_stream(ctx.dropout_pass, site)};
 }
-
-}  // namespace
 
 // ---- layer norm -----------------------------------------------------------
 
@@ -46,20 +48,19 @@ void LayerNorm::init(BlockContext& ctx, ActivationArena& arena, const std::strin
   const int C = ctx.config->d_model;
   gamma = ctx.params->add(name + ".gamma", {C}, false, Init::kOnes);
   beta = ctx.params->add(name + ".beta", {C}, false, Init::kZeros);
-  out = arena.floats(static_cast<size_t>(rows) * C);
+  out = arena.acts(static_cast<size_t>(rows) * C);
   mean = arena.floats(rows);
   rstd = arena.floats(rows);
 }
 
-void LayerNorm::forward(BlockContext& ctx, const float* x, int N) {
-  ctx.ops->layernorm_forward(out, mean, rstd, x, ctx.params->param(gamma), ctx.params->param(beta),
-                             N, ctx.config->d_model, ctx.config->ln_eps);
+void LayerNorm::forward(BlockContext& ctx, Act x, int N) {
+  ctx.ops->layernorm_forward(out, mean, rstd, x, ctx.params->weight(gamma),
+                             ctx.params->weight(beta), N, ctx.config->d_model, ctx.config->ln_eps);
 }
 
-void LayerNorm::backward(BlockContext& ctx, float* dx, const float* dout, const float* x, int N,
-                         bool accumulate) {
+void LayerNorm::backward(BlockContext& ctx, Act dx, Act dout, Act x, int N, bool accumulate) {
   ctx.ops->layernorm_backward(dx, ctx.params->grad(gamma), ctx.params->grad(beta), dout, x,
-                              ctx.params->param(gamma), mean, rstd, N, ctx.config->d_model,
+                              ctx.params->weight(gamma), mean, rstd, N, ctx.config->d_model,
                               accumulate);
 }
 
@@ -67,32 +68,30 @@ void LayerNorm::backward(BlockContext& ctx, float* dx, const float* dout, const 
 
 void BlockScratch::init(ActivationArena& arena, int rows, int memory_rows, int C, int F) {
   const size_t n = rows;
-  y = arena.floats(n * C);
-  dy = arena.floats(n * C);
-  du = arena.floats(n * C);
-  datt = arena.floats(n * C);
-  dqkv = arena.floats(n * 3 * C);
-  dff = arena.floats(n * F);
-  dff2 = arena.floats(n * F);
-  if (memory_rows > 0) dkv = arena.floats(static_cast<size_t>(memory_rows) * 2 * C);
+  y = arena.acts(n * C);
+  dy = arena.acts(n * C);
+  du = arena.acts(n * C);
+  datt = arena.acts(n * C);
+  dqkv = arena.acts(n * 3 * C);
+  dff = arena.acts(n * F);
+  if (memory_rows > 0) dkv = arena.acts(static_cast<size_t>(memory_rows) * 2 * C);
 }
 
 // ---- sub-layer ------------------------------------------------------------
 
 void Sublayer::init(BlockContext& ctx, ActivationArena& arena, const std::string& name, Kind kind,
-                    bool causal, int rows, int memory_rows, int max_len, uint64_t site,
+                    bool causal, int rows, int memory_rows, uint64_t site,
                     float residual_init_std) {
   const ModelConfig& m = *ctx.config;
   const int C = m.d_model, F = m.d_ff;
   const size_t N = rows;
   kind_ = kind;
-  causal_ = causal;
   site_ = site;
   ParameterSet& p = *ctx.params;
   const float std = 0.02f;
 
   norm_.init(ctx, arena, name + ".norm", rows);
-  sum_ = arena.floats(N * C);
+  sum_ = arena.acts(N * C);
 
   attention_.heads = m.heads;
   attention_.head_dim = C / m.heads;
@@ -106,9 +105,9 @@ void Sublayer::init(BlockContext& ctx, ActivationArena& arena, const std::string
       b_in_ = p.add(name + ".qkv.bias", {3 * C}, false, Init::kZeros);
       w_out_ = p.add(name + ".out.weight", {C, C}, true, Init::kNormal, residual_init_std);
       b_out_ = p.add(name + ".out.bias", {C}, false, Init::kZeros);
-      qkv_ = arena.floats(N * 3 * C);
-      probs_ = arena.floats(N * m.heads * static_cast<size_t>(max_len));
-      att_ = arena.floats(N * C);
+      qkv_ = arena.acts(N * 3 * C);
+      stats_ = arena.floats(N * m.heads);
+      att_ = arena.acts(N * C);
       break;
     case Kind::kCrossAttention:
       w_in_ = p.add(name + ".q.weight", {C, C}, true, Init::kNormal, std);
@@ -117,18 +116,18 @@ void Sublayer::init(BlockContext& ctx, ActivationArena& arena, const std::string
       b_kv_ = p.add(name + ".kv.bias", {2 * C}, false, Init::kZeros);
       w_out_ = p.add(name + ".out.weight", {C, C}, true, Init::kNormal, residual_init_std);
       b_out_ = p.add(name + ".out.bias", {C}, false, Init::kZeros);
-      qkv_ = arena.floats(N * C);
-      kv_ = arena.floats(static_cast<size_t>(memory_rows) * 2 * C);
-      probs_ = arena.floats(N * m.heads * static_cast<size_t>(max_len));
-      att_ = arena.floats(N * C);
+      qkv_ = arena.acts(N * C);
+      kv_ = arena.acts(static_cast<size_t>(memory_rows) * 2 * C);
+      stats_ = arena.floats(N * m.heads);
+      att_ = arena.acts(N * C);
       break;
     case Kind::kMlp:
       w_in_ = p.add(name + ".fc.weight", {F, C}, true, Init::kNormal, std);
       b_in_ = p.add(name + ".fc.bias", {F}, false, Init::kZeros);
       w_out_ = p.add(name + ".proj.weight", {C, F}, true, Init::kNormal, residual_init_std);
       b_out_ = p.add(name + ".proj.bias", {C}, false, Init::kZeros);
-      ff_ = arena.floats(N * F);
-      ff_act_ = arena.floats(N * F);
+      ff_ = arena.acts(N * F);
+      ff_act_ = arena.acts(N * F);
       break;
   }
   param_ids_ = {norm_.gamma, norm_.beta, w_in_, b_in_, w_out_, b_out_};
@@ -147,111 +146,102 @@ size_t Sublayer::first_offset(const ParameterSet& params) const {
   return lowest;
 }
 
-void Sublayer::inner_forward(BlockContext& ctx, float* y, const float* u, const Ragged& rows,
-                             const float* memory, const Ragged& memory_rows) {
+void Sublayer::inner_forward(BlockContext& ctx, BlockScratch& scratch, Act u, const Ragged& rows,
+                             Act memory, const Ragged& memory_rows) {
   Ops& ops = *ctx.ops;
   ParameterSet& p = *ctx.params;
   const int C = ctx.config->d_model, F = ctx.config->d_ff, N = rows.total;
+  Act y = scratch.y;
   switch (kind_) {
     case Kind::kSelfAttention:
       // qkv: (N, 3C) = u @ W_qkv^T; q, k, v are column slices of it
-      ops.matmul_forward(qkv_, u, p.param(w_in_), p.param(b_in_), N, C, 3 * C);
-      ops.attention_forward(att_, probs_, qkv_, 3 * C, qkv_ + C, qkv_ + 2 * C, 3 * C, rows, rows,
+      ops.matmul_forward(qkv_, u, p.weight(w_in_), p.weight(b_in_), N, C, 3 * C);
+      ops.attention_forward(att_, stats_, qkv_, 3 * C, qkv_ + C, qkv_ + 2 * C, 3 * C, rows, rows,
                             attention_);
       break;
     case Kind::kCrossAttention:
       // q: (N, C) from the decoder; kv: (Nk, 2C) from the encoder memory
-      ops.matmul_forward(qkv_, u, p.param(w_in_), p.param(b_in_), N, C, C);
-      ops.matmul_forward(kv_, memory, p.param(w_kv_), p.param(b_kv_), memory_rows.total, C, 2 * C);
-      ops.attention_forward(att_, probs_, qkv_, C, kv_, kv_ + C, 2 * C, rows, memory_rows,
+      ops.matmul_forward(qkv_, u, p.weight(w_in_), p.weight(b_in_), N, C, C);
+      ops.matmul_forward(kv_, memory, p.weight(w_kv_), p.weight(b_kv_), memory_rows.total, C,
+                         2 * C);
+      ops.attention_forward(att_, stats_, qkv_, C, kv_, kv_ + C, 2 * C, rows, memory_rows,
                             attention_);
       break;
     case Kind::kMlp:
-      ops.matmul_forward(ff_, u, p.param(w_in_), p.param(b_in_), N, C, F);
-      ops.activation_forward(ff_act_, ff_, static_cast<size_t>(N) * F, ctx.config->activation);
-      ops.matmul_forward(y, ff_act_, p.param(w_out_), p.param(b_out_), N, F, C);
+      // ff_act = act(u @ W_fc^T + b), keeping the pre-activation ff_
+      ops.matmul_forward(ff_act_, u, p.weight(w_in_), p.weight(b_in_), N, C, F,
+                         FusedActivation{ctx.config->activation, ff_});
+      ops.matmul_forward(y, ff_act_, p.weight(w_out_), p.weight(b_out_), N, F, C);
       return;
   }
-  ops.matmul_forward(y, att_, p.param(w_out_), p.param(b_out_), N, C, C);
+  ops.matmul_forward(y, att_, p.weight(w_out_), p.weight(b_out_), N, C, C);
 }
 
-void Sublayer::inner_backward(BlockContext& ctx, BlockScratch& scratch, float* du, bool accumulate,
-                              const float* dy, const float* u, const Ragged& rows,
-                              const float* memory, float* dmemory, const Ragged& memory_rows) {
+Act Sublayer::residual_forward(BlockContext& ctx, BlockScratch& scratch, Act s, int N,
+                               LayerNorm& next_norm) {
+  const ParameterSet& p = *ctx.params;
+  ctx.ops->residual_layernorm_forward(sum_, next_norm.out, next_norm.mean, next_norm.rstd, s,
+                                      scratch.y, dropout_at(ctx, site_), p.weight(next_norm.gamma),
+                                      p.weight(next_norm.beta), N, ctx.config->d_model,
+                                      ctx.config->ln_eps);
+  return sum_;
+}
+
+void Sublayer::inner_backward(BlockContext& ctx, BlockScratch& scratch, Act du, bool accumulate,
+                              Act dy, Act u, const Ragged& rows, Act memory, Act dmemory,
+                              const Ragged& memory_rows) {
   Ops& ops = *ctx.ops;
   ParameterSet& p = *ctx.params;
   const int C = ctx.config->d_model, F = ctx.config->d_ff, N = rows.total;
   switch (kind_) {
     case Kind::kSelfAttention:
-      ops.matmul_backward(scratch.datt, p.grad(w_out_), p.grad(b_out_), dy, att_, p.param(w_out_),
+      ops.matmul_backward(scratch.datt, p.grad(w_out_), p.grad(b_out_), dy, att_, p.weight(w_out_),
                           N, C, C, false);
       ops.attention_backward(scratch.dqkv, scratch.dqkv + C, scratch.dqkv + 2 * C, scratch.datt,
-                             probs_, qkv_, 3 * C, qkv_ + C, qkv_ + 2 * C, 3 * C, rows, rows,
+                             att_, stats_, qkv_, 3 * C, qkv_ + C, qkv_ + 2 * C, 3 * C, rows, rows,
                              attention_);
-      ops.matmul_backward(du, p.grad(w_in_), p.grad(b_in_), scratch.dqkv, u, p.param(w_in_), N, C,
+      ops.matmul_backward(du, p.grad(w_in_), p.grad(b_in_), scratch.dqkv, u, p.weight(w_in_), N, C,
                           3 * C, accumulate);
       break;
     case Kind::kCrossAttention:
-      ops.matmul_backward(scratch.datt, p.grad(w_out_), p.grad(b_out_), dy, att_, p.param(w_out_),
+      ops.matmul_backward(scratch.datt, p.grad(w_out_), p.grad(b_out_), dy, att_, p.weight(w_out_),
                           N, C, C, false);
-      // dq lands in dqkv's first N*C floats (dense, stride C)
-      ops.attention_backward(scratch.dqkv, scratch.dkv, scratch.dkv + C, scratch.datt, probs_, qkv_,
-                             C, kv_, kv_ + C, 2 * C, rows, memory_rows, attention_);
+      // dq lands in dqkv's first N*C elements (dense, stride C)
+      ops.attention_backward(scratch.dqkv, scratch.dkv, scratch.dkv + C, scratch.datt, att_, stats_,
+                             qkv_, C, kv_, kv_ + C, 2 * C, rows, memory_rows, attention_);
       ops.matmul_backward(dmemory, p.grad(w_kv_), p.grad(b_kv_), scratch.dkv, memory,
-                          p.param(w_kv_), memory_rows.total, C, 2 * C, true);
-      ops.matmul_backward(du, p.grad(w_in_), p.grad(b_in_), scratch.dqkv, u, p.param(w_in_), N, C,
+                          p.weight(w_kv_), memory_rows.total, C, 2 * C, true);
+      ops.matmul_backward(du, p.grad(w_in_), p.grad(b_in_), scratch.dqkv, u, p.weight(w_in_), N, C,
                           C, accumulate);
       break;
     case Kind::kMlp:
-      ops.matmul_backward(scratch.dff, p.grad(w_out_), p.grad(b_out_), dy, ff_act_, p.param(w_out_),
-                          N, F, C, false);
-      ops.activation_backward(scratch.dff2, scratch.dff, ff_, static_cast<size_t>(N) * F,
-                              ctx.config->activation);
-      ops.matmul_backward(du, p.grad(w_in_), p.grad(b_in_), scratch.dff2, u, p.param(w_in_), N, C,
+      // dff = act'(ff_) * (dy @ W_proj): the activation's backward fused
+      ops.matmul_backward(scratch.dff, p.grad(w_out_), p.grad(b_out_), dy, ff_act_,
+                          p.weight(w_out_), N, F, C, false,
+                          FusedActivation{ctx.config->activation, ff_});
+      ops.matmul_backward(du, p.grad(w_in_), p.grad(b_in_), scratch.dff, u, p.weight(w_in_), N, C,
                           F, accumulate);
       break;
   }
 }
 
-const float* Sublayer::forward(BlockContext& ctx, BlockScratch& scratch, const float* s,
-                               const Ragged& rows, const float* memory, const Ragged& memory_rows) {
-  Ops& ops = *ctx.ops;
-  const int N = rows.total, C = ctx.config->d_model;
-  const size_t n = static_cast<size_t>(N) * C;
-  const bool pre = ctx.config->pre_norm;
-  const float* u = s;
-  if (pre) {
-    norm_.forward(ctx, s, N);
-    u = norm_.out;
-  }
-  inner_forward(ctx, scratch.y, u, rows, memory, memory_rows);
-  if (dropout_active(ctx))
-    ops.dropout_forward(scratch.y, scratch.y, n, ctx.config->dropout, ctx.dropout_seed,
-                        dropout_stream(ctx.dropout_pass, site_));
-  ops.add(sum_, s, scratch.y, n);
-  if (pre) return sum_;
-  norm_.forward(ctx, sum_, N);
-  return norm_.out;
-}
-
-void Sublayer::backward(BlockContext& ctx, BlockScratch& scratch, float*& dstream, float*& spare,
-                        const float* s, const Ragged& rows, const float* memory, float* dmemory,
-                        const Ragged& memory_rows) {
+void Sublayer::backward(BlockContext& ctx, BlockScratch& scratch, Act& dstream, Act& spare, Act s,
+                        const Ragged& rows, Act memory, Act dmemory, const Ragged& memory_rows) {
   Ops& ops = *ctx.ops;
   const int N = rows.total, C = ctx.config->d_model;
   const size_t n = static_cast<size_t>(N) * C;
   const bool pre = ctx.config->pre_norm;
 
   // dsum: gradient at s + dropout(y)
-  float* dsum = dstream;
+  Act dsum = dstream;
   if (!pre) {
     norm_.backward(ctx, spare, dstream, sum_, N, false);
     dsum = spare;
   }
-  const float* dy = dsum;
-  if (dropout_active(ctx)) {
-    ops.dropout_backward(scratch.dy, dsum, n, ctx.config->dropout, ctx.dropout_seed,
-                         dropout_stream(ctx.dropout_pass, site_));
+  Act dy = dsum;
+  const Dropout d = dropout_at(ctx, site_);
+  if (d.p > 0.0f) {
+    ops.dropout(scratch.dy, dsum, n, d);
     dy = scratch.dy;
   }
   if (pre) {
@@ -269,7 +259,7 @@ void Sublayer::backward(BlockContext& ctx, BlockScratch& scratch, float*& dstrea
 // ---- embedding ------------------------------------------------------------
 
 void Embedding::init(BlockContext& ctx, ActivationArena& arena, int rows, int table_index,
-                     int positions_index, const float* sinusoids, uint64_t site) {
+                     int positions_index, Act sinusoids, uint64_t site) {
   table_ = table_index;
   positions_ = positions_index;
   sinusoids_ = sinusoids;
@@ -277,33 +267,29 @@ void Embedding::init(BlockContext& ctx, ActivationArena& arena, int rows, int ta
   // Sinusoids have unit amplitude, so embeddings are scaled to match, as in
   // the original Transformer; learned positions follow GPT-2 (no scale).
   scale_ = sinusoids ? std::sqrt(static_cast<float>(ctx.config->d_model)) : 1.0f;
-  out_ = arena.floats(static_cast<size_t>(rows) * ctx.config->d_model);
+  out_ = arena.acts(static_cast<size_t>(rows) * ctx.config->d_model);
 }
 
-const float* Embedding::forward(BlockContext& ctx, const int32_t* ids, const int32_t* positions,
-                                int N) {
+Act Embedding::forward(BlockContext& ctx, const int32_t* ids, const int32_t* pos, int N) {
   Ops& ops = *ctx.ops;
   ParameterSet& p = *ctx.params;
   const int C = ctx.config->d_model;
-  ops.embedding_forward(out_, ids, p.param(table_), N, C, scale_);
-  ops.positional_add_forward(out_, positions, positions_ >= 0 ? p.param(positions_) : sinusoids_, N,
-                             C);
-  if (dropout_active(ctx))
-    ops.dropout_forward(out_, out_, static_cast<size_t>(N) * C, ctx.config->dropout,
-                        ctx.dropout_seed, dropout_stream(ctx.dropout_pass, site_));
+  ops.embedding_forward(out_, ids, p.weight(table_), pos,
+                        positions_ >= 0 ? p.weight(positions_) : sinusoids_, N, C, scale_);
+  const Dropout d = dropout_at(ctx, site_);
+  if (d.p > 0.0f) ops.dropout(out_, out_, static_cast<size_t>(N) * C, d);
   return out_;
 }
 
-void Embedding::backward(BlockContext& ctx, float* dx, const int32_t* ids, const int32_t* positions,
+void Embedding::backward(BlockContext& ctx, Act dx, const RowGroups& by_id, const RowGroups& by_pos,
                          int N) {
   Ops& ops = *ctx.ops;
   ParameterSet& p = *ctx.params;
   const int C = ctx.config->d_model;
-  if (dropout_active(ctx))
-    ops.dropout_backward(dx, dx, static_cast<size_t>(N) * C, ctx.config->dropout, ctx.dropout_seed,
-                         dropout_stream(ctx.dropout_pass, site_));
-  if (positions_ >= 0) ops.positional_add_backward(p.grad(positions_), dx, positions, N, C);
-  ops.embedding_backward(p.grad(table_), dx, ids, N, C, scale_);
+  const Dropout d = dropout_at(ctx, site_);
+  if (d.p > 0.0f) ops.dropout(dx, dx, static_cast<size_t>(N) * C, d);
+  ops.embedding_backward(p.grad(table_), positions_ >= 0 ? p.grad(positions_) : nullptr, dx, by_id,
+                         by_pos, N, C, scale_);
 }
 
 void sinusoid_table(float* table, int L, int C) {

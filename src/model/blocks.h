@@ -1,10 +1,12 @@
 // The shared blocks every model kind is built from: layer norm, the three
-// sub-layers (self-attention, cross-attention, MLP), the residual wrapper
-// that applies pre- or post-LN around a sub-layer, and the embedding.
+// sub-layers (self-attention, cross-attention, MLP), the residual connection
+// fused with the layer norm that follows it, and the embedding.
 //
 // Each block registers its parameters in the ParameterSet, allocates the
 // activations it saves for backward once, for the model's capacity, and
-// exposes forward/backward over packed (ragged) rows.
+// exposes forward/backward over packed (ragged) rows. Activations are in the
+// model's compute precision (Act); statistics and gradients of parameters
+// are fp32.
 #pragma once
 
 #include <cstdint>
@@ -20,16 +22,20 @@ namespace mpiformer {
 // Activation buffers owned by a model, released together.
 class ActivationArena {
  public:
-  explicit ActivationArena(Ops& ops) : ops_(ops) {}
+  ActivationArena(Ops& ops, DType compute) : ops_(ops), compute_(compute) {}
   ~ActivationArena();
   ActivationArena(const ActivationArena&) = delete;
   ActivationArena& operator=(const ActivationArena&) = delete;
+  Act acts(size_t n);  // n elements in the compute precision
   float* floats(size_t n);
   int32_t* ints(size_t n);
-  size_t bytes() const { return bytes_; }
+  void* bytes(size_t n);
+  size_t total_bytes() const { return bytes_; }
+  DType compute() const { return compute_; }
 
  private:
   Ops& ops_;
+  DType compute_;
   std::vector<void*> blocks_;
   size_t bytes_ = 0;
 };
@@ -47,38 +53,40 @@ struct BlockContext {
 
 // A dropout site: a distinct mask stream per (pass, site).
 uint64_t dropout_stream(uint64_t pass, uint64_t site);
+// The dropout of `site` in the current pass (p = 0 when not training).
+Dropout dropout_at(const BlockContext& ctx, uint64_t site);
 
 struct LayerNorm {
   int gamma = -1, beta = -1;  // parameter indices, (C) each
-  float* out = nullptr;       // (N, C)
+  Act out;                    // (N, C)
   float* mean = nullptr;      // (N)
   float* rstd = nullptr;      // (N)
 
   void init(BlockContext& ctx, ActivationArena& arena, const std::string& name, int rows);
   // out = LN(x).  x: (N, C)
-  void forward(BlockContext& ctx, const float* x, int N);
+  void forward(BlockContext& ctx, Act x, int N);
   // dx (= or +=): (N, C), dout: (N, C), x: the forward input (N, C)
-  void backward(BlockContext& ctx, float* dx, const float* dout, const float* x, int N,
-                bool accumulate);
+  void backward(BlockContext& ctx, Act dx, Act dout, Act x, int N, bool accumulate);
 };
 
 // Scratch gradients shared by all sub-layers of a model (backward runs one
 // sub-layer at a time).
 struct BlockScratch {
-  float* y = nullptr;     // (N, C) sub-layer output before the residual
-  float* dy = nullptr;    // (N, C)
-  float* du = nullptr;    // (N, C)
-  float* datt = nullptr;  // (N, C)
-  float* dqkv = nullptr;  // (N, 3C)
-  float* dff = nullptr;   // (N, F)
-  float* dff2 = nullptr;  // (N, F)
-  float* dkv = nullptr;   // (Nk, 2C) cross-attention keys and values
+  Act y;     // (N, C) sub-layer output before the residual
+  Act dy;    // (N, C)
+  Act du;    // (N, C)
+  Act datt;  // (N, C)
+  Act dqkv;  // (N, 3C)
+  Act dff;   // (N, F)
+  Act dkv;   // (Nk, 2C) cross-attention keys and values
   void init(ActivationArena& arena, int rows, int memory_rows, int C, int F);
 };
 
 // A sub-layer f inside its residual connection:
 //   pre-LN:  out = s + dropout(f(LN(s)))
 //   post-LN: out = LN(s + dropout(f(s)))
+// Forward runs in two parts so the residual add fuses with the layer norm
+// after it: the sub-layer's own (post-LN) or the next sub-layer's (pre-LN).
 class Sublayer {
  public:
   enum class Kind { kSelfAttention, kCrossAttention, kMlp };
@@ -86,20 +94,23 @@ class Sublayer {
   // rows: capacity of the stream (N); memory_rows: capacity of the encoder
   // memory that cross-attention reads (Nk).
   void init(BlockContext& ctx, ActivationArena& arena, const std::string& name, Kind kind,
-            bool causal, int rows, int memory_rows, int max_len, uint64_t site,
-            float residual_init_std);
+            bool causal, int rows, int memory_rows, uint64_t site, float residual_init_std);
 
-  // Returns the output stream (N, C), stored by this sub-layer.
-  // s: (N, C) input stream; memory: (Nk, C) encoder output for cross-attention.
-  const float* forward(BlockContext& ctx, BlockScratch& scratch, const float* s, const Ragged& rows,
-                       const float* memory, const Ragged& memory_rows);
+  // y = f(u) into scratch.y.  u: (N, C) the sub-layer's input (LN(s) in
+  // pre-LN models, s in post-LN); memory: (Nk, C) encoder output.
+  void inner_forward(BlockContext& ctx, BlockScratch& scratch, Act u, const Ragged& rows,
+                     Act memory, const Ragged& memory_rows);
+  // sum = s + dropout(scratch.y), then next_norm = LN(sum). Returns sum,
+  // (N, C), stored by this sub-layer.
+  Act residual_forward(BlockContext& ctx, BlockScratch& scratch, Act s, int N,
+                       LayerNorm& next_norm);
 
   // dstream: on entry d(output), on exit d(s); `spare` is a second (N, C)
   // buffer the post-LN path swaps with it. dmemory (+=): (Nk, C).
-  void backward(BlockContext& ctx, BlockScratch& scratch, float*& dstream, float*& spare,
-                const float* s, const Ragged& rows, const float* memory, float* dmemory,
-                const Ragged& memory_rows);
+  void backward(BlockContext& ctx, BlockScratch& scratch, Act& dstream, Act& spare, Act s,
+                const Ragged& rows, Act memory, Act dmemory, const Ragged& memory_rows);
 
+  LayerNorm& norm() { return norm_; }
   // Parameters this sub-layer adds to the FLOP count's N.
   int64_t parameter_count(const ParameterSet& params) const;
   // Lowest buffer offset of its parameters: once backward has passed this
@@ -107,51 +118,50 @@ class Sublayer {
   size_t first_offset(const ParameterSet& params) const;
 
  private:
-  // f(u) into y, and its backward: dy -> du (= or += with accumulate).
-  void inner_forward(BlockContext& ctx, float* y, const float* u, const Ragged& rows,
-                     const float* memory, const Ragged& memory_rows);
-  void inner_backward(BlockContext& ctx, BlockScratch& scratch, float* du, bool accumulate,
-                      const float* dy, const float* u, const Ragged& rows, const float* memory,
-                      float* dmemory, const Ragged& memory_rows);
+  // f's backward: dy -> du (= or += with accumulate).
+  void inner_backward(BlockContext& ctx, BlockScratch& scratch, Act du, bool accumulate, Act dy,
+                      Act u, const Ragged& rows, Act memory, Act dmemory,
+                      const Ragged& memory_rows);
 
   Kind kind_ = Kind::kMlp;
-  bool causal_ = false;
   uint64_t site_ = 0;
   std::vector<int> param_ids_;
   LayerNorm norm_;
-  float* sum_ = nullptr;  // (N, C) s + dropout(y): the output (pre) or the norm input (post)
+  Act sum_;  // (N, C) s + dropout(y): the output (pre) or the norm input (post)
 
   // attention: in (3C, C) fused QKV [self] or q (C, C) + kv (2C, C) [cross]; out (C, C)
   int w_in_ = -1, b_in_ = -1, w_kv_ = -1, b_kv_ = -1, w_out_ = -1, b_out_ = -1;
-  float* qkv_ = nullptr;    // self (N, 3C); cross: q (N, C)
-  float* kv_ = nullptr;     // cross (Nk, 2C)
-  float* probs_ = nullptr;  // attention_probs_size floats
-  float* att_ = nullptr;    // (N, C)
+  Act qkv_;                 // self (N, 3C); cross: q (N, C)
+  Act kv_;                  // cross (Nk, 2C)
+  float* stats_ = nullptr;  // (N, H) each query row's log-sum-exp, for backward
+  Act att_;                 // (N, C)
   AttentionConfig attention_;
   // mlp: fc (F, C), proj (C, F)
-  float* ff_ = nullptr;      // (N, F) pre-activation
-  float* ff_act_ = nullptr;  // (N, F)
+  Act ff_;      // (N, F) pre-activation
+  Act ff_act_;  // (N, F)
 };
 
 // Token embedding (shared table), positions (learned table or fixed
 // sinusoids) and embedding dropout.
 class Embedding {
  public:
+  // sinusoids: (L, C) in the compute precision when positions are not learned
   void init(BlockContext& ctx, ActivationArena& arena, int rows, int table_index,
-            int positions_index, const float* sinusoids, uint64_t site);
+            int positions_index, Act sinusoids, uint64_t site);
   // out: (N, C) = tokens[ids] * scale + positions[pos], then dropout.
-  // ids, positions: backend (N)
-  const float* forward(BlockContext& ctx, const int32_t* ids, const int32_t* positions, int N);
-  // dx: (N, C) d(out), consumed (dropout is undone in place).
-  void backward(BlockContext& ctx, float* dx, const int32_t* ids, const int32_t* positions, int N);
+  // ids, pos: backend (N)
+  Act forward(BlockContext& ctx, const int32_t* ids, const int32_t* pos, int N);
+  // dx: (N, C) d(out), consumed (dropout is undone in place). by_id, by_pos:
+  // the batch's rows grouped by id and by position.
+  void backward(BlockContext& ctx, Act dx, const RowGroups& by_id, const RowGroups& by_pos, int N);
 
  private:
-  int table_ = -1;                    // (V, C)
-  int positions_ = -1;                // (L, C) learned, or -1
-  const float* sinusoids_ = nullptr;  // (L, C) when not learned
+  int table_ = -1;      // (V, C)
+  int positions_ = -1;  // (L, C) learned, or -1
+  Act sinusoids_;       // (L, C) when not learned
   float scale_ = 1.0f;
   uint64_t site_ = 0;
-  float* out_ = nullptr;  // (N, C)
+  Act out_;  // (N, C)
 };
 
 // Fixed sinusoidal positions of the original Transformer. table: host (L, C)

@@ -1,6 +1,7 @@
 #include "src/model/model.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -12,28 +13,71 @@ namespace mpiformer {
 
 namespace {
 
-// Device copies of one side of a batch: ids, positions and offsets.
+// A fresh version for each upload of batch offsets (Ragged::version).
+uint64_t next_batch_version() {
+  static std::atomic<uint64_t> counter{0};
+  return ++counter;
+}
+
+// Rows grouped by a key (ids or positions) for the deterministic embedding
+// backward: built on the host, uploaded with the batch.
+struct DeviceGroups {
+  int32_t* keys = nullptr;    // (G)
+  int32_t* starts = nullptr;  // (G+1)
+  int32_t* rows = nullptr;    // (N)
+  std::vector<int32_t> host_keys, host_starts, host_rows;
+  RowGroups view;
+
+  void init(ActivationArena& arena, int max_tokens) {
+    keys = arena.ints(max_tokens);
+    starts = arena.ints(static_cast<size_t>(max_tokens) + 1);
+    rows = arena.ints(max_tokens);
+  }
+  void upload(Ops& ops, const std::vector<int32_t>& by) {
+    const int N = static_cast<int>(by.size());
+    const int groups = group_rows_by_key(by.data(), N, &host_keys, &host_starts, &host_rows);
+    ops.upload(keys, host_keys.data(), groups * sizeof(int32_t));
+    ops.upload(starts, host_starts.data(), (groups + 1) * sizeof(int32_t));
+    ops.upload(rows, host_rows.data(), N * sizeof(int32_t));
+    view = RowGroups{keys, starts, rows, groups};
+  }
+  // Bytes one upload may stage.
+  static size_t upload_bytes(int max_tokens) { return (3 * size_t(max_tokens) + 1) * 4; }
+};
+
+// Device copies of one side of a batch: ids, positions, offsets, and the
+// rows grouped by id and by position. Uploaded once per micro-batch,
+// stream-ordered.
 struct DeviceSequences {
   int32_t* ids = nullptr;        // (N)
   int32_t* positions = nullptr;  // (N)
   int32_t* offsets = nullptr;    // (B+1)
+  DeviceGroups by_id, by_pos;
   Ragged rows;
 
   void init(ActivationArena& arena, int max_tokens) {
     ids = arena.ints(max_tokens);
     positions = arena.ints(max_tokens);
     offsets = arena.ints(static_cast<size_t>(max_tokens) + 1);
+    by_id.init(arena, max_tokens);
+    by_pos.init(arena, max_tokens);
   }
   void upload(Ops& ops, const PackedSequences& s) {
     const size_t n = s.tokens.size() * sizeof(int32_t);
-    ops.copy_to_device(ids, s.tokens.data(), n);
-    ops.copy_to_device(positions, s.positions.data(), n);
-    ops.copy_to_device(offsets, s.offsets.data(), s.offsets.size() * sizeof(int32_t));
+    ops.upload(ids, s.tokens.data(), n);
+    ops.upload(positions, s.positions.data(), n);
+    ops.upload(offsets, s.offsets.data(), s.offsets.size() * sizeof(int32_t));
+    by_id.upload(ops, s.tokens);
+    by_pos.upload(ops, s.positions);
     rows.host_offsets = s.offsets.data();
     rows.device_offsets = offsets;
     rows.batch = s.batch();
     rows.total = s.total();
     rows.max_len = s.max_len();
+    rows.version = next_batch_version();
+  }
+  static size_t upload_bytes(int max_tokens) {
+    return (3 * size_t(max_tokens) + 1) * 4 + 2 * DeviceGroups::upload_bytes(max_tokens);
   }
 };
 
@@ -42,33 +86,50 @@ struct DeviceSequences {
 struct Stack {
   Embedding embedding;
   std::vector<Sublayer> sublayers;
-  std::vector<const float*> inputs;  // input stream of each sub-layer
+  std::vector<Act> inputs;  // input stream of each sub-layer
   LayerNorm final_norm;
   bool has_final_norm = false;
-  const float* last = nullptr;  // stream after the last sub-layer (N, C)
-  const float* out = nullptr;   // the stack's output (N, C)
+  Act last;  // stream after the last sub-layer (N, C)
+  Act out;   // the stack's output (N, C)
 
-  const float* forward(BlockContext& ctx, BlockScratch& scratch, const DeviceSequences& seq,
-                       const float* memory, const Ragged& memory_rows) {
-    const float* x = embedding.forward(ctx, seq.ids, seq.positions, seq.rows.total);
+  // The layer norm that follows sub-layer i's residual add: its own in
+  // post-LN models; in pre-LN models the next sub-layer's, or the final one.
+  LayerNorm& norm_after(BlockContext& ctx, size_t i) {
+    if (!ctx.config->pre_norm) return sublayers[i].norm();
+    return i + 1 < sublayers.size() ? sublayers[i + 1].norm() : final_norm;
+  }
+
+  Act forward(BlockContext& ctx, BlockScratch& scratch, const DeviceSequences& seq, Act memory,
+              const Ragged& memory_rows) {
+    const int N = seq.rows.total;
+    const bool pre = ctx.config->pre_norm;
+    Act x = embedding.forward(ctx, seq.ids, seq.positions, N);
+    // u: the next sub-layer's input. Each residual add is fused with the
+    // layer norm after it, so only the first pre-LN norm runs alone.
+    Act u = x;
+    if (pre) {
+      LayerNorm& first = sublayers.empty() ? final_norm : sublayers[0].norm();
+      first.forward(ctx, x, N);
+      u = first.out;
+    }
     for (size_t i = 0; i < sublayers.size(); ++i) {
       inputs[i] = x;
-      x = sublayers[i].forward(ctx, scratch, x, seq.rows, memory, memory_rows);
+      sublayers[i].inner_forward(ctx, scratch, u, seq.rows, memory, memory_rows);
+      LayerNorm& next = norm_after(ctx, i);
+      const Act sum = sublayers[i].residual_forward(ctx, scratch, x, N, next);
+      x = pre ? sum : next.out;
+      u = next.out;
     }
     last = x;
-    out = x;
-    if (has_final_norm) {
-      final_norm.forward(ctx, x, seq.rows.total);
-      out = final_norm.out;
-    }
+    out = has_final_norm ? final_norm.out : x;
     return out;
   }
 
   // dout: (N, C) d(out), in `spare` on entry; the stream buffers are swapped freely.
   // Tells `listener` (may be null) as each block's gradients become final.
-  void backward(BlockContext& ctx, BlockScratch& scratch, float*& dstream, float*& spare,
-                const DeviceSequences& seq, const float* memory, float* dmemory,
-                const Ragged& memory_rows, GradientListener* listener) {
+  void backward(BlockContext& ctx, BlockScratch& scratch, Act& dstream, Act& spare,
+                const DeviceSequences& seq, Act memory, Act dmemory, const Ragged& memory_rows,
+                GradientListener* listener) {
     const int N = seq.rows.total;
     const ParameterSet& params = *ctx.params;
     if (has_final_norm) {
@@ -84,7 +145,7 @@ struct Stack {
     }
     // The embedding tables are shared (tokens with the output projection and
     // the other stack): final only when the whole pass is done.
-    embedding.backward(ctx, dstream, seq.ids, seq.positions, N);
+    embedding.backward(ctx, dstream, seq.by_id.view, seq.by_pos.view, N);
   }
 };
 
@@ -111,18 +172,22 @@ struct Model::Impl {
   // mlm head: h -> act(dense(h)) -> LN
   int mlm_dense_w = -1, mlm_dense_b = -1;
   LayerNorm mlm_norm;
-  float* mlm_dense = nullptr;  // (N, C)
-  float* mlm_act = nullptr;    // (N, C)
+  Act mlm_dense;  // (N, C) pre-activation
+  Act mlm_act;    // (N, C)
 
-  float* sinusoids = nullptr;  // (L, C) fixed positions
-  float* dstream = nullptr;    // (N, C) gradient of the stream being back-propagated
-  float* spare = nullptr;      // (N, C)
-  float* dmemory = nullptr;    // (Nk, C) gradient of the encoder output
-  float* logits = nullptr;     // (chunk_rows, V)
+  Act sinusoids;  // (L, C) fixed positions
+  Act dstream;    // (N, C) gradient of the stream being back-propagated
+  Act spare;      // (N, C)
+  Act dmemory;    // (Nk, C) gradient of the encoder output
+  Act logits;     // (chunk_rows, V) rows logits_stride apart
   int chunk_rows = 0;
+  int logits_stride = 0;  // V rounded up: aligned rows for the GEMMs
+  // Loss sums accumulated on the backend: training and evaluation.
+  LossSums* train_sums = nullptr;  // backend (1)
+  LossSums* eval_sums = nullptr;   // backend (1)
 
-  Impl(Ops& o, const ModelConfig& c, const ModelCapacity& cap, ParameterSet& p)
-      : ops(o), config(c), capacity(cap), params(p), arena(o) {
+  Impl(Ops& o, const ModelConfig& c, const ModelCapacity& cap, ParameterSet& p, DType compute)
+      : ops(o), config(c), capacity(cap), params(p), arena(o, compute) {
     ctx.ops = &ops;
     ctx.params = &params;
     ctx.config = &config;
@@ -137,25 +202,25 @@ struct Model::Impl {
     const int positions =
         config.positions == PositionKind::kLearned ? params.find("embed.positions") : -1;
     stack.embedding.init(ctx, arena, rows, token_table, positions,
-                         positions >= 0 ? nullptr : sinusoids, site_base);
+                         positions >= 0 ? Act() : sinusoids, site_base);
     uint64_t site = site_base + 1;
     const int memory_rows = cross ? capacity.max_tokens : 0;
     for (int l = 0; l < layers; ++l) {
       const std::string prefix = name + ".layers." + std::to_string(l);
       stack.sublayers.emplace_back();
       stack.sublayers.back().init(ctx, arena, prefix + ".self_attn", Sublayer::Kind::kSelfAttention,
-                                  causal, rows, 0, capacity.max_len, site++, residual_std);
+                                  causal, rows, 0, site++, residual_std);
       if (cross) {
         stack.sublayers.emplace_back();
         stack.sublayers.back().init(ctx, arena, prefix + ".cross_attn",
                                     Sublayer::Kind::kCrossAttention, false, rows, memory_rows,
-                                    capacity.max_len, site++, residual_std);
+                                    site++, residual_std);
       }
       stack.sublayers.emplace_back();
       stack.sublayers.back().init(ctx, arena, prefix + ".mlp", Sublayer::Kind::kMlp, false, rows, 0,
-                                  capacity.max_len, site++, residual_std);
+                                  site++, residual_std);
     }
-    stack.inputs.assign(stack.sublayers.size(), nullptr);
+    stack.inputs.assign(stack.sublayers.size(), Act());
     stack.has_final_norm = config.pre_norm;
     if (stack.has_final_norm) stack.final_norm.init(ctx, arena, name + ".norm", rows);
   }
@@ -169,10 +234,12 @@ struct Model::Impl {
     if (learned) {
       params.add("embed.positions", {L, C}, false, Init::kNormal, 0.02f);
     } else {
-      std::vector<float> table(static_cast<size_t>(L) * C);
+      std::vector<float> table(static_cast<size_t>(L) * C);  // host (L, C)
       sinusoid_table(table.data(), L, C);
-      sinusoids = arena.floats(table.size());
-      ops.copy_to_device(sinusoids, table.data(), table.size() * sizeof(float));
+      sinusoids = arena.acts(table.size());
+      std::vector<unsigned char> stored(table.size() * dtype_bytes(sinusoids.dtype));
+      narrow(stored.data(), sinusoids.dtype, table.data(), table.size());
+      ops.copy_to_device(sinusoids.data, stored.data(), stored.size());
     }
 
     switch (config.kind) {
@@ -187,7 +254,7 @@ struct Model::Impl {
         build_stack(encoder, "encoder", config.enc_layers, false, false, N, 1000);
         build_stack(main, "decoder", config.dec_layers, true, true, N, 2000);
         enc_seq.init(arena, N);
-        dmemory = arena.floats(static_cast<size_t>(N) * C);
+        dmemory = arena.acts(static_cast<size_t>(N) * C);
         break;
     }
     dec_seq.init(arena, N);
@@ -197,8 +264,8 @@ struct Model::Impl {
       mlm_dense_w = params.add("mlm_head.dense.weight", {C, C}, true, Init::kNormal, 0.02f);
       mlm_dense_b = params.add("mlm_head.dense.bias", {C}, false, Init::kZeros);
       mlm_norm.init(ctx, arena, "mlm_head.norm", N);
-      mlm_dense = arena.floats(static_cast<size_t>(N) * C);
-      mlm_act = arena.floats(static_cast<size_t>(N) * C);
+      mlm_dense = arena.acts(static_cast<size_t>(N) * C);
+      mlm_act = arena.acts(static_cast<size_t>(N) * C);
     }
     output_weight = config.tied_embeddings
                         ? token_table
@@ -206,12 +273,18 @@ struct Model::Impl {
     output_bias = params.add("output.bias", {V}, false, Init::kZeros);
 
     scratch.init(arena, N, has_encoder ? N : 0, C, config.d_ff);
-    dstream = arena.floats(static_cast<size_t>(N) * C);
-    spare = arena.floats(static_cast<size_t>(N) * C);
+    dstream = arena.acts(static_cast<size_t>(N) * C);
+    spare = arena.acts(static_cast<size_t>(N) * C);
     // The vocabulary projection runs in row chunks so logits never need
-    // (N, V) floats: about 4M floats of logits at a time.
-    chunk_rows = std::clamp((1 << 22) / std::max(V, 1), 16, std::max(N, 16));
-    logits = arena.floats(static_cast<size_t>(chunk_rows) * V);
+    // (N, V) elements: as many as the backend likes at a time.
+    logits_stride = (V + 63) / 64 * 64;
+    const size_t chunk = ops.logits_chunk_elements() / static_cast<size_t>(logits_stride);
+    chunk_rows = static_cast<int>(std::clamp<size_t>(chunk, 16, std::max(N, 16)));
+    logits = arena.acts(static_cast<size_t>(chunk_rows) * logits_stride);
+    train_sums = static_cast<LossSums*>(arena.bytes(sizeof(LossSums)));
+    eval_sums = static_cast<LossSums*>(arena.bytes(sizeof(LossSums)));
+    // Two micro-batches of uploads in flight: both sides and the targets.
+    ops.reserve_uploads(2 * (2 * DeviceSequences::upload_bytes(N) + size_t(N) * 4));
   }
 
   void check(const PackedSequences& s, const char* side) const {
@@ -229,46 +302,45 @@ struct Model::Impl {
   }
 
   // Loss of the vocabulary projection over rows [0, N) of h, fused with its
-  // backward: dh (N, C) is written when `backward`.  h: (N, C)
-  LossSums head(const float* h, float* dh, int N, float smoothing, float grad_scale,
-                bool backward) {
+  // backward: dh (N, C) is written when `backward`. The sums go to *sums.
+  // h: (N, C)
+  void head(Act h, Act dh, int N, float smoothing, float grad_scale, bool backward,
+            LossSums* sums) {
     const int C = config.d_model, V = config.vocab;
-    LossSums sums;
     for (int r0 = 0; r0 < N; r0 += chunk_rows) {
       const int n = std::min(chunk_rows, N - r0);
-      const float* x = h + static_cast<size_t>(r0) * C;
-      ops.matmul_forward(logits, x, params.param(output_weight), params.param(output_bias), n, C,
-                         V);
-      sums += ops.cross_entropy(logits, targets + r0, n, V, smoothing, config.special.pad,
-                                grad_scale, backward);
+      const Act x = h + static_cast<size_t>(r0) * C;
+      ops.matmul_forward(logits, x, params.weight(output_weight), params.weight(output_bias), n, C,
+                         V, {}, logits_stride);
+      ops.cross_entropy(logits, targets + r0, n, V, smoothing, config.special.pad, grad_scale,
+                        backward, sums, logits_stride);
       if (backward)
         ops.matmul_backward(dh + static_cast<size_t>(r0) * C, params.grad(output_weight),
-                            params.grad(output_bias), logits, x, params.param(output_weight), n, C,
-                            V, false);
+                            params.grad(output_bias), logits, x, params.weight(output_weight), n, C,
+                            V, false, {}, logits_stride);
     }
-    return sums;
   }
 
   // The forward pass up to the main stack's output; the encoder output
   // stays in memory_ / memory_rows_ for the backward pass.
   // returns: backend (decoder.total(), C)
-  const float* forward(const Batch& batch, bool training) {
+  Act forward(const Batch& batch, bool training) {
     check(batch.decoder, "decoder");
     ctx.training = training;
     dec_seq.upload(ops, batch.decoder);
-    memory_ = nullptr;
+    memory_ = Act();
     memory_rows_ = Ragged{};
     if (has_encoder) {
       check(batch.encoder, "encoder");
       if (batch.encoder.batch() != batch.decoder.batch())
         throw std::runtime_error("seq2seq batch with different source and target counts");
       enc_seq.upload(ops, batch.encoder);
-      memory_ = encoder.forward(ctx, scratch, enc_seq, nullptr, Ragged{});
+      memory_ = encoder.forward(ctx, scratch, enc_seq, Act(), Ragged{});
       memory_rows_ = enc_seq.rows;
     }
     return main.forward(ctx, scratch, dec_seq, memory_, memory_rows_);
   }
-  const float* memory_ = nullptr;  // backend (memory_rows_.total, C)
+  Act memory_;  // backend (memory_rows_.total, C)
   Ragged memory_rows_;
 
   // logits: host (B, V)
@@ -277,19 +349,21 @@ struct Model::Impl {
       throw std::runtime_error("an mlm predicts masked tokens; it does not continue sequences");
     const int C = config.d_model, V = config.vocab;
     if (batch.decoder.total() == 0) return;
-    const float* h = forward(batch, /*training=*/false);
+    const Act h = forward(batch, /*training=*/false);
+    std::vector<unsigned char> stored(static_cast<size_t>(V) * dtype_bytes(logits.dtype));
     for (int b = 0; b < batch.decoder.batch(); ++b) {
       // One row at a time: decoding batches are small (beams), and the
       // logits buffer holds chunk_rows rows.
-      const float* x = h + static_cast<size_t>(batch.decoder.offsets[b + 1] - 1) * C;
-      ops.matmul_forward(logits, x, params.param(output_weight), params.param(output_bias), 1, C,
+      const Act x = h + static_cast<size_t>(batch.decoder.offsets[b + 1] - 1) * C;
+      ops.matmul_forward(logits, x, params.weight(output_weight), params.weight(output_bias), 1, C,
                          V);
-      ops.copy_to_host(out + static_cast<size_t>(b) * V, logits, V * sizeof(float));
+      ops.copy_to_host(stored.data(), logits.data, stored.size());
+      widen(out + static_cast<size_t>(b) * V, stored.data(), logits.dtype, V);
     }
   }
 
-  LossSums run(const Batch& batch, float smoothing, float grad_scale, bool training,
-               GradientListener* listener) {
+  void run(const Batch& batch, float smoothing, float grad_scale, bool training,
+           GradientListener* listener) {
     const int C = config.d_model;
     check(batch.decoder, "decoder");
     if (static_cast<int>(batch.targets.size()) != batch.decoder.total())
@@ -300,25 +374,24 @@ struct Model::Impl {
       if (t < 0 || t >= config.vocab)
         throw std::runtime_error("batch target id " + std::to_string(t) +
                                  " outside the vocabulary");
-    if (batch.decoder.total() == 0) return {};
-    ops.copy_to_device(targets, batch.targets.data(), batch.targets.size() * sizeof(int32_t));
+    if (batch.decoder.total() == 0) return;
+    ops.upload(targets, batch.targets.data(), batch.targets.size() * sizeof(int32_t));
 
     // ---- forward ----
-    const float* h = forward(batch, training);
+    Act h = forward(batch, training);
     const int N = dec_seq.rows.total;
-    const float* memory = memory_;
+    const Act memory = memory_;
     const Ragged memory_rows = memory_rows_;
     if (config.kind == ModelKind::kMlm) {
-      ops.matmul_forward(mlm_dense, h, params.param(mlm_dense_w), params.param(mlm_dense_b), N, C,
-                         C);
-      ops.activation_forward(mlm_act, mlm_dense, static_cast<size_t>(N) * C, config.activation);
+      ops.matmul_forward(mlm_act, h, params.weight(mlm_dense_w), params.weight(mlm_dense_b), N, C,
+                         C, FusedActivation{config.activation, mlm_dense});
       mlm_norm.forward(ctx, mlm_act, N);
       h = mlm_norm.out;
     }
 
     // ---- loss, fused with the head's backward ----
-    LossSums sums = head(h, spare, N, smoothing, grad_scale, training);
-    if (!training) return sums;
+    head(h, spare, N, smoothing, grad_scale, training, training ? train_sums : eval_sums);
+    if (!training) return;
     // The output bias, and the output weight unless it is the token table.
     const int head_first = config.tied_embeddings ? output_bias : output_weight;
     if (listener) listener->gradients_final(params.info()[head_first].offset);
@@ -329,27 +402,38 @@ struct Model::Impl {
       mlm_norm.backward(ctx, scratch.dy, spare, mlm_act, N, false);
       ops.activation_backward(scratch.du, scratch.dy, mlm_dense, n, config.activation);
       ops.matmul_backward(spare, params.grad(mlm_dense_w), params.grad(mlm_dense_b), scratch.du,
-                          main.out, params.param(mlm_dense_w), N, C, C, false);
+                          main.out, params.weight(mlm_dense_w), N, C, C, false);
       if (listener) listener->gradients_final(params.info()[mlm_dense_w].offset);
     }
-    if (has_encoder) ops.fill_zero(dmemory, static_cast<size_t>(memory_rows.total) * C);
+    if (has_encoder)
+      ops.fill_zero(dmemory.data,
+                    static_cast<size_t>(memory_rows.total) * C * dtype_bytes(dmemory.dtype));
     main.backward(ctx, scratch, dstream, spare, dec_seq, memory, dmemory, memory_rows, listener);
     if (has_encoder) {
       // d(encoder output) becomes the encoder's incoming gradient; the three
       // (N, C) buffers only trade places.
       std::swap(spare, dmemory);
-      encoder.backward(ctx, scratch, dstream, spare, enc_seq, nullptr, nullptr, Ragged{}, listener);
+      encoder.backward(ctx, scratch, dstream, spare, enc_seq, Act(), Act(), Ragged{}, listener);
     }
     if (listener) listener->gradients_final(0);
-    return sums;
+  }
+
+  LossSums take(LossSums* sums) {
+    LossSums host;
+    ops.copy_to_host(&host, sums, sizeof host);
+    ops.fill_zero(sums, sizeof host);
+    return host;
   }
 };
 
-Model::Model(Ops& ops, const ModelConfig& config, const ModelCapacity& capacity)
-    : config_(config), capacity_(capacity), params_(std::make_unique<ParameterSet>(ops)) {
+Model::Model(Ops& ops, const ModelConfig& config, const ModelCapacity& capacity, DType compute)
+    : config_(config),
+      capacity_(capacity),
+      compute_(compute),
+      params_(std::make_unique<ParameterSet>(ops, compute)) {
   if (capacity.max_tokens <= 0 || capacity.max_len <= 0 || capacity.max_len > config.max_len)
     throw std::invalid_argument("model capacity must be positive and within max_len");
-  impl_ = std::make_unique<Impl>(ops, config_, capacity_, *params_);
+  impl_ = std::make_unique<Impl>(ops, config_, capacity_, *params_, compute);
 }
 
 Model::~Model() = default;
@@ -358,16 +442,24 @@ void Model::init_parameters(uint64_t seed) {
   params_->allocate(seed);
 }
 
-LossSums Model::forward_backward(const Batch& batch, float label_smoothing, float grad_scale,
-                                 const PassId& pass, GradientListener* listener) {
+void Model::forward_backward(const Batch& batch, float label_smoothing, float grad_scale,
+                             const PassId& pass, GradientListener* listener) {
   impl_->ctx.dropout_seed = pass.seed;
   impl_->ctx.dropout_pass =
       (static_cast<uint64_t>(pass.step) << 16) ^ static_cast<uint64_t>(pass.micro);
-  return impl_->run(batch, label_smoothing, grad_scale, true, listener);
+  impl_->run(batch, label_smoothing, grad_scale, true, listener);
 }
 
-LossSums Model::evaluate(const Batch& batch, float label_smoothing) {
-  return impl_->run(batch, label_smoothing, 1.0f, false, nullptr);
+void Model::evaluate(const Batch& batch, float label_smoothing) {
+  impl_->run(batch, label_smoothing, 1.0f, false, nullptr);
+}
+
+LossSums Model::take_train_sums() {
+  return impl_->take(impl_->train_sums);
+}
+
+LossSums Model::take_eval_sums() {
+  return impl_->take(impl_->eval_sums);
 }
 
 void Model::last_logits(const Batch& batch, float* logits) {

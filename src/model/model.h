@@ -31,7 +31,10 @@ struct PassId {
 
 class Model {
  public:
-  Model(Ops& ops, const ModelConfig& config, const ModelCapacity& capacity);
+  // compute: the precision of activations and of the weights' compute copy
+  // (master weights, gradients and optimizer state are fp32 regardless).
+  Model(Ops& ops, const ModelConfig& config, const ModelCapacity& capacity,
+        DType compute = DType::kF32);
   ~Model();
 
   // Initialises every parameter deterministically from `seed`.
@@ -39,14 +42,21 @@ class Model {
 
   // Forward and backward of one micro-batch. Gradients are accumulated into
   // parameters().grads() scaled by grad_scale (1 / global target tokens of the
-  // step), so K micro-batches on W ranks add up to the gradient of the global
-  // mean loss. Returns the un-normalised sums. `listener`, when given, hears
-  // during backward which gradients are final (for overlapped reduction).
-  LossSums forward_backward(const Batch& batch, float label_smoothing, float grad_scale,
-                            const PassId& pass, GradientListener* listener = nullptr);
+  // step, times the loss scale), so K micro-batches on W ranks add up to the
+  // gradient of the global mean loss. The un-normalised loss sums are added
+  // to the training sums on the backend: nothing waits for the device.
+  // `listener`, when given, hears during backward which gradients are final
+  // (for overlapped reduction).
+  void forward_backward(const Batch& batch, float label_smoothing, float grad_scale,
+                        const PassId& pass, GradientListener* listener = nullptr);
 
-  // Forward only, dropout off: loss sums for evaluation.
-  LossSums evaluate(const Batch& batch, float label_smoothing);
+  // Forward only, dropout off: the loss sums are added to the evaluation sums.
+  void evaluate(const Batch& batch, float label_smoothing);
+
+  // The sums accumulated since the last take, copied to the host (this
+  // waits for the device), then reset.
+  LossSums take_train_sums();
+  LossSums take_eval_sums();
 
   // Forward only, dropout off: the logits of the last position of every
   // decoder sequence, for decoding (batch.targets are not read).
@@ -54,12 +64,13 @@ class Model {
   void last_logits(const Batch& batch, float* logits);
 
   ParameterSet& parameters() { return *params_; }
+  DType compute_dtype() const { return compute_; }
   const ModelConfig& config() const { return config_; }
   const ModelCapacity& capacity() const { return capacity_; }
 
-  // Non-embedding parameters plus the output projection (DESIGN.md section 9).
+  // Non-embedding parameters plus the output projection (docs/DESIGN.md section 10).
   int64_t flop_parameters() const;
-  // Training FLOPs of one micro-batch (DESIGN.md section 9, per sequence):
+  // Training FLOPs of one micro-batch (docs/DESIGN.md section 10, per sequence):
   // 6 N per token, N the parameters the token passes through (the encoder's
   // for source tokens; the decoder's and the output projection's for target
   // tokens), plus 12 L d T per token for attention over T = its sequence's
@@ -71,6 +82,7 @@ class Model {
   std::unique_ptr<Impl> impl_;
   ModelConfig config_;
   ModelCapacity capacity_;
+  DType compute_;
   std::unique_ptr<ParameterSet> params_;
 };
 

@@ -45,6 +45,7 @@ void fill_normal(float* x, size_t n, uint64_t key, float stddev) {
 ParameterSet::~ParameterSet() {
   if (params_) ops_.release(params_);
   if (grads_) ops_.release(grads_);
+  if (compute_) ops_.release(compute_);
 }
 
 int ParameterSet::add(const std::string& name, std::vector<int> shape, bool decay, Init init,
@@ -78,6 +79,7 @@ void ParameterSet::allocate(uint64_t seed) {
   const size_t bytes = total_ * sizeof(float);
   params_ = static_cast<float*>(ops_.allocate(bytes));
   grads_ = static_cast<float*>(ops_.allocate(bytes));
+  if (compute_dtype_ != DType::kF32) compute_ = ops_.allocate(total_ * dtype_bytes(compute_dtype_));
 
   const uint64_t seed_key = mix64(seed);
   std::vector<float> host;  // reused across tensors: (largest tensor)
@@ -91,6 +93,11 @@ void ParameterSet::allocate(uint64_t seed) {
     }
     ops_.copy_to_device(params_ + t.offset, host.data(), t.size * sizeof(float));
   }
+  refresh_compute();
+}
+
+void ParameterSet::refresh_compute() {
+  if (compute_) ops_.convert(compute_copy(), params_, total_);
 }
 
 int ParameterSet::find(const std::string& name) const {
@@ -101,7 +108,7 @@ int ParameterSet::find(const std::string& name) const {
 }
 
 void ParameterSet::zero_grads() {
-  if (grads_) ops_.fill_zero(grads_, total_);
+  if (grads_) ops_.fill_zero(grads_, total_ * sizeof(float));
 }
 
 }  // namespace mpiformer

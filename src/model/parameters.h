@@ -1,6 +1,10 @@
 // All trainable tensors of a model in one flat buffer, with gradients and
 // optimizer state laid out identically, so the optimizer, the gradient norm,
 // a gradient all-reduce and a checkpoint each see one contiguous array.
+//
+// The master weights are fp32. The ops read the compute copy (weight()),
+// which is the master buffer itself in fp32 runs and a bf16 or fp16 copy
+// otherwise, refreshed by the optimizer's update and by refresh_compute().
 #pragma once
 
 #include <cstddef>
@@ -26,7 +30,9 @@ struct ParamInfo {
 
 class ParameterSet {
  public:
-  explicit ParameterSet(Ops& ops) : ops_(ops) {}
+  // compute: the precision of the compute copy the ops read.
+  explicit ParameterSet(Ops& ops, DType compute = DType::kF32)
+      : ops_(ops), compute_dtype_(compute) {}
   ~ParameterSet();
   ParameterSet(const ParameterSet&) = delete;
   ParameterSet& operator=(const ParameterSet&) = delete;
@@ -39,7 +45,17 @@ class ParameterSet {
   // depend on the order or number of other tensors.
   void allocate(uint64_t seed);
 
+  // Master weights (fp32).
   float* param(int i) { return params_ + info_[i].offset; }
+  // The compute copy of tensor i, what the forward and backward passes read.
+  Act weight(int i) const { return compute() + info_[i].offset; }
+  // The whole compute copy; the master buffer itself when it is fp32.
+  Act compute() const { return compute_ ? Act(compute_, compute_dtype_) : Act::f32(params_); }
+  // The compute copy as a separate buffer (null when it is the master).
+  Act compute_copy() const { return compute_ ? Act(compute_, compute_dtype_) : Act(); }
+  // After the master weights were written other than by the optimizer
+  // (initialisation, a checkpoint, a test): brings the compute copy up to date.
+  void refresh_compute();
   float* grad(int i) { return grads_ + info_[i].offset; }
   float* params() { return params_; }
   float* grads() { return grads_; }
@@ -55,8 +71,10 @@ class ParameterSet {
   Ops& ops_;
   std::vector<ParamInfo> info_;
   size_t total_ = 0;
+  DType compute_dtype_;
   float* params_ = nullptr;  // (total_)
   float* grads_ = nullptr;   // (total_)
+  void* compute_ = nullptr;  // (total_) in compute_dtype_; null when fp32
 };
 
 }  // namespace mpiformer

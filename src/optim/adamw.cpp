@@ -1,33 +1,62 @@
 #include "src/optim/adamw.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace mpiformer {
 
-float clip_factor(double norm, float max_norm) {
-  // The 1e-6 keeps the clipped norm just under max_norm, as torch's clip does.
-  if (max_norm > 0.0f && norm > max_norm) {
-    return static_cast<float>(max_norm / (norm + 1e-6));
-  }
-  return 1.0f;
-}
-
 AdamW::AdamW(ParameterSet& params, const OptimConfig& config) : params_(params), config_(config) {
+  Ops& ops = params_.ops();
   const size_t bytes = params_.count() * sizeof(float);
-  m_ = static_cast<float*>(params_.ops().allocate(bytes));  // zero-filled
-  v_ = static_cast<float*>(params_.ops().allocate(bytes));
+  m_ = static_cast<float*>(ops.allocate(bytes));  // zero-filled
+  v_ = static_cast<float*>(ops.allocate(bytes));
+  norm_sq_ = static_cast<double*>(ops.allocate(sizeof(double)));
+
+  // Tensors are packed back to back, so a run of neighbours with the same
+  // weight decay is one contiguous range; long runs are cut into pieces of
+  // kAdamWRangeFloats (one block each on a GPU).
+  const auto& info = params_.info();
+  const auto decay_of = [&](const ParamInfo& t) {
+    return (t.decay || config_.decay_all) ? config_.weight_decay : 0.0f;
+  };
+  size_t i = 0;
+  while (i < info.size()) {
+    AdamWRange range{info[i].offset, info[i].offset + info[i].size, decay_of(info[i])};
+    size_t j = i + 1;
+    while (j < info.size() && info[j].offset == range.end &&
+           decay_of(info[j]) == range.weight_decay) {
+      range.end += info[j].size;
+      ++j;
+    }
+    for (size_t begin = range.begin; begin < range.end; begin += kAdamWRangeFloats) {
+      host_ranges_.push_back(
+          {begin, std::min(range.end, begin + kAdamWRangeFloats), range.weight_decay});
+    }
+    i = j;
+  }
+  ranges_ = static_cast<AdamWRange*>(ops.allocate(host_ranges_.size() * sizeof(AdamWRange)));
+  ops.copy_to_device(ranges_, host_ranges_.data(), host_ranges_.size() * sizeof(AdamWRange));
 }
 
 AdamW::~AdamW() {
-  if (m_) params_.ops().release(m_);
-  if (v_) params_.ops().release(v_);
+  Ops& ops = params_.ops();
+  ops.release(m_);
+  ops.release(v_);
+  ops.release(ranges_);
+  ops.release(norm_sq_);
 }
 
-double AdamW::grad_norm() {
-  return std::sqrt(params_.ops().sum_squares(params_.grads(), params_.count()));
+void AdamW::measure_gradients() {
+  params_.ops().sum_squares(norm_sq_, params_.grads(), params_.count());
 }
 
-void AdamW::step(float lr, float grad_scale) {
+double AdamW::measured_norm() {
+  double norm_sq = 0.0;
+  params_.ops().copy_to_host(&norm_sq, norm_sq_, sizeof norm_sq);
+  return std::sqrt(norm_sq);
+}
+
+void AdamW::step(float lr, float inv_loss_scale) {
   ++step_;
   AdamWConfig cfg;
   cfg.lr = lr;
@@ -35,31 +64,11 @@ void AdamW::step(float lr, float grad_scale) {
   cfg.beta2 = config_.beta2;
   cfg.eps = config_.eps;
   cfg.step = step_;
-  cfg.grad_scale = grad_scale;
-
-  // Tensors are packed back to back, so a run of neighbours with the same
-  // weight decay is one contiguous range: one update call (one kernel launch
-  // on a GPU) per run instead of one per tensor.
-  const auto& info = params_.info();
-  const auto decay_of = [&](const ParamInfo& t) {
-    return (t.decay || config_.decay_all) ? config_.weight_decay : 0.0f;
-  };
-  Ops& ops = params_.ops();
-  size_t i = 0;
-  while (i < info.size()) {
-    const float wd = decay_of(info[i]);
-    const size_t begin = info[i].offset;
-    size_t end = begin + info[i].size;
-    size_t j = i + 1;
-    while (j < info.size() && info[j].offset == end && decay_of(info[j]) == wd) {
-      end += info[j].size;
-      ++j;
-    }
-    cfg.weight_decay = wd;
-    ops.adamw_update(params_.params() + begin, params_.grads() + begin, m_ + begin, v_ + begin,
-                     end - begin, cfg);
-    i = j;
-  }
+  cfg.inv_loss_scale = inv_loss_scale;
+  cfg.max_norm = config_.clip_norm;
+  params_.ops().adamw_update(params_.params(), params_.grads(), m_, v_, params_.compute_copy(),
+                             params_.count(), ranges_, static_cast<int>(host_ranges_.size()), cfg,
+                             norm_sq_);
 }
 
 }  // namespace mpiformer

@@ -1,18 +1,16 @@
 // AdamW over a ParameterSet: fp32 moments laid out like the parameters,
 // decoupled weight decay on the tensors marked `decay` (matrices) unless
-// decay_all, and global-norm gradient clipping.
+// decay_all, and global-norm gradient clipping. The norm, the clip and the
+// update all run on the backend, so a step waits for nothing.
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "src/core/config.h"
 #include "src/model/parameters.h"
 
 namespace mpiformer {
-
-// Factor that brings a gradient of norm `norm` to at most `max_norm`
-// (1 when max_norm <= 0 or the norm is already within it).
-float clip_factor(double norm, float max_norm);
 
 class AdamW {
  public:
@@ -21,11 +19,17 @@ class AdamW {
   AdamW(const AdamW&) = delete;
   AdamW& operator=(const AdamW&) = delete;
 
-  // sqrt of the sum of squares of every gradient.
-  double grad_norm();
-  // One update with learning rate `lr`; gradients are multiplied by
-  // grad_scale first (the clip factor). Advances the step counter.
-  void step(float lr, float grad_scale);
+  // Takes the global squared norm of the current gradients on the backend
+  // (queued; nothing waits). step() clips with it.
+  void measure_gradients();
+  // sqrt of the measured squared norm, loss scale included; copied to the
+  // host, so it waits for the device.
+  double measured_norm();
+  // One update with learning rate `lr`, after measure_gradients():
+  // gradients are multiplied by inv_loss_scale (they carry the loss scale)
+  // and clipped to config.clip_norm. Advances the step counter and refreshes
+  // the weights' compute copy.
+  void step(float lr, float inv_loss_scale = 1.0f);
 
   int64_t steps_taken() const { return step_; }
   // Resuming: the moments come from a checkpoint (through m() and v()) and
@@ -40,6 +44,10 @@ class AdamW {
   int64_t step_ = 0;
   float* m_ = nullptr;
   float* v_ = nullptr;
+  // Runs of neighbouring tensors with one weight decay: the update's ranges.
+  std::vector<AdamWRange> host_ranges_;
+  AdamWRange* ranges_ = nullptr;  // backend (host_ranges_.size())
+  double* norm_sq_ = nullptr;     // backend (1)
 };
 
 }  // namespace mpiformer

@@ -72,7 +72,19 @@ expect_usage_error --min-len "${train[@]}" --min-len 1000
 expect_usage_error --lr "${train[@]}" --lr -1
 expect_usage_error --seed "${train[@]}" --seed -5
 expect_usage_error --schedule "${train[@]}" --schedule linear
-expect_usage_error --precision "${train[@]}" --device cpu --precision bf16
+# bf16 and fp16 run on the CPU too (tests/e2e/precision.sh); --tf32 is for
+# cuda fp32 GEMMs only; the loss scale is finite and >= 1, its window >= 1.
+expect_usage_error --precision "${train[@]}" --device cpu --precision fp8
+expect_usage_error --tf32 "${train[@]}" --device cpu --tf32
+expect_usage_error --tf32 "${train[@]}" --device cpu --precision bf16 --tf32
+expect_usage_error --tf32 bench --tf32
+expect_usage_error --tf32 bench --precision fp16 --tf32
+expect_usage_error --loss-scale "${train[@]}" --precision fp16 --loss-scale 0
+expect_usage_error --loss-scale "${train[@]}" --precision fp16 --loss-scale 0.5
+expect_usage_error --loss-scale "${train[@]}" --precision fp16 --loss-scale inf
+expect_usage_error --loss-scale "${train[@]}" --precision fp16 --loss-scale nan
+expect_usage_error --loss-scale-window "${train[@]}" --precision fp16 --loss-scale-window 0
+expect_usage_error --loss-scale-window "${train[@]}" --precision fp16 --loss-scale-window -2
 expect_usage_error --device "${train[@]}" --device tpu
 expect_usage_error --tied-embeddings "${train[@]}" --tied-embeddings maybe
 expect_usage_error --no-such-flag "${train[@]}" --no-such-flag 1
@@ -107,10 +119,11 @@ expected_in_help=(train bench)
 expect_help --help
 expected_in_help=(--model --synthetic --out --config --d-model "(=64)" --heads "(=4)" --lr
                   "(=0.001)" --schedule inverse-sqrt --max-tokens "(=4096)" --label-smoothing
-                  --device --precision --resume --decay-all)
+                  --device --precision --tf32 --loss-scale --loss-scale-window --resume
+                  --decay-all)
 expect_help train --help
 expect_help train --model gpt --help  # help wins over bad values
-expected_in_help=(--batch --seq --peak-tflops --steps --d-model "(=64)")
+expected_in_help=(--batch --seq --peak-tflops --steps --d-model "(=64)" --precision --tf32)
 expect_help bench --help
 
 # A task of srun that finds itself alone in its MPI world (srun and MPI did

@@ -1,0 +1,495 @@
+// cuDNN fused attention (attention_cudnn.h). Compiled by the host compiler
+// with the cuDNN frontend's headers when the build found them; the only
+// file of the project that includes them (they take a minute to compile).
+//
+// Layout ("THD": tokens packed back to back, heads side by side), every
+// tensor (b, h, s, d) with a ragged offset in elements per sequence:
+//   q  (Nq, H*D) rows q_stride apart     ro_q  = q_offsets * q_stride
+//   k, v (Nk, H*D) rows kv_stride apart  ro_kv = k_offsets * kv_stride
+//   out, dout (Nq, H*D) dense             ro_o  = q_offsets * H*D
+//   stats (Nq, H) fp32                    ro_stats = q_offsets * H
+// so a fused QKV tensor (q_stride = kv_stride = 3C) is read in place, and
+// its gradient written in place. A graph is static in its batch slots and
+// longest sequence: both are rounded up (slots past the batch are empty
+// sequences) so that a few graphs serve every batch of a run; they are
+// built on first use and cached. The padding mask makes each sequence see
+// only its own keys; the causal mask is the top-left diagonal band.
+#include "kernels/cuda/attention_cudnn.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <utility>
+
+#include "kernels/cuda/cuda_ops.h"
+
+#if defined(MPIFORMER_HAVE_CUDNN_FRONTEND)
+#include <cudnn_frontend.h>
+#endif
+
+namespace mpiformer::cuda {
+
+#if !defined(MPIFORMER_HAVE_CUDNN_FRONTEND)
+
+std::unique_ptr<FlashAttention> FlashAttention::create(CudaOps&) {
+  return nullptr;
+}
+
+bool FlashAttention::built() {
+  return false;
+}
+
+std::vector<std::string> FlashAttention::validate_graphs(int) {
+  return {};
+}
+
+#else
+
+namespace {
+
+namespace fe = cudnn_frontend;
+
+// Tensor uids of the variant packs.
+enum Uid : int64_t {
+  kQ = 1,
+  kK,
+  kV,
+  kO,
+  kStats,
+  kDO,
+  kDQ,
+  kDK,
+  kDV,
+  kSeqQ,
+  kSeqKv,
+  kRoQ,
+  kRoKv,
+  kRoO,
+  kRoStats
+};
+
+int64_t next_pow2(int64_t n, int64_t least) {
+  int64_t p = least;
+  while (p < n) p *= 2;
+  return p;
+}
+
+// What a graph is built for; batches that round to the same key share it.
+struct GraphKey {
+  int backward, dtype, heads, head_dim, q_stride, kv_stride, causal;
+  int64_t slots, max_q, max_kv, total_q, total_kv;
+  std::string text() const {
+    return std::string(reinterpret_cast<const char*>(this), sizeof *this);
+  }
+};
+
+struct Entry {
+  std::shared_ptr<fe::graph::Graph> graph;  // null: cuDNN does not support the key
+  int64_t workspace = 0;
+};
+
+// What cuDNN's flash attention covers here; the rest runs on the plain
+// kernels. Head sizes: multiples of 8 up to 256. A query that sees no key
+// (an empty source) gives NaN rows before cuDNN 9.25: refused on the host.
+bool supported(const Ragged& qs, const Ragged& ks, const AttentionConfig& cfg) {
+  if (cfg.head_dim % 8 != 0 || cfg.head_dim > 256) return false;
+  if (qs.batch != ks.batch || qs.total == 0) return false;
+  for (int b = 0; b < qs.batch; ++b)
+    if (qs.length(b) > 0 && ks.length(b) == 0) return false;
+  return true;
+}
+
+// q's token stride in the graph: a folded log-length factor makes a dense
+// copy of q.
+int q_stride_for(const AttentionConfig& cfg, int q_stride) {
+  return cfg.scale == AttentionScale::kLogLength ? cfg.heads * cfg.head_dim : q_stride;
+}
+
+// The key of a call: its batch rounded up to the graph's slots and lengths.
+GraphKey key_of(bool backward, DType dtype, int q_stride, int kv_stride, const Ragged& qs,
+                const Ragged& ks, const AttentionConfig& cfg) {
+  GraphKey key{};
+  key.backward = backward;
+  key.dtype = static_cast<int>(dtype);
+  key.heads = cfg.heads;
+  key.head_dim = cfg.head_dim;
+  key.q_stride = q_stride;
+  key.kv_stride = kv_stride;
+  key.causal = cfg.causal;
+  key.slots = next_pow2(qs.batch, 8);
+  key.max_q = next_pow2(qs.max_len, 64);
+  key.max_kv = next_pow2(ks.max_len, 64);
+  if (cfg.causal) key.max_q = key.max_kv = std::max(key.max_q, key.max_kv);
+  // The backward's fp32 accumulators are sized by these caps.
+  key.total_q = backward ? next_pow2(qs.total, 1024) : 0;
+  key.total_kv = backward ? next_pow2(ks.total, 1024) : 0;
+  return key;
+}
+
+// The graph of a key for a GPU of compute capability `sm` (90: Hopper), not
+// yet validated or built.
+std::shared_ptr<fe::graph::Graph> describe(const GraphKey& key, int sm) {
+  const int64_t B = key.slots, H = key.heads, D = key.head_dim, C = H * D;
+  const int64_t Sq = key.max_q, Skv = key.max_kv;
+  auto g = std::make_shared<fe::graph::Graph>();
+  g->set_sm_version(sm);
+  g->set_io_data_type(static_cast<DType>(key.dtype) == DType::kBF16 ? fe::DataType_t::BFLOAT16
+                                                                    : fe::DataType_t::HALF)
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  const auto index = [&](const char* name, int64_t uid, int64_t n, fe::DataType_t type) {
+    return g->tensor(fe::graph::Tensor_attributes()
+                         .set_name(name)
+                         .set_uid(uid)
+                         .set_dim({n, 1, 1, 1})
+                         .set_stride({1, 1, 1, 1})
+                         .set_data_type(type));
+  };
+  const auto seq_q = index("seq_q", kSeqQ, B, fe::DataType_t::INT32);
+  const auto seq_kv = index("seq_kv", kSeqKv, B, fe::DataType_t::INT32);
+  const auto ro_q = index("ro_q", kRoQ, B + 1, fe::DataType_t::INT64);
+  const auto ro_kv = index("ro_kv", kRoKv, B + 1, fe::DataType_t::INT64);
+  const auto ro_o = index("ro_o", kRoO, B + 1, fe::DataType_t::INT64);
+  const auto ro_stats = index("ro_stats", kRoStats, B + 1, fe::DataType_t::INT64);
+  // (b, h, s, d) over rows `token` elements apart.
+  const auto layout = [&](std::shared_ptr<fe::graph::Tensor_attributes> t, int64_t S, int64_t token,
+                          std::shared_ptr<fe::graph::Tensor_attributes> ro) {
+    t->set_dim({B, H, S, D}).set_stride({S * token, D, token, 1}).set_ragged_offset(ro);
+    return t;
+  };
+  const auto input = [&](const char* name, int64_t uid, int64_t S, int64_t token,
+                         std::shared_ptr<fe::graph::Tensor_attributes> ro) {
+    return layout(g->tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid)), S, token,
+                  ro);
+  };
+  const auto stats_layout = [&](std::shared_ptr<fe::graph::Tensor_attributes> t) {
+    t->set_uid(kStats)
+        .set_data_type(fe::DataType_t::FLOAT)
+        .set_dim({B, H, Sq, 1})
+        .set_stride({Sq * H, 1, H, 1})
+        .set_ragged_offset(ro_stats);
+    return t;
+  };
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const auto q = input("q", kQ, Sq, key.q_stride, ro_q);
+  const auto k = input("k", kK, Skv, key.kv_stride, ro_kv);
+  const auto v = input("v", kV, Skv, key.kv_stride, ro_kv);
+
+  if (!key.backward) {
+    auto options = fe::graph::SDPA_attributes()
+                       .set_name("attention")
+                       .set_generate_stats(true)
+                       .set_attn_scale(scale)
+                       .set_padding_mask(true)
+                       .set_seq_len_q(seq_q)
+                       .set_seq_len_kv(seq_kv);
+    if (key.causal) {
+      options.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
+          .set_diagonal_band_right_bound(0);
+    }
+    auto [o, stats] = g->sdpa(q, k, v, options);
+    layout(o, Sq, C, ro_o)->set_output(true).set_uid(kO);
+    stats_layout(stats)->set_output(true);
+  } else {
+    const auto o = input("o", kO, Sq, C, ro_o);
+    const auto dout = input("dout", kDO, Sq, C, ro_o);
+    const auto stats = stats_layout(g->tensor(fe::graph::Tensor_attributes().set_name("stats")));
+    auto options = fe::graph::SDPA_backward_attributes()
+                       .set_name("attention_backward")
+                       .set_attn_scale(scale)
+                       .set_padding_mask(true)
+                       .set_seq_len_q(seq_q)
+                       .set_seq_len_kv(seq_kv);
+    // Accumulators sized by the packed totals (not slots x longest); the
+    // frontend takes them for head sizes that are multiples of 16.
+    if (D % 16 == 0) {
+      options.set_max_total_seq_len_q(key.total_q).set_max_total_seq_len_kv(key.total_kv);
+    }
+    if (key.causal) {
+      options.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
+          .set_diagonal_band_right_bound(0);
+    }
+    auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats, options);
+    layout(dq, Sq, key.q_stride, ro_q)->set_output(true).set_uid(kDQ);
+    layout(dk, Skv, key.kv_stride, ro_kv)->set_output(true).set_uid(kDK);
+    layout(dv, Skv, key.kv_stride, ro_kv)->set_output(true).set_uid(kDV);
+  }
+  return g;
+}
+
+// The batch metadata of one (batch, layout) pair, kept for every layer of
+// a micro-batch (Ragged::version says when the batch changed).
+struct MetaEntry {
+  const int32_t* q_offsets = nullptr;
+  const int32_t* k_offsets = nullptr;
+  uint64_t q_version = 0, k_version = 0;
+  int64_t slots = 0, q_stride = 0, kv_stride = 0, o_stride = 0, stats_stride = 0;
+  void* buffer = nullptr;
+  size_t bytes = 0;
+};
+
+class CudnnAttention final : public FlashAttention {
+ public:
+  explicit CudnnAttention(CudaOps& ops) : ops_(ops) {
+    if (cudnnCreate(&handle_) != CUDNN_STATUS_SUCCESS)
+      throw std::runtime_error("cudnnCreate failed: cuDNN could not start on this GPU");
+    if (cudnnSetStream(handle_, ops_.stream()) != CUDNN_STATUS_SUCCESS)
+      throw std::runtime_error("cudnnSetStream failed");
+    cudaDeviceProp props{};
+    check(cudaGetDeviceProperties(&props, ops_.device()), "cudaGetDeviceProperties");
+    sm_ = props.major * 10 + props.minor;
+  }
+  ~CudnnAttention() override {
+    for (MetaEntry& m : metas_)
+      if (m.buffer) cudaFree(m.buffer);
+    graphs_.clear();
+    if (handle_) cudnnDestroy(handle_);
+  }
+
+  bool forward(Act out, float* stats, Act q, int q_stride, Act k, Act v, int kv_stride,
+               const Ragged& qs, const Ragged& ks, const AttentionConfig& cfg) override {
+    if (!supported(qs, ks, cfg)) return false;
+    const GraphKey key =
+        key_of(false, out.dtype, q_stride_for(cfg, q_stride), kv_stride, qs, ks, cfg);
+    Entry* entry = graph_for(key);
+    if (!entry->graph) return false;
+    const Act q_used = fold_queries(q, q_stride, qs, ks, cfg);
+    run(*entry, pack_of(q_used, k, v, out, stats, meta_for(qs, ks, key)), "forward");
+    return true;
+  }
+
+  bool backward(Act dq, Act dk, Act dv, Act dout, Act out, const float* stats, Act q, int q_stride,
+                Act k, Act v, int kv_stride, const Ragged& qs, const Ragged& ks,
+                const AttentionConfig& cfg) override {
+    if (!supported(qs, ks, cfg)) return false;
+    const int q_layout = q_stride_for(cfg, q_stride);
+    const GraphKey key = key_of(true, dout.dtype, q_layout, kv_stride, qs, ks, cfg);
+    Entry* entry = graph_for(key);
+    if (!entry->graph) return false;
+    // The forward's q (with the folded factor), and dq at it when folded.
+    const Act q_used = fold_queries(q, q_stride, qs, ks, cfg);
+    const bool folded = q_used.data != q.data;
+    const int C = cfg.heads * cfg.head_dim;
+    const Act dq_used =
+        folded ? Act(ops_.scratch(CudaOps::kAttentionQueryGrad,
+                                  static_cast<size_t>(qs.total) * C * dtype_bytes(dq.dtype)),
+                     dq.dtype)
+               : dq;
+    Pack pack = pack_of(q_used, k, v, out, stats, meta_for(qs, ks, key));
+    pack.insert({{kDO, dout.data}, {kDQ, dq_used.data}, {kDK, dk.data}, {kDV, dv.data}});
+    run(*entry, std::move(pack), "backward");
+    // dL/dq = f * dL/dq' into the caller's q layout.
+    if (folded) launch_scale_queries(dq, q_stride, dq_used, C, qs, ks, cfg, ops_.stream());
+    return true;
+  }
+
+ private:
+  // q, or q' = f * q (dense) when the scale depends on the query.
+  Act fold_queries(Act q, int q_stride, const Ragged& qs, const Ragged& ks,
+                   const AttentionConfig& cfg) {
+    if (cfg.scale != AttentionScale::kLogLength) return q;
+    const int C = cfg.heads * cfg.head_dim;
+    const Act folded(ops_.scratch(CudaOps::kAttentionQuery,
+                                  static_cast<size_t>(qs.total) * C * dtype_bytes(q.dtype)),
+                     q.dtype);
+    launch_scale_queries(folded, C, q, q_stride, qs, ks, cfg, ops_.stream());
+    return folded;
+  }
+
+  Entry* graph_for(const GraphKey& key) {
+    const std::string text = key.text();
+    if (const auto it = graphs_.find(text); it != graphs_.end()) return &it->second;
+    Entry& entry = graphs_[text];
+    std::string why;
+    try {
+      entry.graph = build(key, &entry.workspace, &why);
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+    if (!entry.graph) {
+      std::fprintf(stderr,
+                   "mpiformer: cuDNN attention does not take this case (%s %s, %d heads of %d, "
+                   "%lld slots, lengths %lld/%lld): %s; the plain CUDA kernels run instead\n",
+                   key.backward ? "backward" : "forward", to_string(static_cast<DType>(key.dtype)),
+                   key.heads, key.head_dim, static_cast<long long>(key.slots),
+                   static_cast<long long>(key.max_q), static_cast<long long>(key.max_kv),
+                   why.c_str());
+      std::fflush(stderr);
+    }
+    return &entry;
+  }
+
+  std::shared_ptr<fe::graph::Graph> build(const GraphKey& key, int64_t* workspace,
+                                          std::string* why) {
+    std::shared_ptr<fe::graph::Graph> g = describe(key, sm_);
+    const auto ok = [&](fe::error_t status, const char* step) {
+      if (status.is_bad()) *why = std::string(step) + ": " + status.get_message();
+      return !status.is_bad();
+    };
+    if (!ok(g->validate(), "validate") ||
+        !ok(g->build_operation_graph(handle_), "operation graph") ||
+        !ok(g->create_execution_plans({fe::HeurMode_t::A}), "execution plans") ||
+        !ok(g->check_support(handle_), "support") || !ok(g->build_plans(), "plans") ||
+        !ok(g->get_workspace_size(*workspace), "workspace size")) {
+      return nullptr;
+    }
+    return g;
+  }
+
+  // The metadata of this batch for this graph's slots and layout.
+  AttentionMeta meta_for(const Ragged& qs, const Ragged& ks, const GraphKey& key) {
+    const int64_t C = static_cast<int64_t>(key.heads) * key.head_dim;
+    MetaEntry wanted;
+    wanted.q_offsets = qs.device_offsets;
+    wanted.k_offsets = ks.device_offsets;
+    wanted.q_version = qs.version;
+    wanted.k_version = ks.version;
+    wanted.slots = key.slots;
+    wanted.q_stride = key.q_stride;
+    wanted.kv_stride = key.kv_stride;
+    wanted.o_stride = C;
+    wanted.stats_stride = key.heads;
+    const auto same = [&](const MetaEntry& m) {
+      return m.buffer && m.q_offsets == wanted.q_offsets && m.k_offsets == wanted.k_offsets &&
+             m.q_version == wanted.q_version && m.k_version == wanted.k_version &&
+             m.slots == wanted.slots && m.q_stride == wanted.q_stride &&
+             m.kv_stride == wanted.kv_stride && m.o_stride == wanted.o_stride &&
+             m.stats_stride == wanted.stats_stride;
+    };
+    // Version 0 means unknown offsets: derive them anew.
+    if (qs.version != 0 && ks.version != 0) {
+      for (MetaEntry& m : metas_)
+        if (same(m)) return attention_meta(m.buffer, static_cast<int>(m.slots));
+    }
+    // Replace the oldest entry (stream order keeps earlier readers safe).
+    MetaEntry& m = metas_[next_meta_];
+    next_meta_ = (next_meta_ + 1) % kMetaEntries;
+    const size_t bytes = attention_meta_bytes(static_cast<int>(wanted.slots));
+    void* buffer = m.buffer;
+    size_t have = m.bytes;
+    if (have < bytes) {
+      if (buffer) {
+        check(cudaStreamSynchronize(ops_.stream()), "cudaStreamSynchronize");
+        check(cudaFree(buffer), "cudaFree");
+      }
+      check(cudaMalloc(&buffer, bytes), "cudaMalloc (attention metadata)");
+      ops_.count_workspace(bytes - have);
+      have = bytes;
+    }
+    m = wanted;
+    m.buffer = buffer;
+    m.bytes = have;
+    const AttentionMeta meta = attention_meta(buffer, static_cast<int>(m.slots));
+    launch_attention_meta(meta, qs.device_offsets, ks.device_offsets, qs.batch,
+                          static_cast<int>(m.slots), m.q_stride, m.kv_stride, m.o_stride,
+                          m.stats_stride, ops_.stream());
+    return meta;
+  }
+
+  // A graph's tensors by uid.
+  using Pack = std::unordered_map<int64_t, void*>;
+  // What forward and backward both read: q, k, v, out, stats, the metadata.
+  static Pack pack_of(Act q, Act k, Act v, Act out, const float* stats, const AttentionMeta& meta) {
+    return Pack{{kQ, q.data},
+                {kK, k.data},
+                {kV, v.data},
+                {kO, out.data},
+                {kStats, const_cast<float*>(stats)},
+                {kSeqQ, meta.seq_q},
+                {kSeqKv, meta.seq_kv},
+                {kRoQ, meta.ro_q},
+                {kRoKv, meta.ro_kv},
+                {kRoO, meta.ro_o},
+                {kRoStats, meta.ro_stats}};
+  }
+
+  void run(Entry& entry, Pack pack, const char* what) {
+    void* workspace = ops_.scratch(CudaOps::kAttentionWorkspace, entry.workspace + 16);
+    fe::error_t status = entry.graph->execute(handle_, pack, workspace);
+    if (status.is_bad()) {
+      throw std::runtime_error(std::string("cuDNN attention ") + what + ": " +
+                               status.get_message());
+    }
+  }
+
+  // Batches in flight per micro-batch: decoder self-attention, encoder
+  // self-attention and cross-attention, forward and backward.
+  static constexpr int kMetaEntries = 8;
+  CudaOps& ops_;
+  int sm_ = 90;  // the GPU's compute capability
+  cudnnHandle_t handle_ = nullptr;
+  std::unordered_map<std::string, Entry> graphs_;
+  MetaEntry metas_[kMetaEntries];
+  int next_meta_ = 0;
+};
+
+}  // namespace
+
+bool FlashAttention::built() {
+  return true;
+}
+
+std::vector<std::string> FlashAttention::validate_graphs(int sm) {
+  struct Case {
+    const char* name;
+    int q_stride, kv_stride;  // in units of C
+    bool causal;
+    AttentionScale scale;
+    int heads, head_dim, batch, q_len, k_len;
+  };
+  const Case cases[] = {
+      {"causal self-attention, fused QKV", 3, 3, true, AttentionScale::kStandard, 12, 64, 8, 1024,
+       1024},
+      {"bidirectional self-attention, fused QKV", 3, 3, false, AttentionScale::kStandard, 8, 64,
+       100, 48, 48},
+      {"causal self-attention, folded q", 3, 3, true, AttentionScale::kLogLength, 4, 64, 8, 256,
+       256},
+      {"cross-attention", 1, 2, false, AttentionScale::kStandard, 8, 64, 128, 48, 40},
+      {"cross-attention, folded q", 1, 2, false, AttentionScale::kLogLength, 8, 128, 64, 40, 48},
+      {"causal self-attention, head size 8", 3, 3, true, AttentionScale::kStandard, 3, 8, 5, 13,
+       13},
+  };
+  std::vector<std::string> failures;
+  for (const Case& c : cases) {
+    for (bool backward : {false, true}) {
+      for (DType dtype : {DType::kBF16, DType::kF16}) {
+        const int C = c.heads * c.head_dim;
+        const Ragged qs{nullptr, nullptr, c.batch, c.batch * c.q_len, c.q_len, 0};
+        const Ragged ks{nullptr, nullptr, c.batch, c.batch * c.k_len, c.k_len, 0};
+        const AttentionConfig cfg{c.heads, c.head_dim, c.causal, c.scale, 512.0f};
+        const GraphKey key = key_of(backward, dtype, q_stride_for(cfg, c.q_stride * C),
+                                    c.kv_stride * C, qs, ks, cfg);
+        fe::error_t status = describe(key, sm)->validate();
+        if (status.is_bad()) {
+          failures.push_back(std::string(c.name) + (backward ? ", backward, " : ", forward, ") +
+                             to_string(dtype) + ": " + status.get_message());
+        }
+      }
+    }
+  }
+  return failures;
+}
+
+std::unique_ptr<FlashAttention> FlashAttention::create(CudaOps& ops) {
+  const char* choice = std::getenv("MPIFORMER_CUDNN_ATTENTION");
+  if (choice && std::strcmp(choice, "0") == 0) return nullptr;
+  // Ragged statistics and offsets for backward need cuDNN 9.6 or newer.
+  if (cudnnGetVersion() < 90600) {
+    std::fprintf(stderr,
+                 "mpiformer: cuDNN %zu is older than 9.6: attention runs on the plain CUDA "
+                 "kernels\n",
+                 cudnnGetVersion());
+    return nullptr;
+  }
+  return std::make_unique<CudnnAttention>(ops);
+}
+
+#endif
+
+}  // namespace mpiformer::cuda

@@ -1,0 +1,91 @@
+// cuDNN's fused flash attention (SDPA) on packed ragged sequences, through
+// the cuDNN frontend's graph API (attention_cudnn.cpp): causal and
+// bidirectional self-attention and cross-attention, forward and backward,
+// bf16 or fp16 with fp32 softmax statistics. Graphs are built per shape
+// class on first use and cached. The log-length scale, a per-query factor
+// f_i = ln(n_i) / ln(ref), is folded exactly into q before the call and into
+// dq after it; cuDNN itself only sees 1/sqrt(D).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/ops.h"
+
+namespace mpiformer {
+
+class CudaOps;
+
+namespace cuda {
+
+class FlashAttention {
+ public:
+  // Null when this build has no cuDNN frontend (the plain kernels run).
+  static std::unique_ptr<FlashAttention> create(CudaOps& ops);
+  // Whether this build has the cuDNN frontend.
+  static bool built();
+  // Describes the graphs of representative cases (causal and bidirectional
+  // self-attention on a fused QKV tensor, with and without a folded q,
+  // cross-attention; bf16 and fp16; forward and backward) for a GPU of
+  // compute capability `sm` and runs the frontend's validation, which needs
+  // no GPU. Returns one line per graph that fails (empty: all valid).
+  static std::vector<std::string> validate_graphs(int sm);
+  virtual ~FlashAttention() = default;
+
+  // The ops of kernels/ops.h. Return false, having done nothing, when
+  // cuDNN cannot run the case (a head size or layout it does not support);
+  // the caller then runs the plain kernels. Throw on a cuDNN failure.
+  virtual bool forward(Act out, float* stats, Act q, int q_stride, Act k, Act v, int kv_stride,
+                       const Ragged& qs, const Ragged& ks, const AttentionConfig& cfg) = 0;
+  virtual bool backward(Act dq, Act dk, Act dv, Act dout, Act out, const float* stats, Act q,
+                        int q_stride, Act k, Act v, int kv_stride, const Ragged& qs,
+                        const Ragged& ks, const AttentionConfig& cfg) = 0;
+};
+
+// Per-batch metadata of a graph with `slots` sequences (slots >= B: the
+// slots past B are empty sequences, their offsets repeating the end), in one
+// device buffer of attention_meta_bytes(slots):
+//   seq_q, seq_kv: int32 (slots)   sequence lengths
+//   ro_q, ro_kv, ro_o, ro_stats: int64 (slots + 1)   ragged offsets in
+//   elements: token offsets times each tensor's token stride.
+struct AttentionMeta {
+  int32_t* seq_q;
+  int32_t* seq_kv;
+  int64_t* ro_q;
+  int64_t* ro_kv;
+  int64_t* ro_o;
+  int64_t* ro_stats;
+};
+inline size_t attention_meta_bytes(int slots) {
+  return (2 * static_cast<size_t>(slots) * 4 + 7) / 8 * 8 +
+         4 * (static_cast<size_t>(slots) + 1) * 8;
+}
+inline AttentionMeta attention_meta(void* base, int slots) {
+  auto* seq = static_cast<int32_t*>(base);
+  auto* ro = reinterpret_cast<int64_t*>(static_cast<char*>(base) +
+                                        (2 * static_cast<size_t>(slots) * 4 + 7) / 8 * 8);
+  const size_t n = static_cast<size_t>(slots) + 1;
+  return AttentionMeta{seq, seq + slots, ro, ro + n, ro + 2 * n, ro + 3 * n};
+}
+
+// Kernels the cuDNN path needs (attention.cu), on `stream`.
+
+// Fills the metadata from the batch's token offsets (device (B+1) each).
+// q_stride, kv_stride, o_stride, stats_stride: the tensors' token strides.
+void launch_attention_meta(const AttentionMeta& meta, const int32_t* q_offsets,
+                           const int32_t* k_offsets, int batch, int slots, int64_t q_stride,
+                           int64_t kv_stride, int64_t o_stride, int64_t stats_stride,
+                           cudaStream_t stream);
+
+// Log-length folding: dst[row, c] = src[row, c] * f(row), c < H*D, where
+// f = ln(n) / ln(ref) for the n keys the query sees (0 when n <= 1): the
+// per-query part of the log-length scale. dst may be src (in place).
+void launch_scale_queries(Act dst, int dst_stride, Act src, int src_stride, const Ragged& qs,
+                          const Ragged& ks, const AttentionConfig& cfg, cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace mpiformer

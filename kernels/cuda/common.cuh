@@ -1,0 +1,79 @@
+// Shared by the CUDA kernels: element types of the compute precision,
+// loads and stores that compute in fp32, grid-stride loops, and dispatch
+// from an Act's DType to a kernel templated on the element type.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+
+#include "kernels/dtype.h"
+
+namespace mpiformer::cuda {
+
+// Every kernel computes in fp32 and rounds what it stores (round to nearest
+// even: the CPU backend's float_to_bf16 / float_to_f16).
+__device__ __forceinline__ float load(const float* p, size_t i) {
+  return p[i];
+}
+__device__ __forceinline__ float load(const __nv_bfloat16* p, size_t i) {
+  return __bfloat162float(p[i]);
+}
+__device__ __forceinline__ float load(const __half* p, size_t i) {
+  return __half2float(p[i]);
+}
+
+__device__ __forceinline__ void store(float* p, size_t i, float v) {
+  p[i] = v;
+}
+__device__ __forceinline__ void store(__nv_bfloat16* p, size_t i, float v) {
+  p[i] = __float2bfloat16_rn(v);
+}
+__device__ __forceinline__ void store(__half* p, size_t i, float v) {
+  p[i] = __float2half_rn(v);
+}
+
+// The element type of an Act, as a typed pointer.
+template <typename T>
+T* typed(Act a) {
+  return static_cast<T*>(a.data);
+}
+
+// Calls fn(T{}) with T the element type of `dtype` (float, __nv_bfloat16 or
+// __half), so a launcher picks the kernel instantiation at run time.
+template <typename Fn>
+void dispatch(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::kF32:
+      fn(float{});
+      return;
+    case DType::kBF16:
+      fn(__nv_bfloat16{});
+      return;
+    case DType::kF16:
+      fn(__half{});
+      return;
+  }
+  throw std::logic_error("unknown DType");
+}
+
+// Grid-stride loop over [0, n): any n with a bounded grid.
+#define MPIFORMER_FOR_EACH(i, n)                                                       \
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < (n); \
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+
+// GELU, tanh approximation as in GPT-2 (the CPU backend's formula), and its
+// derivative: d/dx 0.5 x (1 + tanh u), u = c (x + a x^3).
+constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluA = 0.044715f;
+__device__ __forceinline__ float gelu(float x) {
+  return 0.5f * x * (1.0f + tanhf(kGeluC * (x + kGeluA * x * x * x)));
+}
+__device__ __forceinline__ float gelu_grad(float x) {
+  const float t = tanhf(kGeluC * (x + kGeluA * x * x * x));
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kGeluC * (1.0f + 3.0f * kGeluA * x * x);
+}
+
+}  // namespace mpiformer::cuda

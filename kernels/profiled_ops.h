@@ -1,0 +1,132 @@
+// An Ops that times every op of another by family on that backend's clock
+// (CUDA events on a GPU, so the figures are device time, queued ops
+// included) and forwards the call unchanged. `bench --profile` runs the
+// model on it; the next bottleneck then shows without a profiler.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/ops.h"
+
+namespace mpiformer {
+
+class ProfiledOps final : public Ops {
+ public:
+  explicit ProfiledOps(Ops& inner) : inner_(inner), timer_(inner.make_timer()) {}
+
+  // Milliseconds per OpFamily since the last reset (waits for the device).
+  std::vector<double> milliseconds() { return timer_->milliseconds(); }
+  void reset() { timer_->reset(); }
+
+  std::string name() const override { return inner_.name(); }
+  void* allocate(size_t bytes) override { return inner_.allocate(bytes); }
+  void release(void* ptr) override { inner_.release(ptr); }
+  void copy_to_device(void* dst, const void* src, size_t bytes) override {
+    inner_.copy_to_device(dst, src, bytes);
+  }
+  void copy_to_host(void* dst, const void* src, size_t bytes) override {
+    inner_.copy_to_host(dst, src, bytes);
+  }
+  void upload(void* dst, const void* src, size_t bytes) override { inner_.upload(dst, src, bytes); }
+  void reserve_uploads(size_t bytes) override { inner_.reserve_uploads(bytes); }
+  void fill_zero(void* x, size_t bytes) override { inner_.fill_zero(x, bytes); }
+  void synchronize() override { inner_.synchronize(); }
+  size_t peak_allocated_bytes() const override { return inner_.peak_allocated_bytes(); }
+  bool host_accessible() const override { return inner_.host_accessible(); }
+  size_t logits_chunk_elements() const override { return inner_.logits_chunk_elements(); }
+  std::unique_ptr<OpTimer> make_timer() override { return inner_.make_timer(); }
+
+  void convert(Act dst, const float* src, size_t n) override {
+    Scope s(*this, OpFamily::kElementwise);
+    inner_.convert(dst, src, n);
+  }
+  void dropout(Act out, Act x, size_t n, const Dropout& d) override {
+    Scope s(*this, OpFamily::kElementwise);
+    inner_.dropout(out, x, n, d);
+  }
+  void activation_backward(Act dx, Act dout, Act pre, size_t n, Activation act) override {
+    Scope s(*this, OpFamily::kElementwise);
+    inner_.activation_backward(dx, dout, pre, n, act);
+  }
+  void embedding_forward(Act out, const int32_t* ids, Act tokens, const int32_t* pos, Act positions,
+                         int N, int C, float scale) override {
+    Scope s(*this, OpFamily::kEmbedding);
+    inner_.embedding_forward(out, ids, tokens, pos, positions, N, C, scale);
+  }
+  void embedding_backward(float* dtokens, float* dpositions, Act dout, const RowGroups& by_id,
+                          const RowGroups& by_pos, int N, int C, float scale) override {
+    Scope s(*this, OpFamily::kEmbedding);
+    inner_.embedding_backward(dtokens, dpositions, dout, by_id, by_pos, N, C, scale);
+  }
+  void layernorm_forward(Act out, float* mean, float* rstd, Act x, Act gamma, Act beta, int N,
+                         int C, float eps) override {
+    Scope s(*this, OpFamily::kNorm);
+    inner_.layernorm_forward(out, mean, rstd, x, gamma, beta, N, C, eps);
+  }
+  void residual_layernorm_forward(Act sum, Act out, float* mean, float* rstd, Act x, Act y,
+                                  const Dropout& d, Act gamma, Act beta, int N, int C,
+                                  float eps) override {
+    Scope s(*this, OpFamily::kNorm);
+    inner_.residual_layernorm_forward(sum, out, mean, rstd, x, y, d, gamma, beta, N, C, eps);
+  }
+  void layernorm_backward(Act dx, float* dgamma, float* dbeta, Act dout, Act x, Act gamma,
+                          const float* mean, const float* rstd, int N, int C,
+                          bool accumulate) override {
+    Scope s(*this, OpFamily::kNorm);
+    inner_.layernorm_backward(dx, dgamma, dbeta, dout, x, gamma, mean, rstd, N, C, accumulate);
+  }
+  void matmul_forward(Act out, Act x, Act weight, Act bias, int N, int IC, int OC,
+                      const FusedActivation& fused, int out_stride) override {
+    Scope s(*this, OpFamily::kGemm);
+    inner_.matmul_forward(out, x, weight, bias, N, IC, OC, fused, out_stride);
+  }
+  void matmul_backward(Act dx, float* dweight, float* dbias, Act dout, Act x, Act weight, int N,
+                       int IC, int OC, bool accumulate, const FusedActivation& fused,
+                       int dout_stride) override {
+    Scope s(*this, OpFamily::kGemm);
+    inner_.matmul_backward(dx, dweight, dbias, dout, x, weight, N, IC, OC, accumulate, fused,
+                           dout_stride);
+  }
+  void attention_forward(Act out, float* stats, Act q, int q_stride, Act k, Act v, int kv_stride,
+                         const Ragged& qs, const Ragged& ks, const AttentionConfig& cfg) override {
+    Scope s(*this, OpFamily::kAttention);
+    inner_.attention_forward(out, stats, q, q_stride, k, v, kv_stride, qs, ks, cfg);
+  }
+  void attention_backward(Act dq, Act dk, Act dv, Act dout, Act out, const float* stats, Act q,
+                          int q_stride, Act k, Act v, int kv_stride, const Ragged& qs,
+                          const Ragged& ks, const AttentionConfig& cfg) override {
+    Scope s(*this, OpFamily::kAttention);
+    inner_.attention_backward(dq, dk, dv, dout, out, stats, q, q_stride, k, v, kv_stride, qs, ks,
+                              cfg);
+  }
+  void cross_entropy(Act logits, const int32_t* targets, int N, int V, float smoothing, int pad_id,
+                     float grad_scale, bool compute_grad, LossSums* sums, int stride) override {
+    Scope s(*this, OpFamily::kLoss);
+    inner_.cross_entropy(logits, targets, N, V, smoothing, pad_id, grad_scale, compute_grad, sums,
+                         stride);
+  }
+  void sum_squares(double* out, const float* x, size_t n) override {
+    Scope s(*this, OpFamily::kOptimizer);
+    inner_.sum_squares(out, x, n);
+  }
+  void adamw_update(float* params, const float* grads, float* m, float* v, Act compute, size_t n,
+                    const AdamWRange* ranges, int range_count, const AdamWConfig& cfg,
+                    const double* grad_norm_sq) override {
+    Scope s(*this, OpFamily::kOptimizer);
+    inner_.adamw_update(params, grads, m, v, compute, n, ranges, range_count, cfg, grad_norm_sq);
+  }
+
+ private:
+  struct Scope {
+    Scope(ProfiledOps& o, OpFamily f) : ops(o), family(f) { ops.timer_->begin(family); }
+    ~Scope() { ops.timer_->end(family); }
+    ProfiledOps& ops;
+    OpFamily family;
+  };
+  Ops& inner_;
+  std::unique_ptr<OpTimer> timer_;
+};
+
+}  // namespace mpiformer
