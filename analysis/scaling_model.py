@@ -114,7 +114,7 @@ def is_embedding(name):
 
 
 def flops_per_token(args, params):
-    """DESIGN.md section 9: 6N + 12 L d T, N = non-embedding params + output projection."""
+    """docs/DESIGN.md section 10: 6N + 12 L d T, N = non-embedding params + output projection."""
     n = sum(c for name, c in params if not is_embedding(name)) + args.vocab * args.d_model
     return n, 6.0 * n + 12.0 * args.layers * args.d_model * args.context
 

@@ -1,4 +1,4 @@
-// HDF5 checkpoints (DESIGN.md section 7): float32 master weights, the AdamW
+// HDF5 checkpoints (docs/DESIGN.md section 7): float32 master weights, the AdamW
 // moments of every tensor, and everything a resumed run needs to continue
 // exactly where this one stopped. A checkpoint is written under a temporary
 // name, fsync'ed and renamed, so a file named step_*.h5 is always complete.

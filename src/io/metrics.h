@@ -1,4 +1,4 @@
-// metrics.h5 (DESIGN.md section 7): the run's figures for notebooks, written
+// metrics.h5 (docs/DESIGN.md section 7): the run's figures for notebooks, written
 // by rank 0 in HDF5's single-writer/multiple-reader (SWMR) mode, so h5py can
 // read a run while it trains:
 //   h5py.File(path, "r", libver="latest", swmr=True), dataset.refresh()

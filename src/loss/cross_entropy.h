@@ -1,5 +1,5 @@
 // Label-smoothed cross entropy over padding, as in the official Transformer
-// (DESIGN.md section 4): the op itself is kernels' fused softmax-CE; this
+// (docs/DESIGN.md section 4): the op itself is kernels' fused softmax-CE; this
 // header holds how its sums become reported figures, once, at the end.
 #pragma once
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs that survive (DESIGN.md section 7): a run stopped by a signal and
+# Runs that survive (docs/DESIGN.md section 7): a run stopped by a signal and
 # resumed, on the same or another world size, ends bitwise equal to a run
 # that never stopped, with the same per-step figures in metrics.h5; a rank
 # killed while a checkpoint is written leaves the previous one intact; a
