@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""The reference side of `scripts/bench-cpu`: the same model shapes as
-`mpiformer bench`, trained with PyTorch (AdamW, label smoothing, padding
-masks), timed after warm-up steps. Prints one JSON line in the same fields.
+"""The reference side of `scripts/bench-cpu` and `scripts/gpu-check`: the
+same model shapes as `mpiformer bench`, trained with PyTorch (AdamW, label
+smoothing, padding masks), timed after warm-up steps. Prints one JSON line in
+the same fields.
 
     bench_pytorch.py --model lm --layers 4 --d-model 256 --heads 4 --d-ff 1024 \
         --vocab 8192 --batch 8 --seq 256 --threads 2
+    bench_pytorch.py ... --device cuda --precision bf16 --compile   # a GPU, autocast, inductor
 """
 import argparse
 import json
@@ -31,8 +33,8 @@ class LmModel(nn.Module):
 
     def forward(self, ids, pad_mask):
         T = ids.shape[1]
-        x = self.tokens(ids) + self.positions(torch.arange(T))
-        causal = torch.triu(torch.full((T, T), float("-inf")), diagonal=1)
+        x = self.tokens(ids) + self.positions(torch.arange(T, device=ids.device))
+        causal = torch.triu(torch.full((T, T), float("-inf"), device=ids.device), diagonal=1)
         x = self.norm(self.blocks(x, mask=causal, src_key_padding_mask=pad_mask))
         return F.linear(x, self.tokens.weight, self.bias)
 
@@ -50,11 +52,11 @@ class Seq2seqModel(nn.Module):
         self.bias = nn.Parameter(torch.zeros(a.vocab))
 
     def embed(self, ids):
-        return self.tokens(ids) + self.positions(torch.arange(ids.shape[1]))
+        return self.tokens(ids) + self.positions(torch.arange(ids.shape[1], device=ids.device))
 
     def forward(self, src, src_pad, tgt, tgt_pad):
         T = tgt.shape[1]
-        causal = self.transformer.generate_square_subsequent_mask(T)
+        causal = self.transformer.generate_square_subsequent_mask(T).to(tgt.device)
         x = self.transformer(self.embed(src), self.embed(tgt), tgt_mask=causal,
                              src_key_padding_mask=src_pad, tgt_key_padding_mask=tgt_pad,
                              memory_key_padding_mask=src_pad)
@@ -88,6 +90,10 @@ def main():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--label-smoothing", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                   help="bf16: autocast (fp32 master weights, as mpiformer)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
     a = p.parse_args()
     a.src_seq = a.src_seq or a.seq
     torch.set_num_threads(a.threads)
@@ -112,28 +118,44 @@ def main():
         targets = torch.randint(6, a.vocab, tgt.shape, generator=g).masked_fill(tgt_pad, 0)
         inputs = (src, src_pad, tgt, tgt_pad)
         real_tokens = int((~src_pad).sum() + (~tgt_pad).sum())
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0)
+    device = torch.device(a.device)
+    model = model.to(device)
+    inputs = tuple(t.to(device) for t in inputs)
+    targets = targets.to(device)
+    # The fused CUDA AdamW (one kernel per step, like mpiformer's) where it exists.
+    fused = {"fused": True} if a.device == "cuda" else {}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0, **fused)
+    forward = torch.compile(model) if a.compile else model
 
     def step():
         optimizer.zero_grad(set_to_none=True)
-        logits = model(*inputs)
-        loss = F.cross_entropy(logits.reshape(-1, a.vocab), targets.reshape(-1), ignore_index=0,
-                               label_smoothing=a.label_smoothing)
+        with torch.autocast(a.device, dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+            logits = forward(*inputs)
+            loss = F.cross_entropy(logits.reshape(-1, a.vocab).float(), targets.reshape(-1),
+                                   ignore_index=0, label_smoothing=a.label_smoothing)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
 
+    def synchronize():
+        if a.device == "cuda":
+            torch.cuda.synchronize()
+
     for _ in range(a.warmup_steps):
         step()
+    synchronize()
     t0 = time.perf_counter()
     for _ in range(a.steps):
         step()
+    synchronize()
     step_s = (time.perf_counter() - t0) / a.steps
+    name = f"pytorch-{a.device} {torch.__version__} {a.precision}" + (" compiled" if a.compile else "")
     print(json.dumps({
-        "model": a.model, "device": "pytorch-cpu " + torch.__version__, "threads": a.threads,
+        "model": a.model, "device": name, "threads": a.threads,
         "batch": a.batch, "seq": a.seq, "real_tokens": real_tokens,
         "tokens_per_s": round(real_tokens / step_s, 1), "step_ms": round(1000 * step_s, 2),
         "peak_mem_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "allocated_bytes": torch.cuda.max_memory_allocated() if a.device == "cuda" else 0,
     }))
 
 
