@@ -165,7 +165,6 @@ class CpuOps final : public Ops {
   std::vector<std::vector<float>> widened_;  // Fp32 views' scratch, slot by slot
   std::vector<float> float_scratch_;    // attention P and dS per thread; layer-norm partial sums
   std::vector<double> double_scratch_;  // per-row / per-chunk partial sums (deterministic order)
-  std::vector<size_t> index_scratch_;   // per-task scratch offsets
 
   size_t current_bytes_ = 0;
   size_t peak_bytes_ = 0;

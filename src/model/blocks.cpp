@@ -17,7 +17,6 @@ ActivationArena::~ActivationArena() {
 void* ActivationArena::bytes(size_t n) {
   void* p = ops_.allocate(n);
   blocks_.push_back(p);
-  bytes_ += n;
   return p;
 }
 
@@ -132,12 +131,6 @@ void Sublayer::init(BlockContext& ctx, ActivationArena& arena, const std::string
   }
   param_ids_ = {norm_.gamma, norm_.beta, w_in_, b_in_, w_out_, b_out_};
   if (w_kv_ >= 0) param_ids_.insert(param_ids_.end(), {w_kv_, b_kv_});
-}
-
-int64_t Sublayer::parameter_count(const ParameterSet& params) const {
-  int64_t n = 0;
-  for (int id : param_ids_) n += static_cast<int64_t>(params.info()[id].size);
-  return n;
 }
 
 size_t Sublayer::first_offset(const ParameterSet& params) const {

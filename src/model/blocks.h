@@ -30,14 +30,11 @@ class ActivationArena {
   float* floats(size_t n);
   int32_t* ints(size_t n);
   void* bytes(size_t n);
-  size_t total_bytes() const { return bytes_; }
-  DType compute() const { return compute_; }
 
  private:
   Ops& ops_;
   DType compute_;
   std::vector<void*> blocks_;
-  size_t bytes_ = 0;
 };
 
 // What every block needs to know of the model and the current pass.
@@ -111,8 +108,6 @@ class Sublayer {
                 const Ragged& rows, Act memory, Act dmemory, const Ragged& memory_rows);
 
   LayerNorm& norm() { return norm_; }
-  // Parameters this sub-layer adds to the FLOP count's N.
-  int64_t parameter_count(const ParameterSet& params) const;
   // Lowest buffer offset of its parameters: once backward has passed this
   // sub-layer, gradients from here up are final.
   size_t first_offset(const ParameterSet& params) const;

@@ -427,10 +427,7 @@ struct Model::Impl {
 };
 
 Model::Model(Ops& ops, const ModelConfig& config, const ModelCapacity& capacity, DType compute)
-    : config_(config),
-      capacity_(capacity),
-      compute_(compute),
-      params_(std::make_unique<ParameterSet>(ops, compute)) {
+    : config_(config), capacity_(capacity), params_(std::make_unique<ParameterSet>(ops, compute)) {
   if (capacity.max_tokens <= 0 || capacity.max_len <= 0 || capacity.max_len > config.max_len)
     throw std::invalid_argument("model capacity must be positive and within max_len");
   impl_ = std::make_unique<Impl>(ops, config_, capacity_, *params_, compute);

@@ -64,7 +64,6 @@ class Model {
   void last_logits(const Batch& batch, float* logits);
 
   ParameterSet& parameters() { return *params_; }
-  DType compute_dtype() const { return compute_; }
   const ModelConfig& config() const { return config_; }
   const ModelCapacity& capacity() const { return capacity_; }
 
@@ -82,7 +81,6 @@ class Model {
   std::unique_ptr<Impl> impl_;
   ModelConfig config_;
   ModelCapacity capacity_;
-  DType compute_;
   std::unique_ptr<ParameterSet> params_;
 };
 
