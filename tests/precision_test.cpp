@@ -666,20 +666,41 @@ TEST(LowPrecisionModels, FollowFp32) {
   }
 }
 
+// The loss sums stay on the backend until taken: training and evaluation
+// sums are kept apart, both accumulate over passes, and taking them resets
+// them. With dropout off, evaluating the batch gives the training pass's
+// sums (the same forward).
 TEST(LowPrecisionModels, TrainingAndEvaluationSumsAreSeparate) {
-  const ModelConfig m = testing::tiny(ModelKind::kLm);
-  std::unique_ptr<Ops> ops = make_cpu_ops(1);
-  Model model(*ops, m, ModelCapacity{64, m.max_len}, DType::kBF16);
-  model.init_parameters(1);
-  const Batch batch = testing::random_batch(m, {6, 4}, {}, 22);
-  model.forward_backward(batch, 0.0f, 1.0f, PassId{1, 1, 0});
-  model.evaluate(batch, 0.0f);
-  model.evaluate(batch, 0.0f);
-  const LossSums train = model.take_train_sums(), eval = model.take_eval_sums();
-  EXPECT_EQ(train.tokens, batch.target_tokens(0));
-  EXPECT_EQ(eval.tokens, 2 * batch.target_tokens(0));
-  EXPECT_EQ(model.take_train_sums().tokens, 0) << "taking resets the sums";
-  EXPECT_EQ(model.take_eval_sums().tokens, 0);
+  for (ModelKind kind : {ModelKind::kLm, ModelKind::kSeq2seq, ModelKind::kMlm}) {
+    for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+      const std::string what = std::string(to_string(kind)) + " " + to_string(t);
+      ModelConfig m = testing::tiny(kind);
+      m.dropout = 0.0f;
+      std::unique_ptr<Ops> ops = make_cpu_ops(1);
+      Model model(*ops, m, ModelCapacity{64, m.max_len}, t);
+      model.init_parameters(1);
+      const Batch batch = testing::random_batch(m, {6, 4}, {5, 3}, 22);
+      const int64_t tokens = batch.target_tokens(m.special.pad);
+      model.forward_backward(batch, 0.1f, 1.0f, PassId{1, 1, 0});
+      model.evaluate(batch, 0.1f);
+      model.evaluate(batch, 0.1f);
+      const LossSums train = model.take_train_sums(), eval = model.take_eval_sums();
+      EXPECT_EQ(train.tokens, tokens) << what;
+      EXPECT_EQ(eval.tokens, 2 * tokens) << what;
+      EXPECT_EQ(eval.loss, 2 * train.loss) << what;
+      EXPECT_EQ(eval.correct, 2 * train.correct) << what;
+      const LossSums again = model.take_train_sums(), eval_again = model.take_eval_sums();
+      EXPECT_EQ(again.tokens, 0) << what << ": taking resets the sums";
+      EXPECT_EQ(again.loss, 0.0) << what;
+      EXPECT_EQ(again.correct, 0) << what;
+      EXPECT_EQ(eval_again.tokens, 0) << what;
+      EXPECT_EQ(eval_again.loss, 0.0) << what;
+      model.evaluate(batch, 0.1f);
+      EXPECT_EQ(model.take_train_sums().tokens, 0)
+          << what << ": evaluation adds nothing to training";
+      EXPECT_EQ(model.take_eval_sums().loss, train.loss) << what;
+    }
+  }
 }
 
 // ---- loss scaling ---------------------------------------------------------------

@@ -244,12 +244,13 @@ __global__ void add_bias_kernel(T* out, const T* bias, int N, int OC, int ld) {
   }
 }
 
-// out = act(pre).  out, pre: (n)
+// out = act(pre).  pre: (N, OC) dense, out: (N, OC) rows ldo apart
 template <typename T>
-__global__ void activation_kernel(T* out, const T* pre, size_t n, bool gelu) {
-  MPIFORMER_FOR_EACH(i, n) {
+__global__ void activation_kernel(T* out, const T* pre, int N, int OC, int ldo, bool gelu) {
+  MPIFORMER_FOR_EACH(i, static_cast<size_t>(N) * OC) {
     const float x = load(pre, i);
-    store(out, i, gelu ? cuda::gelu(x) : fmaxf(x, 0.0f));
+    const size_t r = i / OC, c = i % OC;
+    store(out, r * ldo + c, gelu ? cuda::gelu(x) : fmaxf(x, 0.0f));
   }
 }
 
@@ -346,7 +347,7 @@ void CudaOps::matmul_forward(Act out, Act x, Act weight, Act bias, int N, int IC
     if (fused.pre) {
       const size_t n = static_cast<size_t>(N) * OC;
       activation_kernel<<<cuda::blocks_for(n), kThreads, 0, stream_>>>(
-          typed<T>(out), typed<T>(fused.pre), n, fused.act == Activation::kGelu);
+          typed<T>(out), typed<T>(fused.pre), N, OC, ldo, fused.act == Activation::kGelu);
     }
   });
   cuda::check(cudaGetLastError(), "matmul_forward (epilogue)");
