@@ -174,6 +174,9 @@ class Ops {
   // Whether the host may read and write this backend's memory directly
   // (CPU: yes; a GPU's: no, copy_to_host and copy_to_device).
   virtual bool host_accessible() const { return true; }
+  // Free memory of the device that is not the host's (cudaMemGetInfo); 0
+  // where the backend's memory is the host's.
+  virtual size_t device_memory_free() const { return 0; }
   // How many logits the vocabulary projection may hold at a time: a CPU
   // wants its chunks in cache, a GPU wants GEMMs with many rows.
   virtual size_t logits_chunk_elements() const { return size_t{1} << 22; }
@@ -256,6 +259,12 @@ class Ops {
                                   Act q, int q_stride, Act k, Act v, int kv_stride,
                                   const Ragged& qs, const Ragged& ks,
                                   const AttentionConfig& cfg) = 0;
+  // The most scratch the two calls above take for `tokens` packed query
+  // rows of sequences up to `longest` long (keys likewise): the scores a
+  // plain kernel keeps grow with longest^2, which a memory estimate must
+  // count. backward: the larger need of attention_backward.
+  virtual size_t attention_scratch_bytes(DType dtype, size_t tokens, size_t longest,
+                                         const AttentionConfig& cfg, bool backward) const = 0;
 
   // ---- loss -------------------------------------------------------------
   // Label-smoothed softmax cross entropy fused with its gradient. Target

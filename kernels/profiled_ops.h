@@ -35,7 +35,12 @@ class ProfiledOps final : public Ops {
   void synchronize() override { inner_.synchronize(); }
   size_t peak_allocated_bytes() const override { return inner_.peak_allocated_bytes(); }
   bool host_accessible() const override { return inner_.host_accessible(); }
+  size_t device_memory_free() const override { return inner_.device_memory_free(); }
   size_t logits_chunk_elements() const override { return inner_.logits_chunk_elements(); }
+  size_t attention_scratch_bytes(DType dtype, size_t tokens, size_t longest,
+                                 const AttentionConfig& cfg, bool backward) const override {
+    return inner_.attention_scratch_bytes(dtype, tokens, longest, cfg, backward);
+  }
   std::unique_ptr<OpTimer> make_timer() override { return inner_.make_timer(); }
 
   void convert(Act dst, const float* src, size_t n) override {

@@ -50,10 +50,11 @@ struct TinyModel {
       m[i] = normal(rng);
       v[i] = normal(rng) * normal(rng);
     }
-    // Values a float conversion could disturb must survive bit for bit.
+    // Values a float conversion could disturb must survive bit for bit
+    // (infinities and NaNs make a checkpoint unreadable on purpose).
     m[0] = -0.0f;
     m[1] = std::numeric_limits<float>::denorm_min();
-    m[2] = std::numeric_limits<float>::infinity();
+    m[2] = std::numeric_limits<float>::lowest();
     v[0] = std::numeric_limits<float>::max();
   }
   ParameterSet& params() { return model->parameters(); }
@@ -95,7 +96,7 @@ CheckpointState some_state() {
   s.world_size = 3;
   s.config_ini = "[model]\nkind = seq2seq\nd-model = 16\n\n[optim]\nlr = 0.003\n";
   s.optimizer_steps = 1234567890000;
-  s.next_batch = (uint64_t{1} << 60) + 7;
+  s.next_batch = (uint64_t{1} << 47) + 7;  // wide, within what a reader accepts
   s.epoch = 41;
   s.batches_per_step = 12;
   s.sharding = "file";
@@ -205,6 +206,7 @@ TEST_F(CheckpointTest, OverwritesAnExistingCheckpoint) {
   CheckpointState s = some_state();
   write_checkpoint(path, t.params(), t.m.data(), t.v.data(), s);
   s.step = 9;
+  s.optimizer_steps = s.step;
   write_checkpoint(path, t.params(), t.v.data(), t.m.data(), s);
   EXPECT_EQ(read_checkpoint_state(path).step, 9);
   expect_same_tensors(read_checkpoint_tensors(path, "optimizer/m"), t.params(), t.v.data(),
@@ -225,6 +227,7 @@ TEST_F(CheckpointTest, SaveNamesPointsLatestAndPrunes) {
   CheckpointState s = some_state();
   for (int64_t step : {5, 10, 15, 20}) {
     s.step = step;
+    s.optimizer_steps = s.step;
     const std::string written =
         save_checkpoint(rundir.string(), t.params(), t.m.data(), t.v.data(), s, 2);
     char name[32];
@@ -239,12 +242,14 @@ TEST_F(CheckpointTest, SaveNamesPointsLatestAndPrunes) {
   // keep_last <= 0 keeps everything.
   for (int64_t step : {25, 30}) {
     s.step = step;
+    s.optimizer_steps = s.step;
     save_checkpoint(rundir.string(), t.params(), t.m.data(), t.v.data(), s, 0);
   }
   EXPECT_EQ(listing(ckpts).size(), 5u);
 
   // Past 8 digits names grow; pruning goes by number, not by name.
   s.step = 123456789;
+  s.optimizer_steps = s.step;
   save_checkpoint(rundir.string(), t.params(), t.m.data(), t.v.data(), s, 2);
   EXPECT_EQ(listing(ckpts),
             (std::vector<std::string>{"latest", "step_00000030.h5", "step_123456789.h5"}));
@@ -257,10 +262,12 @@ TEST_F(CheckpointTest, PruningNeverRemovesTheFileJustWritten) {
   CheckpointState s = some_state();
   for (int64_t step : {100, 200}) {
     s.step = step;
+    s.optimizer_steps = s.step;
     save_checkpoint(dir_.string(), t.params(), t.m.data(), t.v.data(), s, 0);
   }
   // A run restarted from an earlier point writes a lower step number.
   s.step = 50;
+  s.optimizer_steps = s.step;
   save_checkpoint(dir_.string(), t.params(), t.m.data(), t.v.data(), s, 1);
   EXPECT_EQ(listing(ckpts), (std::vector<std::string>{"latest", "step_00000050.h5"}));
 }
@@ -420,6 +427,7 @@ TEST_F(CheckpointTest, ListsCompleteCheckpointsNewestFirst) {
   CheckpointState s = some_state();
   for (int64_t step : {9, 100, 10}) {
     s.step = step;
+    s.optimizer_steps = s.step;
     save_checkpoint(dir_.string(), t.params(), t.m.data(), t.v.data(), s, 0);
   }
   // What a killed writer leaves, and strangers: never listed.
@@ -432,5 +440,101 @@ TEST_F(CheckpointTest, ListsCompleteCheckpointsNewestFirst) {
                                       (d / "step_00000009.h5").string()}));
   EXPECT_TRUE(list_checkpoints(file("nowhere")).empty());
 }
+// Overwrites a root attribute of an existing checkpoint, as a hand edit would.
+template <class T>
+void set_attribute(const std::string& path, const char* name, hid_t mem_type, T value) {
+  hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(f, 0);
+  hid_t a = H5Aopen(f, name, H5P_DEFAULT);
+  ASSERT_GE(a, 0) << name;
+  EXPECT_GE(H5Awrite(a, mem_type, &value), 0);
+  H5Aclose(a);
+  H5Fclose(f);
+}
+
+TEST_F(CheckpointTest, ResumeAttributesNoRunWritesAreRefused) {
+  TinyModel t;
+  const std::string path = file("edited.h5");
+  CheckpointState s = some_state();
+  s.step = 40;
+  s.optimizer_steps = 38;
+  s.next_batch = 160;
+  s.epoch = 2;
+  s.loss_scale = 1024.0;
+  write_checkpoint(path, t.params(), t.m.data(), t.v.data(), s);
+  ASSERT_EQ(read_checkpoint_state(path).optimizer_steps, 38);
+
+  set_attribute(path, "optimizer_steps", H5T_NATIVE_INT64, int64_t{-1});
+  expect_fault([&] { read_checkpoint_state(path); }, path,
+               "attribute 'optimizer_steps' = -1; expected 0 to the step (40)");
+  set_attribute(path, "optimizer_steps", H5T_NATIVE_INT64, int64_t{41});
+  expect_fault([&] { read_checkpoint(path); }, path, "attribute 'optimizer_steps' = 41");
+  set_attribute(path, "optimizer_steps", H5T_NATIVE_INT64, int64_t{38});
+
+  set_attribute(path, "data_next_batch", H5T_NATIVE_UINT64, uint64_t{1} << 60);
+  expect_fault([&] { read_checkpoint_state(path); }, path,
+               "attribute 'data_next_batch' = 1152921504606846976; expected at most 2^48");
+  set_attribute(path, "data_next_batch", H5T_NATIVE_UINT64, uint64_t{160});
+
+  for (double scale : {std::nan(""), 0.5, 1e30, -1.0}) {
+    set_attribute(path, "loss_scale", H5T_NATIVE_DOUBLE, scale);
+    expect_fault([&] { read_checkpoint_state(path); }, path, "attribute 'loss_scale' = ");
+  }
+  set_attribute(path, "loss_scale", H5T_NATIVE_DOUBLE, 1.0);
+  EXPECT_EQ(read_checkpoint_state(path).loss_scale, 1.0);
+
+  // The writer refuses what the reader would: nothing is written.
+  CheckpointState bad = s;
+  bad.optimizer_steps = 41;
+  const std::string refused = file("refused.h5");
+  expect_fault([&] { write_checkpoint(refused, t.params(), t.m.data(), t.v.data(), bad); }, refused,
+               "cannot write: attribute 'optimizer_steps' = 41");
+  EXPECT_FALSE(fs::exists(refused));
+}
+
+TEST_F(CheckpointTest, NonFiniteValuesAreRefusedByReaders) {
+  TinyModel t;
+  const std::string path = file("nan.h5");
+  const ParameterSet& p = t.params();
+  const std::string second = p.info()[1].name;
+  std::vector<float> v = t.v;
+  v[p.info()[1].offset + 1] = INFINITY;
+  write_checkpoint(path, p, t.m.data(), v.data(), some_state());
+  // The tensors themselves read (inspect shows them); a whole checkpoint does not.
+  EXPECT_EQ(read_checkpoint_tensors(path, "optimizer/v").size(), p.info().size());
+  expect_fault([&] { read_checkpoint(path); }, path,
+               "optimizer/v tensor '" + second + "' holds non-finite values (inf)");
+  std::vector<CheckpointTensor> params = read_checkpoint_tensors(path, "params");
+  EXPECT_NO_THROW(require_finite(path, params, "params"));
+  params.back().data.front() = std::nanf("");
+  expect_fault([&] { require_finite(path, params, "params"); }, path,
+               "params tensor '" + params.back().name + "' holds non-finite values (nan)");
+}
+
+TEST_F(CheckpointTest, LatestNamesACheckpointOfTheDirectory) {
+  TinyModel t;
+  const fs::path ckpts = dir_ / "checkpoints";
+  EXPECT_EQ(latest_checkpoint(dir_.string()), "");
+  CheckpointState s = some_state();
+  for (int64_t step : {3, 7}) {
+    s.step = s.optimizer_steps = step;
+    save_checkpoint(dir_.string(), t.params(), t.m.data(), t.v.data(), s, 0);
+  }
+  EXPECT_EQ(latest_checkpoint(dir_.string()), (ckpts / "step_00000007.h5").string());
+  point_latest_at(dir_.string(), (ckpts / "step_00000003.h5").string());
+  EXPECT_EQ(read_text(ckpts / "latest"), "step_00000003.h5\n");
+  EXPECT_EQ(latest_checkpoint(dir_.string()), (ckpts / "step_00000003.h5").string());
+  // A `latest` naming a file that is gone, or not a checkpoint name, is none.
+  fs::remove(ckpts / "step_00000003.h5");
+  EXPECT_EQ(latest_checkpoint(dir_.string()), "");
+  std::ofstream(ckpts / "latest") << "../../etc/passwd\n";
+  EXPECT_EQ(latest_checkpoint(dir_.string()), "");
+
+  EXPECT_EQ(checkpoint_step("a/b/step_00000042.h5"), 42);
+  EXPECT_EQ(checkpoint_step("step_123456789.h5"), 123456789);
+  for (const char* other : {"step_.h5", "step_12.h5.tmp", "step_1x.h5", "latest", "x_00000001.h5"})
+    EXPECT_EQ(checkpoint_step(other), -1) << other;
+}
+
 }  // namespace
 }  // namespace mpiformer

@@ -687,13 +687,13 @@ TEST(PrepareOptions, DefaultsAndOverrides) {
 
   cfg = parse_prepare({"--kind", "seq2seq", "--input", "en.txt", "--target", "de.txt", "--out", "d",
                        "--shards", "16", "--vocab-size", "32000", "--model-type", "bpe",
-                       "--valid-lines", "0", "--seed", "9"});
+                       "--valid-lines", "5", "--seed", "9"});
   EXPECT_EQ(cfg.kind, "seq2seq");
   EXPECT_EQ(cfg.target, "de.txt");
   EXPECT_EQ(cfg.shards, 16);
   EXPECT_EQ(cfg.vocab_size, 32000);
   EXPECT_EQ(cfg.model_type, "bpe");
-  EXPECT_EQ(cfg.valid_lines, 0);
+  EXPECT_EQ(cfg.valid_lines, 5);
   EXPECT_EQ(cfg.seed, 9u);
 }
 
@@ -737,6 +737,9 @@ TEST(PrepareOptions, BadValuesNameTheFlag) {
             "--vocab-size: must be at least 8 (6 reserved ids and two data symbols); got 6");
   EXPECT_EQ(prepare_error(with(base, {"--vocab-size", "0"})).rfind("--vocab-size: ", 0), 0u);
   EXPECT_EQ(prepare_error(with(base, {"--valid-lines", "-1"})).rfind("--valid-lines: ", 0), 0u);
+  // A set without held-out lines has no validation shard, which train --data refuses.
+  EXPECT_EQ(prepare_error(with(base, {"--valid-lines", "0"})),
+            "--valid-lines: must be at least 1: training evaluates on the held-out lines");
   EXPECT_EQ(prepare_error(with(base, {"--model-type", "word"})),
             "--model-type: expected unigram or bpe; got 'word'");
   EXPECT_EQ(prepare_error(with(base, {"--vocab", "100"})), "--vocab: unknown flag (see --help)");

@@ -78,6 +78,16 @@ size_t attention_work(const Ragged& qs, const Ragged& ks, int heads, int head_di
 
 }  // namespace
 
+size_t CpuOps::attention_scratch_bytes(DType dtype, size_t tokens, size_t longest,
+                                       const AttentionConfig& cfg, bool backward) const {
+  // P (and dS) blocks of the largest sequence per thread, plus fp32 copies
+  // of q, k, v, out (and dout, dq, dk, dv) where the compute type is not.
+  const size_t blocks = (backward ? 2 : 1) * longest * longest * omp_get_max_threads();
+  const size_t widened =
+      dtype == DType::kF32 ? 0 : (backward ? 8 : 4) * tokens * cfg.heads * cfg.head_dim;
+  return sizeof(float) * (blocks + widened);
+}
+
 void CpuOps::attention_forward(Act out, float* stats, Act q, int q_stride, Act k, Act v,
                                int kv_stride, const Ragged& qs, const Ragged& ks,
                                const AttentionConfig& cfg) {

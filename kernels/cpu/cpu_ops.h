@@ -87,6 +87,8 @@ class CpuOps final : public Ops {
   void attention_backward(Act dq, Act dk, Act dv, Act dout, Act out, const float* stats, Act q,
                           int q_stride, Act k, Act v, int kv_stride, const Ragged& qs,
                           const Ragged& ks, const AttentionConfig& cfg) override;
+  size_t attention_scratch_bytes(DType dtype, size_t tokens, size_t longest,
+                                 const AttentionConfig& cfg, bool backward) const override;
 
   // ---- loss (cross_entropy.cpp) --------------------------------------------
   void cross_entropy(Act logits, const int32_t* targets, int N, int V, float smoothing, int pad_id,

@@ -259,6 +259,14 @@ void launch_scale_queries(Act dst, int dst_stride, Act src, int src_stride, cons
 
 }  // namespace cuda
 
+size_t CudaOps::attention_scratch_bytes(DType dtype, size_t tokens, size_t longest,
+                                        const AttentionConfig& cfg, bool backward) const {
+  // cuDNN keeps no scores (its workspace is not counted); the plain
+  // backward keeps P and dS of every (head, query, key) pair.
+  if (!backward || (flash_ && dtype != DType::kF32)) return 0;
+  return 2 * sizeof(float) * cfg.heads * tokens * longest;
+}
+
 void CudaOps::attention_forward(Act out, float* stats, Act q, int q_stride, Act k, Act v,
                                 int kv_stride, const Ragged& qs, const Ragged& ks,
                                 const AttentionConfig& cfg) {

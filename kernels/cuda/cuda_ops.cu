@@ -197,6 +197,12 @@ void* CudaOps::allocate(size_t bytes) {
   return ptr;
 }
 
+size_t CudaOps::device_memory_free() const {
+  size_t free_bytes = 0, total_bytes = 0;
+  cuda::check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+  return free_bytes;
+}
+
 void CudaOps::release(void* ptr) {
   if (!ptr) return;
   const auto it = sizes_.find(ptr);

@@ -76,6 +76,7 @@ class CudaOps final : public Ops {
   void synchronize() override;
   size_t peak_allocated_bytes() const override { return peak_bytes_; }
   bool host_accessible() const override { return false; }
+  size_t device_memory_free() const override;
   size_t logits_chunk_elements() const override { return size_t{1} << 29; }
   std::unique_ptr<OpTimer> make_timer() override;
   void convert(Act dst, const float* src, size_t n) override;
@@ -111,6 +112,8 @@ class CudaOps final : public Ops {
   void attention_backward(Act dq, Act dk, Act dv, Act dout, Act out, const float* stats, Act q,
                           int q_stride, Act k, Act v, int kv_stride, const Ragged& qs,
                           const Ragged& ks, const AttentionConfig& cfg) override;
+  size_t attention_scratch_bytes(DType dtype, size_t tokens, size_t longest,
+                                 const AttentionConfig& cfg, bool backward) const override;
 
   // ---- loss and optimizer (loss_optim.cu) -----------------------------------
   void cross_entropy(Act logits, const int32_t* targets, int N, int V, float smoothing, int pad_id,

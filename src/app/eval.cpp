@@ -9,6 +9,7 @@
 #include "kernels/backend.h"
 #include "src/app/commands.h"
 #include "src/app/evaluation.h"
+#include "src/app/memory_budget.h"
 #include "src/app/options.h"
 #include "src/app/restore.h"
 #include "src/core/error.h"
@@ -31,6 +32,7 @@ int run_eval(const EvalConfig& cfg, Communicator& comm) {
       try {
         state = read_checkpoint_state(cfg.checkpoint);
         tensors = read_checkpoint_tensors(cfg.checkpoint, "params");
+        require_finite(cfg.checkpoint, tensors, "params");
       } catch (const CheckpointError& e) {
         verdict = {kExitFailure, std::string("[rank 0] ") + e.what()};
       }
@@ -83,7 +85,23 @@ int run_eval(const EvalConfig& cfg, Communicator& comm) {
     return kExitFailure;
   const int threads = cfg.threads > 0 ? cfg.threads : comm.cores_per_local_rank();
   std::unique_ptr<Ops> ops = make_cpu_ops(threads);
-  Model model(*ops, run.model, ModelCapacity{run.max_tokens, run.model.max_len});
+  const ModelCapacity capacity{run.max_tokens, run.model.max_len};
+  {
+    // The model at this --max-tokens must fit beside the other ranks of the node.
+    std::string shortfall;
+    if (!agreed(comm, [&] {
+          shortfall = memory_shortfall(
+              estimate_memory(*ops, run.model, capacity, DType::kF32, false), *ops,
+              comm.local_size(), "--max-tokens (" + std::to_string(run.max_tokens) + ")");
+        }))
+      return kExitFailure;
+    if (comm.any(!shortfall.empty())) {
+      if (comm.is_root() && !shortfall.empty())
+        std::fprintf(stderr, "mpiformer eval: --max-tokens: the model %s\n", shortfall.c_str());
+      return kExitUsage;
+    }
+  }
+  Model model(*ops, run.model, capacity);
   model.init_parameters(run.seed);  // allocates; the checkpoint's values replace these
   ParameterSet& params = model.parameters();
   if (!agreed(comm, [&] {

@@ -1,7 +1,10 @@
 // `mpiformer generate`: translation (seq2seq) and continuation (lm) with a
 // checkpoint. Rank 0 decodes; other ranks of an mpirun job only wait.
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -9,6 +12,7 @@
 
 #include "kernels/backend.h"
 #include "src/app/commands.h"
+#include "src/app/memory_budget.h"
 #include "src/app/options.h"
 #include "src/core/error.h"
 #include "src/data/tokenizer.h"
@@ -19,6 +23,14 @@
 namespace mpiformer {
 
 namespace {
+
+// The output could not be written: "generate: cannot write the output
+// (WHERE: reason)", exit 1.
+class OutputError : public std::runtime_error {
+ public:
+  explicit OutputError(const std::string& detail)
+      : std::runtime_error("generate: cannot write the output (" + detail + ")") {}
+};
 
 // Text to ids through the tokenizer, or, for a checkpoint of a synthetic
 // task (no tokenizer), space-separated ids checked against the vocabulary.
@@ -61,6 +73,7 @@ std::string to_text(const Tokenizer* tokenizer, const std::vector<int32_t>& ids)
 int generate_on_root(const GenerateConfig& cfg) {
   const CheckpointState state = read_checkpoint_state(cfg.checkpoint);
   const std::vector<CheckpointTensor> tensors = read_checkpoint_tensors(cfg.checkpoint, "params");
+  require_finite(cfg.checkpoint, tensors, "params");
   TrainConfig run = train_config_from_ini(state.config_ini, cfg.checkpoint + " (its config)");
   run.model.vocab = state.vocab_size;
   run.model.special = state.special;
@@ -70,8 +83,17 @@ int generate_on_root(const GenerateConfig& cfg) {
               << std::endl;
     return kExitUsage;
   }
+  const bool lm = run.model.kind == ModelKind::kLm;
+  if (cfg.top_k > 0 && !lm) {
+    throw UsageError("--top-k: top-k sampling is for lm checkpoints; " + cfg.checkpoint +
+                     " holds a seq2seq, which decodes greedily or by --beam");
+  }
   std::unique_ptr<Tokenizer> tokenizer;
   if (!state.tokenizer.empty()) tokenizer = Tokenizer::from_bytes(state.tokenizer);
+  // Shard data frames sequences with EOS (source) and BOS (lm); the
+  // synthetic tasks do not.
+  const bool synthetic = run.synthetic != SyntheticTask::kNone;
+  const Layout layout{!synthetic, !synthetic};
 
   std::vector<std::string> lines;
   if (!cfg.prompt.empty()) {
@@ -88,12 +110,33 @@ int generate_on_root(const GenerateConfig& cfg) {
                                   ? "--input: " + cfg.input + " line " + std::to_string(i + 1)
                                   : std::string("--prompt");
     inputs.push_back(to_ids(tokenizer.get(), lines[i], run.model.vocab, where));
+    // An lm continues its prompt inside the positions table: BOS, the prompt
+    // and at least one new token must fit. (A seq2seq source is cut to fit,
+    // as in training.)
+    const int most = run.model.max_len - (layout.lm_bos ? 1 : 0) - 1;
+    const auto n = static_cast<int64_t>(inputs.back().size());
+    if (lm && n > most) {
+      throw UsageError(
+          where + ": " + std::to_string(n) + " tokens, more than the model's max-len " +
+          std::to_string(run.model.max_len) + " leaves for a prompt (at most " +
+          std::to_string(most) + " beside " + (layout.lm_bos ? "BOS and " : "") + "one new token)");
+    }
   }
 
   std::unique_ptr<Ops> ops = make_cpu_ops(cfg.threads);
-  // Room for every beam at full length on both sides.
-  const int capacity = cfg.beam * run.model.max_len;
-  Model model(*ops, run.model, ModelCapacity{capacity, run.model.max_len});
+  // Room for every beam at full length on both sides, if memory allows.
+  const int64_t capacity = static_cast<int64_t>(cfg.beam) * run.model.max_len;
+  if (capacity > std::numeric_limits<int32_t>::max()) {
+    usage_error("--beam", std::to_string(cfg.beam) + " beams of max-len " +
+                              std::to_string(run.model.max_len) + " are " +
+                              std::to_string(capacity) + " tokens, more than 2^31 - 1");
+  }
+  const ModelCapacity room{static_cast<int>(capacity), run.model.max_len};
+  const std::string shortfall = memory_shortfall(
+      estimate_memory(*ops, run.model, room, DType::kF32, false), *ops, 1,
+      "--beam (each beam holds max-len " + std::to_string(run.model.max_len) + " tokens)");
+  if (!shortfall.empty()) usage_error("--beam", "decoding " + shortfall);
+  Model model(*ops, run.model, room);
   model.init_parameters(run.seed);  // allocates; the checkpoint's values replace these
   std::vector<float> host(model.parameters().count());  // (count)
   unpack_checkpoint_tensors(cfg.checkpoint, tensors, model.parameters(), host.data());
@@ -108,23 +151,31 @@ int generate_on_root(const GenerateConfig& cfg) {
   std::ofstream file;
   if (!cfg.output.empty()) {
     file.open(cfg.output);
-    if (!file) throw std::runtime_error(cfg.output + ": cannot write");
+    if (!file) throw OutputError(cfg.output + ": " + std::strerror(errno));
   }
   std::ostream& out = cfg.output.empty() ? std::cout : file;
-  // Shard data frames sequences with EOS (source) and BOS (lm); the
-  // synthetic tasks do not.
-  const bool synthetic = run.synthetic != SyntheticTask::kNone;
-  const Layout layout{!synthetic, !synthetic};
+  const std::string out_name = cfg.output.empty() ? "stdout" : cfg.output;
+  // A full disk or a closed pipe shows only as a failed stream, after the
+  // write or at the flush: each line is checked once flushed.
+  const auto check_output = [&] {
+    if (!out) {
+      const int err = errno;
+      throw OutputError(out_name + (err != 0 ? std::string(": ") + std::strerror(err) : ""));
+    }
+  };
   for (size_t i = 0; i < inputs.size(); ++i) {
     options.seed = cfg.seed + i;  // each line its own stream, the same for any line order
-    const Hypothesis h = run.model.kind == ModelKind::kSeq2seq
-                             ? translate(model, inputs[i], layout, options)
-                             : continue_text(model, inputs[i], layout, options);
-    out << to_text(tokenizer.get(), h.ids) << "\n" << std::flush;
+    const Hypothesis h = lm ? continue_text(model, inputs[i], layout, options)
+                            : translate(model, inputs[i], layout, options);
+    const std::string text = to_text(tokenizer.get(), h.ids);
+    errno = 0;
+    out << text << "\n" << std::flush;
+    check_output();
   }
   if (!cfg.output.empty()) {
+    errno = 0;
     file.close();
-    if (!file) throw std::runtime_error(cfg.output + ": cannot write");
+    check_output();
     std::cerr << "mpiformer generate: " << inputs.size() << " line(s) to " << cfg.output
               << std::endl;
   }
@@ -141,6 +192,9 @@ int run_generate(const GenerateConfig& cfg, Communicator& comm) {
     } catch (const UsageError& e) {
       std::cerr << "mpiformer generate: " << e.what() << std::endl;
       code = kExitUsage;
+    } catch (const OutputError& e) {
+      std::cerr << "mpiformer " << e.what() << std::endl;
+      code = kExitFailure;
     } catch (const std::exception& e) {
       std::cerr << "[rank 0] " << e.what() << std::endl;
       code = kExitFailure;

@@ -12,6 +12,7 @@
 #include "src/core/error.h"
 #include "src/core/version.h"
 #include "src/dist/communicator.h"
+#include "src/io/hdf5_file.h"
 
 namespace {
 
@@ -115,6 +116,7 @@ int check_srun_world(const Communicator& comm) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  hdf5::initialize_library();  // before MPI (src/io/hdf5_file.h)
   Communicator comm(&argc, &argv);
   if (const int code = check_srun_world(comm)) return code;
   std::vector<std::string> args(argv + 1, argv + argc);

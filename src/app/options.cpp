@@ -6,8 +6,10 @@
 #include <boost/program_options.hpp>
 #include <charconv>
 #include <cmath>
+#include <cstdint>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <optional>
 #include <ostream>
@@ -324,6 +326,11 @@ void add_train_flags(FlagTable& t, TrainConfig* c) {
   t.add("checkpoint-every", &c->checkpoint_every, "N",
         "steps between checkpoints; the last step always writes one (0: only the last)");
   t.add("keep-checkpoints", &c->keep_checkpoints, "K", "newest checkpoints kept (0: all)");
+  t.add_choice("on-divergence", &c->on_divergence,
+               {{"stop", OnDivergence::kStop}, {"skip", OnDivergence::kSkip}},
+               "a step whose loss or gradient norm is not finite: stop (exit 3, nothing of it "
+               "saved; the last good checkpoint stays latest) or skip the step (stopping after "
+               "20 in a row)");
   add_device_flags(t, &c->device, &c->precision, &c->tf32, &c->threads);
   t.add("loss-scale", &c->loss_scale, "S",
         "fp16: the initial loss scale (halved on overflow, doubled after --loss-scale-window "
@@ -466,6 +473,55 @@ void print_help(std::ostream& out, const char* synopsis, const po::options_descr
       << flags;
 }
 
+// Whether `line` is UTF-8 text: no NUL or other control character but tab
+// and CR, no malformed, overlong or surrogate sequence.
+bool is_text_line(const std::string& line) {
+  const auto* p = reinterpret_cast<const unsigned char*>(line.data());
+  const auto* end = p + line.size();
+  while (p < end) {
+    const unsigned c = *p;
+    if (c < 0x80) {
+      if ((c < 0x20 && c != '\t' && c != '\r') || c == 0x7f) return false;
+      ++p;
+      continue;
+    }
+    const int extra = c >= 0xf0 ? 3 : c >= 0xe0 ? 2 : c >= 0xc0 ? 1 : -1;
+    if (extra < 0 || c > 0xf4 || end - p <= extra) return false;
+    uint32_t code = c & (0x3fu >> extra);
+    for (int i = 1; i <= extra; ++i) {
+      if ((p[i] & 0xc0) != 0x80) return false;
+      code = (code << 6) | (p[i] & 0x3fu);
+    }
+    const uint32_t least[] = {0, 0x80, 0x800, 0x10000};
+    if (code < least[extra] || code > 0x10ffff || (code >= 0xd800 && code <= 0xdfff)) return false;
+    p += extra + 1;
+  }
+  return true;
+}
+
+// The text of a --config file. A directory would read as an empty file and
+// be silently ignored; bytes that are not text would be echoed by the INI
+// parser's messages, so the line is named instead.
+std::string read_config_text(const std::string& path) {
+  struct stat info {};
+  if (::stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) {
+    usage_error("--config", path + " is a directory");
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) usage_error("--config", "cannot read " + quoted(path));
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) usage_error("--config", "cannot read " + quoted(path));
+  size_t line = 1;
+  for (size_t at = 0; at < text.size(); ++line) {
+    const size_t end = std::min(text.find('\n', at), text.size());
+    if (!is_text_line(text.substr(at, end - at))) {
+      usage_error("--config", path + " line " + std::to_string(line) + " is not text");
+    }
+    at = end + 1;
+  }
+  return text;
+}
+
 // Adds the values of an INI text to `vm`. po::store keeps values already
 // stored, so the command line wins.
 void store_ini(std::istream& in, const po::options_description& flags, const std::string& source,
@@ -542,8 +598,7 @@ std::optional<std::set<std::string>> parse_flags(const std::vector<std::string>&
   }
   if (vm.count("config")) {
     *config_file = vm["config"].as<std::string>();
-    std::ifstream in(*config_file);
-    if (!in) usage_error("--config", "cannot read " + quoted(*config_file));
+    std::istringstream in(read_config_text(*config_file));
     store_ini(in, flags, *config_file, &vm);
   }
   return apply_flags(table, vm, from_command_line, *config_file);
@@ -692,7 +747,9 @@ void validate_prepare(const PrepareConfig& c, const std::set<std::string>& given
   }
   if (c.out_dir.empty()) usage_error("--out", "required: the directory for the shards");
   require_at_least("--shards", c.shards, 1);
-  require_at_least("--valid-lines", c.valid_lines, 0);
+  if (c.valid_lines < 1) {
+    usage_error("--valid-lines", "must be at least 1: training evaluates on the held-out lines");
+  }
   // With --tokenizer alone the model decides; otherwise the size is checked
   // here (and against the model by run_prepare).
   if (!(c.vocab_size == 0 && !c.tokenizer.empty() && !given.count("vocab-size"))) {

@@ -3,8 +3,10 @@
 //
 //   1. rank 0 validates the inputs; every rank agrees on the verdict before
 //      any work (exit 2, one line naming the file and the fault);
-//   2. every rank reads the text; rank 0 trains the SentencePiece model (or
-//      loads --tokenizer) and broadcasts its bytes;
+//   2. every rank reads the text; rank 0 creates the output directory and
+//      locks it (DIR/.lock) until the end, so a second prepare into it is
+//      refused; rank 0 trains the SentencePiece model (or loads --tokenizer)
+//      and broadcasts its bytes;
 //   3. shard s holds the s-th contiguous block of the training sequences;
 //      in round k rank r encodes and writes shard k*W + r, and rank 0 reports
 //      the round; then rank 0 writes the validation shard and tokenizer.model;
@@ -31,6 +33,8 @@
 #include "src/app/commands.h"
 #include "src/core/error.h"
 #include "src/data/tokenizer.h"
+#include "src/io/atomic_file.h"
+#include "src/io/dir_lock.h"
 #include "src/io/shard.h"
 
 namespace mpiformer {
@@ -138,11 +142,23 @@ void broadcast_from_root(std::string* bytes) {
 
 // ---- validation (rank 0) -----------------------------------------------------
 
-void require_readable_file(const std::string& flag, const std::string& path) {
+// A pipe or device is refused before it is opened: opening a pipe blocks
+// until it has a writer, and what it gives is gone once read. `why`, when
+// given, says who reads the file twice.
+void require_readable_file(const std::string& flag, const std::string& path,
+                           const std::string& why = "") {
   std::error_code ec;
   if (!fs::exists(path, ec)) usage_error(flag, path + ": no such file");
   if (fs::is_directory(path, ec)) usage_error(flag, path + ": is a directory, not a file");
+  if (!fs::is_regular_file(path, ec)) {
+    usage_error(flag, path + " is not a regular file" + (why.empty() ? "" : " (" + why + ")"));
+  }
   if (!std::ifstream(path, std::ios::binary)) usage_error(flag, path + ": cannot read");
+}
+
+// Every rank reads the text, and SentencePiece reads it again.
+void require_text_file(const std::string& flag, const std::string& path) {
+  require_readable_file(flag, path, "SentencePiece reads it more than once");
 }
 
 void require_fresh_output(const std::string& dir) {
@@ -179,11 +195,20 @@ std::string load_given_tokenizer(const PrepareConfig& cfg) {
 
 // ---- the corpus --------------------------------------------------------------
 
+// At most one line (pair) in kHoldOut is held out for validation.
+constexpr size_t kHoldOut = 10;
+
+// SentencePiece trains only on lines up to this many bytes (its
+// max_sentence_length) and skips longer ones; they are still encoded. A
+// longer limit would let one huge line stall training for minutes.
+constexpr size_t kLongestTrainedLine = kTrainedLineLimit;
+
 struct Corpus {
   std::vector<std::string> input, target;  // all lines; target empty for lm
   std::vector<size_t> sequences;           // line numbers (0-based) of the usable lines/pairs
   size_t blank = 0;                        // lines (pairs) skipped because a side was blank
   size_t valid = 0;                        // the last `valid` sequences are held out
+  size_t too_long = 0;  // usable sequences with a side longer than kLongestTrainedLine
   size_t train() const { return sequences.size() - valid; }
 };
 
@@ -193,12 +218,16 @@ void select_sequences(const PrepareConfig& cfg, Corpus* c) {
     const bool usable = !is_blank(c->input[i]) && !(seq2seq && is_blank(c->target[i]));
     if (usable) {
       c->sequences.push_back(i);
+      if (c->input[i].size() > kLongestTrainedLine ||
+          (seq2seq && c->target[i].size() > kLongestTrainedLine)) {
+        ++c->too_long;
+      }
     } else {
       ++c->blank;
     }
   }
   // At most a tenth is held out, so training always keeps at least one.
-  c->valid = std::min<size_t>(static_cast<size_t>(cfg.valid_lines), c->sequences.size() / 10);
+  c->valid = std::min<size_t>(static_cast<size_t>(cfg.valid_lines), c->sequences.size() / kHoldOut);
 }
 
 void validate_corpus(const PrepareConfig& cfg, const Corpus& c) {
@@ -221,6 +250,22 @@ void validate_corpus(const PrepareConfig& cfg, const Corpus& c) {
       throw std::runtime_error(cfg.input + " and " + cfg.target +
                                ": no line pair has both sides non-blank");
     }
+  }
+  // train --data refuses a set without a validation shard, so one is needed.
+  if (c.valid == 0) {
+    const size_t n = c.sequences.size();
+    usage_error("--input", (seq2seq ? cfg.input + " and " + cfg.target : cfg.input) + " " +
+                               (seq2seq ? "have " : "has ") + std::to_string(n) + " usable " +
+                               (seq2seq ? "line pair" : "line") + (n == 1 ? "" : "s") +
+                               "; at least " + std::to_string(kHoldOut) +
+                               " are needed to hold one out for validation");
+  }
+  if (cfg.tokenizer.empty() && c.too_long == c.sequences.size()) {
+    usage_error("--input", (seq2seq ? cfg.input + " and " + cfg.target : cfg.input) +
+                               ": every line is longer than the " +
+                               std::to_string(kLongestTrainedLine) +
+                               " bytes a tokenizer trains on; put one sentence (or paragraph) "
+                               "per line");
   }
   if (static_cast<size_t>(cfg.shards) > c.train()) {
     usage_error("--shards", std::to_string(cfg.shards) + " shards but only " +
@@ -308,14 +353,11 @@ class PendingFiles {
     return message;
   }
 
+  // Durably: a crash after prepare's success line leaves the whole set.
   void commit() {
     for (auto& f : files_) {
-      std::error_code ec;
-      fs::rename(f.temporary, f.final_path, ec);
-      if (ec) {
-        throw std::runtime_error(f.final_path.string() + ": cannot rename into place (" +
-                                 ec.message() + ")");
-      }
+      fsync_file(f.temporary.string());
+      commit_file(f.temporary.string(), f.final_path.string());
       f.renamed = true;
     }
   }
@@ -356,8 +398,8 @@ int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
   // 1. The files, the output directory and --tokenizer, before any work.
   std::string model_bytes;
   if (!root_validates(comm, [&] {
-        require_readable_file("--input", cfg.input);
-        if (seq2seq) require_readable_file("--target", cfg.target);
+        require_text_file("--input", cfg.input);
+        if (seq2seq) require_text_file("--target", cfg.target);
         require_fresh_output(cfg.out_dir);
         if (!cfg.tokenizer.empty()) model_bytes = load_given_tokenizer(cfg);
       })) {
@@ -379,6 +421,42 @@ int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
   }
   if (!root_validates(comm, [&] { validate_corpus(cfg, corpus); })) return kExitUsage;
 
+  // The output directory: created by rank 0 now that the inputs are known
+  // good, and locked until the end, so a second prepare into it is refused
+  // rather than mixing its files with ours. Step 1 saw it free of shards
+  // before the lock; only a check under the lock can be trusted.
+  const fs::path out_dir(cfg.out_dir);
+  bool created_out_dir = false;
+  DirLock lock;
+  PendingFiles pending(out_dir);
+  // Every rank removes what it wrote; then rank 0 lets the directory go,
+  // removing it if it made it (only if empty: never another's files).
+  const auto give_up = [&](int code) {
+    pending.remove_all();
+    comm.barrier();
+    lock.release();
+    if (created_out_dir) {
+      std::error_code ec;
+      fs::remove(out_dir, ec);
+    }
+    return code;
+  };
+  if (!all_succeed(comm, [&] {
+        if (!comm.is_root()) return;
+        std::error_code ec;
+        created_out_dir = fs::create_directories(out_dir, ec);
+        if (ec) throw std::runtime_error(cfg.out_dir + ": cannot create (" + ec.message() + ")");
+      })) {
+    return kExitFailure;
+  }
+  if (!root_validates(comm, [&] {
+        const std::string refused = lock.try_acquire(cfg.out_dir);
+        if (!refused.empty()) usage_error("--out", refused);
+        require_fresh_output(cfg.out_dir);
+      })) {
+    return give_up(kExitUsage);
+  }
+
   // 3. The tokenizer: trained on rank 0 (one vocabulary for both sides of a
   // pair) or the one given; every rank gets its bytes.
   const auto tokenizer_start = Clock::now();
@@ -387,6 +465,11 @@ int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
       std::cout << "training a " << cfg.model_type << " tokenizer of " << cfg.vocab_size
                 << " pieces on " << cfg.input << (seq2seq ? " and " + cfg.target : "") << " ..."
                 << std::endl;
+      if (corpus.too_long > 0) {
+        std::cout << "  " << corpus.too_long << " line(s) longer than " << kLongestTrainedLine
+                  << " bytes are left out of the tokenizer's training (they are still encoded)"
+                  << std::endl;
+      }
     }
     std::string failure;
     if (comm.is_root()) {
@@ -410,13 +493,13 @@ int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
           if (bad_vocab_size) usage_error("--vocab-size", failure);
           if (!failure.empty()) throw std::runtime_error(failure);
         })) {
-      return comm.any(bad_vocab_size) ? kExitUsage : kExitFailure;
+      return give_up(comm.any(bad_vocab_size) ? kExitUsage : kExitFailure);
     }
   }
   broadcast_from_root(&model_bytes);
   std::unique_ptr<Tokenizer> tokenizer;
   if (!all_succeed(comm, [&] { tokenizer = Tokenizer::from_bytes(model_bytes); })) {
-    return kExitFailure;
+    return give_up(kExitFailure);
   }
   const double tokenizer_seconds = seconds_since(tokenizer_start);
   if (comm.is_root() && cfg.tokenizer.empty()) {
@@ -430,21 +513,8 @@ int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
   // header.special: the reserved ids the tokenizer was checked to have
   header.tokenizer = model_bytes;
 
-  // The output directory: created by rank 0 now that the inputs are known good.
-  const fs::path out_dir(cfg.out_dir);
-  bool created_out_dir = false;
-  if (!all_succeed(comm, [&] {
-        if (!comm.is_root()) return;
-        std::error_code ec;
-        created_out_dir = fs::create_directories(out_dir, ec);
-        if (ec) throw std::runtime_error(cfg.out_dir + ": cannot create (" + ec.message() + ")");
-      })) {
-    return kExitFailure;  // all_succeed's agreement also orders the creation first
-  }
-
   // 4. Shards, in rounds of W: rank r writes shard k*W + r of round k.
   const auto encode_start = Clock::now();
-  PendingFiles pending(out_dir);
   const int64_t shards = cfg.shards;
   const size_t train_sequences = corpus.train();
   ShardFigures total;
@@ -512,15 +582,7 @@ int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
 
   // 5. All or nothing: rename only when every rank succeeded.
   if (ok) ok = all_succeed(comm, [&] { pending.commit(); });
-  if (!ok) {
-    pending.remove_all();
-    comm.barrier();  // every rank has cleaned up before the directory goes
-    if (created_out_dir) {
-      std::error_code ec;
-      fs::remove(out_dir, ec);  // only if empty: never another's files
-    }
-    return kExitFailure;
-  }
+  if (!ok) return give_up(kExitFailure);
 
   if (comm.is_root()) {
     const double encode_seconds = seconds_since(encode_start);

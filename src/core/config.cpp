@@ -153,4 +153,14 @@ const char* to_string(GradSum k) {
   return "?";
 }
 
+const char* to_string(OnDivergence k) {
+  switch (k) {
+    case OnDivergence::kStop:
+      return "stop";
+    case OnDivergence::kSkip:
+      return "skip";
+  }
+  return "?";
+}
+
 }  // namespace mpiformer

@@ -25,6 +25,8 @@ enum class Sharding { kData, kFile };
 enum class LrScaling { kNone, kLinear, kSqrt };
 // How gradients are summed over micro-batches and ranks (src/dist/gradient_reducer.h).
 enum class GradSum { kExact, kFloat };
+// What a step with a non-finite loss or gradient norm does (src/train/divergence_guard.h).
+enum class OnDivergence { kStop, kSkip };
 
 const char* to_string(ModelKind k);
 const char* to_string(PositionKind k);
@@ -38,6 +40,7 @@ const char* to_string(TooLong k);
 const char* to_string(Sharding k);
 const char* to_string(LrScaling k);
 const char* to_string(GradSum k);
+const char* to_string(OnDivergence k);
 
 // The element type of activations for a compute precision.
 DType compute_dtype(Precision p);
@@ -118,6 +121,7 @@ struct TrainConfig {
   int eval_batches = 8;
   int checkpoint_every = 0;  // 0: only at the last step
   int keep_checkpoints = 5;  // newest step_*.h5 kept (0: all)
+  OnDivergence on_divergence = OnDivergence::kStop;
   DeviceKind device = DeviceKind::kCpu;
   Precision precision = Precision::kFp32;
   bool tf32 = false;  // fp32 GEMMs on TF32 tensor cores (cuda only)

@@ -14,6 +14,10 @@ constexpr int kExitFailure = 1;
 // Training stopped early on SIGTERM or SIGUSR1 after writing a checkpoint:
 // "resume me" (EX_TEMPFAIL of sysexits.h). slurm/ scripts requeue on it.
 constexpr int kExitStopped = 75;
+// Training stopped because the loss or the gradient norm was not finite
+// (--on-divergence): nothing of the diverged step was saved, and the last
+// good checkpoint is `latest`. Resuming as is would diverge again.
+constexpr int kExitDiverged = 3;
 
 class UsageError : public std::runtime_error {
  public:

@@ -25,12 +25,18 @@ bool is_blank(const std::string& line) {
 // file list has to survive SentencePiece's comma-separated --input flag.
 class FileLines : public sentencepiece::SentenceIterator {
  public:
-  explicit FileLines(const std::vector<std::string>& paths) : paths_(paths) { advance(); }
+  // Counts the lines longer than `max_length` bytes, which SentencePiece skips.
+  FileLines(const std::vector<std::string>& paths, size_t max_length)
+      : paths_(paths), max_length_(max_length) {
+    advance();
+  }
 
   bool done() const override { return done_; }
   void Next() override { advance(); }
   const std::string& value() const override { return line_; }
   sentencepiece::util::Status status() const override { return status_; }
+  size_t lines() const { return lines_; }
+  size_t too_long() const { return too_long_; }
 
  private:
   void advance() {
@@ -51,7 +57,11 @@ class FileLines : public sentencepiece::SentenceIterator {
       }
       if (std::getline(in_, line_)) {
         if (!line_.empty() && line_.back() == '\r') line_.pop_back();
-        if (!is_blank(line_)) return;
+        if (!is_blank(line_)) {
+          ++lines_;
+          if (line_.size() > max_length_) ++too_long_;
+          return;
+        }
       } else {
         if (in_.bad()) {
           status_ = sentencepiece::util::Status(sentencepiece::util::StatusCode::kDataLoss,
@@ -66,6 +76,8 @@ class FileLines : public sentencepiece::SentenceIterator {
   }
 
   std::vector<std::string> paths_;
+  size_t max_length_;
+  size_t lines_ = 0, too_long_ = 0;
   size_t next_path_ = 0;
   std::ifstream in_;
   std::string line_;
@@ -123,6 +135,7 @@ std::string Tokenizer::train(const std::vector<std::string>& inputs,
       {"hard_vocab_limit", "true"},
       {"character_coverage", number_text(options.character_coverage)},
       {"input_sentence_size", std::to_string(options.max_sentences)},
+      {"max_sentence_length", std::to_string(options.max_sentence_length)},
       {"shuffle_input_sentence", "true"},
       {"pad_id", std::to_string(special.pad)},
       {"bos_id", std::to_string(special.bos)},
@@ -135,12 +148,21 @@ std::string Tokenizer::train(const std::vector<std::string>& inputs,
   sentencepiece::SetRandomGeneratorSeed(
       static_cast<unsigned>(options.seed % std::numeric_limits<unsigned>::max()));
 
-  FileLines lines(inputs);
+  FileLines lines(inputs, static_cast<size_t>(options.max_sentence_length));
   std::string model_bytes;
   const auto status = sentencepiece::SentencePieceTrainer::Train(flags, &lines, &model_bytes);
   if (!lines.status().ok()) throw std::runtime_error(lines.status().message());
   if (!status.ok()) {
-    throw std::runtime_error(where + ": cannot train a tokenizer: " + readable(status));
+    // SentencePiece skips the longer lines unsaid, then fails without a
+    // reason when nothing is left.
+    std::string reason = readable(status);
+    if (lines.lines() > 0 && lines.too_long() == lines.lines()) {
+      reason = "every line is longer than the " + std::to_string(options.max_sentence_length) +
+               " bytes it reads (max_sentence_length)";
+    } else if (reason.empty()) {
+      reason = "SentencePiece gave no reason";
+    }
+    throw std::runtime_error(where + ": cannot train a tokenizer: " + reason);
   }
   return model_bytes;
 }

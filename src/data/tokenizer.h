@@ -8,6 +8,10 @@
 
 namespace mpiformer {
 
+// The longest line, in bytes, SentencePiece trains on by default; longer
+// ones are skipped by training (and still encoded).
+constexpr int kTrainedLineLimit = 4192;
+
 struct TokenizerTrainOptions {
   int vocab_size = 8000;
   std::string model_type = "unigram";  // unigram | bpe
@@ -16,6 +20,8 @@ struct TokenizerTrainOptions {
   // large character sets such as CJK).
   double character_coverage = 1.0;
   int max_sentences = 2000000;  // input sentences sampled for training
+  // Longest line, in bytes, that training reads; longer ones are skipped.
+  int max_sentence_length = kTrainedLineLimit;
   uint64_t seed = 1;
 };
 

@@ -3,24 +3,25 @@
 // CheckpointError line "PATH: reason"; HDF5's own error stack is never printed.
 #include "src/io/checkpoint.h"
 
-#include <fcntl.h>
 #include <hdf5.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <climits>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <map>
 #include <utility>
 
+#include "src/io/atomic_file.h"
 #include "src/io/hdf5_file.h"
+#include "src/optim/loss_scaler.h"
 
 namespace mpiformer {
 
@@ -39,6 +40,8 @@ bool kill_requested(int64_t step) {
   const char* at = std::getenv("MPIFORMER_TEST_KILL_IN_CHECKPOINT");
   return at && *at && std::strtoll(at, nullptr, 10) == step;
 }
+// Bounds of the resume attributes read back (see read_checkpoint_state).
+constexpr uint64_t kMaxNextBatch = uint64_t{1} << 48;
 // 4 MiB chunks: large enough for streaming, small enough that a checksum
 // fault names a small region and no chunk nears HDF5's 4 GiB limit.
 constexpr hsize_t kChunkElements = hsize_t{1} << 20;
@@ -57,74 +60,16 @@ std::string shape_string(const std::vector<int>& shape) {
   return s + ")";
 }
 
-// ---------------------------------------------------------------- durability
-
-// Flushes a written file's data to stable storage.
-void fsync_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) faults_of(path).fail_errno("cannot open to fsync");
-  const int rc = ::fsync(fd);
-  const int saved = errno;
-  ::close(fd);
-  errno = saved;
-  if (rc != 0) faults_of(path).fail_errno("cannot fsync");
-}
-
-// Makes a rename in `dir` durable. File systems that cannot fsync a
-// directory (EINVAL) order renames themselves, so that is not a fault.
-void fsync_dir(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) faults_of(dir).fail_errno("cannot open the directory to fsync");
-  const int rc = ::fsync(fd);
-  const int saved = errno;
-  ::close(fd);
-  if (rc != 0 && saved != EINVAL) {
-    errno = saved;
-    faults_of(dir).fail_errno("cannot fsync the directory");
+// Runs a file operation of src/io/atomic_file.h, its faults as CheckpointError.
+template <class Fn>
+void durably(Fn&& operation) {
+  try {
+    operation();
+  } catch (const CheckpointError&) {
+    throw;
+  } catch (const std::runtime_error& e) {
+    throw CheckpointError(e.what());
   }
-}
-
-std::string parent_dir(const std::string& path) {
-  const fs::path parent = fs::path(path).parent_path();
-  return parent.empty() ? "." : parent.string();
-}
-
-// Moves a complete, fsync'ed `tmp` onto `path` and makes the move durable;
-// removes `tmp` when the move fails.
-void commit(const std::string& tmp, const std::string& path) {
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int saved = errno;
-    std::error_code ec;
-    fs::remove(tmp, ec);
-    errno = saved;
-    faults_of(path).fail_errno("cannot rename the temporary file into place");
-  }
-  fsync_dir(parent_dir(path));
-}
-
-// Writes `text` to `path` atomically: PATH.tmp, fsync, rename.
-void write_text_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) faults_of(tmp).fail_errno("cannot create");
-  size_t done = 0;
-  bool ok = true;
-  while (ok && done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    ok = n > 0;
-    if (ok) done += static_cast<size_t>(n);
-  }
-  ok = ok && ::fsync(fd) == 0;
-  const int saved = errno;
-  ok = ::close(fd) == 0 && ok;
-  if (!ok) {
-    std::error_code ec;
-    fs::remove(tmp, ec);
-    errno = saved;
-    faults_of(tmp).fail_errno("cannot write");
-  }
-  commit(tmp, path);
 }
 
 // ---------------------------------------------------------------- writing
@@ -162,6 +107,41 @@ Hid create_group(hid_t loc, const char* name, const Faults& faults) {
 }
 
 // Everything write_checkpoint can check before touching the disk.
+// What is wrong with a state's resume attributes ("" when nothing): the
+// writer refuses what the reader would.
+std::string state_fault(const CheckpointState& state) {
+  const auto refuse = [](const char* name, const std::string& value, const std::string& allowed) {
+    return "attribute '" + std::string(name) + "' = " + value + "; expected " + allowed;
+  };
+  if (state.optimizer_steps < 0 || state.optimizer_steps > state.step) {
+    return refuse("optimizer_steps", std::to_string(state.optimizer_steps),
+                  "0 to the step (" + std::to_string(state.step) + ")");
+  }
+  if (state.loss_scale_good_steps < 0) {
+    return refuse("loss_scale_good_steps", std::to_string(state.loss_scale_good_steps), ">= 0");
+  }
+  if (state.next_batch > kMaxNextBatch) {
+    return refuse("data_next_batch", std::to_string(state.next_batch),
+                  "at most 2^48 (no run reads that many micro-batches)");
+  }
+  if (state.epoch > state.next_batch) {
+    return refuse("data_epoch", std::to_string(state.epoch),
+                  "at most data_next_batch (" + std::to_string(state.next_batch) + ")");
+  }
+  if (state.batches_per_step < 1) {
+    return refuse("data_batches_per_step", std::to_string(state.batches_per_step), ">= 1");
+  }
+  if (state.sharding != "data" && state.sharding != "file") {
+    return refuse("data_sharding", "'" + state.sharding + "'", "'data' or 'file'");
+  }
+  if (!(state.loss_scale >= LossScaler::kMinScale && state.loss_scale <= LossScaler::kMaxScale)) {
+    char value[32];
+    std::snprintf(value, sizeof value, "%g", state.loss_scale);
+    return refuse("loss_scale", value, "a number from 1 to 2^24");
+  }
+  return "";
+}
+
 void validate_for_write(const Faults& faults, const ParameterSet& params, const float* adam_m,
                         const float* adam_v, const CheckpointState& state) {
   if (!params.params()) faults.fail("cannot write: the parameters are not allocated");
@@ -170,6 +150,8 @@ void validate_for_write(const Faults& faults, const ParameterSet& params, const 
   if (state.world_size < 1) {
     faults.fail("cannot write: world size " + std::to_string(state.world_size) + " < 1");
   }
+  const std::string fault = state_fault(state);
+  if (!fault.empty()) faults.fail("cannot write: " + fault);
   for (const ParamInfo& info : params.info()) {
     // "." is the group itself and "/" would nest groups; dots elsewhere are fine.
     if (info.name.empty() || info.name == "." || info.name.find('/') != std::string::npos) {
@@ -337,13 +319,13 @@ void write_checkpoint(const std::string& path, const ParameterSet& params, const
   const std::string tmp = path + ".tmp";
   try {
     write_checkpoint_file(tmp, faults, params, adam_m, adam_v, state);
-    fsync_file(tmp);
+    durably([&] { fsync_file(tmp); });
   } catch (...) {
     std::error_code ec;
     fs::remove(tmp, ec);  // leave no half-written file behind
     throw;
   }
-  commit(tmp, path);
+  durably([&] { commit_file(tmp, path); });
 }
 
 std::string save_checkpoint(const std::string& rundir, const ParameterSet& params,
@@ -360,7 +342,7 @@ std::string save_checkpoint(const std::string& rundir, const ParameterSet& param
   std::snprintf(name, sizeof name, "step_%08lld.h5", static_cast<long long>(state.step));
   const std::string path = (dir / name).string();
   write_checkpoint(path, params, adam_m, adam_v, state);
-  write_text_atomically((dir / "latest").string(), std::string(name) + "\n");
+  point_latest_at(rundir, path);
 
   if (keep_last <= 0) return path;
   // Older step_*.h5 by step number; pruning is best effort, a file that will
@@ -425,7 +407,6 @@ CheckpointState read_checkpoint_state(const std::string& path) {
   const hid_t root = file.get();
   state.optimizer_steps = hdf5::read_int_attr<int64_t>(root, "optimizer_steps", faults);
   state.batches_per_step = hdf5::read_int_attr<int64_t>(root, "data_batches_per_step", faults);
-  if (state.batches_per_step < 1) faults.fail("attribute 'data_batches_per_step' is < 1");
   state.loss_scale_good_steps = hdf5::read_int_attr<int64_t>(root, "loss_scale_good_steps", faults);
   state.next_batch = hdf5::read_int_attr<uint64_t>(root, "data_next_batch", faults);
   state.epoch = hdf5::read_int_attr<uint64_t>(root, "data_epoch", faults);
@@ -438,6 +419,9 @@ CheckpointState read_checkpoint_state(const std::string& path) {
   if (H5Lexists(root, "tokenizer", H5P_DEFAULT) > 0) {
     state.tokenizer = hdf5::read_bytes_dataset(root, "tokenizer", faults);
   }
+  // Values no run writes: a hand-edited or damaged file would resume wrongly.
+  const std::string fault = state_fault(state);
+  if (!fault.empty()) faults.fail(fault);
   return state;
 }
 
@@ -458,6 +442,9 @@ LoadedCheckpoint read_checkpoint(const std::string& path) {
   if (!same_names(c.params, c.m) || !same_names(c.params, c.v)) {
     faults_of(path).fail("the optimizer moments do not match the parameters tensor by tensor");
   }
+  require_finite(path, c.params, "params");
+  require_finite(path, c.m, "optimizer/m");
+  require_finite(path, c.v, "optimizer/v");
   return c;
 }
 
@@ -489,26 +476,61 @@ void unpack_checkpoint_tensors(const std::string& path,
 }
 
 std::vector<std::string> list_checkpoints(const std::string& rundir) {
-  std::vector<std::pair<uint64_t, std::string>> found;
+  std::vector<std::pair<int64_t, std::string>> found;
   std::error_code ec;
   const fs::path dir = fs::path(rundir) / "checkpoints";
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string file = it->path().filename().string();
-    if (file.size() <= 8 || file.compare(0, 5, "step_") != 0 ||
-        file.compare(file.size() - 3, 3, ".h5") != 0) {
-      continue;
-    }
-    const std::string digits = file.substr(5, file.size() - 8);
-    if (digits.empty() || digits.size() > 18 ||
-        !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-      continue;
-    }
-    found.emplace_back(std::stoull(digits), it->path().string());
+    const int64_t step = checkpoint_step(it->path().string());
+    if (step >= 0) found.emplace_back(step, it->path().string());
   }
   std::sort(found.begin(), found.end(), std::greater<>());
   std::vector<std::string> paths;
   for (auto& [step, path] : found) paths.push_back(std::move(path));
   return paths;
+}
+
+int64_t checkpoint_step(const std::string& path) {
+  const std::string file = fs::path(path).filename().string();
+  if (file.size() <= 8 || file.compare(0, 5, "step_") != 0 ||
+      file.compare(file.size() - 3, 3, ".h5") != 0) {
+    return -1;
+  }
+  const std::string digits = file.substr(5, file.size() - 8);
+  if (digits.empty() || digits.size() > 18 ||
+      !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return -1;
+  }
+  return std::stoll(digits);
+}
+
+std::string latest_checkpoint(const std::string& rundir) {
+  const fs::path dir = fs::path(rundir) / "checkpoints";
+  std::ifstream in(dir / "latest");
+  std::string name;
+  if (!in || !std::getline(in, name) || checkpoint_step(name) < 0 ||
+      name.find('/') != std::string::npos) {
+    return "";
+  }
+  std::error_code ec;
+  return fs::is_regular_file(dir / name, ec) ? (dir / name).string() : "";
+}
+
+void point_latest_at(const std::string& rundir, const std::string& path) {
+  const fs::path dir = fs::path(rundir) / "checkpoints";
+  const std::string name = fs::path(path).filename().string();
+  durably([&] { write_file_atomically((dir / "latest").string(), name + "\n"); });
+}
+
+void require_finite(const std::string& path, const std::vector<CheckpointTensor>& tensors,
+                    const std::string& group) {
+  for (const CheckpointTensor& t : tensors) {
+    const auto bad =
+        std::find_if(t.data.begin(), t.data.end(), [](float x) { return !std::isfinite(x); });
+    if (bad == t.data.end()) continue;
+    faults_of(path).fail(group + " tensor '" + t.name + "' holds non-finite values (" +
+                         (std::isnan(*bad) ? "nan" : "inf") +
+                         "): the run that wrote it had diverged; use an earlier checkpoint");
+  }
 }
 
 bool is_checkpoint(const std::string& path) {

@@ -134,9 +134,26 @@ void unpack_checkpoint_tensors(const std::string& path,
                                const std::vector<CheckpointTensor>& tensors,
                                const ParameterSet& params, float* dest);
 
+// Throws CheckpointError "PATH: GROUP tensor 'NAME' holds non-finite values
+// ..." for the first tensor with a NaN or an infinity: the run that wrote it
+// had diverged, and nothing can start from it.
+void require_finite(const std::string& path, const std::vector<CheckpointTensor>& tensors,
+                    const std::string& group);
+
 // RUNDIR/checkpoints/step_*.h5, newest (highest step) first. Temporary
 // files of a write that never finished are not listed.
 std::vector<std::string> list_checkpoints(const std::string& rundir);
+
+// The step of a file named step_NNNNNNNN.h5 (any directory); -1 for any other name.
+int64_t checkpoint_step(const std::string& path);
+
+// The checkpoint RUNDIR/checkpoints/latest names, when that file exists;
+// "" when there is no `latest` or it names no step_*.h5 file there.
+std::string latest_checkpoint(const std::string& rundir);
+
+// Points RUNDIR/checkpoints/latest at `path` (a file in that directory),
+// atomically and durably. Throws CheckpointError.
+void point_latest_at(const std::string& rundir, const std::string& path);
 
 // True when `path` is an HDF5 file whose root attribute `format` says
 // "mpiformer-checkpoint"; false for anything else, never throws.

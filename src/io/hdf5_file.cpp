@@ -36,6 +36,15 @@ std::string reason() {
   };
   H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, walk, &reason);
   std::replace(reason.begin(), reason.end(), '\n', ' ');
+  // A failed system call is described at length ("file write failed: time
+  // = ..., errno = 28, error message = 'No space left on device', ..."):
+  // the system's message is what a user needs.
+  const std::string marker = "error message = '";
+  const size_t at = reason.find(marker);
+  if (at != std::string::npos) {
+    const size_t begin = at + marker.size(), end = reason.find('\'', begin);
+    if (end != std::string::npos) return reason.substr(begin, end - begin);
+  }
   return reason;
 }
 
@@ -74,6 +83,13 @@ Hid attr_type(hid_t attr, const char* name, H5T_class_t cls, const char* expecte
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------- library
+
+void initialize_library() {
+  H5dont_atexit();
+  H5open();
+}
 
 // ---------------------------------------------------------------- sessions
 
@@ -169,6 +185,8 @@ Hid open_for_reading(const Faults& faults, const std::string& noun) {
   std::error_code ec;
   if (!fs::exists(path, ec)) faults.fail("no such file");
   if (fs::is_directory(path, ec)) faults.fail("is a directory, not a " + noun);
+  // A pipe would block the reader until a writer came, and a device is no file.
+  if (!fs::is_regular_file(path, ec)) faults.fail("not a regular file");
   if (::access(path.c_str(), R_OK) != 0) faults.fail_errno("cannot open for reading");
   if (H5Fis_hdf5(path.c_str()) <= 0) faults.fail("not an HDF5 file");
   std::string detail;
@@ -264,13 +282,20 @@ std::string read_string_attr(hid_t loc, const char* name, const Faults& faults) 
   Hid attr = open_attr(loc, name, faults);
   Hid type = attr_type(attr.get(), name, H5T_STRING, "a string", faults);
   std::string value;
-  if (H5Tis_variable_str(type.get()) > 0) {
+  const htri_t variable = H5Tis_variable_str(type.get());
+  if (variable < 0) faults.fail_corrupt(read_attr_what(name));
+  if (variable > 0) {
+    // The memory type must keep the stored character set: HDF5 converts
+    // neither way between ASCII and UTF-8 (h5py writes UTF-8).
     Hid mem(H5Tcopy(H5T_C_S1), H5Tclose);
-    H5Tset_size(mem.get(), H5T_VARIABLE);
+    if (!mem.ok() || H5Tset_size(mem.get(), H5T_VARIABLE) < 0 ||
+        H5Tset_cset(mem.get(), H5Tget_cset(type.get())) < 0) {
+      faults.fail_corrupt(read_attr_what(name));
+    }
     char* s = nullptr;
     if (H5Aread(attr.get(), mem.get(), &s) < 0) faults.fail_corrupt(read_attr_what(name));
     if (s) value = s;
-    H5free_memory(s);
+    H5free_memory(s);  // HDF5 allocated the one string of a scalar attribute
   } else {
     const size_t size = H5Tget_size(type.get());
     std::vector<char> buf(size + 1, '\0');  // (size) plus a terminator

@@ -59,6 +59,14 @@ class Hid {
   herr_t (*close_)(hid_t) = nullptr;
 };
 
+// Starts the HDF5 library for the whole process; call before MPI_Init.
+// HDF5 1.10 crashes when it shuts down holding a file whose close failed
+// (a full disk), and it shuts down at exit and, when started after MPI, in
+// MPI_Finalize. Started first and told not to shut down at exit, it never
+// does: every file that matters is closed explicitly, and a failed one is
+// left to the operating system.
+void initialize_library();
+
 // Holds hdf5_mutex() and silences HDF5's automatic error printing for the
 // duration of one public call, restoring the caller's handler afterwards.
 class Session {
@@ -127,8 +135,9 @@ Hid open_read_only(const std::string& path, std::string* detail = nullptr, bool 
 // `format`; false for anything else, never throws.
 bool has_format(const std::string& path, const std::string& format, bool swmr = false);
 
-// open_read_only after checking that the file exists, is readable and is
-// HDF5; names a truncated file plainly. `noun` completes "is a directory, not
+// open_read_only after checking that the file exists, is a regular file
+// (never a pipe, which would block), is readable and is HDF5; names a
+// truncated file plainly. `noun` completes "is a directory, not
 // a NOUN" ("shard file").
 Hid open_for_reading(const Faults& faults, const std::string& noun);
 

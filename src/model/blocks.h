@@ -20,9 +20,12 @@
 namespace mpiformer {
 
 // Activation buffers owned by a model, released together.
+// A measuring arena (Model::measure) only adds up the bytes and hands out
+// placeholder addresses that nothing may touch.
 class ActivationArena {
  public:
-  ActivationArena(Ops& ops, DType compute) : ops_(ops), compute_(compute) {}
+  ActivationArena(Ops& ops, DType compute, bool measure_only = false)
+      : ops_(ops), compute_(compute), measure_only_(measure_only) {}
   ~ActivationArena();
   ActivationArena(const ActivationArena&) = delete;
   ActivationArena& operator=(const ActivationArena&) = delete;
@@ -30,10 +33,13 @@ class ActivationArena {
   float* floats(size_t n);
   int32_t* ints(size_t n);
   void* bytes(size_t n);
+  size_t total_bytes() const { return total_bytes_; }
 
  private:
   Ops& ops_;
   DType compute_;
+  bool measure_only_;
+  size_t total_bytes_ = 0;
   std::vector<void*> blocks_;
 };
 

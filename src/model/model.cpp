@@ -186,8 +186,14 @@ struct Model::Impl {
   LossSums* train_sums = nullptr;  // backend (1)
   LossSums* eval_sums = nullptr;   // backend (1)
 
-  Impl(Ops& o, const ModelConfig& c, const ModelCapacity& cap, ParameterSet& p, DType compute)
-      : ops(o), config(c), capacity(cap), params(p), arena(o, compute) {
+  size_t upload_bytes = 0;  // staging for uploads in flight
+  bool measuring = false;   // Model::measure: nothing is allocated
+
+  // measure: only count the buffers (Model::measure); nothing is allocated.
+  Impl(Ops& o, const ModelConfig& c, const ModelCapacity& cap, ParameterSet& p, DType compute,
+       bool measure = false)
+      : ops(o), config(c), capacity(cap), params(p), arena(o, compute, measure) {
+    measuring = measure;
     ctx.ops = &ops;
     ctx.params = &params;
     ctx.config = &config;
@@ -234,12 +240,7 @@ struct Model::Impl {
     if (learned) {
       params.add("embed.positions", {L, C}, false, Init::kNormal, 0.02f);
     } else {
-      std::vector<float> table(static_cast<size_t>(L) * C);  // host (L, C)
-      sinusoid_table(table.data(), L, C);
-      sinusoids = arena.acts(table.size());
-      std::vector<unsigned char> stored(table.size() * dtype_bytes(sinusoids.dtype));
-      narrow(stored.data(), sinusoids.dtype, table.data(), table.size());
-      ops.copy_to_device(sinusoids.data, stored.data(), stored.size());
+      sinusoids = arena.acts(static_cast<size_t>(L) * C);  // filled by init_tables
     }
 
     switch (config.kind) {
@@ -284,7 +285,19 @@ struct Model::Impl {
     train_sums = static_cast<LossSums*>(arena.bytes(sizeof(LossSums)));
     eval_sums = static_cast<LossSums*>(arena.bytes(sizeof(LossSums)));
     // Two micro-batches of uploads in flight: both sides and the targets.
-    ops.reserve_uploads(2 * (2 * DeviceSequences::upload_bytes(N) + size_t(N) * 4));
+    upload_bytes = 2 * (2 * DeviceSequences::upload_bytes(N) + size_t(N) * 4);
+    if (!measuring) ops.reserve_uploads(upload_bytes);
+  }
+
+  // The fixed sinusoid positions table, (L, C) in the compute precision.
+  void init_tables() {
+    if (!sinusoids) return;
+    const int C = config.d_model, L = config.max_len;
+    std::vector<float> table(static_cast<size_t>(L) * C);  // host (L, C)
+    sinusoid_table(table.data(), L, C);
+    std::vector<unsigned char> stored(table.size() * dtype_bytes(sinusoids.dtype));
+    narrow(stored.data(), sinusoids.dtype, table.data(), table.size());
+    ops.copy_to_device(sinusoids.data, stored.data(), stored.size());
   }
 
   void check(const PackedSequences& s, const char* side) const {
@@ -437,6 +450,20 @@ Model::~Model() = default;
 
 void Model::init_parameters(uint64_t seed) {
   params_->allocate(seed);
+  impl_->init_tables();
+}
+
+ModelMemory Model::measure(Ops& ops, const ModelConfig& config, const ModelCapacity& capacity,
+                           DType compute) {
+  if (capacity.max_tokens <= 0 || capacity.max_len <= 0 || capacity.max_len > config.max_len)
+    throw std::invalid_argument("model capacity must be positive and within max_len");
+  ParameterSet params(ops, compute);
+  const Impl impl(ops, config, capacity, params, compute, /*measure=*/true);
+  ModelMemory m;
+  m.parameters = params.count();
+  m.activation_bytes = impl.arena.total_bytes();
+  m.upload_bytes = impl.upload_bytes;
+  return m;
 }
 
 void Model::forward_backward(const Batch& batch, float label_smoothing, float grad_scale,

@@ -29,6 +29,13 @@ struct PassId {
   int micro = 0;
 };
 
+// The memory a model of these dimensions holds, found without allocating it.
+struct ModelMemory {
+  size_t parameters = 0;        // floats of the flat parameter buffer
+  size_t activation_bytes = 0;  // its activation buffers at the capacity
+  size_t upload_bytes = 0;      // staging of the batch uploads in flight
+};
+
 class Model {
  public:
   // compute: the precision of activations and of the weights' compute copy
@@ -37,8 +44,14 @@ class Model {
         DType compute = DType::kF32);
   ~Model();
 
-  // Initialises every parameter deterministically from `seed`.
+  // Allocates the parameters, initialises every one deterministically from
+  // `seed`, and fills the fixed tables (sinusoid positions).
   void init_parameters(uint64_t seed);
+
+  // What Model(ops, config, capacity, compute) would allocate, before doing
+  // so: the buffers are counted, not allocated (src/app/memory_budget.h).
+  static ModelMemory measure(Ops& ops, const ModelConfig& config, const ModelCapacity& capacity,
+                             DType compute = DType::kF32);
 
   // Forward and backward of one micro-batch. Gradients are accumulated into
   // parameters().grads() scaled by grad_scale (1 / global target tokens of the

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 namespace mpiformer {
 
@@ -11,6 +12,7 @@ AdamW::AdamW(ParameterSet& params, const OptimConfig& config) : params_(params),
   m_ = static_cast<float*>(ops.allocate(bytes));  // zero-filled
   v_ = static_cast<float*>(ops.allocate(bytes));
   norm_sq_ = static_cast<double*>(ops.allocate(sizeof(double)));
+  check_sq_ = static_cast<double*>(ops.allocate(sizeof(double)));
 
   // Tensors are packed back to back, so a run of neighbours with the same
   // weight decay is one contiguous range; long runs are cut into pieces of
@@ -44,6 +46,21 @@ AdamW::~AdamW() {
   ops.release(v_);
   ops.release(ranges_);
   ops.release(norm_sq_);
+  ops.release(check_sq_);
+}
+
+const char* AdamW::non_finite_state() {
+  // A sum of squares in double is finite exactly when every float is: the
+  // largest float squared, times any count of them, stays far below 1e308.
+  const std::pair<const char*, const float*> groups[] = {
+      {"params", params_.params()}, {"optimizer/m", m_}, {"optimizer/v", v_}};
+  for (const auto& [name, data] : groups) {
+    params_.ops().sum_squares(check_sq_, data, params_.count());
+    double sum_sq = 0.0;
+    params_.ops().copy_to_host(&sum_sq, check_sq_, sizeof sum_sq);
+    if (!std::isfinite(sum_sq)) return name;
+  }
+  return nullptr;
 }
 
 void AdamW::measure_gradients() {

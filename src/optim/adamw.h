@@ -31,6 +31,10 @@ class AdamW {
   // the weights' compute copy.
   void step(float lr, float inv_loss_scale = 1.0f);
 
+  // The first of "params", "optimizer/m", "optimizer/v" holding a NaN or an
+  // infinity; null when all are finite. Waits for the device.
+  const char* non_finite_state();
+
   int64_t steps_taken() const { return step_; }
   // Resuming: the moments come from a checkpoint (through m() and v()) and
   // the step counter with them, for the bias correction.
@@ -48,6 +52,7 @@ class AdamW {
   std::vector<AdamWRange> host_ranges_;
   AdamWRange* ranges_ = nullptr;  // backend (host_ranges_.size())
   double* norm_sq_ = nullptr;     // backend (1)
+  double* check_sq_ = nullptr;    // backend (1), non_finite_state's sums
 };
 
 }  // namespace mpiformer

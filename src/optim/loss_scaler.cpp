@@ -4,16 +4,6 @@
 
 namespace mpiformer {
 
-namespace {
-
-// The scale never falls below 1 (a gradient that overflows unscaled is a
-// diverged run, not a scaling problem) nor rises above 2^24 (fp32 gradient
-// sums would then lose the small values the scale is meant to keep).
-constexpr float kMinScale = 1.0f;
-constexpr float kMaxScale = 16777216.0f;
-
-}  // namespace
-
 LossScaler::LossScaler(bool dynamic, float initial_scale, int64_t window)
     : dynamic_(dynamic), scale_(dynamic ? initial_scale : 1.0f), window_(window) {
   if (dynamic && !(initial_scale >= kMinScale && initial_scale <= kMaxScale))

@@ -16,6 +16,12 @@ namespace mpiformer {
 
 class LossScaler {
  public:
+  // The scale never falls below 1 (a gradient that overflows unscaled is a
+  // diverged run, not a scaling problem) nor rises above 2^24 (fp32 gradient
+  // sums would then lose the small values the scale is meant to keep).
+  static constexpr float kMinScale = 1.0f;
+  static constexpr float kMaxScale = 16777216.0f;
+
   // dynamic: fp16; otherwise the scale stays 1. window: good steps before doubling.
   LossScaler(bool dynamic, float initial_scale, int64_t window);
 

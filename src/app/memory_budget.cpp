@@ -1,0 +1,143 @@
+#include "src/app/memory_budget.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+namespace mpiformer {
+
+namespace {
+
+constexpr size_t kUnlimited = std::numeric_limits<size_t>::max();
+
+// MemAvailable of /proc/meminfo in bytes (kUnlimited when unreadable).
+size_t meminfo_available() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  size_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return kUnlimited;
+}
+
+// A number from a cgroup file; kUnlimited for "max" or when unreadable.
+size_t read_cgroup_value(const std::string& path) {
+  std::ifstream in(path);
+  std::string text;
+  if (!(in >> text) || text == "max") return kUnlimited;
+  try {
+    return static_cast<size_t>(std::stoull(text));
+  } catch (const std::exception&) {
+    return kUnlimited;
+  }
+}
+
+// What this process's cgroup (v2, or v1's memory controller) still allows.
+size_t cgroup_available() {
+  std::ifstream in("/proc/self/cgroup");
+  size_t best = kUnlimited;
+  for (std::string line; std::getline(in, line);) {
+    // "0::/path" (v2) or "N:memory:/path" (v1)
+    const size_t a = line.find(':'), b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    const std::string controllers = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
+    std::string limit_file, usage_file;
+    if (controllers.empty()) {
+      limit_file = "/sys/fs/cgroup" + path + "/memory.max";
+      usage_file = "/sys/fs/cgroup" + path + "/memory.current";
+    } else if (controllers.find("memory") != std::string::npos) {
+      limit_file = "/sys/fs/cgroup/memory" + path + "/memory.limit_in_bytes";
+      usage_file = "/sys/fs/cgroup/memory" + path + "/memory.usage_in_bytes";
+    } else {
+      continue;
+    }
+    const size_t limit = read_cgroup_value(limit_file);
+    if (limit == kUnlimited || limit > (size_t{1} << 60)) continue;  // v1 "unlimited"
+    const size_t usage = read_cgroup_value(usage_file);
+    best = std::min(best, usage == kUnlimited ? limit : limit - std::min(limit, usage));
+  }
+  return best;
+}
+
+}  // namespace
+
+std::string format_bytes(double bytes) {
+  static const char* const units[] = {"KiB", "MiB", "GiB", "TiB"};
+  double value = bytes / 1024.0;
+  int unit = 0;
+  for (; unit < 3 && value >= 1024.0; ++unit) value /= 1024.0;
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.1f %s", value, units[unit]);
+  return buf;
+}
+
+std::string MemoryEstimate::describe() const {
+  const auto part = [](size_t bytes) { return format_bytes(static_cast<double>(bytes)); };
+  std::ostringstream s;
+  s << part(device_is_host ? host_total() : device_total())
+    << (device_is_host ? "" : " of device memory") << " (" << parameters << " parameters: weights "
+    << part(weight_bytes);
+  if (optimizer_bytes > 0) s << ", AdamW " << part(optimizer_bytes);
+  s << ", activations " << part(activation_bytes);
+  if (attention_bytes > 0) s << ", attention scratch " << part(attention_bytes);
+  if (host_bytes > 0)
+    s << (device_is_host ? ", " : "; host: ") << "gradient sum " << part(host_bytes);
+  s << ")";
+  return s.str();
+}
+
+MemoryEstimate estimate_memory(Ops& ops, const ModelConfig& model, const ModelCapacity& capacity,
+                               DType compute, bool training, bool reducer_exact_sum,
+                               bool reducer_staged) {
+  const ModelMemory m = Model::measure(ops, model, capacity, compute);
+  MemoryEstimate e;
+  e.parameters = m.parameters;
+  const size_t P = m.parameters;
+  const size_t copy = compute == DType::kF32 ? 0 : P * dtype_bytes(compute);
+  e.weight_bytes = 2 * P * sizeof(float) + copy;  // master and gradients
+  e.optimizer_bytes = training ? 2 * P * sizeof(float) : 0;
+  e.activation_bytes = m.activation_bytes + m.upload_bytes;
+  AttentionConfig attention;
+  attention.heads = model.heads;
+  attention.head_dim = model.d_model / std::max(model.heads, 1);
+  const size_t longest = static_cast<size_t>(std::min(capacity.max_len, capacity.max_tokens));
+  e.attention_bytes = ops.attention_scratch_bytes(compute, static_cast<size_t>(capacity.max_tokens),
+                                                  longest, attention, training);
+  if (training) {
+    if (reducer_exact_sum) e.host_bytes += (P + 1) * sizeof(int64_t);
+    if (reducer_staged) e.host_bytes += P * sizeof(float);
+  }
+  e.device_is_host = ops.host_accessible();
+  return e;
+}
+
+size_t host_memory_available(int local_ranks) {
+  const size_t available = std::min(meminfo_available(), cgroup_available());
+  if (available == kUnlimited) return kUnlimited;
+  return available / static_cast<size_t>(std::max(local_ranks, 1));
+}
+
+std::string memory_shortfall(const MemoryEstimate& e, const Ops& ops, int local_ranks,
+                             const std::string& sized_by) {
+  const size_t host_free = host_memory_available(local_ranks);
+  if (e.host_total() > host_free) {
+    return "needs about " + e.describe() + " per rank, more than the " +
+           format_bytes(static_cast<double>(host_free)) + " of host memory available to each of " +
+           std::to_string(std::max(local_ranks, 1)) + " rank(s) on this node; lower " + sized_by;
+  }
+  if (!e.device_is_host) {
+    const size_t device_free = ops.device_memory_free();
+    if (e.device_total() > device_free) {
+      return "needs about " + e.describe() + ", more than the " +
+             format_bytes(static_cast<double>(device_free)) + " free on " + ops.name() +
+             "; lower " + sized_by;
+    }
+  }
+  return "";
+}
+
+}  // namespace mpiformer

@@ -1,0 +1,55 @@
+// The progress window: figures of the steps since the last progress line,
+// made global (token-weighted over ranks) when the line is due, printed by
+// rank 0 and appended to metrics.h5.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include "kernels/ops.h"
+#include "src/data/batch.h"
+#include "src/dist/communicator.h"
+#include "src/dist/gradient_reducer.h"
+#include "src/io/metrics.h"
+
+namespace mpiformer {
+
+class ProgressWindow {
+ public:
+  ProgressWindow() { restart(); }
+
+  // This rank's micro-batch of a step.
+  void add_batch(const Batch& batch);
+  // A step taken or skipped: this rank's loss sums and all-reduce timing.
+  void add_step(const LossSums& local, const ReduceTiming& reduce);
+  void count_empty_step() { ++empty_steps_; }      // no targets on any rank
+  void count_overflow() { ++overflows_; }          // fp16: skipped, scale halved
+  void count_non_finite_skip() { ++non_finite_; }  // --on-divergence skip
+  // Time spent on other things than steps (replica checks, checkpoints,
+  // evaluation): the step time is the rest of the window's wall time.
+  void add_other_time(double seconds) { other_s_ += seconds; }
+  int steps() const { return steps_; }
+
+  struct Line {
+    TrainRow row;      // global figures (every rank)
+    std::string text;  // the progress line (rank 0)
+  };
+  // Collective: the window's global figures at `step`, then a new window.
+  // grad_norm: unscaled, of the last step (0: none measured).
+  Line close(int64_t step, int64_t total_steps, float lr, double grad_norm, float loss_scale,
+             bool dynamic_scaling, const Communicator& comm);
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  void restart();
+
+  Clock::time_point start_;
+  LossSums sums_;
+  ReduceTiming reduce_;
+  int64_t real_tokens_ = 0, padded_tokens_ = 0;
+  double other_s_ = 0.0;
+  int steps_ = 0, empty_steps_ = 0, overflows_ = 0, non_finite_ = 0;
+};
+
+}  // namespace mpiformer

@@ -1,0 +1,65 @@
+// The run directory RUNDIR (docs/DESIGN.md section 7), as rank 0 keeps it:
+//
+//   RUNDIR/.lock                 one run at a time (src/io/dir_lock.h)
+//   RUNDIR/config.ini, metrics.h5
+//   RUNDIR/checkpoints/step_*.h5, latest
+//   RUNDIR/abandoned/<UTC time>/ checkpoints of a branch given up, with its metrics.h5
+//
+// A run resumes from `latest` (--resume auto) or from a checkpoint named on
+// the command line. Resuming from an older checkpoint starts a new branch:
+// the checkpoints of later steps move to abandoned/ (never deleted), and
+// `latest` and metrics.h5 follow the new branch.
+#pragma once
+
+#include <string>
+
+#include "src/app/restore.h"
+#include "src/io/checkpoint.h"
+#include "src/io/dir_lock.h"
+
+namespace mpiformer {
+
+// Where a run starts: fresh, or the state of a checkpoint (rank 0 also holds
+// its tensors until they are broadcast).
+struct StartPoint {
+  bool resumed = false;
+  CheckpointState state;        // every rank (scalars only)
+  LoadedCheckpoint checkpoint;  // rank 0
+};
+
+class RunDirectory {
+ public:
+  explicit RunDirectory(std::string path) : path_(std::move(path)) {}
+
+  // Creates the directory as needed and locks it for this process for as
+  // long as this object lives. A directory in use by another job, or one
+  // that cannot be created, is a verdict of exit 2, and nothing is changed.
+  Verdict open();
+
+  // --resume none | auto | PATH. none refuses a directory that holds a run;
+  // auto takes `latest` (or, without one, the newest checkpoint), and the one
+  // before it when it is damaged; PATH takes that file or fails.
+  Verdict choose_start(const std::string& resume, StartPoint* start) const;
+
+  // Once every check has passed: the resumed checkpoint becomes the head of
+  // the run. Checkpoints of later steps move to abandoned/<UTC time>/ with a
+  // copy of metrics.h5 and config.ini, and `latest` names the resumed
+  // checkpoint. Returns a line for the log ("" when nothing moved). Throws
+  // std::runtime_error.
+  std::string make_head(const StartPoint& start);
+
+  // Removes temporary files of checkpoint writes that never finished (a
+  // killed job): nobody else writes here while the lock is held. Returns
+  // how many were removed.
+  int remove_unfinished_writes();
+
+  const std::string& path() const { return path_; }
+  // RUNDIR/checkpoints/latest's file, or "" (none yet).
+  std::string latest() const { return latest_checkpoint(path_); }
+
+ private:
+  std::string path_;
+  DirLock lock_;
+};
+
+}  // namespace mpiformer

@@ -1,0 +1,273 @@
+// The training loop's guards, without MPI: the divergence guard's verdicts,
+// the loss watch, the run directory's lock, start point and branches, and
+// the memory estimate against what the model really allocates.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "src/app/memory_budget.h"
+#include "src/io/checkpoint.h"
+#include "src/model/model.h"
+#include "src/optim/adamw.h"
+#include "src/train/divergence_guard.h"
+#include "src/train/run_directory.h"
+#include "tests/test_batches.h"
+
+namespace mpiformer {
+namespace {
+
+namespace fs = std::filesystem;
+using Action = DivergenceGuard::Action;
+
+TEST(DivergenceGuard, StopsOnTheFirstNonFiniteStepByDefault) {
+  DivergenceGuard guard(OnDivergence::kStop);
+  EXPECT_EQ(guard.judge(true, true, false), Action::kApply);
+  EXPECT_EQ(guard.judge(false, true, false), Action::kStop);
+  EXPECT_EQ(guard.reason(), "the loss is not finite");
+  EXPECT_EQ(guard.judge(true, false, false), Action::kStop);
+  EXPECT_EQ(guard.reason(), "the gradient norm is not finite");
+  EXPECT_EQ(guard.judge(false, false, true), Action::kStop);
+  EXPECT_EQ(guard.reason(), "the loss and the gradient norm are not finite");
+}
+
+TEST(DivergenceGuard, AnFp16OverflowIsSkippedWhileTheScaleCanFall) {
+  DivergenceGuard guard(OnDivergence::kStop);
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(guard.judge(true, false, true), Action::kSkipOverflow);
+  EXPECT_EQ(guard.skipped_in_a_row(), 0) << "overflows are not divergence";
+  // At the scale's floor of 1 an overflow is the run's own.
+  EXPECT_EQ(guard.judge(true, false, false), Action::kStop);
+  // A non-finite loss is no scaling problem: the forward pass overflowed.
+  DivergenceGuard fresh(OnDivergence::kStop);
+  EXPECT_EQ(fresh.judge(false, false, true), Action::kStop);
+}
+
+TEST(DivergenceGuard, SkipDropsStepsUntilTooManyInARow) {
+  DivergenceGuard guard(OnDivergence::kSkip);
+  for (int round = 0; round < 2; ++round) {
+    for (int i = 1; i < DivergenceGuard::kMaxSkippedInARow; ++i) {
+      EXPECT_EQ(guard.judge(false, true, false), Action::kSkipDiverged) << i;
+      EXPECT_EQ(guard.skipped_in_a_row(), i);
+    }
+    if (round == 0) {
+      EXPECT_EQ(guard.judge(true, true, false), Action::kApply);  // a good step resets the count
+      EXPECT_EQ(guard.skipped_in_a_row(), 0);
+    }
+  }
+  EXPECT_EQ(guard.judge(true, false, false), Action::kStop);
+  EXPECT_EQ(guard.skipped_in_a_row(), DivergenceGuard::kMaxSkippedInARow);
+}
+
+TEST(LossWatch, WarnsOncePerRiseFarAboveTheLowest) {
+  LossWatch watch(32);  // ln 32 = 3.47
+  EXPECT_EQ(watch.observe(10, 3.3), "");
+  EXPECT_EQ(watch.observe(20, 1.0), "");
+  EXPECT_EQ(watch.observe(30, 1.9), "") << "twice the lowest but not 1 nat above it";
+  const std::string warning = watch.observe(40, 2.5);
+  EXPECT_NE(warning.find("warning: step 40: loss 2.5 is far above its lowest, 1 at step 20"),
+            std::string::npos)
+      << warning;
+  EXPECT_EQ(watch.observe(50, 9.0), "") << "once per excursion";
+  EXPECT_EQ(watch.observe(60, 1.5), "");
+  EXPECT_NE(watch.observe(70, 4.0), "") << "a new excursion warns again";
+  EXPECT_EQ(watch.observe(80, std::nan("")), "") << "non-finite is the guard's";
+
+  // The first window of a run that starts diverging is above a uniform guess.
+  LossWatch resumed(32);
+  const std::string first = resumed.observe(5, 46.8);
+  EXPECT_NE(first.find("far above 3.466, the loss of a uniform guess"), std::string::npos) << first;
+}
+
+// ---- the run directory
+
+class RunDirectoryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::path(::testing::TempDir()) /
+           ("mpiformer_train_test_" + std::to_string(::getpid()) + "_" + info->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    const ModelConfig c = testing::tiny(ModelKind::kLm);
+    model_ = std::make_unique<Model>(*ops_, c, ModelCapacity{32, c.max_len});
+    model_->init_parameters(3);
+    moments_.assign(model_->parameters().count(), 0.0f);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string run() const { return (dir_ / "run").string(); }
+  void save(int64_t step) {
+    CheckpointState s;
+    s.step = s.optimizer_steps = step;
+    s.vocab_size = model_->config().vocab;
+    save_checkpoint(run(), model_->parameters(), moments_.data(), moments_.data(), s, 0);
+  }
+  std::vector<std::string> names(const fs::path& dir) const {
+    std::vector<std::string> found;
+    for (const auto& e : fs::directory_iterator(dir)) found.push_back(e.path().filename().string());
+    std::sort(found.begin(), found.end());
+    return found;
+  }
+
+  fs::path dir_;
+  std::unique_ptr<Ops> ops_ = make_cpu_ops(1);
+  std::unique_ptr<Model> model_;
+  std::vector<float> moments_;
+};
+
+TEST_F(RunDirectoryTest, OneJobAtATimeAndAStaleLockIsNoLock) {
+  RunDirectory first(run());
+  EXPECT_EQ(first.open().code, 0);
+  RunDirectory second(run());
+  const Verdict refused = second.open();
+  EXPECT_EQ(refused.code, 2);
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  EXPECT_NE(refused.message.find("is in use by another process (host " + std::string(host) +
+                                 ", pid " + std::to_string(::getpid())),
+            std::string::npos)
+      << refused.message;
+  {
+    // A lock file whose holder is gone (a killed job) locks nothing.
+    RunDirectory moved = std::move(first);
+  }
+  std::ofstream(fs::path(run()) / ".lock") << "deadhost 1\n";
+  RunDirectory third(run());
+  EXPECT_EQ(third.open().code, 0) << third.open().message;
+}
+
+TEST_F(RunDirectoryTest, AutoFollowsLatestAndAnOlderCheckpointStartsABranch) {
+  for (int64_t step : {10, 20, 30, 40}) save(step);
+  RunDirectory dir(run());
+  ASSERT_EQ(dir.open().code, 0);
+  std::ofstream(fs::path(run()) / "metrics.h5") << "rows";
+
+  // --resume PATH to step 20: 30 and 40 move to abandoned/, latest follows.
+  StartPoint start;
+  const std::string older = (fs::path(run()) / "checkpoints" / "step_00000020.h5").string();
+  ASSERT_EQ(dir.choose_start(older, &start).code, 0);
+  EXPECT_EQ(start.state.step, 20);
+  const std::string line = dir.make_head(start);
+  EXPECT_NE(line.find("a new branch from step 20: 2 later checkpoint(s) (steps 30 to 40)"),
+            std::string::npos)
+      << line;
+  EXPECT_EQ(names(fs::path(run()) / "checkpoints"),
+            (std::vector<std::string>{"latest", "step_00000010.h5", "step_00000020.h5"}));
+  const std::vector<std::string> branches = names(fs::path(run()) / "abandoned");
+  ASSERT_EQ(branches.size(), 1u);
+  EXPECT_EQ(names(fs::path(run()) / "abandoned" / branches[0]),
+            (std::vector<std::string>{"metrics.h5", "step_00000030.h5", "step_00000040.h5"}));
+  EXPECT_EQ(dir.latest(), older);
+
+  // --resume auto takes `latest`, even with a later file beside it (a crash
+  // between a checkpoint's rename and `latest`), which then moves away too.
+  save(25);
+  point_latest_at(run(), older);
+  StartPoint again;
+  ASSERT_EQ(dir.choose_start("auto", &again).code, 0);
+  EXPECT_EQ(again.state.step, 20);
+  EXPECT_NE(dir.make_head(again).find("1 later checkpoint(s) (steps 25 to 25)"), std::string::npos);
+  EXPECT_EQ(names(fs::path(run()) / "abandoned").size(), 2u);
+
+  // A damaged `latest` falls back to the one before it.
+  fs::resize_file(older, fs::file_size(older) / 2);
+  StartPoint fallback;
+  ASSERT_EQ(dir.choose_start("auto", &fallback).code, 0);
+  EXPECT_EQ(fallback.state.step, 10);
+}
+
+TEST_F(RunDirectoryTest, UnfinishedWritesOfAKilledJobAreRemoved) {
+  save(5);
+  std::ofstream(fs::path(run()) / "checkpoints" / "step_00000010.h5.tmp") << "half";
+  RunDirectory dir(run());
+  ASSERT_EQ(dir.open().code, 0);
+  EXPECT_EQ(dir.remove_unfinished_writes(), 1);
+  EXPECT_EQ(names(fs::path(run()) / "checkpoints"),
+            (std::vector<std::string>{"latest", "step_00000005.h5"}));
+}
+
+// ---- memory
+
+TEST(MemoryEstimate, CountsWhatTheModelAllocates) {
+  for (ModelKind kind : {ModelKind::kLm, ModelKind::kSeq2seq, ModelKind::kMlm}) {
+    for (DType compute : {DType::kF32, DType::kBF16}) {
+      ModelConfig c = testing::tiny(kind);
+      c.positions = kind == ModelKind::kSeq2seq ? PositionKind::kSinusoidal : c.positions;
+      const ModelCapacity capacity{96, c.max_len};
+      std::unique_ptr<Ops> ops = make_cpu_ops(1);
+      const ModelMemory measured = Model::measure(*ops, c, capacity, compute);
+      EXPECT_EQ(ops->peak_allocated_bytes(), 0u) << "measuring allocates nothing";
+
+      Model model(*ops, c, capacity, compute);
+      const size_t activations = ops->peak_allocated_bytes();
+      model.init_parameters(1);
+      AdamW adam(model.parameters(), OptimConfig{});
+      const size_t total = ops->peak_allocated_bytes();
+      EXPECT_EQ(measured.parameters, model.parameters().count());
+      // The arena rounds each buffer to 64 bytes, as the backends align.
+      EXPECT_GE(measured.activation_bytes, activations);
+      EXPECT_LE(measured.activation_bytes, activations + 64 * 200);
+
+      // The attention scratch is the ops' own, outside the model's buffers.
+      const MemoryEstimate e = estimate_memory(*ops, c, capacity, compute, true);
+      EXPECT_GT(e.attention_bytes, 0u);
+      EXPECT_GE(e.device_total() + 64 * 200, total + e.attention_bytes) << to_string(kind);
+      EXPECT_LE(e.device_total(), total + 64 * 200 + e.activation_bytes -
+                                      measured.activation_bytes + e.attention_bytes)
+          << to_string(kind);
+    }
+  }
+}
+
+TEST(MemoryEstimate, AttentionScratchGrowsWithTheSquareOfTheLongestSequence) {
+  std::unique_ptr<Ops> ops = make_cpu_ops(1);
+  ModelConfig c = testing::tiny(ModelKind::kLm);
+  c.max_len = 4096;
+  const auto scratch = [&](int longest, bool training) {
+    return estimate_memory(*ops, c, ModelCapacity{4096, longest}, DType::kF32, training)
+        .attention_bytes;
+  };
+  // The same tokens in sequences twice as long: four times the scores.
+  EXPECT_EQ(scratch(2048, true), 4 * scratch(1024, true));
+  // Backward keeps the probabilities and their gradient; forward only one.
+  EXPECT_EQ(scratch(1024, true), 2 * scratch(1024, false));
+  EXPECT_GE(scratch(1024, false), sizeof(float) * 1024 * 1024);
+}
+
+TEST(MemoryEstimate, BytesAreWrittenInTheLargestUnitBelowThem) {
+  EXPECT_EQ(format_bytes(512), "0.5 KiB");
+  EXPECT_EQ(format_bytes(1536), "1.5 KiB");
+  EXPECT_EQ(format_bytes(double(size_t{5} << 30)), "5.0 GiB");
+  EXPECT_EQ(format_bytes(double(size_t{3} << 40)), "3.0 TiB");
+  EXPECT_EQ(format_bytes(double(size_t{2048} << 40)), "2048.0 TiB");
+}
+
+TEST(MemoryEstimate, AModelLargerThanTheHostIsNamed) {
+  std::unique_ptr<Ops> ops = make_cpu_ops(1);
+  ModelConfig c = testing::tiny(ModelKind::kLm);
+  c.d_model = 1 << 16;
+  c.heads = 4;
+  c.d_ff = 1 << 18;
+  c.layers = 64;
+  const MemoryEstimate e =
+      estimate_memory(*ops, c, ModelCapacity{1 << 20, c.max_len}, DType::kF32, true);
+  EXPECT_GT(e.host_total(), size_t{1} << 44);  // far beyond any host
+  const std::string why = memory_shortfall(e, *ops, 2, "--d-model");
+  EXPECT_EQ(why.rfind("needs about ", 0), 0u) << why;
+  EXPECT_NE(why.find("of host memory available to each of 2 rank(s) on this node; lower --d-model"),
+            std::string::npos)
+      << why;
+  const ModelConfig small_model = testing::tiny(ModelKind::kLm);
+  const MemoryEstimate small =
+      estimate_memory(*ops, small_model, ModelCapacity{64, small_model.max_len}, DType::kF32, true);
+  EXPECT_EQ(memory_shortfall(small, *ops, 1, "--max-tokens"), "");
+}
+
+}  // namespace
+}  // namespace mpiformer
