@@ -7,11 +7,14 @@
 # in the background (launcher default: srun --mpi=pmix; binary default:
 # $SLURM_SUBMIT_DIR/build/mpiformer), with its output also appended to
 # RUNDIR/train.log. SLURM's warning signal reaches only this batch shell
-# (--signal=B:USR1@120), so USR1 and TERM are forwarded to the launcher,
-# which passes them to every rank; the ranks agree at the next step
-# boundary, write a checkpoint and exit 75. On 75 the job requeues itself
-# and the next start resumes from that checkpoint. Any other code is the
-# job's exit code.
+# (--signal=B:USR1@120), so it is passed on to the launcher as USR1, and so
+# are TERM (scancel, preemption) and INT: srun and mpirun forward USR1 to
+# every rank at once, while mpirun answers TERM and INT by killing the job
+# after odls_base_sigkill_timeout (exported below if unset). The ranks agree
+# at the next step boundary, write a checkpoint and exit 75. On 75 the job
+# requeues itself and the next start resumes from that checkpoint. mpirun
+# itself exits 1 when it was signalled; the ranks' stop line in the log
+# then stands for their 75. Any other code is the job's exit code.
 
 mpiformer_run() {
   local rundir=$1
@@ -27,11 +30,18 @@ mpiformer_run() {
   echo "==> job ${SLURM_JOB_ID:-?} start $((${SLURM_RESTART_COUNT:-0} + 1)) on" \
     "${SLURM_JOB_NODELIST:-$(hostname)}: ${SLURM_NTASKS:-1} rank(s) x $threads thread(s)"
 
+  # mpirun, signalled itself (SLURM signals every process of the job),
+  # gives the ranks this long after its SIGTERM before SIGKILL: time for a
+  # checkpoint, within SLURM's KillWait (30 s by default).
+  export OMPI_MCA_odls_base_sigkill_timeout=${OMPI_MCA_odls_base_sigkill_timeout:-15}
+  local log_start
+  log_start=$(($(wc -l <"$rundir/train.log" 2>/dev/null || echo 0) + 1))
+
   "${launch[@]}" "$bin" train --out "$rundir" --resume auto --threads "$threads" "$@" \
     > >(tee -a "$rundir/train.log") 2>&1 &
   local pid=$!
-  trap 'kill -s USR1 "$pid" 2>/dev/null || true' USR1
-  trap 'kill -s TERM "$pid" 2>/dev/null || true' TERM
+  local signalled=0
+  trap 'signalled=1; kill -s USR1 "$pid" 2>/dev/null || true' USR1 TERM INT
   # A trapped signal interrupts `wait`; wait again until the launcher is gone.
   local rc=0
   wait "$pid" || rc=$?
@@ -39,7 +49,14 @@ mpiformer_run() {
     rc=0
     wait "$pid" || rc=$?
   done
-  trap - USR1 TERM
+  trap - USR1 TERM INT
+  # mpirun exits 1 after a signal of its own even when every rank stopped
+  # with a checkpoint (exit 75); their line in the log says so.
+  if [[ $rc -ne 75 && $signalled -eq 1 ]] && sleep 1 &&
+    tail -n +"$log_start" "$rundir/train.log" | grep -q '^stopped by SIG.*(exit code 75)$'; then
+    echo "==> the launcher exited $rc after a signal; the ranks stopped with a checkpoint (75)"
+    rc=75
+  fi
 
   if [[ $rc -eq 75 ]]; then
     if [[ -n ${SLURM_JOB_ID:-} ]]; then

@@ -38,6 +38,13 @@ fail() {
   failures=$((failures + 1))
 }
 
+# check WHAT CMD...: CMD succeeds, or a failure is recorded.
+check() {
+  local what=$1
+  shift
+  if "$@"; then echo "PASS: $what"; else fail "$what"; fi
+}
+
 # expect_one_line_error WHAT EXPECTED NEEDLE...: the command just run (exit
 # code in $rc, stderr in $err) failed with EXPECTED ("nonzero": any failure)
 # and printed exactly one line on stderr holding every NEEDLE. Records a
@@ -63,3 +70,7 @@ expect_one_line_error() {
     fi
   done
 }
+
+# refused WHAT EXPECTED NEEDLE...: expect_one_line_error that goes on after a
+# failure, so that one run of a test of many cases shows every case failing.
+refused() { expect_one_line_error "$@" || true; }
