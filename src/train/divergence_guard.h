@@ -10,6 +10,14 @@
 //                                        step is saved; skip drops the step, and
 //                                        kMaxSkippedInARow such steps in a row stop
 //
+// Learning this every step makes the host wait for the device each step. A
+// GPU step in fp32 or bf16 with --on-divergence stop (the default) does not:
+// there the loss sums and the norm are read at the progress line, and the
+// state is checked before every checkpoint, so a divergence stops the run
+// at the first of them (a few steps late, "by step S"), still before it is
+// saved. fp16 (the scaler needs every step's verdict) and skip check each
+// step, as the CPU backend always does.
+//
 // A loss that stays finite but climbs far above its best is only warned
 // about (LossWatch): some runs recover, and the user decides.
 #pragma once

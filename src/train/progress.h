@@ -23,6 +23,9 @@ class ProgressWindow {
   void add_batch(const Batch& batch);
   // A step taken or skipped: this rank's loss sums and all-reduce timing.
   void add_step(const LossSums& local, const ReduceTiming& reduce);
+  // Loss sums of the window's steps taken at once (a GPU step leaves them
+  // on the device until the line is due).
+  void add_step_sums(const LossSums& local) { sums_ += local; }
   void count_empty_step() { ++empty_steps_; }      // no targets on any rank
   void count_overflow() { ++overflows_; }          // fp16: skipped, scale halved
   void count_non_finite_skip() { ++non_finite_; }  // --on-divergence skip

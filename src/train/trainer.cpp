@@ -161,6 +161,8 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm)
   // For the divergence tests: the last rank's gradients are NaN at step S
   // (MPIFORMER_TEST_NAN_AT_STEP=S) or at the N steps from S (S:N).
   nan_step_ = test_hook("MPIFORMER_TEST_NAN_AT_STEP");
+  // For the divergence tests: check as a GPU step in fp32 or bf16 does.
+  deferred_check_test_ = test_hook("MPIFORMER_TEST_DEFERRED_DIVERGENCE_CHECK") != 0;
   if (const char* text = std::getenv("MPIFORMER_TEST_NAN_AT_STEP")) {
     const char* colon = std::strchr(text, ':');
     nan_steps_ = colon ? std::atoll(colon + 1) : 1;
@@ -244,6 +246,8 @@ int Trainer::build() {
   schedule_ = std::make_unique<LrSchedule>(optim_, cfg_.steps);
   scaler_ = std::make_unique<LossScaler>(cfg_.precision == Precision::kFp16, cfg_.loss_scale,
                                          cfg_.loss_scale_window);
+  check_each_step_ = (ops_->host_accessible() && !deferred_check_test_) || scaler_->dynamic() ||
+                     cfg_.on_divergence == OnDivergence::kSkip;
 
   // The data cursor. Global indexing: the step after micro-batch index
   // `cursor` reads [cursor, cursor + W K), rank r the micro-batches
@@ -488,13 +492,18 @@ int Trainer::train_step(int64_t step) {
 
   // 3. The guard: the loss and the gradient norm must be numbers. The norm
   //    is of the summed gradients, the same on every rank; the loss is this
-  //    rank's, so the ranks agree on it.
+  //    rank's, so the ranks agree on it. Unless each step is checked, the
+  //    update goes ahead and the check waits for the progress line.
   optimizer_->measure_gradients();
+  measured_scale_ = loss_scale;
+  if (!check_each_step_) {
+    optimizer_->step(last_lr_, 1.0f / loss_scale);
+    window_.add_step(LossSums{}, gradients.reduce);
+    return 0;
+  }
   const double norm = optimizer_->measured_norm();
   const LossSums local = model_->take_train_sums();
-  const int bad = (std::isfinite(local.loss) ? 0 : 2) | (std::isfinite(norm) ? 0 : 1);
-  const int agreed_bad = comm_.max(bad);
-  const bool loss_finite = (agreed_bad & 2) == 0, norm_finite = (agreed_bad & 1) == 0;
+  const auto [loss_finite, norm_finite] = agree_finite(local.loss, norm);
   const bool can_lower_scale = scaler_->dynamic() && scaler_->scale() > LossScaler::kMinScale;
   switch (guard_.judge(loss_finite, norm_finite, can_lower_scale)) {
     case DivergenceGuard::Action::kApply:
@@ -530,6 +539,11 @@ int Trainer::train_step(int64_t step) {
   return diverged(step, why);
 }
 
+std::pair<bool, bool> Trainer::agree_finite(double loss, double grad_norm) const {
+  const int bad = comm_.max((std::isfinite(loss) ? 0 : 2) | (std::isfinite(grad_norm) ? 0 : 1));
+  return {(bad & 2) == 0, (bad & 1) == 0};
+}
+
 int Trainer::diverged(int64_t step, const std::string& why) {
   if (comm_.is_root()) {
     const std::string latest = run_dir_->latest();
@@ -546,6 +560,10 @@ int Trainer::diverged(int64_t step, const std::string& why) {
 }
 
 int Trainer::log_progress(int64_t step) {
+  if (!check_each_step_) {
+    window_.add_step_sums(model_->take_train_sums());
+    if (measured_scale_ > 0.0f) last_grad_norm_ = optimizer_->measured_norm() / measured_scale_;
+  }
   const ProgressWindow::Line line = window_.close(step, cfg_.steps, last_lr_, last_grad_norm_,
                                                   scaler_->scale(), scaler_->dynamic(), comm_);
   const bool ok = agreed(comm_, [&] {
@@ -555,6 +573,14 @@ int Trainer::log_progress(int64_t step) {
     metrics_->append(line.row);
   });
   if (!ok) return kExitFailure;
+  if (!check_each_step_) {
+    // Found at the progress line: the step that diverged is one of the window's.
+    const auto [loss_finite, norm_finite] = agree_finite(line.row.loss, last_grad_norm_);
+    if (!loss_finite || !norm_finite) {
+      return diverged(step, std::string(loss_finite ? "the gradient norm" : "the loss") +
+                                " is not finite (checked at each progress line on this device)");
+    }
+  }
   const std::string warning = loss_watch_.observe(step, line.row.loss);
   if (!warning.empty() && comm_.is_root()) {
     std::fprintf(stderr, "%s\n", warning.c_str());
@@ -569,7 +595,7 @@ int Trainer::save(int64_t step) {
   const char* bad = optimizer_->non_finite_state();
   if (comm_.any(bad != nullptr)) {
     return diverged(
-        step, std::string(bad ? bad : "the state") + " holds non-finite values after the update");
+        step, "non-finite values in " + std::string(bad ? bad : "the state") + " after the update");
   }
   // Rank 0 writes; every rank learns whether it could (a full disk is one
   // line and exit 1, the previous checkpoints and `latest` untouched).

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/ops.h"
@@ -71,6 +72,8 @@ class Trainer {
   // Held-out evaluation, printed and logged. Returns 0 or an exit code.
   int evaluate_and_log(int64_t step, bool final_eval);
   void log_eval_on_root(int64_t step, bool final_eval, const LossSummary& eval);
+  // Collective: whether the loss and the gradient norm are finite on every rank.
+  std::pair<bool, bool> agree_finite(double loss, double grad_norm) const;
   // The message and code of a diverged step, on every rank.
   int diverged(int64_t step, const std::string& why);
 
@@ -110,10 +113,16 @@ class Trainer {
   DivergenceGuard guard_;
   LossWatch loss_watch_;
   double last_grad_norm_ = 0.0;  // unscaled, of the last step that measured one
+  // Whether the guard looks at every step (the host reads the loss and the
+  // norm each step), or a GPU step, which waits for nothing, is checked at
+  // the progress line and before a checkpoint (src/train/divergence_guard.h).
+  bool check_each_step_ = true;
+  float measured_scale_ = 0.0f;  // the loss scale of the last measured norm
   float last_lr_ = 0.0f;
 
   // Test hooks (environment, see trainer.cpp).
   int64_t signal_step_ = 0, overflow_step_ = 0, nan_step_ = 0, nan_steps_ = 0;
+  bool deferred_check_test_ = false;
 };
 
 }  // namespace mpiformer

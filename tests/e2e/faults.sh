@@ -72,6 +72,21 @@ check "the stop says no checkpoint was written before it" says "$err" "step 3 di
 check "only the checkpoint of step 2 exists" test "$(ls nan/checkpoints)" == "$(printf 'latest\nstep_00000002.h5')"
 check "step 2 is finite" finite nan/checkpoints/step_00000002.h5
 
+# A GPU step in fp32 or bf16 is checked at the progress line and before each
+# checkpoint, not every step (here forced on the CPU): the NaN of step 3
+# is found at the checkpoint of step 4, or at the progress line of step 5
+MPIFORMER_TEST_DEFERRED_DIVERGENCE_CHECK=1 MPIFORMER_TEST_NAN_AT_STEP=3 \
+  run late 2 --steps 20 --log-every 5 --checkpoint-every 2
+check "found before the next checkpoint: exit 3 (got $rc)" test "$rc" -eq 3
+check "and said so" says "$err" "step 4 diverged: non-finite values in params after the update"
+check "only the checkpoint of step 2 exists" test "$(ls late/checkpoints)" == "$(printf 'latest\nstep_00000002.h5')"
+rm -rf late
+MPIFORMER_TEST_DEFERRED_DIVERGENCE_CHECK=1 MPIFORMER_TEST_NAN_AT_STEP=3 \
+  run late 2 --steps 20 --log-every 5 --checkpoint-every 10
+check "found at the progress line: exit 3 (got $rc)" test "$rc" -eq 3
+check "and said so" says "$err" "step 5 diverged: the loss is not finite (checked at each progress line"
+check "no checkpoint" test ! -e late/checkpoints/latest
+
 # --on-divergence skip: two bad steps are dropped and the run finishes
 MPIFORMER_TEST_NAN_AT_STEP=4:2 run skip 2 --steps 8 --log-every 8 --on-divergence skip
 check "skip finishes (got $rc)" test "$rc" -eq 0
