@@ -124,6 +124,7 @@ if [[ $pairs -eq 0 ]]; then
 fi
 cut -f1 "$work/pairs" >"$work/en"
 cut -f2 "$work/pairs" >"$work/de"
+mkdir -p "$(dirname "$out_en")" "$(dirname "$out_de")"
 mv "$work/en" "$out_en"
 mv "$work/de" "$out_de"
 echo "$out_en, $out_de: $pairs pairs from ${#catalogues[@]} catalogues"

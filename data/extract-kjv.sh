@@ -23,6 +23,7 @@ fi
 # Verses are the indented numbered lines; the number and indent go, and so do
 # the headers and blank lines. -l sets a page width no verse reaches, so
 # verses are never wrapped.
+mkdir -p "$(dirname "$out")"
 tmp=$out.tmp.$$
 trap 'rm -f "$tmp"' EXIT
 bible -l100000 "gen1:1-rev22:21" |

@@ -9,12 +9,13 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 rm -rf "$work" && mkdir -p "$work"
 mpirun=("$MPIEXEC" -q -np 2)
 
-"$root/data/extract-kjv.sh" "$work/kjv.txt"
-"$root/data/extract-gettext-de.sh" "$work/messages.en" "$work/messages.de"
-"${mpirun[@]}" "$bin" prepare --kind lm --input "$work/kjv.txt" --out "$work/kjv" \
+# The extract scripts make their output folder (corpora/ on a fresh checkout).
+"$root/data/extract-kjv.sh" "$work/corpora/kjv.txt"
+"$root/data/extract-gettext-de.sh" "$work/corpora/messages.en" "$work/corpora/messages.de"
+"${mpirun[@]}" "$bin" prepare --kind lm --input "$work/corpora/kjv.txt" --out "$work/kjv" \
   --shards 4 --vocab-size 2000 --valid-lines 300
-"${mpirun[@]}" "$bin" prepare --kind seq2seq --input "$work/messages.en" \
-  --target "$work/messages.de" --out "$work/messages" --shards 4 --vocab-size 2000 \
+"${mpirun[@]}" "$bin" prepare --kind seq2seq --input "$work/corpora/messages.en" \
+  --target "$work/corpora/messages.de" --out "$work/messages" --shards 4 --vocab-size 2000 \
   --valid-lines 300
 
 # eval_losses LOG: every held-out loss the run printed, in order.
