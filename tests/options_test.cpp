@@ -638,6 +638,24 @@ TEST(TrainOptions, ConfigFileErrorsNameTheKeyAndFile) {
   EXPECT_EQ(what.rfind("--config: ", 0), 0u) << what;
   EXPECT_NE(what.find("'width'"), std::string::npos) << what;
 
+  // Where the key is and what was meant: a section, dashes, a typo.
+  TempFile section("section.ini", "# a model\n[model]\nmodel = lm\n");
+  what = train_error(with(base_args(), {"--config", section.path()}));
+  EXPECT_EQ(what, "--config: " + section.path() +
+                      " line 3: unknown key 'model' under [model]; sections are not read: write "
+                      "'model = ...' outside any [section]")
+      << what;
+  TempFile dashes("dashes.ini", "--d-model = 64\n");
+  what = train_error(with(base_args(), {"--config", dashes.path()}));
+  EXPECT_EQ(what, "--config: " + dashes.path() +
+                      " line 1: unknown key '--d-model'; keys are flag names without the dashes: "
+                      "'d-model = ...'")
+      << what;
+  TempFile typo("typo.ini", "steps = 3\nd_model = 64\n");
+  what = train_error(with(base_args(), {"--config", typo.path()}));
+  EXPECT_NE(what.find(" line 2: unknown key 'd_model'; did you mean 'd-model'?"), std::string::npos)
+      << what;
+
   TempFile bad_value("bad_value.ini", "d-model = wide\n");
   what = train_error(with(base_args(), {"--config", bad_value.path()}));
   EXPECT_EQ(what.rfind("--d-model: expected an integer; got 'wide'", 0), 0u) << what;

@@ -17,6 +17,7 @@ LossSums allreduce(const Communicator& comm, const LossSums& local) {
 LossSummary evaluate(Model& model, BatchSource& source, uint64_t max_batches, float label_smoothing,
                      const Communicator& comm, Batch& batch) {
   const uint64_t available = source.eval_batch_count();
+  if (max_batches == 0) max_batches = available > 0 ? available : kSyntheticEvalBatches;
   const uint64_t count = available > 0 ? std::min(available, max_batches) : max_batches;
   for (uint64_t i = comm.rank(); i < count; i += comm.size()) {
     source.make_batch(BatchSource::kEval, i, &batch);

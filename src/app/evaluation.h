@@ -15,8 +15,11 @@ namespace mpiformer {
 // Global loss sums over ranks: sums travel, divisions happen once.
 LossSums allreduce(const Communicator& comm, const LossSums& local);
 
+constexpr uint64_t kSyntheticEvalBatches = 8;
+
 // The first `max_batches` evaluation batches of `source` (a shard set's
-// validation split may hold fewer), rank r taking r, r + W, ...
+// validation split may hold fewer; 0: all of them, or
+// kSyntheticEvalBatches of a source without a split), rank r taking r, r + W, ...
 // batch: scratch, reused
 LossSummary evaluate(Model& model, BatchSource& source, uint64_t max_batches, float label_smoothing,
                      const Communicator& comm, Batch& batch);

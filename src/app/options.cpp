@@ -322,7 +322,8 @@ void add_train_flags(FlagTable& t, TrainConfig* c) {
   t.add("seed", &c->seed, "S", "seed of data order, initialisation and dropout");
   t.add("log-every", &c->log_every, "N", "steps between training log lines");
   t.add("eval-every", &c->eval_every, "N", "steps between evaluations (0: only at the end)");
-  t.add("eval-batches", &c->eval_batches, "N", "micro-batches per evaluation");
+  t.add("eval-batches", &c->eval_batches, "N",
+        "micro-batches per evaluation (0: the whole validation split; a synthetic task: 8)");
   t.add("checkpoint-every", &c->checkpoint_every, "N",
         "steps between checkpoints; the last step always writes one (0: only the last)");
   t.add("keep-checkpoints", &c->keep_checkpoints, "K", "newest checkpoints kept (0: all)");
@@ -439,16 +440,85 @@ po::options_description describe(const FlagTable& table) {
   return all;
 }
 
+// Edit distance of two short names (a flag and a typo of it).
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+std::string trimmed(const std::string& s) {
+  const size_t begin = s.find_first_not_of(" \t\r");
+  if (begin == std::string::npos) return "";
+  return s.substr(begin, s.find_last_not_of(" \t\r") - begin + 1);
+}
+
+// The message for an unknown key of an INI file: where it is and what was
+// probably meant. Boost names a key under "[section]" "section.key".
+std::string unknown_key_message(const std::string& config_file, const std::string& key,
+                                const po::options_description& flags) {
+  const size_t dot = key.rfind('.');
+  const std::string section = dot == std::string::npos ? "" : key.substr(0, dot);
+  const std::string name = dot == std::string::npos ? key : key.substr(dot + 1);
+  const auto known = [&](const std::string& n) { return flags.find_nothrow(n, false) != nullptr; };
+
+  // Its line, with the sections as Boost reads them.
+  int line_number = 0, current = 0;
+  std::string current_section;
+  std::ifstream in(config_file);
+  for (std::string line; line_number == 0 && std::getline(in, line);) {
+    ++current;
+    const std::string t = trimmed(line);
+    if (t.size() > 1 && t.front() == '[' && t.back() == ']') {
+      current_section = trimmed(t.substr(1, t.size() - 2));
+    } else if (const size_t eq = t.find('='); eq != std::string::npos) {
+      if (current_section == section && trimmed(t.substr(0, eq)) == name) line_number = current;
+    }
+  }
+  std::string message = config_file;
+  if (line_number > 0) message += " line " + std::to_string(line_number);
+  message += ": unknown key " + quoted(name) + (section.empty() ? "" : " under [" + section + "]");
+
+  std::string bare = name;
+  bare.erase(0, bare.find_first_not_of('-'));
+  if (!section.empty() && known(bare)) {
+    return message + "; sections are not read: write '" + bare + " = ...' outside any [section]";
+  }
+  if (bare != name && known(bare)) {
+    return message + "; keys are flag names without the dashes: '" + bare + " = ...'";
+  }
+  std::string best;
+  size_t best_distance = 3;  // at most 2 edits away
+  for (const auto& option : flags.options()) {
+    const std::string& candidate = option->long_name();
+    const size_t d = edit_distance(bare, candidate);
+    if (d < best_distance) best = candidate, best_distance = d;
+  }
+  if (!best.empty()) message += "; did you mean '" + best + "'?";
+  if (!section.empty()) message += " (sections are not read; keys go outside any [section])";
+  return message;
+}
+
 // Boost's messages repeat the option name; ours lead with it, once.
-[[noreturn]] void rethrow_boost_error(const po::error& e, const std::string& config_file) {
+[[noreturn]] void rethrow_boost_error(const po::error& e, const std::string& config_file,
+                                      const po::options_description* flags = nullptr) {
   const std::string where = config_file.empty() ? "" : " (in " + config_file + ")";
   const auto* named = dynamic_cast<const po::error_with_option_name*>(&e);
   std::string name = named ? named->get_option_name() : "";
   if (!config_file.empty() && !name.empty() && name.rfind("--", 0) != 0) name = "--" + name;
   if (dynamic_cast<const po::unknown_option*>(&e)) {
-    if (!config_file.empty()) {
-      const std::string key = name.size() > 2 ? name.substr(2) : name;
-      usage_error("--config", config_file + ": unknown key " + quoted(key));
+    // An INI file's key as written (store_ini passes the flags).
+    if (!config_file.empty() && flags) {
+      usage_error("--config", unknown_key_message(config_file, named->get_option_name(), *flags));
     }
     usage_error(name, "unknown flag (see --help)");
   }
@@ -529,7 +599,7 @@ void store_ini(std::istream& in, const po::options_description& flags, const std
   try {
     po::store(po::parse_config_file(in, flags), *vm);
   } catch (const po::error& e) {
-    rethrow_boost_error(e, source);
+    rethrow_boost_error(e, source, &flags);
   }
 }
 
@@ -710,7 +780,7 @@ void validate_train(const TrainConfig& c) {
   require_at_least("--steps", c.steps, 1);
   require_at_least("--log-every", c.log_every, 1);
   require_at_least("--eval-every", c.eval_every, 0);
-  require_at_least("--eval-batches", c.eval_batches, 1);
+  require_at_least("--eval-batches", c.eval_batches, 0);
   require_at_least("--checkpoint-every", c.checkpoint_every, 0);
   require_at_least("--keep-checkpoints", c.keep_checkpoints, 0);
   validate_device(c.device, c.precision, c.tf32, c.threads);

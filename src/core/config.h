@@ -117,8 +117,8 @@ struct TrainConfig {
   int64_t steps = 1000;
   uint64_t seed = 1;
   int log_every = 10;
-  int eval_every = 0;  // 0: only at the end
-  int eval_batches = 8;
+  int eval_every = 0;        // 0: only at the end
+  int eval_batches = 0;      // 0: the whole validation split (a synthetic task: 8)
   int checkpoint_every = 0;  // 0: only at the last step
   int keep_checkpoints = 5;  // newest step_*.h5 kept (0: all)
   OnDivergence on_divergence = OnDivergence::kStop;

@@ -34,6 +34,12 @@ two=$(figures "$out")
 "${mpirun[@]}" -np 2 "$bin" eval --checkpoint "$checkpoint" --data shards --threads 1 >all-2.txt
 [[ -n $(figures all-1.txt) && $(figures all-1.txt) == "$(figures all-2.txt)" ]] ||
   fail "every validation batch: 1 rank '$(figures all-1.txt)', 2 ranks '$(figures all-2.txt)'"
+# By default training evaluates the whole split too: the same figures as eval.
+"$bin" train --model lm --data shards --out run-all --layers 1 --d-model 32 --heads 2 --d-ff 64 \
+  --max-len 64 --max-tokens 512 --steps 10 --log-every 10 --threads 1 >train-all.log
+"$bin" eval --checkpoint run-all/checkpoints/step_00000010.h5 --data shards --threads 1 >all-run.txt
+[[ -n $(figures train-all.log) && $(figures train-all.log) == "$(figures all-run.txt)" ]] ||
+  fail "the whole split: training '$(figures train-all.log)', eval '$(figures all-run.txt)'"
 [[ $failures -eq 0 ]] && echo "PASS: eval repeats training's figures ($trained) on 1 and 2 ranks"
 
 run_eval() {
