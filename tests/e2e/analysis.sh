@@ -52,8 +52,10 @@ expect_one_line_error "a directory without metrics.h5" 2 "plot_run.py: empty-run
 [[ ! -e bad.png ]] || fail "a refused plot wrote bad.png"
 
 rc=0
-MPIFORMER_RUN=$work/run-a timeout 300 python3 -m nbconvert --to notebook --execute \
-  --output "$work/report.ipynb" "$src/analysis/run_report.ipynb" >"$out" 2>"$err" || rc=$?
+# As the README runs it: a run path relative to here, the report written here.
+MPIFORMER_RUN=run-a timeout 300 python3 -m nbconvert --to notebook --execute \
+  --output-dir "$work" --output report.ipynb "$src/analysis/run_report.ipynb" >"$out" 2>"$err" ||
+  rc=$?
 if [[ $rc -ne 0 ]]; then
   fail "run_report.ipynb did not execute (exit code $rc)"
 elif ! grep -q "rms" "$work/report.ipynb" || ! grep -q "image/png" "$work/report.ipynb"; then
