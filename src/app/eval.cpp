@@ -95,11 +95,8 @@ int run_eval(const EvalConfig& cfg, Communicator& comm) {
               comm.local_size(), "--max-tokens (" + std::to_string(run.max_tokens) + ")");
         }))
       return kExitFailure;
-    if (comm.any(!shortfall.empty())) {
-      if (comm.is_root() && !shortfall.empty())
-        std::fprintf(stderr, "mpiformer eval: --max-tokens: the model %s\n", shortfall.c_str());
-      return kExitUsage;
-    }
+    if (const int code = refuse_on_shortfall(comm, shortfall, "mpiformer eval: --max-tokens: "))
+      return code;
   }
   Model model(*ops, run.model, capacity);
   model.init_parameters(run.seed);  // allocates; the checkpoint's values replace these

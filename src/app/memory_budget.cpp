@@ -6,6 +6,8 @@
 #include <limits>
 #include <sstream>
 
+#include "src/core/error.h"
+
 namespace mpiformer {
 
 namespace {
@@ -64,6 +66,17 @@ size_t cgroup_available() {
 }
 
 }  // namespace
+
+int refuse_on_shortfall(const Communicator& comm, const std::string& shortfall,
+                        const std::string& prefix) {
+  if (!comm.any(!shortfall.empty())) return 0;
+  if (!shortfall.empty() && comm.local_rank() == 0) {
+    const std::string rank = comm.size() > 1 ? "[rank " + std::to_string(comm.rank()) + "] " : "";
+    std::fprintf(stderr, "%s%sthe model %s\n", rank.c_str(), prefix.c_str(), shortfall.c_str());
+    std::fflush(stderr);
+  }
+  return kExitUsage;
+}
 
 std::string format_bytes(double bytes) {
   static const char* const units[] = {"KiB", "MiB", "GiB", "TiB"};

@@ -16,6 +16,7 @@
 
 #include "kernels/ops.h"
 #include "src/core/config.h"
+#include "src/dist/communicator.h"
 #include "src/model/model.h"
 
 namespace mpiformer {
@@ -54,6 +55,12 @@ size_t host_memory_available(int local_ranks);
 // each of 2 rank(s) on this node; lower SIZED_BY".
 std::string memory_shortfall(const MemoryEstimate& estimate, const Ops& ops, int local_ranks,
                              const std::string& sized_by);
+
+// Collective: when any rank's `shortfall` is not "", the first rank of each
+// node that has one prints "[rank r] PREFIXthe model SHORTFALL" (no rank on
+// one rank) and every rank returns kExitUsage; 0 otherwise.
+int refuse_on_shortfall(const Communicator& comm, const std::string& shortfall,
+                        const std::string& prefix);
 
 // "12.3 GiB", "456.0 MiB"
 std::string format_bytes(double bytes);

@@ -225,13 +225,7 @@ int Trainer::build() {
                                      "--max-tokens, --d-model, --d-ff, --layers or --max-len");
       }))
     return kExitFailure;
-  if (comm_.any(!shortfall.empty())) {
-    if (!shortfall.empty() && comm_.local_rank() == 0) {
-      std::fprintf(stderr, "[rank %d] mpiformer train: the model %s\n", rank_, shortfall.c_str());
-      std::fflush(stderr);
-    }
-    return kExitUsage;
-  }
+  if (const int code = refuse_on_shortfall(comm_, shortfall, "mpiformer train: ")) return code;
   loss_watch_ = LossWatch(cfg_.model.vocab);  // the vocabulary is known now
   model_ = std::make_unique<Model>(*ops_, cfg_.model, capacity, compute);
   model_->init_parameters(cfg_.seed);
