@@ -12,6 +12,12 @@ usage: torch_reference.py CHECKPOINT DUMP [--tolerance T] [--device cpu|cuda]
 Exit 0 when every tensor's max relative difference (max |a-b| / max |b|)
 and the loss's relative difference are within the tolerance (default 1e-4),
 1 otherwise, 2 for a checkpoint this reference does not cover.
+
+usage: torch_reference.py CHECKPOINT --data DIR [--split valid|test]
+The true negative log-likelihood of an lm checkpoint on every sequence of
+DIR's split, read from the shards as data/FORMAT.md lays them out (BOS and
+the tokens predict the tokens and EOS), printed as "nll N ppl P bits B
+tokens T": what `mpiformer eval` must print.
 """
 
 import argparse
@@ -89,7 +95,9 @@ def sequence_loss(p, cfg, tokens, positions, targets, smoothing, source=None):
     else:
         layers = int(cfg["layers"])
     x = stack(embed(tokens, positions), p, "decoder", layers, H, True, memory)
-    logits = x @ p["embed.tokens"].T + p["output.bias"]
+    logits = x @ p["embed.tokens"].T
+    if "output.bias" in p:  # --output-bias false has none
+        logits = logits + p["output.bias"]
     V = logits.shape[-1]
     keep = targets != 0  # pad id 0
     log_probs = torch.log_softmax(logits[keep], dim=-1)
@@ -104,13 +112,47 @@ def sequence_loss(p, cfg, tokens, positions, targets, smoothing, source=None):
     return loss, len(t), correct
 
 
+def split_nll(params, cfg, data_dir, split, device):
+    """Sum of -log p(target) over every sequence of an lm shard split, and the
+    count of targets. Sequences longer than max-len would be truncated by the
+    trainer; this reference refuses them instead."""
+    import glob
+    import os
+    files = sorted(glob.glob(os.path.join(data_dir, f"{split}-*.h5")))
+    if not files:
+        raise SystemExit(f"torch_reference.py: no {split}-*.h5 shards in {data_dir}")
+    L = int(cfg["max-len"])
+    total, tokens = 0.0, 0
+    with torch.no_grad():
+        for path in files:
+            with h5py.File(path, "r") as f:
+                bos, eos = int(f.attrs["bos_id"]), int(f.attrs["eos_id"])
+                ids = np.asarray(f["tokens"], dtype=np.int64)
+                offsets = np.asarray(f["offsets"], dtype=np.int64)
+            for i in range(len(offsets) - 1):
+                seq = ids[offsets[i]:offsets[i + 1]]
+                if len(seq) + 1 > L:
+                    raise SystemExit(f"torch_reference.py: {path} sequence {i} is longer than "
+                                     f"max-len {L}; choose a larger --max-len")
+                inputs = torch.tensor(np.concatenate([[bos], seq]), device=device)
+                targets = torch.tensor(np.concatenate([seq, [eos]]), device=device)
+                positions = torch.arange(len(inputs), device=device)
+                loss, n, _ = sequence_loss(params, cfg, inputs, positions, targets, 0.0)
+                total, tokens = total + float(loss), tokens + n
+    return total, tokens
+
+
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("checkpoint")
-    parser.add_argument("dump")
+    parser.add_argument("dump", nargs="?")
+    parser.add_argument("--data", help="an lm shard set: print the checkpoint's nll on a split")
+    parser.add_argument("--split", default="valid")
     parser.add_argument("--tolerance", type=float, default=1e-4)
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
+    if (args.dump is None) == (args.data is None):
+        parser.error("give a DUMP or --data DIR")
 
     with h5py.File(args.checkpoint, "r") as f:
         config = f.attrs["config"]
@@ -129,6 +171,16 @@ def main(argv):
             print(f"torch_reference.py: covers {key} = {value}; the checkpoint has "
                   f"{cfg.get(key)}", file=sys.stderr)
             return 2
+
+    if args.data is not None:
+        if cfg["model"] != "lm":
+            print("torch_reference.py: --data covers lm checkpoints", file=sys.stderr)
+            return 2
+        total, tokens = split_nll(params, cfg, args.data, args.split, args.device)
+        nll = total / tokens
+        print(f"nll {nll:.10f} ppl {math.exp(nll):.10f} bits {nll / math.log(2):.10f} "
+              f"tokens {tokens}")
+        return 0
 
     with h5py.File(args.dump, "r") as f:
         batch = {k: torch.tensor(np.asarray(f["batch"][k]), dtype=torch.long, device=args.device)

@@ -89,11 +89,12 @@ struct FusedActivation {
 // Sums over the weighted rows of a batch; divisions happen once, at the end.
 // Plain data, so backends accumulate it in their own memory.
 struct LossSums {
-  double loss = 0.0;    // sum of per-token losses over weighted rows
+  double loss = 0.0;    // sum of per-token losses over weighted rows (label-smoothed)
+  double nll = 0.0;     // sum of -log p(target): the true negative log-likelihood
   int64_t tokens = 0;   // rows whose target is not pad
   int64_t correct = 0;  // weighted rows whose argmax equals the target
   LossSums& operator+=(const LossSums& o) {
-    loss += o.loss, tokens += o.tokens, correct += o.correct;
+    loss += o.loss, nll += o.nll, tokens += o.tokens, correct += o.correct;
     return *this;
   }
 };

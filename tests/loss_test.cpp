@@ -70,6 +70,7 @@ TEST_F(LossTest, NoSmoothingIsLogSumExpMinusTargetLogit) {
   std::vector<float> x = {1.0f, 2.0f, 3.0f};
   const LossSums s = run(x, {2}, 3, 0.0f, kPad, 1.0f, false);
   EXPECT_NEAR(s.loss, 0.40760596444438, 1e-6);
+  EXPECT_NEAR(s.nll, 0.40760596444438, 1e-6);  // without smoothing, the loss is the nll
   EXPECT_EQ(s.tokens, 1);
   EXPECT_EQ(s.correct, 1);
   // Without compute_grad the logits are left alone.
@@ -89,6 +90,8 @@ TEST_F(LossTest, SmoothedLossMatchesFormula) {
   std::vector<float> x = logits;
   const LossSums s = run(x, {3}, 5, 0.1f, kPad, 1.0f, false);
   EXPECT_NEAR(s.loss, 2.161799172892006, 1e-5);
+  // The true nll ignores the smoothing: lse - x_3 = 2.700512 - 0.
+  EXPECT_NEAR(s.nll, 2.7005116, 1e-5);
   EXPECT_EQ(s.tokens, 1);
   EXPECT_EQ(s.correct, 0);  // argmax is 2
 
@@ -96,6 +99,8 @@ TEST_F(LossTest, SmoothedLossMatchesFormula) {
   x = logits;
   const LossSums g = run(x, {3}, 5, 0.1f, kPad, 1.0f, true);
   EXPECT_NEAR(g.loss, 2.161799172892006, 1e-5);
+  EXPECT_NEAR(g.nll, 2.7005116, 1e-5);
+  EXPECT_NEAR(label_smoothed_loss_reference(logits.data(), 5, 3, 0.0f), 2.7005116, 1e-6);
 
   EXPECT_NEAR(label_smoothed_loss_reference(logits.data(), 5, 3, 0.1f), 2.161799172892006,
               1e-7);  // e is the float 0.1
@@ -126,6 +131,7 @@ TEST_F(LossTest, PadRowsContributeNothing) {
                           -0.5f, 0.8f,  0.1f, 0.0f};
   const LossSums s = run(x, {2, kPad, 1}, 4, 0.0f, kPad, 1.0f, true);
   EXPECT_NEAR(s.loss, 1.5621594311527442, 1e-5);
+  EXPECT_NEAR(s.nll, 1.5621594311527442, 1e-5);
   EXPECT_EQ(s.tokens, 2);
   EXPECT_EQ(s.correct, 2);
   for (int j = 0; j < 4; ++j) EXPECT_EQ(x[4 + j], 0.0f) << "pad row gradient, column " << j;
@@ -136,6 +142,7 @@ TEST_F(LossTest, PadRowsContributeNothing) {
   std::vector<float> y = {1.0f, 2.0f, 3.0f, 4.0f};
   const LossSums none = run(y, {kPad}, 4, 0.1f, kPad, 1.0f, true);
   EXPECT_EQ(none.loss, 0.0);
+  EXPECT_EQ(none.nll, 0.0);
   EXPECT_EQ(none.tokens, 0);
   EXPECT_EQ(none.correct, 0);
   EXPECT_EQ(y, (std::vector<float>{0.0f, 0.0f, 0.0f, 0.0f}));
@@ -239,22 +246,26 @@ TEST_F(LossTest, GradientRowsSumToZeroAndMatchReference) {
 
 TEST(Summarize, DividesOnceAtTheEnd) {
   LossSums sums;
-  sums.loss = 6.0;
+  sums.loss = 5.0;  // smoothed: not what the perplexity is made of
+  sums.nll = 6.0;
   sums.tokens = 4;
   sums.correct = 3;
   const LossSummary s = summarize(sums);
-  EXPECT_DOUBLE_EQ(s.loss, 1.5);
-  EXPECT_NEAR(s.perplexity, 4.4816890703380645, 1e-12);  // e^1.5
+  EXPECT_DOUBLE_EQ(s.loss, 1.25);
+  EXPECT_DOUBLE_EQ(s.nll, 1.5);
+  EXPECT_NEAR(s.perplexity, 4.4816890703380645, 1e-12);  // e^nll = e^1.5
   EXPECT_DOUBLE_EQ(s.accuracy, 0.75);
   EXPECT_EQ(s.tokens, 4);
 
   // Sums add before dividing: (6 + 1) / (4 + 4) = 0.875, not the mean of means.
   LossSums other;
-  other.loss = 1.0;
+  other.loss = 2.0;
+  other.nll = 1.0;
   other.tokens = 4;
   other.correct = 1;
   sums += other;
   EXPECT_DOUBLE_EQ(summarize(sums).loss, 0.875);
+  EXPECT_DOUBLE_EQ(summarize(sums).nll, 0.875);
   EXPECT_DOUBLE_EQ(summarize(sums).accuracy, 0.5);
 
   const LossSummary empty = summarize(LossSums{});

@@ -33,6 +33,7 @@ __attribute__((always_inline)) inline int first_index_of(const float* x, int n, 
 
 struct RowLoss {
   double loss = 0.0;
+  double nll = 0.0;  // -log p(target), unsmoothed
   bool correct = false;
 };
 
@@ -74,6 +75,7 @@ MPIFORMER_HOT RowLoss cross_entropy_row(float* logits, int target, int V, float 
   RowLoss row;
   row.loss = log_sum_exp - on_target * target_logit -
              off_target * (static_cast<double>(sum_logits) - target_logit) - constant;
+  row.nll = log_sum_exp - target_logit;
   row.correct = argmax == target;
 
   if (compute_grad) {
@@ -101,7 +103,8 @@ void CpuOps::cross_entropy(Act logits_act, const int32_t* targets, int N, int V,
   const double constant = label_smoothing_constant(smoothing, V);
   // Per-row losses are summed afterwards in row order, so the total does not
   // depend on the thread count or on which thread finishes first.
-  double* row_loss = grow(double_scratch_, static_cast<size_t>(N));  // (N)
+  double* row_loss = grow(double_scratch_, 2 * static_cast<size_t>(N));  // (N)
+  double* row_nll = row_loss + N;                                        // (N)
   int64_t tokens = 0;
   int64_t correct = 0;
 #pragma omp parallel for schedule(static) reduction(+ : tokens, correct) \
@@ -109,18 +112,22 @@ void CpuOps::cross_entropy(Act logits_act, const int32_t* targets, int N, int V,
   for (int i = 0; i < N; ++i) {
     float* row = logits + static_cast<size_t>(i) * ld;  // (V)
     if (targets[i] == pad_id) {
-      row_loss[i] = 0.0;
+      row_loss[i] = row_nll[i] = 0.0;
       if (compute_grad) std::fill(row, row + V, 0.0f);
       continue;
     }
     const RowLoss r =
         cross_entropy_row(row, targets[i], V, smoothing, constant, grad_scale, compute_grad);
     row_loss[i] = r.loss;
+    row_nll[i] = r.nll;
     tokens += 1;
     correct += r.correct ? 1 : 0;
   }
   LossSums sums;
-  for (int i = 0; i < N; ++i) sums.loss += row_loss[i];
+  for (int i = 0; i < N; ++i) {
+    sums.loss += row_loss[i];
+    sums.nll += row_nll[i];
+  }
   sums.tokens = tokens;
   sums.correct = correct;
   *sums_out += sums;

@@ -21,6 +21,7 @@ constexpr int kThreads = 256;
 
 struct RowResult {
   double loss;  // 0 on pad rows
+  double nll;   // -log p(target), unsmoothed; 0 on pad rows
   int counted;  // target is not pad
   int correct;  // argmax == target (first index among ties)
 };
@@ -40,7 +41,7 @@ __global__ void cross_entropy_kernel(T* logits, const int32_t* targets, RowResul
   if (target == pad_id) {
     if (compute_grad)
       for (int j = threadIdx.x; j < V; j += blockDim.x) store(x, j, 0.0f);
-    if (threadIdx.x == 0) rows[row] = RowResult{0.0, 0, 0};
+    if (threadIdx.x == 0) rows[row] = RowResult{0.0, 0.0, 0, 0};
     return;
   }
   float top = -INFINITY, sum = 0.0f;
@@ -68,7 +69,7 @@ __global__ void cross_entropy_kernel(T* logits, const int32_t* targets, RowResul
     rows[row] =
         RowResult{log_sum_exp - static_cast<double>(on_target) * target_logit -
                       static_cast<double>(off_target) * (sum_logits - target_logit) - constant,
-                  1, first_max == target ? 1 : 0};
+                  log_sum_exp - target_logit, 1, first_max == target ? 1 : 0};
   }
   if (compute_grad) {
     __syncthreads();  // every thread has read x[target]
@@ -85,18 +86,21 @@ __global__ void cross_entropy_kernel(T* logits, const int32_t* targets, RowResul
 __global__ void add_row_results_kernel(LossSums* sums, const RowResult* rows, int N) {
   __shared__ double shared_loss[32];
   __shared__ long long shared_count[32];
-  double loss = 0.0;
+  double loss = 0.0, nll = 0.0;
   long long tokens = 0, correct = 0;
   for (int r = threadIdx.x; r < N; r += blockDim.x) {
     loss += rows[r].loss;
+    nll += rows[r].nll;
     tokens += rows[r].counted;
     correct += rows[r].correct;
   }
   loss = cuda::block_sum(loss, shared_loss);
+  nll = cuda::block_sum(nll, shared_loss);
   tokens = cuda::block_sum(tokens, shared_count);
   correct = cuda::block_sum(correct, shared_count);
   if (threadIdx.x == 0) {
     sums->loss += loss;
+    sums->nll += nll;
     sums->tokens += tokens;
     sums->correct += correct;
   }

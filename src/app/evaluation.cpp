@@ -1,17 +1,35 @@
 #include "src/app/evaluation.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 
 namespace mpiformer {
 
 LossSums allreduce(const Communicator& comm, const LossSums& local) {
-  double v[3] = {local.loss, static_cast<double>(local.tokens), static_cast<double>(local.correct)};
-  comm.allreduce_sum(v, 3);
+  double v[4] = {local.loss, local.nll, static_cast<double>(local.tokens),
+                 static_cast<double>(local.correct)};
+  comm.allreduce_sum(v, 4);
   LossSums global;
   global.loss = v[0];
-  global.tokens = static_cast<int64_t>(v[1]);
-  global.correct = static_cast<int64_t>(v[2]);
+  global.nll = v[1];
+  global.tokens = static_cast<int64_t>(v[2]);
+  global.correct = static_cast<int64_t>(v[3]);
   return global;
+}
+
+std::string describe_eval(const LossSummary& eval, ModelKind kind) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "loss %.4f | nll %.4f | ppl %.3f", eval.loss, eval.nll,
+                eval.perplexity);
+  std::string text = buf;
+  if (kind == ModelKind::kLm) {
+    std::snprintf(buf, sizeof buf, " | bits %.4f", eval.nll / std::log(2.0));
+    text += buf;
+  }
+  std::snprintf(buf, sizeof buf, " | acc %.2f%% | %lld tokens", 100.0 * eval.accuracy,
+                static_cast<long long>(eval.tokens));
+  return text + buf;
 }
 
 LossSummary evaluate(Model& model, BatchSource& source, uint64_t max_batches, float label_smoothing,

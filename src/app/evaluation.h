@@ -3,6 +3,8 @@
 // all-reduced, divided once.
 #pragma once
 
+#include <string>
+
 #include "src/core/config.h"
 #include "src/data/batch.h"
 #include "src/data/batch_source.h"
@@ -16,6 +18,11 @@ namespace mpiformer {
 LossSums allreduce(const Communicator& comm, const LossSums& local);
 
 constexpr uint64_t kSyntheticEvalBatches = 8;
+
+// The figures of an eval line, one format for `train` and `eval`:
+// "loss L | nll N | ppl P | acc A% | T tokens" (an lm also gets bits per
+// token: "bits B", nll / ln 2).
+std::string describe_eval(const LossSummary& eval, ModelKind kind);
 
 // The first `max_batches` evaluation batches of `source` (a shard set's
 // validation split may hold fewer; 0: all of them, or

@@ -10,9 +10,10 @@ LossSummary summarize(const LossSums& sums) {
   s.tokens = sums.tokens;
   if (sums.tokens > 0) {
     s.loss = sums.loss / static_cast<double>(sums.tokens);
+    s.nll = sums.nll / static_cast<double>(sums.tokens);
     s.accuracy = static_cast<double>(sums.correct) / static_cast<double>(sums.tokens);
   }
-  s.perplexity = std::exp(s.loss);
+  s.perplexity = std::exp(s.nll);
   return s;
 }
 

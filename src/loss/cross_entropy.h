@@ -7,9 +7,13 @@
 
 namespace mpiformer {
 
+// Per target token, in nats. `loss` is the training objective (label-smoothed,
+// less its constant: 0 for a perfect prediction); `nll` is the true negative
+// log-likelihood, whose exp is the perplexity papers report.
 struct LossSummary {
   double loss = 0.0;        // sum / tokens (0 when no tokens)
-  double perplexity = 1.0;  // exp(loss)
+  double nll = 0.0;         // nll sum / tokens
+  double perplexity = 1.0;  // exp(nll)
   double accuracy = 0.0;    // correct / tokens
   int64_t tokens = 0;
 };
