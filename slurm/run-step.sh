@@ -5,8 +5,8 @@
 # mpiformer_run RUNDIR [train flags...] runs
 #   $MPIFORMER_LAUNCH $MPIFORMER_BIN train --out RUNDIR --resume auto FLAGS
 # in the background (launcher default: srun --mpi=pmix; binary default:
-# $SLURM_SUBMIT_DIR/build/mpiformer), with its output also appended to
-# RUNDIR/train.log. SLURM's warning signal reaches only this batch shell
+# $SLURM_SUBMIT_DIR/build/mpiformer); rank 0 appends its output to
+# RUNDIR/train.log itself. SLURM's warning signal reaches only this batch shell
 # (--signal=B:USR1@120), so it is passed on to the launcher as USR1, and so
 # are TERM (scancel, preemption) and INT: srun and mpirun forward USR1 to
 # every rank at once, while mpirun answers TERM and INT by killing the job
@@ -37,8 +37,8 @@ mpiformer_run() {
   local log_start
   log_start=$(($(wc -l <"$rundir/train.log" 2>/dev/null || echo 0) + 1))
 
-  "${launch[@]}" "$bin" train --out "$rundir" --resume auto --threads "$threads" "$@" \
-    > >(tee -a "$rundir/train.log") 2>&1 &
+  # Rank 0 appends its own output to RUNDIR/train.log.
+  "${launch[@]}" "$bin" train --out "$rundir" --resume auto --threads "$threads" "$@" &
   local pid=$!
   local signalled=0
   trap 'signalled=1; kill -s USR1 "$pid" 2>/dev/null || true' USR1 TERM INT

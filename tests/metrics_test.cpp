@@ -5,11 +5,14 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
 #include <vector>
+
+#include "src/io/hdf5_file.h"
 
 namespace mpiformer {
 namespace {
@@ -44,7 +47,29 @@ class MetricsTest : public ::testing::Test {
     r.step_ms = 20.0 + s;
     r.padding_efficiency = 0.9;
     r.loss_scale = 1.0;
+    r.nll = 1.5 / (s + 3);
+    r.elapsed_s = 2.0 * s;
+    r.epoch = 0.125 * s;
+    r.comm_wait_ms = 0.25 * s;
+    r.hidden_share = 0.5;
     return r;
+  }
+  static EvalRow eval_row(int64_t s) {
+    EvalRow r;
+    r.step = s;
+    r.loss = 2.5;
+    r.perplexity = 12.182493960703473;
+    r.accuracy = 0.25;
+    r.tokens = 777;
+    r.nll = 2.5;
+    r.elapsed_s = 2.0 * s + 1;
+    return r;
+  }
+  static std::vector<std::string> lines_of(const std::string& path) {
+    std::ifstream in(path);
+    std::vector<std::string> lines;
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+    return lines;
   }
   static std::string contents(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
@@ -59,7 +84,10 @@ TEST_F(MetricsTest, RowsAndAttributesReadBackExactly) {
   {
     MetricsLog log(path_, attrs(4), -1);
     for (int64_t s = 10; s <= 30; s += 10) log.append(train_row(s));
-    log.append(EvalRow{20, 2.5, 12.182493960703473, 0.25, 777});
+    TrainRow no_epoch = train_row(40);
+    no_epoch.epoch = std::nan("");  // a synthetic task counts none
+    log.append(no_epoch);
+    log.append(eval_row(20));
   }
   ASSERT_TRUE(is_metrics_file(path_));
   const MetricsTable t = read_metrics(path_);
@@ -67,15 +95,72 @@ TEST_F(MetricsTest, RowsAndAttributesReadBackExactly) {
   EXPECT_EQ(t.attrs.config, attrs(4).config);
   EXPECT_EQ(t.attrs.git_commit, "abc123");
   EXPECT_TRUE(t.resumed_at_steps.empty());
-  EXPECT_EQ(t.train_columns, (std::vector<std::string>{"step", "loss", "tokens", "accuracy", "lr",
-                                                       "grad_norm", "tokens_per_s", "step_ms",
-                                                       "padding_efficiency", "loss_scale"}));
-  ASSERT_EQ(t.train_rows.size(), 3u);
+  EXPECT_EQ(t.train_columns, (std::vector<std::string>{
+                                 "step", "loss", "tokens", "accuracy", "lr", "grad_norm",
+                                 "tokens_per_s", "step_ms", "padding_efficiency", "loss_scale",
+                                 "nll", "elapsed_s", "epoch", "comm_wait_ms", "hidden_share"}));
+  ASSERT_EQ(t.train_rows.size(), 4u);
   const TrainRow r = train_row(20);
-  EXPECT_EQ(t.train_rows[1], (std::vector<double>{20, r.loss, 1020, r.accuracy, r.lr, r.grad_norm,
-                                                  r.tokens_per_s, r.step_ms, 0.9, 1.0}));
+  EXPECT_EQ(t.train_rows[1],
+            (std::vector<double>{20, r.loss, 1020, r.accuracy, r.lr, r.grad_norm, r.tokens_per_s,
+                                 r.step_ms, 0.9, 1.0, r.nll, 40, 2.5, 5, 0.5}));
+  EXPECT_TRUE(std::isnan(t.train_rows[3][12]));
+  EXPECT_EQ(t.eval_columns, (std::vector<std::string>{"step", "loss", "perplexity", "accuracy",
+                                                      "tokens", "nll", "elapsed_s"}));
   ASSERT_EQ(t.eval_rows.size(), 1u);
-  EXPECT_EQ(t.eval_rows[0], (std::vector<double>{20, 2.5, 12.182493960703473, 0.25, 777}));
+  EXPECT_EQ(t.eval_rows[0], (std::vector<double>{20, 2.5, 12.182493960703473, 0.25, 777, 2.5, 41}));
+
+  // metrics.jsonl: the same rows, one JSON object a line, NaN as null.
+  const std::vector<std::string> lines = lines_of((dir_ / "metrics.jsonl").string());
+  ASSERT_EQ(lines.size(), 5u);
+  EXPECT_EQ(lines[1].rfind("{\"group\": \"train\", \"step\": 20, \"loss\": 0.043478260869565216, "
+                           "\"tokens\": 1020, ",
+                           0),
+            0u)
+      << lines[1];
+  EXPECT_NE(lines[1].find("\"epoch\": 2.5, \"comm_wait_ms\": 5, \"hidden_share\": 0.5}"),
+            std::string::npos)
+      << lines[1];
+  EXPECT_NE(lines[3].find("\"epoch\": null"), std::string::npos) << lines[3];
+  EXPECT_EQ(lines[4],
+            "{\"group\": \"eval\", \"step\": 20, \"loss\": 2.5, \"perplexity\": "
+            "12.182493960703473, \"accuracy\": 0.25, \"tokens\": 777, \"nll\": 2.5, "
+            "\"elapsed_s\": 41}");
+}
+
+// A file of version 1 lacks the columns after loss_scale (train) and tokens
+// (eval): it reads with NaN there, and a resumed run carries it into version 2.
+TEST_F(MetricsTest, AFileWithoutTheNewerColumnsReadsThemAsNaN) {
+  {
+    MetricsLog log(path_, attrs(1), -1);
+    for (int64_t s = 1; s <= 3; ++s) log.append(train_row(s));
+    log.append(eval_row(2));
+  }
+  {
+    hdf5::Session session;
+    const hid_t file = H5Fopen(path_.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    ASSERT_GE(file, 0);
+    for (const char* name :
+         {"/train/nll", "/train/elapsed_s", "/train/epoch", "/train/comm_wait_ms",
+          "/train/hidden_share", "/eval/nll", "/eval/elapsed_s"})
+      ASSERT_GE(H5Ldelete(file, name, H5P_DEFAULT), 0) << name;
+    H5Fclose(file);
+  }
+  const MetricsTable old = read_metrics(path_);
+  ASSERT_EQ(old.train_rows.size(), 3u);
+  ASSERT_EQ(old.train_rows[0].size(), 15u);
+  EXPECT_EQ(old.train_rows[2][1], train_row(3).loss);
+  EXPECT_TRUE(std::isnan(old.train_rows[2][10]));
+  EXPECT_TRUE(std::isnan(old.eval_rows[0][6]));
+  {
+    MetricsLog log(path_, attrs(1), 2);
+    EXPECT_EQ(log.elapsed_before(), 0.0);  // not recorded then
+    log.append(train_row(3));
+  }
+  const MetricsTable t = read_metrics(path_);
+  ASSERT_EQ(t.train_rows.size(), 3u);
+  EXPECT_TRUE(std::isnan(t.train_rows[1][11]));
+  EXPECT_EQ(t.train_rows[2][11], 6.0);
 }
 
 TEST_F(MetricsTest, ResumingKeepsTheRowsUpToTheResumedStep) {
@@ -88,6 +173,7 @@ TEST_F(MetricsTest, ResumingKeepsTheRowsUpToTheResumedStep) {
   {
     // Resumed from the checkpoint of step 5 on one rank: steps 6 and 7 are redone.
     MetricsLog log(path_, attrs(1), 5);
+    EXPECT_EQ(log.elapsed_before(), 10.0);  // step 5's elapsed_s: the clock goes on
     log.append(train_row(6));
   }
   { MetricsLog log(path_, attrs(3), 6); }
@@ -99,6 +185,12 @@ TEST_F(MetricsTest, ResumingKeepsTheRowsUpToTheResumedStep) {
   ASSERT_EQ(t.eval_rows.size(), 1u);
   EXPECT_EQ(t.eval_rows[0][0], 4.0);
   EXPECT_FALSE(fs::exists(path_ + ".tmp"));
+  // metrics.jsonl follows: steps 1-6 and the eval of step 4.
+  const std::vector<std::string> lines = lines_of((dir_ / "metrics.jsonl").string());
+  ASSERT_EQ(lines.size(), 7u);
+  EXPECT_EQ(lines[5].rfind("{\"group\": \"train\", \"step\": 6,", 0), 0u) << lines[5];
+  EXPECT_EQ(lines[6].rfind("{\"group\": \"eval\", \"step\": 4,", 0), 0u) << lines[6];
+  EXPECT_FALSE(fs::exists(dir_ / "metrics.jsonl.tmp"));
 }
 
 TEST_F(MetricsTest, ResumingWithoutAFileStartsOne) {

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "kernels/backend.h"
+#include "src/core/run_log.h"
 
 namespace mpiformer {
 
@@ -18,8 +19,8 @@ std::unique_ptr<Ops> make_ops(DeviceKind device, int threads, const Communicator
   std::unique_ptr<Ops> ops = make_cuda_ops(gpu, tf32);
   char host[256] = {};
   gethostname(host, sizeof host - 1);
-  std::printf("[rank %d] %s: %s (local rank %d of %d, %d GPU(s) visible)\n", comm.rank(), host,
-              ops->name().c_str(), comm.local_rank(), comm.local_size(), count);
+  say(stdout, "[rank %d] %s: %s (local rank %d of %d, %d GPU(s) visible)\n", comm.rank(), host,
+      ops->name().c_str(), comm.local_rank(), comm.local_size(), count);
   std::fflush(stdout);
   return ops;
 }

@@ -10,6 +10,7 @@
 #include "src/app/inspect.h"
 #include "src/app/options.h"
 #include "src/core/error.h"
+#include "src/core/run_log.h"
 #include "src/core/version.h"
 #include "src/dist/communicator.h"
 #include "src/io/hdf5_file.h"
@@ -25,7 +26,7 @@ constexpr const char* kUsage =
     "  train    train a Transformer (lm, seq2seq or mlm), data-parallel over MPI ranks\n"
     "  bench    time training steps of a model shape; prints one JSON line\n"
     "  prepare  turn text (or a parallel pair) into HDF5 token shards for --data\n"
-    "  eval     a checkpoint's loss, perplexity and accuracy on a shard set's validation split\n"
+    "  eval     a checkpoint's loss, perplexity and accuracy on a shard set's valid or test split\n"
     "  generate translate (seq2seq) or continue (lm) text with a checkpoint\n"
     "  inspect  summarise a shard, checkpoint or metrics file: mpiformer inspect FILE.h5\n"
     "\n"
@@ -48,7 +49,7 @@ int usage_failure(const Communicator& comm, const std::string& prefix, const std
 // inside a collective, and only an abort ends them all.
 int run_failure(Communicator& comm, const std::exception& e) {
   if (comm.size() > 1) comm.abort(e.what(), kExitFailure);
-  std::cerr << "[rank 0] " << e.what() << std::endl;
+  say(stderr, "[rank 0] %s\n", e.what());
   return kExitFailure;
 }
 

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "src/core/error.h"
+#include "src/core/run_log.h"
 
 namespace mpiformer {
 
@@ -72,7 +73,7 @@ int refuse_on_shortfall(const Communicator& comm, const std::string& shortfall,
   if (!comm.any(!shortfall.empty())) return 0;
   if (!shortfall.empty() && comm.local_rank() == 0) {
     const std::string rank = comm.size() > 1 ? "[rank " + std::to_string(comm.rank()) + "] " : "";
-    std::fprintf(stderr, "%s%sthe model %s\n", rank.c_str(), prefix.c_str(), shortfall.c_str());
+    say(stderr, "%s%sthe model %s\n", rank.c_str(), prefix.c_str(), shortfall.c_str());
     std::fflush(stderr);
   }
   return kExitUsage;

@@ -3,13 +3,15 @@
 #include <cstdint>
 #include <cstdio>
 
+#include "src/core/run_log.h"
+
 namespace mpiformer {
 
 int agree_on(const Communicator& comm, const Verdict& verdict) {
   uint64_t code = static_cast<uint64_t>(verdict.code);
   comm.broadcast(&code, 1, 0);
   if (comm.is_root() && !verdict.message.empty()) {
-    std::fprintf(stderr, "%s\n", verdict.message.c_str());
+    say(stderr, "%s\n", verdict.message.c_str());
     std::fflush(stderr);
   }
   return static_cast<int>(code);

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "src/core/run_log.h"
 #include "src/dist/communicator.h"
 #include "src/io/checkpoint.h"
 #include "src/model/parameters.h"
@@ -35,7 +36,7 @@ bool agreed(const Communicator& comm, Fn&& what) {
     if (failure.empty()) failure = "unknown error";
   }
   if (!failure.empty()) {
-    std::fprintf(stderr, "[rank %d] %s\n", comm.rank(), failure.c_str());
+    say(stderr, "[rank %d] %s\n", comm.rank(), failure.c_str());
     std::fflush(stderr);
   }
   return !comm.any(!failure.empty());

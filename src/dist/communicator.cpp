@@ -7,6 +7,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include "src/core/run_log.h"
+
 namespace mpiformer {
 
 Communicator::Communicator(int* argc, char*** argv) {
@@ -132,7 +134,7 @@ void Communicator::barrier() const {
 }
 
 void Communicator::abort(const std::string& message, int code) const {
-  std::fprintf(stderr, "[rank %d] %s\n", rank_, message.c_str());
+  say(stderr, "[rank %d] %s\n", rank_, message.c_str());
   std::fflush(stderr);
   MPI_Abort(MPI_COMM_WORLD, code);
   std::_Exit(code);  // MPI_Abort should not return; never fall through if it does

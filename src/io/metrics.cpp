@@ -2,6 +2,7 @@
 #include "src/io/metrics.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <utility>
@@ -21,12 +22,22 @@ constexpr hsize_t kRowsPerChunk = 256;
 
 // (name, integer) in file order.
 const std::vector<std::pair<const char*, bool>> kTrainColumns = {
-    {"step", true},          {"loss", false},    {"tokens", true},
-    {"accuracy", false},     {"lr", false},      {"grad_norm", false},
-    {"tokens_per_s", false}, {"step_ms", false}, {"padding_efficiency", false},
-    {"loss_scale", false}};
+    {"step", true},          {"loss", false},         {"tokens", true},
+    {"accuracy", false},     {"lr", false},           {"grad_norm", false},
+    {"tokens_per_s", false}, {"step_ms", false},      {"padding_efficiency", false},
+    {"loss_scale", false},   {"nll", false},          {"elapsed_s", false},
+    {"epoch", false},        {"comm_wait_ms", false}, {"hidden_share", false}};
 const std::vector<std::pair<const char*, bool>> kEvalColumns = {
-    {"step", true}, {"loss", false}, {"perplexity", false}, {"accuracy", false}, {"tokens", true}};
+    {"step", true},   {"loss", false}, {"perplexity", false}, {"accuracy", false},
+    {"tokens", true}, {"nll", false},  {"elapsed_s", false}};
+// Columns every version has; later ones read as NaN when a file lacks them.
+constexpr size_t kVersion1TrainColumns = 10, kVersion1EvalColumns = 5;
+
+// metrics.jsonl beside metrics.h5.
+std::string json_path_of(const std::string& path) {
+  const fs::path p(path);
+  return (p.parent_path() / (p.stem().string() + ".jsonl")).string();
+}
 
 Faults faults_of(const std::string& path) {
   return Faults::of<MetricsError>(path);
@@ -101,6 +112,21 @@ MetricsLog::MetricsLog(const std::string& path, const RunAttributes& attrs,
       if (row[0] <= static_cast<double>(keep_through_step)) write_row(train_, &train_rows_, row);
     for (const std::vector<double>& row : old.eval_rows)
       if (row[0] <= static_cast<double>(keep_through_step)) write_row(eval_, &eval_rows_, row);
+    // metrics.jsonl is rewritten from the rows kept: it follows the branch.
+    const std::string json_path = json_path_of(path);
+    const std::string json_target = json_path + ".tmp";
+    json_ = std::fopen(json_target.c_str(), "w");
+    if (json_ == nullptr) faults.fail_errno("cannot create " + json_target);
+    for (const std::vector<double>& row : old.train_rows) {
+      if (row[0] > static_cast<double>(keep_through_step)) continue;
+      append_json("train", train_, row);
+      const double elapsed = row[11];  // elapsed_s (kTrainColumns)
+      if (std::isfinite(elapsed)) elapsed_before_ = elapsed;
+    }
+    for (const std::vector<double>& row : old.eval_rows)
+      if (row[0] <= static_cast<double>(keep_through_step)) append_json("eval", eval_, row);
+    if (std::fflush(json_) != 0 || std::rename(json_target.c_str(), json_path.c_str()) != 0)
+      faults.fail_errno("cannot write " + json_path);
     faults.check(H5Fstart_swmr_write(file_), "the file (start SWMR writing)");
     if (resume && std::rename(target.c_str(), path.c_str()) != 0) {
       faults.fail_errno("cannot replace it with " + target);
@@ -108,6 +134,7 @@ MetricsLog::MetricsLog(const std::string& path, const RunAttributes& attrs,
   } catch (...) {
     close_all();
     if (resume) fs::remove(target, ec);
+    fs::remove(json_path_of(path) + ".tmp", ec);
     throw;
   }
 }
@@ -125,6 +152,29 @@ void MetricsLog::close_all() noexcept {
   }
   if (file_ >= 0) H5Fclose(file_);
   file_ = H5I_INVALID_HID;
+  if (json_ != nullptr) std::fclose(json_);
+  json_ = nullptr;
+}
+
+void MetricsLog::append_json(const char* group, const std::vector<Column>& columns,
+                             const std::vector<double>& values) {
+  std::string line = std::string("{\"group\": \"") + group + "\"";
+  char buf[64];
+  for (size_t i = 0; i < columns.size(); ++i) {
+    const std::string& name = columns[i].name;
+    line += ", \"" + name.substr(name.find('/') + 1) + "\": ";
+    if (!std::isfinite(values[i])) {
+      line += "null";
+    } else if (columns[i].integer) {
+      line += std::to_string(static_cast<long long>(values[i]));
+    } else {
+      std::snprintf(buf, sizeof buf, "%.17g", values[i]);
+      line += buf;
+    }
+  }
+  line += "}\n";
+  if (std::fputs(line.c_str(), json_) < 0 || std::fflush(json_) != 0)
+    faults_of(json_path_of(path_)).fail_errno("cannot append a row");
 }
 
 void MetricsLog::open_columns(const char* group,
@@ -151,6 +201,7 @@ void MetricsLog::append_row(std::vector<Column>& columns, hsize_t* rows,
   hdf5::Session session;
   write_row(columns, rows, values);
   faults_of(path_).check(H5Fflush(file_, H5F_SCOPE_LOCAL), "the file");
+  append_json(&columns == &train_ ? "train" : "eval", columns, values);
 }
 
 void MetricsLog::write_row(std::vector<Column>& columns, hsize_t* rows,
@@ -177,28 +228,38 @@ void MetricsLog::write_row(std::vector<Column>& columns, hsize_t* rows,
 void MetricsLog::append(const TrainRow& r) {
   append_row(train_, &train_rows_,
              {static_cast<double>(r.step), r.loss, static_cast<double>(r.tokens), r.accuracy, r.lr,
-              r.grad_norm, r.tokens_per_s, r.step_ms, r.padding_efficiency, r.loss_scale});
+              r.grad_norm, r.tokens_per_s, r.step_ms, r.padding_efficiency, r.loss_scale, r.nll,
+              r.elapsed_s, r.epoch, r.comm_wait_ms, r.hidden_share});
 }
 
 void MetricsLog::append(const EvalRow& r) {
   append_row(eval_, &eval_rows_,
              {static_cast<double>(r.step), r.loss, r.perplexity, r.accuracy,
-              static_cast<double>(r.tokens)});
+              static_cast<double>(r.tokens), r.nll, r.elapsed_s});
 }
 
 namespace {
 
 // Reads every column of `group` into rows of the shortest column's length.
+// The first `required` columns must exist; a later one that a file of an
+// older version lacks reads as NaN.
 void read_group(hid_t file, const char* group,
-                const std::vector<std::pair<const char*, bool>>& names, const Faults& faults,
-                std::vector<std::string>* columns, std::vector<std::vector<double>>* rows) {
+                const std::vector<std::pair<const char*, bool>>& names, size_t required,
+                const Faults& faults, std::vector<std::string>* columns,
+                std::vector<std::vector<double>>* rows) {
   std::vector<std::vector<double>> data;
+  std::vector<size_t> missing;
   size_t n = SIZE_MAX;
   for (const auto& [name, integer] : names) {
     const std::string where = std::string("/") + group + "/" + name;
     if (H5Lexists(file, group, H5P_DEFAULT) <= 0 ||
-        H5Lexists(file, where.c_str(), H5P_DEFAULT) <= 0)
-      faults.fail("missing dataset " + where);
+        H5Lexists(file, where.c_str(), H5P_DEFAULT) <= 0) {
+      if (data.size() < required) faults.fail("missing dataset " + where);
+      missing.push_back(data.size());
+      columns->push_back(name);
+      data.emplace_back();
+      continue;
+    }
     Hid dset(H5Dopen2(file, where.c_str(), H5P_DEFAULT), H5Dclose);
     if (!dset.ok()) faults.fail_corrupt("open " + where);
     std::vector<double> values(length_of(dset.get()));
@@ -210,7 +271,9 @@ void read_group(hid_t file, const char* group,
     columns->push_back(name);
     data.push_back(std::move(values));
   }
-  rows->assign(n == SIZE_MAX ? 0 : n, std::vector<double>(data.size()));
+  if (n == SIZE_MAX) n = 0;
+  for (size_t c : missing) data[c].assign(n, std::nan(""));
+  rows->assign(n, std::vector<double>(data.size()));
   for (size_t r = 0; r < rows->size(); ++r)
     for (size_t c = 0; c < data.size(); ++c) (*rows)[r][c] = data[c][r];
 }
@@ -251,8 +314,10 @@ MetricsTable read_metrics(const std::string& path) {
       faults.fail_corrupt("read attribute 'resumed_at_steps'");
     }
   }
-  read_group(root, "train", kTrainColumns, faults, &t.train_columns, &t.train_rows);
-  read_group(root, "eval", kEvalColumns, faults, &t.eval_columns, &t.eval_rows);
+  read_group(root, "train", kTrainColumns, kVersion1TrainColumns, faults, &t.train_columns,
+             &t.train_rows);
+  read_group(root, "eval", kEvalColumns, kVersion1EvalColumns, faults, &t.eval_columns,
+             &t.eval_rows);
   return t;
 }
 

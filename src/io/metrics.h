@@ -5,24 +5,32 @@
 //
 // Layout (1-D datasets, one row per log interval or evaluation, growing):
 //   /train/step (int64), loss, tokens (int64), accuracy, lr, grad_norm,
-//          tokens_per_s, step_ms, padding_efficiency, loss_scale (float64)
-//   /eval/step (int64), loss, perplexity, accuracy (float64), tokens (int64)
+//          tokens_per_s, step_ms, padding_efficiency, loss_scale, nll,
+//          elapsed_s, epoch, comm_wait_ms, hidden_share (float64)
+//   /eval/step (int64), loss, perplexity, accuracy (float64), tokens (int64),
+//          nll, elapsed_s (float64)
+// (version 1 files lack the columns after loss_scale and tokens; carried
+// into a version 2 file on resume, those read as NaN.)
 //   root attributes: format = "mpiformer-metrics", version, config, model,
 //          world_size, devices, versions, git_commit, resumed_at_steps
 // Columns grow one at a time: a reader that catches a row half-written sees
 // columns of different lengths and should use the shortest.
+//
+// metrics.jsonl beside it holds the same rows for tools that read lines:
+// {"group": "train"|"eval", "step": 10, "loss": ..., ...}, NaN as null.
 #pragma once
 
 #include <hdf5.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace mpiformer {
 
-constexpr int kMetricsVersion = 1;
+constexpr int kMetricsVersion = 2;
 
 // A fault of the metrics file: what() is "PATH: what is wrong".
 class MetricsError : public std::runtime_error {
@@ -36,12 +44,18 @@ struct TrainRow {
   int64_t tokens = 0;             // target tokens of the interval, all ranks
   double lr = 0, grad_norm = 0;   // at `step`
   double tokens_per_s = 0, step_ms = 0, padding_efficiency = 1, loss_scale = 1;
+  double nll = 0;           // true negative log-likelihood per target token
+  double elapsed_s = 0;     // wall time since the run began, over every resume
+  double epoch = 0;         // epochs of training data consumed (NaN: synthetic)
+  double comm_wait_ms = 0;  // mean wait per step for the gradient all-reduce
+  double hidden_share = 0;  // share of all-reduce time hidden by backward (NaN: one rank)
 };
 
 struct EvalRow {
   int64_t step = 0;
   double loss = 0, perplexity = 0, accuracy = 0;
   int64_t tokens = 0;
+  double nll = 0, elapsed_s = 0;
 };
 
 // What a reader needs to know about the run (root attributes).
@@ -70,6 +84,8 @@ class MetricsLog {
   void append(const EvalRow& row);
 
   const std::string& path() const { return path_; }
+  // elapsed_s of the last row carried over on resume (0 for a new run).
+  double elapsed_before() const { return elapsed_before_; }
 
  private:
   struct Column {
@@ -84,11 +100,16 @@ class MetricsLog {
   void append_row(std::vector<Column>& columns, hsize_t* rows, const std::vector<double>& values);
   void write_row(std::vector<Column>& columns, hsize_t* rows, const std::vector<double>& values);
   void close_all() noexcept;
+  // One JSON line to metrics.jsonl (no flush to disk: a line tool reads it).
+  void append_json(const char* group, const std::vector<Column>& columns,
+                   const std::vector<double>& values);
 
   std::string path_;
   hid_t file_ = H5I_INVALID_HID;
   std::vector<Column> train_, eval_;
   hsize_t train_rows_ = 0, eval_rows_ = 0;
+  std::FILE* json_ = nullptr;  // metrics.jsonl
+  double elapsed_before_ = 0;
 };
 
 // A metrics file as read back (also while a run writes it: SWMR read).

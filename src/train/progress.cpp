@@ -1,6 +1,7 @@
 #include "src/train/progress.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include "src/app/evaluation.h"
@@ -28,9 +29,20 @@ void ProgressWindow::add_step(const LossSums& local, const ReduceTiming& reduce)
   ++steps_;
 }
 
+std::string format_duration(double seconds) {
+  const long long s = std::llround(std::max(0.0, seconds));
+  char buf[48];
+  if (s >= 3600) {
+    std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", s / 3600, s / 60 % 60, s % 60);
+  } else {
+    std::snprintf(buf, sizeof buf, "%lld:%02lld", s / 60, s % 60);
+  }
+  return buf;
+}
+
 ProgressWindow::Line ProgressWindow::close(int64_t step, int64_t total_steps, float lr,
                                            double grad_norm, float loss_scale, bool dynamic_scaling,
-                                           const Communicator& comm) {
+                                           const Position& at, const Communicator& comm) {
   const int W = comm.size();
   const LossSummary train = summarize(allreduce(comm, sums_));
   const double seconds = std::chrono::duration<double>(Clock::now() - start_).count();
@@ -44,6 +56,7 @@ ProgressWindow::Line ProgressWindow::close(int64_t step, int64_t total_steps, fl
   TrainRow& row = line.row;
   row.step = step;
   row.loss = train.loss;
+  row.nll = train.nll;
   row.accuracy = train.accuracy;
   row.tokens = train.tokens;
   row.lr = lr;
@@ -52,15 +65,18 @@ ProgressWindow::Line ProgressWindow::close(int64_t step, int64_t total_steps, fl
   row.step_ms = 1000.0 * std::max(0.0, seconds - other_s_) / steps;
   row.padding_efficiency = padded > 0 ? real / padded : 1.0;
   row.loss_scale = loss_scale;
+  row.elapsed_s = at.elapsed_s;
+  row.epoch = at.epoch >= 0 ? at.epoch : std::nan("");
+  // Mean over ranks of the wait after backward, and the share of all-reduce
+  // time that ran while backward did.
+  row.comm_wait_ms = 1000.0 * reduce_sums[0] / (W * steps);
+  row.hidden_share = W > 1 && reduce_sums[1] > 0 ? reduce_sums[2] / reduce_sums[1] : std::nan("");
   if (comm.is_root()) {
     std::string extra;
     char buf[128];
     if (W > 1) {
-      // Mean over ranks of the wait after backward, and the share of
-      // all-reduce time that ran while backward did.
-      std::snprintf(buf, sizeof buf, " | comm-wait %.1f ms | hidden %.0f%%",
-                    1000.0 * reduce_sums[0] / (W * steps),
-                    reduce_sums[1] > 0 ? 100.0 * reduce_sums[2] / reduce_sums[1] : 0.0);
+      std::snprintf(buf, sizeof buf, " | comm-wait %.1f ms | hidden %.0f%%", row.comm_wait_ms,
+                    std::isfinite(row.hidden_share) ? 100.0 * row.hidden_share : 0.0);
       extra = buf;
     }
     if (empty_steps_ > 0) extra += " | skipped " + std::to_string(empty_steps_);
@@ -70,13 +86,26 @@ ProgressWindow::Line ProgressWindow::close(int64_t step, int64_t total_steps, fl
       extra += buf;
       if (overflows_ > 0) extra += " (" + std::to_string(overflows_) + " overflow step(s) skipped)";
     }
-    std::snprintf(buf, sizeof buf, "step %lld/%lld | loss %.4f | acc %.2f%% | lr %.3e | ",
-                  static_cast<long long>(step), static_cast<long long>(total_steps), row.loss,
-                  100.0 * row.accuracy, lr);
+    std::snprintf(buf, sizeof buf, "step %lld/%lld | ", static_cast<long long>(step),
+                  static_cast<long long>(total_steps));
     line.text = buf;
+    if (at.epoch >= 0) {
+      std::snprintf(buf, sizeof buf, "epoch %.2f | ", at.epoch);
+      line.text += buf;
+    }
+    std::snprintf(buf, sizeof buf, "loss %.4f | ", row.loss);
+    line.text += buf;
+    if (show_nll_) {
+      std::snprintf(buf, sizeof buf, "nll %.4f | ", row.nll);
+      line.text += buf;
+    }
+    std::snprintf(buf, sizeof buf, "acc %.2f%% | lr %.3e | ", 100.0 * row.accuracy, lr);
+    line.text += buf;
     std::snprintf(buf, sizeof buf, "grad-norm %.3f | %.0f tok/s | pad-eff %.3f | %.1f ms/step",
                   grad_norm, row.tokens_per_s, row.padding_efficiency, row.step_ms);
     line.text += buf + extra;
+    line.text += " | " + format_duration(at.elapsed_s);
+    if (at.eta_s >= 0) line.text += ", ETA " + format_duration(at.eta_s);
   }
   restart();
   return line;

@@ -26,6 +26,8 @@ class ProgressWindow {
   // Loss sums of the window's steps taken at once (a GPU step leaves them
   // on the device until the line is due).
   void add_step_sums(const LossSums& local) { sums_ += local; }
+  // Whether the loss is label-smoothed (the line then shows the nll too).
+  void show_nll(bool on) { show_nll_ = on; }
   void count_empty_step() { ++empty_steps_; }      // no targets on any rank
   void count_overflow() { ++overflows_; }          // fp16: skipped, scale halved
   void count_non_finite_skip() { ++non_finite_; }  // --on-divergence skip
@@ -38,10 +40,16 @@ class ProgressWindow {
     TrainRow row;      // global figures (every rank)
     std::string text;  // the progress line (rank 0)
   };
+  // Where the run is when the line is due (rank 0's clock).
+  struct Position {
+    double elapsed_s = 0;  // since the run began, over every resume
+    double eta_s = -1;     // to the last step (< 0: not known yet)
+    double epoch = -1;     // epochs of data consumed (< 0: not counted, synthetic)
+  };
   // Collective: the window's global figures at `step`, then a new window.
   // grad_norm: unscaled, of the last step (0: none measured).
   Line close(int64_t step, int64_t total_steps, float lr, double grad_norm, float loss_scale,
-             bool dynamic_scaling, const Communicator& comm);
+             bool dynamic_scaling, const Position& at, const Communicator& comm);
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -53,6 +61,10 @@ class ProgressWindow {
   int64_t real_tokens_ = 0, padded_tokens_ = 0;
   double other_s_ = 0.0;
   int steps_ = 0, empty_steps_ = 0, overflows_ = 0, non_finite_ = 0;
+  bool show_nll_ = false;
 };
+
+// "1:02:03" (hours, minutes, seconds), "4:05" under an hour.
+std::string format_duration(double seconds);
 
 }  // namespace mpiformer

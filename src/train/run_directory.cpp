@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "src/core/error.h"
+#include "src/core/run_log.h"
 #include "src/io/atomic_file.h"
 
 namespace mpiformer {
@@ -85,7 +86,7 @@ Verdict RunDirectory::choose_start(const std::string& resume, StartPoint* start)
     } catch (const CheckpointError& e) {
       if (resume != "auto") return {kExitFailure, std::string("cannot resume: ") + e.what()};
       // A newest checkpoint that is damaged: say so and take the one before.
-      std::fprintf(stderr, "[rank 0] skipping a damaged checkpoint: %s\n", e.what());
+      say(stderr, "[rank 0] skipping a damaged checkpoint: %s\n", e.what());
       std::fflush(stderr);
     }
   }

@@ -17,6 +17,7 @@
 #include "src/app/memory_budget.h"
 #include "src/app/options.h"
 #include "src/core/error.h"
+#include "src/core/run_log.h"
 #include "src/core/version.h"
 #include "src/data/make_source.h"
 #include "src/dist/data_parallel.h"
@@ -296,17 +297,19 @@ int Trainer::claim_directory() {
     try {
       const int removed = run_dir_->remove_unfinished_writes();
       if (removed > 0) {
-        std::printf("removed %d unfinished checkpoint write(s) of an earlier job\n", removed);
+        say(stdout, "removed %d unfinished checkpoint write(s) of an earlier job\n", removed);
       }
       branch_line = run_dir_->make_head(start_);
       write_file_atomically((rundir / "config.ini").string(), train_config_ini(cfg_));
+      // Rank 0's output, start-up lines first, appended over every start.
+      attach_run_log((rundir / "train.log").string());
       metrics_ = std::make_unique<MetricsLog>(
           (rundir / "metrics.h5").string(), run_attributes(cfg_, *ops_, world_, threads_),
           cfg_.resume == "none" ? -1 : (start_.resumed ? start_.state.step : 0));
     } catch (const std::exception& e) {
       verdict = {kExitUsage, std::string("mpiformer train: --out: ") + e.what()};
     }
-    if (!branch_line.empty()) std::printf("%s\n", branch_line.c_str());
+    if (!branch_line.empty()) say(stdout, "%s\n", branch_line.c_str());
   }
   return agree_on(comm_, verdict);
 }
@@ -314,44 +317,44 @@ int Trainer::claim_directory() {
 void Trainer::print_start() const {
   if (!comm_.is_root()) return;
   const TrainConfig& cfg = cfg_;
-  std::printf("mpiformer train: %s on %s (%s), %d rank(s) x %d thread(s), %zu parameters\n",
-              to_string(cfg.model.kind),
-              cfg.data_dir.empty() ? to_string(cfg.synthetic) : cfg.data_dir.c_str(),
-              ops_->name().c_str(), world_, threads_, model_->parameters().count());
-  std::printf(
+  say(stdout, "mpiformer train: %s on %s (%s), %d rank(s) x %d thread(s), %zu parameters\n",
+      to_string(cfg.model.kind),
+      cfg.data_dir.empty() ? to_string(cfg.synthetic) : cfg.data_dir.c_str(), ops_->name().c_str(),
+      world_, threads_, model_->parameters().count());
+  say(stdout,
       "  %d layer(s), d-model %d, %d heads, d-ff %d, vocab %d, max-len %d; "
       "max-tokens %d x %d micro-batch(es) x %d rank(s) per step\n",
       cfg.model.kind == ModelKind::kSeq2seq ? cfg.model.enc_layers + cfg.model.dec_layers
                                             : cfg.model.layers,
       cfg.model.d_model, cfg.model.heads, cfg.model.d_ff, cfg.model.vocab, cfg.model.max_len,
       cfg.max_tokens, accum_, world_);
-  std::printf("  memory: about %s per rank\n", memory_.describe().c_str());
+  say(stdout, "  memory: about %s per rank\n", memory_.describe().c_str());
   if (cfg.precision != Precision::kFp32)
-    std::printf(
+    say(stdout,
         "  precision %s: activations and GEMM inputs; fp32 master weights, Adam state "
         "and loss%s\n",
         to_string(cfg.precision), scaler_->dynamic() ? ", with dynamic loss scaling" : "");
   if (cfg.lr_scaling != LrScaling::kNone)
-    std::printf("  lr %.3e x %.4f (%s: %lld / %lld tokens per step) = %.3e\n", cfg.optim.lr,
-                lr_factor_, to_string(cfg.lr_scaling), static_cast<long long>(step_budget_),
-                static_cast<long long>(cfg.lr_reference_tokens), optim_.lr);
+    say(stdout, "  lr %.3e x %.4f (%s: %lld / %lld tokens per step) = %.3e\n", cfg.optim.lr,
+        lr_factor_, to_string(cfg.lr_scaling), static_cast<long long>(step_budget_),
+        static_cast<long long>(cfg.lr_reference_tokens), optim_.lr);
   if (reducer_)
-    std::printf("  gradient sum: %s; %.1f MiB per step in %zu bucket(s) of >= %g MiB over %s, %s\n",
-                to_string(cfg.grad_sum), reducer_->bytes_per_step() / double(1 << 20),
-                reducer_->buckets().size(), cfg.bucket_mb, reducer_->transport().name().c_str(),
-                cfg.overlap ? "overlapped with backward" : "after backward");
+    say(stdout, "  gradient sum: %s; %.1f MiB per step in %zu bucket(s) of >= %g MiB over %s, %s\n",
+        to_string(cfg.grad_sum), reducer_->bytes_per_step() / double(1 << 20),
+        reducer_->buckets().size(), cfg.bucket_mb, reducer_->transport().name().c_str(),
+        cfg.overlap ? "overlapped with backward" : "after backward");
   const std::string data_summary = source_->describe();
-  if (!data_summary.empty()) std::printf("%s\n", data_summary.c_str());
+  if (!data_summary.empty()) say(stdout, "%s\n", data_summary.c_str());
   const CheckpointState& resumed = start_.state;
   if (start_.resumed) {
-    std::printf(
+    say(stdout,
         "resumed from %s: step %lld, micro-batch %llu (epoch %llu), written by %d rank(s)\n",
         cfg.resume == "auto" ? (std::filesystem::path(cfg.out_dir) / "checkpoints").string().c_str()
                              : cfg.resume.c_str(),
         static_cast<long long>(resumed.step), static_cast<unsigned long long>(resumed.next_batch),
         static_cast<unsigned long long>(resumed.epoch), resumed.world_size);
     if (resumed.batches_per_step != batches_per_step_) {
-      std::printf(
+      say(stdout,
           "  a step now reads %lld micro-batches (the checkpoint's run read %lld): the "
           "micro-batch sequence continues, the global batch size changes\n",
           static_cast<long long>(batches_per_step_),
@@ -359,19 +362,18 @@ void Trainer::print_start() const {
     }
     const std::string changed = changed_batching(cfg, resumed.config_ini);
     if (!changed.empty()) {
-      std::printf(
+      say(stdout,
           "  note: %s: batches are cut anew, so the examples from here on come in another order "
           "than the checkpoint's run would have read them\n",
           changed.c_str());
     }
     if (flag_seed_ != cfg.seed) {
-      std::printf("  seed %llu from the checkpoint (--seed %llu is for new runs)\n",
-                  static_cast<unsigned long long>(cfg.seed),
-                  static_cast<unsigned long long>(flag_seed_));
+      say(stdout, "  seed %llu from the checkpoint (--seed %llu is for new runs)\n",
+          static_cast<unsigned long long>(cfg.seed), static_cast<unsigned long long>(flag_seed_));
     }
   } else if (cfg.resume == "auto") {
-    std::printf("no checkpoint in %s: starting at step 1\n",
-                (std::filesystem::path(cfg.out_dir) / "checkpoints").string().c_str());
+    say(stdout, "no checkpoint in %s: starting at step 1\n",
+        (std::filesystem::path(cfg.out_dir) / "checkpoints").string().c_str());
   }
   std::fflush(stdout);
 }
@@ -379,13 +381,15 @@ void Trainer::print_start() const {
 // ------------------------------------------------------------ the loop
 
 int Trainer::run() {
+  job_start_ = Clock::now();
+  if (!comm_.is_root()) detach_run_log();  // rank 0 keeps the run's log
   if (const int code = resolve_inputs()) return code;
   if (const int code = open_run_directory()) return code;
   if (start_.resumed && start_.state.step >= cfg_.steps) {
     if (comm_.is_root()) {
-      std::printf("%s: the checkpoint of step %lld already reaches --steps %lld; nothing to do\n",
-                  start_.checkpoint.path.c_str(), static_cast<long long>(start_.state.step),
-                  static_cast<long long>(cfg_.steps));
+      say(stdout, "%s: the checkpoint of step %lld already reaches --steps %lld; nothing to do\n",
+          start_.checkpoint.path.c_str(), static_cast<long long>(start_.state.step),
+          static_cast<long long>(cfg_.steps));
     }
     return 0;
   }
@@ -397,6 +401,9 @@ int Trainer::run() {
       make_mpi_reducer(model_->parameters(), cfg_.bucket_mb, cfg_.overlap, cfg_.grad_sum, comm_);
   if (const int code = claim_directory()) return code;
   print_start();
+  if (metrics_) elapsed_before_ = metrics_->elapsed_before();
+  window_.show_nll(cfg_.label_smoothing > 0.0f);
+  loop_start_ = Clock::now();
 
   batches_.resize(accum_);
   const StopSignals stop_signals;
@@ -446,8 +453,8 @@ int Trainer::run() {
         if (const int code = save(step)) return code;
       }
       if (comm_.is_root()) {
-        std::printf("stopped by %s after step %lld; continue with --resume auto (exit code %d)\n",
-                    StopSignals::name(signal), static_cast<long long>(step), kExitStopped);
+        say(stdout, "stopped by %s after step %lld; continue with --resume auto (exit code %d)\n",
+            StopSignals::name(signal), static_cast<long long>(step), kExitStopped);
         std::fflush(stdout);
       }
       return kExitStopped;
@@ -518,9 +525,8 @@ int Trainer::train_step(int64_t step) {
       window_.count_non_finite_skip();
       window_.add_step(LossSums{}, gradients.reduce);
       if (comm_.is_root()) {
-        std::fprintf(stderr, "warning: step %lld skipped: %s (--on-divergence skip, %d in a row)\n",
-                     static_cast<long long>(step), guard_.reason().c_str(),
-                     guard_.skipped_in_a_row());
+        say(stderr, "warning: step %lld skipped: %s (--on-divergence skip, %d in a row)\n",
+            static_cast<long long>(step), guard_.reason().c_str(), guard_.skipped_in_a_row());
         std::fflush(stderr);
       }
       return 0;
@@ -558,11 +564,20 @@ int Trainer::log_progress(int64_t step) {
     window_.add_step_sums(model_->take_train_sums());
     if (measured_scale_ > 0.0f) last_grad_norm_ = optimizer_->measured_norm() / measured_scale_;
   }
+  ProgressWindow::Position at;
+  at.elapsed_s = elapsed_s();
+  const int64_t done = step - first_step_ + 1;
+  if (step < cfg_.steps) at.eta_s = seconds_since(loop_start_) / done * (cfg_.steps - step);
+  const uint64_t per_epoch = source_->batches_per_epoch();
+  if (per_epoch > 0) {
+    const uint64_t next_batch = cursor0_ + static_cast<uint64_t>(done * batches_per_step_);
+    at.epoch = static_cast<double>(next_batch) / static_cast<double>(per_epoch);
+  }
   const ProgressWindow::Line line = window_.close(step, cfg_.steps, last_lr_, last_grad_norm_,
-                                                  scaler_->scale(), scaler_->dynamic(), comm_);
+                                                  scaler_->scale(), scaler_->dynamic(), at, comm_);
   const bool ok = agreed(comm_, [&] {
     if (!comm_.is_root()) return;
-    std::printf("%s\n", line.text.c_str());
+    say(stdout, "%s\n", line.text.c_str());
     std::fflush(stdout);
     metrics_->append(line.row);
   });
@@ -577,10 +592,14 @@ int Trainer::log_progress(int64_t step) {
   }
   const std::string warning = loss_watch_.observe(step, line.row.loss);
   if (!warning.empty() && comm_.is_root()) {
-    std::fprintf(stderr, "%s\n", warning.c_str());
+    say(stderr, "%s\n", warning.c_str());
     std::fflush(stderr);
   }
   return 0;
+}
+
+double Trainer::elapsed_s() const {
+  return elapsed_before_ + seconds_since(job_start_);
 }
 
 int Trainer::save(int64_t step) {
@@ -616,7 +635,7 @@ void Trainer::write_checkpoint_on_root(int64_t step) {
   state.tokenizer = tokenizer_;
   const std::string path = save_checkpoint(cfg_.out_dir, model_->parameters(), optimizer_->m(),
                                            optimizer_->v(), state, cfg_.keep_checkpoints);
-  std::printf("checkpoint step %lld: %s\n", static_cast<long long>(step), path.c_str());
+  say(stdout, "checkpoint step %lld: %s\n", static_cast<long long>(step), path.c_str());
   std::fflush(stdout);
 }
 
@@ -628,16 +647,22 @@ int Trainer::evaluate_and_log(int64_t step, bool final_eval) {
 
 void Trainer::log_eval_on_root(int64_t step, bool final_eval, const LossSummary& eval) {
   if (!comm_.is_root()) return;
+  const std::string figures = describe_eval(eval, cfg_.model.kind);
   if (final_eval) {
-    std::printf("final eval | loss %.4f | ppl %.3f | acc %.2f%% | %lld tokens\n", eval.loss,
-                eval.perplexity, 100.0 * eval.accuracy, static_cast<long long>(eval.tokens));
+    say(stdout, "final eval | %s\n", figures.c_str());
   } else {
-    std::printf("eval step %lld | loss %.4f | ppl %.3f | acc %.2f%% | %lld tokens\n",
-                static_cast<long long>(step), eval.loss, eval.perplexity, 100.0 * eval.accuracy,
-                static_cast<long long>(eval.tokens));
+    say(stdout, "eval step %lld | %s\n", static_cast<long long>(step), figures.c_str());
   }
   std::fflush(stdout);
-  metrics_->append(EvalRow{step, eval.loss, eval.perplexity, eval.accuracy, eval.tokens});
+  EvalRow row;
+  row.step = step;
+  row.loss = eval.loss;
+  row.nll = eval.nll;
+  row.perplexity = eval.perplexity;
+  row.accuracy = eval.accuracy;
+  row.tokens = eval.tokens;
+  row.elapsed_s = elapsed_s();
+  metrics_->append(row);
 }
 
 }  // namespace mpiformer

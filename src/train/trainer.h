@@ -15,6 +15,7 @@
 // writes a run directory (src/train/run_directory.h).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -72,6 +73,8 @@ class Trainer {
   // Held-out evaluation, printed and logged. Returns 0 or an exit code.
   int evaluate_and_log(int64_t step, bool final_eval);
   void log_eval_on_root(int64_t step, bool final_eval, const LossSummary& eval);
+  // Wall seconds since the run began, resumed jobs included (rank 0).
+  double elapsed_s() const;
   // Collective: whether the loss and the gradient norm are finite on every rank.
   std::pair<bool, bool> agree_finite(double loss, double grad_norm) const;
   // The message and code of a diverged step, on every rank.
@@ -119,6 +122,9 @@ class Trainer {
   bool check_each_step_ = true;
   float measured_scale_ = 0.0f;  // the loss scale of the last measured norm
   float last_lr_ = 0.0f;
+  // Clocks of the progress line: the job's start, the first step's start.
+  std::chrono::steady_clock::time_point job_start_, loop_start_;
+  double elapsed_before_ = 0.0;  // elapsed_s when this job resumed the run
 
   // Test hooks (environment, see trainer.cpp).
   int64_t signal_step_ = 0, overflow_step_ = 0, nan_step_ = 0, nan_steps_ = 0;

@@ -1,0 +1,92 @@
+#include "src/core/run_log.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdarg>
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+#include <vector>
+
+namespace mpiformer {
+namespace {
+
+// Start-up lines held until a log is attached: a few kilobytes in practice.
+constexpr size_t kHeldLimit = size_t{1} << 20;
+
+struct RunLog {
+  std::mutex mutex;
+  int fd = -1;
+  bool holding = true;
+  std::string held;
+};
+
+RunLog& run_log() {
+  static RunLog log;
+  return log;
+}
+
+// write(2) all of `text`; a failing log (full disk) never stops the run.
+void write_all(int fd, const std::string& text) {
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    done += static_cast<size_t>(n);
+  }
+}
+
+}  // namespace
+
+void say(std::FILE* stream, const char* format, ...) {
+  std::va_list args;
+  va_start(args, format);
+  std::va_list copy;
+  va_copy(copy, args);
+  std::vfprintf(stream, format, args);
+  va_end(args);
+
+  RunLog& log = run_log();
+  std::lock_guard<std::mutex> lock(log.mutex);
+  if (log.fd >= 0 || (log.holding && log.held.size() < kHeldLimit)) {
+    const int n = std::vsnprintf(nullptr, 0, format, copy);
+    va_end(copy);
+    if (n <= 0) return;
+    va_start(copy, format);
+    std::string text(static_cast<size_t>(n) + 1, '\0');
+    std::vsnprintf(text.data(), text.size(), format, copy);
+    text.pop_back();
+    if (log.fd >= 0) {
+      write_all(log.fd, text);
+    } else {
+      log.held += text;
+    }
+  }
+  va_end(copy);
+}
+
+void attach_run_log(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) throw std::runtime_error(path + ": " + std::strerror(errno));
+  RunLog& log = run_log();
+  std::lock_guard<std::mutex> lock(log.mutex);
+  if (log.fd >= 0) ::close(log.fd);
+  log.fd = fd;
+  write_all(fd, log.held);
+  log.held.clear();
+  log.holding = false;
+}
+
+void detach_run_log() {
+  RunLog& log = run_log();
+  std::lock_guard<std::mutex> lock(log.mutex);
+  if (log.fd >= 0) ::close(log.fd);
+  log.fd = -1;
+  log.holding = false;
+  log.held.clear();
+}
+
+}  // namespace mpiformer
