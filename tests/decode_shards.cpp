@@ -1,10 +1,11 @@
 // Test helper for the end-to-end prepare tests (not installed): prints the
 // text a shard set holds, so a script can compare it with the input.
 //
-//   decode_shards DIR [source|target]
-//       decodes every sequence of DIR/train-*.h5 then DIR/valid-*.h5, in
-//       order, with the tokenizer the shards carry; one line per sequence.
-//       seq2seq sets: the side to print (default target; lm has only one).
+//   decode_shards DIR [source|target] [--split train|valid|test]
+//       decodes every sequence of DIR/train-*.h5, DIR/valid-*.h5 and
+//       DIR/test-*.h5 (or of the one split), in that order, with the
+//       tokenizer the shards carry; one line per sequence. seq2seq sets: the
+//       side to print (default target; lm has only one).
 //   decode_shards DIR --normalize FILE
 //       prints decode(encode(line)) for every non-blank line of FILE with the
 //       same tokenizer: the input as SentencePiece's normalisation leaves it.
@@ -39,12 +40,16 @@ void print_sequences(const TokenSequences& side, const Tokenizer& tokenizer) {
   }
 }
 
-int decode_set(const std::string& dir, const std::string& side) {
+int decode_set(const std::string& dir, const std::string& side, const std::string& split) {
   const std::string model_bytes = read_file(dir + "/tokenizer.model");
   const auto tokenizer = Tokenizer::from_bytes(model_bytes);
-  std::vector<std::string> paths = list_shards(dir, "train");
-  if (paths.empty()) throw std::runtime_error(dir + ": no train-*.h5 shards");
-  for (const std::string& p : list_shards(dir, "valid")) paths.push_back(p);
+  if (list_shards(dir, "train").empty()) throw std::runtime_error(dir + ": no train-*.h5 shards");
+  std::vector<std::string> paths;
+  for (const char* name : {"train", "valid", "test"}) {
+    if (!split.empty() && split != name) continue;
+    for (const std::string& p : list_shards(dir, name)) paths.push_back(p);
+  }
+  if (paths.empty()) throw std::runtime_error(dir + ": no " + split + "-*.h5 shards");
 
   std::string kind;
   for (const std::string& path : paths) {
@@ -90,11 +95,21 @@ int main(int argc, char** argv) {
   const std::vector<std::string> args(argv + 1, argv + argc);
   try {
     if (args.size() == 3 && args[1] == "--normalize") return normalize(args[0], args[2]);
-    if (args.size() == 1) return decode_set(args[0], "target");
-    if (args.size() == 2 && (args[1] == "source" || args[1] == "target")) {
-      return decode_set(args[0], args[1]);
+    std::string side = "target", split;
+    bool good = !args.empty();
+    for (size_t i = 1; good && i < args.size(); ++i) {
+      if (args[i] == "source" || args[i] == "target") {
+        side = args[i];
+      } else if (args[i] == "--split" && i + 1 < args.size()) {
+        split = args[++i];
+        good = split == "train" || split == "valid" || split == "test";
+      } else {
+        good = false;
+      }
     }
-    std::cerr << "usage: decode_shards DIR [source|target] | decode_shards DIR --normalize FILE\n";
+    if (good) return decode_set(args[0], side, split);
+    std::cerr << "usage: decode_shards DIR [source|target] [--split train|valid|test] | "
+                 "decode_shards DIR --normalize FILE\n";
     return 2;
   } catch (const std::exception& e) {
     std::cout.flush();

@@ -99,6 +99,25 @@ class TempFile {
   std::filesystem::path path_;
 };
 
+// Label smoothing defaults by model: a language model's loss is then its
+// true negative log-likelihood; a given value is kept whatever the model.
+TEST(TrainOptions, LabelSmoothingDefaultsByModel) {
+  for (const char* model : {"lm", "mlm"}) {
+    EXPECT_EQ(parse_train({"--model", model, "--synthetic", "copy", "--out", "r"}).label_smoothing,
+              0.0f)
+        << model;
+    EXPECT_EQ(parse_train({"--model", model, "--synthetic", "copy", "--out", "r",
+                           "--label-smoothing", "0.2"})
+                  .label_smoothing,
+              0.2f)
+        << model;
+  }
+  EXPECT_EQ(parse_train({"--model", "seq2seq", "--synthetic", "reverse", "--out", "r",
+                         "--label-smoothing", "0"})
+                .label_smoothing,
+            0.0f);
+}
+
 TEST(TrainOptions, DefaultsComeFromTrainConfig) {
   const TrainConfig cfg = parse_train(base_args());
   const TrainConfig def;
@@ -117,7 +136,7 @@ TEST(TrainOptions, DefaultsComeFromTrainConfig) {
   EXPECT_EQ(cfg.optim.eps, def.optim.eps);
   EXPECT_EQ(cfg.optim.schedule, def.optim.schedule);
   EXPECT_EQ(cfg.optim.decay_all, def.optim.decay_all);
-  EXPECT_EQ(cfg.label_smoothing, def.label_smoothing);
+  EXPECT_EQ(cfg.label_smoothing, 0.1f);  // seq2seq's default, as in the Transformer paper
   EXPECT_EQ(cfg.max_tokens, def.max_tokens);
   EXPECT_TRUE(cfg.buckets.empty());
   EXPECT_EQ(cfg.too_long, TooLong::kAuto);
@@ -700,6 +719,10 @@ TEST(PrepareOptions, DefaultsAndOverrides) {
   EXPECT_EQ(cfg.vocab_size, def.vocab_size);
   EXPECT_EQ(cfg.model_type, "unigram");
   EXPECT_EQ(cfg.valid_lines, def.valid_lines);
+  EXPECT_FALSE(cfg.valid_lines_given);  // the default is capped without a word
+  EXPECT_EQ(cfg.test_lines, 0);         // no test split unless asked for
+  EXPECT_FALSE(cfg.valid.given());
+  EXPECT_FALSE(cfg.test.given());
   EXPECT_EQ(cfg.seed, def.seed);
   EXPECT_TRUE(cfg.tokenizer.empty());
 
@@ -712,7 +735,51 @@ TEST(PrepareOptions, DefaultsAndOverrides) {
   EXPECT_EQ(cfg.vocab_size, 32000);
   EXPECT_EQ(cfg.model_type, "bpe");
   EXPECT_EQ(cfg.valid_lines, 5);
+  EXPECT_TRUE(cfg.valid_lines_given);
   EXPECT_EQ(cfg.seed, 9u);
+}
+
+TEST(PrepareOptions, HeldOutSplitsFromFilesOrLines) {
+  PrepareConfig cfg =
+      parse_prepare({"--input", "in.txt", "--out", "d", "--valid", "v.txt", "--test-lines", "300"});
+  EXPECT_EQ(cfg.valid.input, "v.txt");
+  EXPECT_TRUE(cfg.valid.target.empty());
+  EXPECT_FALSE(cfg.test.given());
+  EXPECT_EQ(cfg.test_lines, 300);
+
+  cfg = parse_prepare({"--kind", "seq2seq", "--input", "s.en", "--target", "s.de", "--out", "d",
+                       "--valid", "v.en,v.de", "--test", "t.en,t.de"});
+  EXPECT_EQ(cfg.valid.input, "v.en");
+  EXPECT_EQ(cfg.valid.target, "v.de");
+  EXPECT_EQ(cfg.test.input, "t.en");
+  EXPECT_EQ(cfg.test.target, "t.de");
+
+  // --valid-lines 0 is refused only where it would leave no validation split.
+  cfg = parse_prepare(
+      {"--input", "in.txt", "--out", "d", "--valid-lines", "20", "--test-lines", "10"});
+  EXPECT_EQ(cfg.valid_lines, 20);
+  EXPECT_EQ(cfg.test_lines, 10);
+}
+
+TEST(PrepareOptions, HeldOutSplitFaultsNameTheFlag) {
+  const Args lm = {"--input", "in.txt", "--out", "d"};
+  const Args s2s = {"--kind", "seq2seq", "--input", "s.en", "--target", "s.de", "--out", "d"};
+  EXPECT_EQ(prepare_error(with(lm, {"--valid", "v.txt", "--valid-lines", "5"})),
+            "--valid-lines: not with --valid, which gives the validation split");
+  EXPECT_EQ(prepare_error(with(lm, {"--test", "t.txt", "--test-lines", "5"})),
+            "--test-lines: not with --test, which gives the test split");
+  EXPECT_EQ(prepare_error(with(lm, {"--test-lines", "-1"})),
+            "--test-lines: must be at least 0; got -1");
+  EXPECT_EQ(prepare_error(with(lm, {"--valid", "a.txt,b.txt"})),
+            "--valid: --kind lm reads one file (SOURCE,TARGET is for --kind seq2seq); got "
+            "'a.txt,b.txt'");
+  EXPECT_EQ(prepare_error(with(s2s, {"--test", "t.en"})),
+            "--test: --kind seq2seq needs SOURCE,TARGET (two files, comma-separated); got 't.en'");
+  for (const char* bad : {",t.de", "t.en,", "a,b,c"}) {
+    EXPECT_EQ(prepare_error(with(s2s, {"--valid", bad})).rfind("--valid: --kind seq2seq needs", 0),
+              0u)
+        << bad;
+  }
 }
 
 TEST(PrepareOptions, TokenizerAloneTakesTheModelsVocabulary) {
@@ -736,7 +803,8 @@ TEST(PrepareOptions, ConfigFileAndHelp) {
   for (const char* flag :
        {"--kind lm|seq2seq (=lm)", "--input FILE", "--target FILE", "--out DIR", "--shards N (=4)",
         "--vocab-size V (=8000)", "--tokenizer MODEL", "--model-type unigram|bpe (=unigram)",
-        "--valid-lines N (=1000)", "--seed S (=1)"}) {
+        "--valid-lines N (=1000)", "--valid FILE[,TARGET]", "--test FILE[,TARGET]",
+        "--test-lines N (=0)", "--seed S (=1)"}) {
     EXPECT_NE(out.str().find(flag), std::string::npos) << flag << " in\n" << out.str();
   }
 }
@@ -761,6 +829,85 @@ TEST(PrepareOptions, BadValuesNameTheFlag) {
   EXPECT_EQ(prepare_error(with(base, {"--model-type", "word"})),
             "--model-type: expected unigram or bpe; got 'word'");
   EXPECT_EQ(prepare_error(with(base, {"--vocab", "100"})), "--vocab: unknown flag (see --help)");
+}
+
+// ---- eval and generate ------------------------------------------------------
+
+// A checkpoint file and a data directory for the flags to name (parsing only
+// checks that they exist).
+struct EvalPaths {
+  TempFile checkpoint{"ckpt.h5", "not read by the parser"};
+  TempFile data{"shards", TempFile::Directory{}};
+};
+
+template <class Config>
+std::string parse_error(bool (*parse)(const Args&, Config*, std::ostream&), const Args& args) {
+  Config cfg;
+  std::ostringstream out;
+  try {
+    parse(args, &cfg, out);
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(EvalOptions, SplitIsValidOrTest) {
+  const EvalPaths paths;
+  const Args base = {"--checkpoint", paths.checkpoint.path(), "--data", paths.data.path()};
+  EvalConfig cfg;
+  std::ostringstream out;
+  ASSERT_TRUE(parse_eval_options(base, &cfg, out));
+  EXPECT_EQ(cfg.split, "valid");
+  ASSERT_TRUE(parse_eval_options(with(base, {"--split", "test"}), &cfg, out));
+  EXPECT_EQ(cfg.split, "test");
+  EXPECT_EQ(parse_error(parse_eval_options, with(base, {"--split", "train"})),
+            "--split: expected valid or test; got 'train'");
+  EXPECT_EQ(parse_error(parse_eval_options,
+                        {"--checkpoint", paths.checkpoint.path(), "--data", "/no/such/dir"}),
+            "--data: /no/such/dir: no such directory");
+  EXPECT_EQ(parse_error(parse_eval_options, {"--checkpoint", paths.checkpoint.path(), "--data",
+                                             paths.checkpoint.path()}),
+            "--data: " + paths.checkpoint.path() + ": not a directory");
+}
+
+TEST(GenerateOptions, DataSplitAndReferences) {
+  const EvalPaths paths;
+  const TempFile input("inputs.txt", "a b\n");
+  const Args base = {"--checkpoint", paths.checkpoint.path()};
+  GenerateConfig cfg;
+  std::ostringstream out;
+  ASSERT_TRUE(parse_generate_options(with(base, {"--data", paths.data.path()}), &cfg, out));
+  EXPECT_EQ(cfg.data_dir, paths.data.path());
+  EXPECT_EQ(cfg.split, "test");
+  EXPECT_TRUE(cfg.references.empty());
+  ASSERT_TRUE(parse_generate_options(with(base, {"--data", paths.data.path(), "--split", "valid",
+                                                 "--references", "ref.txt", "--output", "hyp.txt"}),
+                                     &cfg, out));
+  EXPECT_EQ(cfg.split, "valid");
+  EXPECT_EQ(cfg.references, "ref.txt");
+  EXPECT_EQ(cfg.output, "hyp.txt");
+
+  EXPECT_EQ(parse_error(parse_generate_options, base),
+            "--input: give one of --prompt TEXT, --input FILE or --data DIR");
+  EXPECT_EQ(parse_error(parse_generate_options,
+                        with(base, {"--data", paths.data.path(), "--input", input.path()})),
+            "--input: give one of --prompt TEXT, --input FILE or --data DIR");
+  EXPECT_EQ(parse_error(parse_generate_options, with(base, {"--data", "/no/such/dir"})),
+            "--data: /no/such/dir: no such directory");
+  EXPECT_EQ(parse_error(parse_generate_options,
+                        with(base, {"--input", input.path(), "--references", "r.txt"})),
+            "--references: only with --data DIR, whose split holds the references");
+  EXPECT_EQ(
+      parse_error(parse_generate_options, with(base, {"--input", input.path(), "--split", "test"})),
+      "--split: only with --data DIR");
+  EXPECT_EQ(
+      parse_error(parse_generate_options, with(base, {"--data", paths.data.path(), "--references",
+                                                      "x.txt", "--output", "x.txt"})),
+      "--references: the same file as --output");
+  EXPECT_EQ(parse_error(parse_generate_options,
+                        with(base, {"--data", paths.data.path(), "--split", "train"})),
+            "--split: expected test or valid; got 'train'");
 }
 
 TEST(BenchOptions, DefaultsAndOverrides) {

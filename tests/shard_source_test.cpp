@@ -579,6 +579,51 @@ TEST(ShardSource, EvalStreamIsEveryValidSequenceInFileOrderWhateverTheSeed) {
   EXPECT_EQ(a.eval_stats().sequences, 300);
 }
 
+TEST(ShardSource, EvalStreamCanBeTheTestSplitAlone) {
+  TempDir dir;
+  SetSpec spec;
+  spec.lengths = {1, 60};
+  write_set(dir, spec);
+  std::mt19937_64 rng(5);
+  const Shard test = make_shard(spec, 90, rng);
+  write_shard(dir.file(shard_name("test", 0)), test);
+  const TrainConfig cfg = config_for(dir, ModelKind::kLm, 64, 256);
+
+  // Evaluation alone: the test split's sequences, in file order; the train
+  // shards are checked but not loaded, and train batches are empty.
+  ShardSource only(cfg, 0, 1, SplitChoice{"test", false});
+  Multiset seen;
+  Batch batch;
+  for (uint64_t i = 0; i < only.eval_batch_count(); ++i) {
+    only.make_batch(BatchSource::kEval, i, &batch);
+    for (int s = 0; s < batch.decoder.batch(); ++s) ++seen[recover(batch, s, ModelKind::kLm, 64)];
+  }
+  EXPECT_EQ(seen, expected_multiset({test}, ModelKind::kLm, 64, true));
+  EXPECT_EQ(only.eval_stats().sequences, 90);
+  EXPECT_EQ(only.train_stats().sequences, 0);
+  only.make_batch(BatchSource::kTrain, 0, &batch);
+  EXPECT_EQ(batch.decoder.batch(), 0);
+
+  // The same batches as a source that also loads the training split.
+  ShardSource both(cfg, 0, 1, SplitChoice{"test", true});
+  ASSERT_EQ(both.eval_batch_count(), only.eval_batch_count());
+  Batch other;
+  for (uint64_t i = 0; i < only.eval_batch_count(); ++i) {
+    only.make_batch(BatchSource::kEval, i, &batch);
+    both.make_batch(BatchSource::kEval, i, &other);
+    EXPECT_TRUE(same_batch(batch, other));
+  }
+  EXPECT_EQ(both.train_stats().sequences, 3 * 120);
+
+  // The default is the validation split; a missing test split is named.
+  EXPECT_EQ(ShardSource(cfg, 0, 1).eval_stats().sequences, 60);
+  fs::remove(dir.file(shard_name("test", 0)));
+  EXPECT_EQ(error_of([&] {
+              ShardSource(cfg, 0, 1, SplitChoice{"test", false});
+            }),
+            "--data: " + dir.str() + " holds no test-*.h5 shard");
+}
+
 // ---- prefetch --------------------------------------------------------------
 
 TEST(ShardSource, PrefetchGivesTheSynchronousBatchesInAnyOrderOfRequests) {

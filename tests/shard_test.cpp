@@ -189,6 +189,27 @@ TEST_F(ShardTest, HeaderOnlyReadSkipsTheTokens) {
   EXPECT_THROW(read_shard_header(path), ShardError);
 }
 
+TEST_F(ShardTest, SplitAndOriginAreOptionalAttributes) {
+  Shard shard = ts::sample_shard("seq2seq");
+  const std::string bare = file("bare.h5");
+  write_shard(bare, shard);  // as before they existed: neither attribute
+  EXPECT_TRUE(read_shard(bare).header.split.empty());
+  EXPECT_TRUE(read_shard_header(bare).origin.empty());
+  hid_t f = H5Fopen(bare.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  EXPECT_EQ(H5Aexists(f, "split"), 0);
+  EXPECT_EQ(H5Aexists(f, "origin"), 0);
+  H5Fclose(f);
+
+  shard.header.split = "test";
+  shard.header.origin = "news.en and news.de lines 1-3000";
+  const std::string marked = file("marked.h5");
+  write_shard(marked, shard);
+  const ShardHeader h = read_shard_header(marked);
+  EXPECT_EQ(h.split, "test");
+  EXPECT_EQ(h.origin, "news.en and news.de lines 1-3000");
+  expect_same(read_shard(marked).source, shard.source);
+}
+
 TEST_F(ShardTest, EmptyShardIsValidHdf5ButRejected) {
   const std::string path = file("e.h5");
   ts::write_bad_shard(path, "lm", ts::Fault::kEmpty);
@@ -253,6 +274,8 @@ TEST_F(ShardTest, ListShardsSortsByNumberAndIgnoresOthers) {
                                              file("train-00002.h5"), file("train-100000.h5")}));
   EXPECT_EQ(list_shards(dir_.string(), "valid"), std::vector<std::string>{file("valid-00000.h5")});
   EXPECT_TRUE(list_shards(dir_.string(), "test").empty());
+  write_shard(file("test-00000.h5"), s);
+  EXPECT_EQ(list_shards(dir_.string(), "test"), std::vector<std::string>{file("test-00000.h5")});
   try {
     list_shards(file("nope"), "train");
     ADD_FAILURE() << "listed a missing directory";

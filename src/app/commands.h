@@ -11,6 +11,7 @@ int run_bench(const BenchConfig& cfg, Communicator& comm);
 int run_eval(const EvalConfig& cfg, Communicator& comm);
 int run_generate(const GenerateConfig& cfg, Communicator& comm);
 // Text to HDF5 shards in cfg.out_dir (train-NNNNN.h5, valid-00000.h5,
+// test-00000.h5 with --test or --test-lines,
 // tokenizer.model). Faults of the inputs found before any work: one line,
 // exit 2; faults while working: exit 1, and nothing is left in the directory.
 int run_prepare(const PrepareConfig& cfg, Communicator& comm);

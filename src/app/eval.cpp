@@ -1,6 +1,8 @@
 // `mpiformer eval`: a checkpoint's global loss, perplexity and token accuracy
-// on the validation shards of a data set, split over ranks like training.
+// on a held-out split of a data set (valid, or test), split over ranks like
+// training.
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -19,6 +21,52 @@
 #include "src/model/model.h"
 
 namespace mpiformer {
+namespace {
+
+constexpr double kProgressSeconds = 5.0;
+
+// The source evaluate() reads, passed through; rank 0 reports the batches it
+// has taken every kProgressSeconds, so a long evaluation is not silent and
+// a short one prints nothing. Each rank takes every W-th batch, so rank 0's
+// share stands for the whole.
+class ReportingSource : public BatchSource {
+ public:
+  ReportingSource(BatchSource& source, uint64_t count, const Communicator& comm)
+      : source_(source),
+        share_((count + comm.size() - 1) / comm.size()),
+        world_(comm.size()),
+        report_(comm.is_root()) {}
+
+  void make_batch(uint64_t stream, uint64_t index, Batch* out) override {
+    if (report_ && stream == kEval) report();
+    source_.make_batch(stream, index, out);
+  }
+  uint64_t eval_batch_count() const override { return source_.eval_batch_count(); }
+
+ private:
+  void report() {
+    using Clock = std::chrono::steady_clock;
+    const auto now = Clock::now();
+    // The batch asked for now is the next; those before it are done.
+    const uint64_t done = taken_++;
+    if (std::chrono::duration<double>(now - last_).count() < kProgressSeconds) return;
+    last_ = now;
+    std::fprintf(stderr, "eval: %llu/%llu batches%s (%.0f%%), %.1f s\n",
+                 static_cast<unsigned long long>(done), static_cast<unsigned long long>(share_),
+                 world_ > 1 ? " on rank 0" : "", 100.0 * static_cast<double>(done) / share_,
+                 std::chrono::duration<double>(now - start_).count());
+    std::fflush(stderr);
+  }
+
+  BatchSource& source_;
+  uint64_t share_;  // batches rank 0 evaluates
+  int world_;
+  bool report_;
+  uint64_t taken_ = 0;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now(), last_ = start_;
+};
+
+}  // namespace
 
 int run_eval(const EvalConfig& cfg, Communicator& comm) {
   const int W = comm.size(), rank = comm.rank();
@@ -47,18 +95,23 @@ int run_eval(const EvalConfig& cfg, Communicator& comm) {
   run.sharding = Sharding::kData;
   if (cfg.max_tokens > 0) run.max_tokens = cfg.max_tokens;
 
-  // 2. The shards must speak the checkpoint's vocabulary: same ids, same
-  //    tokenizer. A checkpoint of a synthetic task has no tokenizer to match.
+  // 2. The split must be there, and its shards must speak the checkpoint's
+  //    vocabulary: same ids, same tokenizer. A checkpoint of a synthetic task
+  //    has no tokenizer to match.
   {
     Verdict verdict;
     if (comm.is_root()) {
       try {
-        const std::vector<std::string> valid = list_shards(cfg.data_dir, "valid");
-        if (valid.empty()) {
-          verdict = {kExitUsage, "mpiformer eval: --data: " + cfg.data_dir +
-                                     " has no validation shards (valid-NNNNN.h5)"};
+        const std::vector<std::string> split = list_shards(cfg.data_dir, cfg.split);
+        if (split.empty()) {
+          verdict = {kExitUsage,
+                     "mpiformer eval: --split: " + cfg.data_dir + " has no " + cfg.split +
+                         " split (no " + cfg.split + "-NNNNN.h5)" +
+                         (cfg.split == "test"
+                              ? "; `mpiformer prepare` writes one with --test or --test-lines"
+                              : "")};
         } else {
-          const ShardHeader header = read_shard_header(valid.front());
+          const ShardHeader header = read_shard_header(split.front());
           if (header.vocab_size != state.vocab_size || header.special != state.special ||
               header.tokenizer != state.tokenizer) {
             verdict = {kExitUsage,
@@ -80,7 +133,8 @@ int run_eval(const EvalConfig& cfg, Communicator& comm) {
   std::unique_ptr<BatchSource> data;
   if (!agreed(comm, [&] {
         resolve_data_config(&run);
-        data = make_batch_source(run, rank, W);
+        // The split alone: the training sequences are never read.
+        data = make_batch_source(run, rank, W, SplitChoice{cfg.split, false});
       }))
     return kExitFailure;
   const int threads = cfg.threads > 0 ? cfg.threads : comm.cores_per_local_rank();
@@ -110,18 +164,20 @@ int run_eval(const EvalConfig& cfg, Communicator& comm) {
     return kExitFailure;
   broadcast_tensors(comm, cfg.checkpoint, tensors, params, params.params());
 
-  // 3. Every validation batch (or --batches), split over the ranks.
+  // 3. Every batch of the split (or --batches), split over the ranks.
   const uint64_t count =
       cfg.batches > 0 ? static_cast<uint64_t>(cfg.batches) : data->eval_batch_count();
   Batch batch;
-  const LossSummary eval = evaluate(model, *data, count, run.label_smoothing, comm, batch);
+  ReportingSource reporting(*data, std::min(count, data->eval_batch_count()), comm);
+  const LossSummary eval = evaluate(model, reporting, count, run.label_smoothing, comm, batch);
   if (comm.is_root()) {
-    std::printf("mpiformer eval: %s (step %lld, %s) on %s: %llu batch(es) over %d rank(s)\n",
-                cfg.checkpoint.c_str(), static_cast<long long>(state.step),
-                to_string(run.model.kind), cfg.data_dir.c_str(),
-                static_cast<unsigned long long>(std::min(count, data->eval_batch_count())), W);
-    std::printf("eval | loss %.4f | ppl %.3f | acc %.2f%% | %lld tokens\n", eval.loss,
-                eval.perplexity, 100.0 * eval.accuracy, static_cast<long long>(eval.tokens));
+    std::printf(
+        "mpiformer eval: %s (step %lld, %s) on %s (%s split): %llu batch(es) over %d "
+        "rank(s)\n",
+        cfg.checkpoint.c_str(), static_cast<long long>(state.step), to_string(run.model.kind),
+        cfg.data_dir.c_str(), cfg.split.c_str(),
+        static_cast<unsigned long long>(std::min(count, data->eval_batch_count())), W);
+    std::printf("eval | %s\n", describe_eval(eval, run.model.kind).c_str());
     std::fflush(stdout);
   }
   return 0;

@@ -1,6 +1,10 @@
 // `mpiformer generate`: translation (seq2seq) and continuation (lm) with a
-// checkpoint. Rank 0 decodes; other ranks of an mpirun job only wait.
+// checkpoint. Rank 0 decodes; other ranks of an mpirun job only wait. With
+// --data it translates the source side of a split of a shard set, in order,
+// and writes the split's targets beside the output as references.
 #include <cerrno>
+#include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -17,6 +21,7 @@
 #include "src/core/error.h"
 #include "src/data/tokenizer.h"
 #include "src/io/checkpoint.h"
+#include "src/io/shard.h"
 #include "src/model/decoding.h"
 #include "src/model/model.h"
 
@@ -70,6 +75,66 @@ std::string to_text(const Tokenizer* tokenizer, const std::vector<int32_t>& ids)
   return text;
 }
 
+// The source sequences of a split of --data, in order, and the detokenised
+// targets beside them. The shards must be of a seq2seq set made with the
+// checkpoint's own tokenizer, or their ids mean something else.
+struct SplitInputs {
+  std::vector<std::vector<int32_t>> sources;
+  std::vector<std::string> references;
+  std::string origin;  // where the split came from, when the shards say
+};
+
+SplitInputs read_split(const GenerateConfig& cfg, const CheckpointState& state, bool lm,
+                       const Tokenizer* tokenizer) {
+  if (lm) {
+    throw UsageError("--data: " + cfg.checkpoint +
+                     " holds an lm, and the lines of a split are whole sequences, not sources "
+                     "to translate; score an lm with `mpiformer eval --split`, or give it "
+                     "prompts with --input");
+  }
+  if (!tokenizer) {
+    throw UsageError("--data: " + cfg.checkpoint +
+                     " was trained on a synthetic task, whose ids are not those of " +
+                     cfg.data_dir + "'s shards");
+  }
+  const std::vector<std::string> files = list_shards(cfg.data_dir, cfg.split);
+  if (files.empty()) {
+    throw UsageError("--split: " + cfg.data_dir + " has no " + cfg.split + " split (no " +
+                     cfg.split + "-NNNNN.h5)" +
+                     (cfg.split == "test"
+                          ? "; `mpiformer prepare` writes one with --test or --test-lines"
+                          : ""));
+  }
+  SplitInputs split;
+  for (const std::string& file : files) {
+    const ShardHeader header = read_shard_header(file);
+    if (header.kind != "seq2seq") {
+      throw UsageError("--data: " + file +
+                       " holds lm sequences; a seq2seq checkpoint translates "
+                       "the sources of a seq2seq set");
+    }
+    if (header.vocab_size != state.vocab_size || header.special != state.special ||
+        header.tokenizer != state.tokenizer) {
+      throw UsageError("--data: the shards of " + cfg.data_dir + " have " +
+                       std::to_string(header.vocab_size) +
+                       " ids and their own tokenizer; the checkpoint was trained on " +
+                       std::to_string(state.vocab_size) + " ids with another tokenizer");
+    }
+    const Shard shard = read_shard(file);
+    for (size_t i = 0; i < shard.source.count(); ++i) {
+      const auto ids = [&](const TokenSequences& side) {
+        const auto* first = side.tokens.data() + side.offsets[i];
+        return std::vector<int32_t>(first, first + side.length(i));
+      };
+      split.sources.push_back(ids(shard.source));
+      const std::vector<int32_t> target = ids(shard.target);
+      split.references.push_back(tokenizer->decode(std::vector<int>(target.begin(), target.end())));
+    }
+    if (!header.origin.empty()) split.origin += (split.origin.empty() ? "" : "; ") + header.origin;
+  }
+  return split;
+}
+
 int generate_on_root(const GenerateConfig& cfg) {
   const CheckpointState state = read_checkpoint_state(cfg.checkpoint);
   const std::vector<CheckpointTensor> tensors = read_checkpoint_tensors(cfg.checkpoint, "params");
@@ -96,7 +161,10 @@ int generate_on_root(const GenerateConfig& cfg) {
   const Layout layout{!synthetic, !synthetic};
 
   std::vector<std::string> lines;
-  if (!cfg.prompt.empty()) {
+  SplitInputs split;
+  if (!cfg.data_dir.empty()) {
+    split = read_split(cfg, state, lm, tokenizer.get());
+  } else if (!cfg.prompt.empty()) {
     lines.push_back(cfg.prompt);
   } else {
     std::ifstream in(cfg.input);
@@ -104,7 +172,7 @@ int generate_on_root(const GenerateConfig& cfg) {
     for (std::string line; std::getline(in, line);) lines.push_back(line);
   }
   // Parse every input before decoding any: a bad line is found at once.
-  std::vector<std::vector<int32_t>> inputs;
+  std::vector<std::vector<int32_t>> inputs = std::move(split.sources);
   for (size_t i = 0; i < lines.size(); ++i) {
     const std::string where = cfg.prompt.empty()
                                   ? "--input: " + cfg.input + " line " + std::to_string(i + 1)
@@ -157,12 +225,34 @@ int generate_on_root(const GenerateConfig& cfg) {
   const std::string out_name = cfg.output.empty() ? "stdout" : cfg.output;
   // A full disk or a closed pipe shows only as a failed stream, after the
   // write or at the flush: each line is checked once flushed.
-  const auto check_output = [&] {
-    if (!out) {
+  const auto check = [](std::ostream& stream, const std::string& name) {
+    if (!stream) {
       const int err = errno;
-      throw OutputError(out_name + (err != 0 ? std::string(": ") + std::strerror(err) : ""));
+      throw OutputError(name + (err != 0 ? std::string(": ") + std::strerror(err) : ""));
     }
   };
+  const auto check_output = [&] { check(out, out_name); };
+  // The references first, whole: they are known, and a decoding cut short
+  // still leaves them complete.
+  if (!cfg.references.empty()) {
+    std::ofstream references(cfg.references);
+    if (!references) throw OutputError(cfg.references + ": " + std::strerror(errno));
+    errno = 0;
+    for (const std::string& line : split.references) references << line << "\n";
+    references.close();
+    check(references, cfg.references);
+  }
+  if (!cfg.data_dir.empty()) {
+    std::cerr << "mpiformer generate: translating the " << inputs.size()
+              << " source sentence(s) of the " << cfg.split << " split of " << cfg.data_dir
+              << (split.origin.empty() ? "" : " (" + split.origin + ")") << std::endl;
+  }
+  // Progress on stderr, never among the outputs: every kProgressSeconds, so
+  // a long input reports and a short one does not.
+  using Clock = std::chrono::steady_clock;
+  constexpr double kProgressSeconds = 5.0;
+  const auto start = Clock::now();
+  auto last_report = start;
   for (size_t i = 0; i < inputs.size(); ++i) {
     options.seed = cfg.seed + i;  // each line its own stream, the same for any line order
     const Hypothesis h = lm ? continue_text(model, inputs[i], layout, options)
@@ -171,12 +261,23 @@ int generate_on_root(const GenerateConfig& cfg) {
     errno = 0;
     out << text << "\n" << std::flush;
     check_output();
+    const auto now = Clock::now();
+    if (std::chrono::duration<double>(now - last_report).count() >= kProgressSeconds &&
+        i + 1 < inputs.size()) {
+      last_report = now;
+      const double seconds = std::chrono::duration<double>(now - start).count();
+      std::fprintf(stderr, "generate: %zu/%zu lines (%.0f%%), %.1f s, %.2f lines/s\n", i + 1,
+                   inputs.size(), 100.0 * static_cast<double>(i + 1) / inputs.size(), seconds,
+                   static_cast<double>(i + 1) / seconds);
+      std::fflush(stderr);
+    }
   }
   if (!cfg.output.empty()) {
     errno = 0;
     file.close();
     check_output();
     std::cerr << "mpiformer generate: " << inputs.size() << " line(s) to " << cfg.output
+              << (cfg.references.empty() ? "" : ", their references to " + cfg.references)
               << std::endl;
   }
   return 0;

@@ -231,6 +231,8 @@ void add_model_flags(FlagTable& t, ModelConfig* m,
                "position embeddings");
   t.add("tied-embeddings", &m->tied_embeddings, "true|false",
         "share the input embedding with the output projection");
+  t.add("output-bias", &m->output_bias, "true|false",
+        "a bias on the output projection (false, as GPT-2: analysis/export_hf.py needs it)");
   t.add_choice("activation", &m->activation,
                {{"gelu", Activation::kGelu}, {"relu", Activation::kRelu}}, "MLP activation");
   t.add_choice(
@@ -310,7 +312,8 @@ void add_train_flags(FlagTable& t, TrainConfig* c) {
   t.add("prefetch", &c->prefetch, "N", "batches the loader thread prepares ahead");
   t.add("min-len", &c->min_len, "N", "shortest synthetic example");
   t.add("mlm-probability", &c->mlm_probability, "P", "mlm: share of tokens chosen for prediction");
-  t.add("label-smoothing", &c->label_smoothing, "E", "label smoothing, in [0, 1)");
+  t.add("label-smoothing", &c->label_smoothing, "E",
+        "label smoothing, in [0, 1) (default: 0.1 for seq2seq, 0 for lm and mlm)");
   add_optim_flags(t, &c->optim);
   t.group("Run");
   t.add("out", &c->out_dir, "RUNDIR", "run directory (config.ini, metrics.h5, checkpoints)");
@@ -374,7 +377,9 @@ void add_bench_flags(FlagTable& t, BenchConfig* c) {
 void add_eval_flags(FlagTable& t, EvalConfig* c) {
   t.group("Evaluation");
   t.add("checkpoint", &c->checkpoint, "FILE", "a checkpoint written by mpiformer train");
-  t.add("data", &c->data_dir, "DIR", "shards of the same vocabulary; their valid split is read");
+  t.add("data", &c->data_dir, "DIR", "shards of the same vocabulary");
+  t.add_choice("split", &c->split, {{"valid", std::string("valid")}, {"test", std::string("test")}},
+               "the split of --data to evaluate (test: from prepare --test or --test-lines)");
   t.add("max-tokens", &c->max_tokens, "T", "padded tokens per batch (0: the run's)");
   t.add("batches", &c->batches, "N", "evaluation batches (0: all)");
   t.add("threads", &c->threads, "N", "CPU threads per rank (0: the node's cores shared)");
@@ -385,6 +390,12 @@ void add_generate_flags(FlagTable& t, GenerateConfig* c) {
   t.add("checkpoint", &c->checkpoint, "FILE", "a checkpoint of an lm or seq2seq run");
   t.add("prompt", &c->prompt, "TEXT", "one input: a source sentence (seq2seq) or prompt (lm)");
   t.add("input", &c->input, "FILE", "inputs, one per line");
+  t.add("data", &c->data_dir, "DIR",
+        "seq2seq: translate the source sentences of a split of these shards, in order");
+  t.add_choice("split", &c->split, {{"test", std::string("test")}, {"valid", std::string("valid")}},
+               "with --data: the split to translate");
+  t.add("references", &c->references, "FILE",
+        "with --data: write the split's target sentences here, line-aligned with the output");
   t.add("output", &c->output, "FILE", "write the outputs here, one per line (default: stdout)");
   t.add("beam", &c->beam, "N", "beam width (1: greedy)");
   t.add("length-alpha", &c->length_alpha, "A", "beam scores are log p / length^A");
@@ -401,8 +412,16 @@ void add_prepare_flags(FlagTable& t, PrepareConfig* c) {
                "lm: one sequence per line; seq2seq: line-aligned --input/--target pairs");
   t.add("input", &c->input, "FILE", "text, one sequence (or source sentence) per line");
   t.add("target", &c->target, "FILE", "seq2seq: target sentences, line-aligned with --input");
+  t.add("valid", &c->valid_files, "FILE[,TARGET]",
+        "the validation split from these files (seq2seq: source,target) instead of --valid-lines");
+  t.add("test", &c->test_files, "FILE[,TARGET]",
+        "a test split from these files (seq2seq: source,target) instead of --test-lines");
   t.add("valid-lines", &c->valid_lines, "N",
-        "last lines (pairs) held out for evaluation, at most a tenth of them");
+        "lines (pairs) held out for validation from the end of --input, before any test lines; "
+        "at most a tenth of them");
+  t.add("test-lines", &c->test_lines, "N",
+        "the last lines (pairs) of --input held out as a test split, at most a tenth of them "
+        "(0: none)");
   t.group("Tokenizer");
   t.add("vocab-size", &c->vocab_size, "V",
         "pieces of the trained tokenizer, reserved ids included");
@@ -691,6 +710,12 @@ void require_file(const char* flag, const std::string& path) {
   if (!S_ISREG(info.st_mode)) usage_error(flag, path + ": not a file");
 }
 
+void require_directory(const char* flag, const std::string& path) {
+  struct stat info {};
+  if (::stat(path.c_str(), &info) != 0) usage_error(flag, path + ": no such directory");
+  if (!S_ISDIR(info.st_mode)) usage_error(flag, path + ": not a directory");
+}
+
 void require_non_negative(const char* flag, double value) {
   if (value < 0) usage_error(flag, "must not be negative; got " + format_number(value));
 }
@@ -807,6 +832,31 @@ void validate_train(const TrainConfig& c) {
   }
 }
 
+// --valid/--test FILE[,TARGET]: one file for lm, a source,target pair for
+// seq2seq (paths with a comma cannot be named).
+SplitFiles parse_split_files(const std::string& flag, const std::string& text,
+                             const std::string& kind) {
+  SplitFiles files;
+  if (text.empty()) return files;
+  const size_t comma = text.find(',');
+  if (kind == "seq2seq") {
+    if (comma == std::string::npos || comma == 0 || comma + 1 == text.size() ||
+        text.find(',', comma + 1) != std::string::npos) {
+      usage_error(flag, "--kind seq2seq needs SOURCE,TARGET (two files, comma-separated); got " +
+                            quoted(text));
+    }
+    files.input = text.substr(0, comma);
+    files.target = text.substr(comma + 1);
+  } else {
+    if (comma != std::string::npos) {
+      usage_error(flag, "--kind lm reads one file (SOURCE,TARGET is for --kind seq2seq); got " +
+                            quoted(text));
+    }
+    files.input = text;
+  }
+  return files;
+}
+
 void validate_prepare(const PrepareConfig& c, const std::set<std::string>& given) {
   if (c.input.empty()) usage_error("--input", "required: the text to prepare");
   if (c.kind == "seq2seq" && c.target.empty()) {
@@ -817,9 +867,16 @@ void validate_prepare(const PrepareConfig& c, const std::set<std::string>& given
   }
   if (c.out_dir.empty()) usage_error("--out", "required: the directory for the shards");
   require_at_least("--shards", c.shards, 1);
-  if (c.valid_lines < 1) {
+  if (c.valid.given() && given.count("valid-lines")) {
+    usage_error("--valid-lines", "not with --valid, which gives the validation split");
+  }
+  if (c.test.given() && given.count("test-lines")) {
+    usage_error("--test-lines", "not with --test, which gives the test split");
+  }
+  if (!c.valid.given() && c.valid_lines < 1) {
     usage_error("--valid-lines", "must be at least 1: training evaluates on the held-out lines");
   }
+  require_at_least("--test-lines", c.test_lines, 0);
   // With --tokenizer alone the model decides; otherwise the size is checked
   // here (and against the model by run_prepare).
   if (!(c.vocab_size == 0 && !c.tokenizer.empty() && !given.count("vocab-size"))) {
@@ -869,18 +926,25 @@ constexpr const char* kTrainSynopsis =
     "--out RUNDIR [flags]";
 constexpr const char* kPrepareSynopsis =
     "mpiformer prepare --kind lm|seq2seq --input FILE [--target FILE] --out DIR --shards N\n"
-    "                  --vocab-size V [--tokenizer MODEL] [flags]\n"
-    "Writes DIR/train-NNNNN.h5, DIR/valid-00000.h5 and DIR/tokenizer.model; run it under\n"
+    "                  --vocab-size V [--tokenizer MODEL]\n"
+    "                  [--valid FILE[,TARGET] | --valid-lines N]\n"
+    "                  [--test FILE[,TARGET] | --test-lines N] [flags]\n"
+    "Writes DIR/train-NNNNN.h5, DIR/valid-00000.h5, DIR/test-00000.h5 (with --test or\n"
+    "--test-lines) and DIR/tokenizer.model, trained on the training lines alone; run it under\n"
     "mpirun to encode the shards in parallel.";
 constexpr const char* kEvalSynopsis =
-    "mpiformer eval --checkpoint FILE --data DIR [flags]\n"
-    "Global loss, perplexity and token accuracy of the checkpoint on DIR's validation shards,\n"
-    "split over the MPI ranks like training.";
+    "mpiformer eval --checkpoint FILE --data DIR [--split valid|test] [flags]\n"
+    "Global loss, perplexity and token accuracy of the checkpoint on a split of DIR's shards\n"
+    "(valid by default), split over the MPI ranks like training.";
 constexpr const char* kGenerateSynopsis =
     "mpiformer generate --checkpoint FILE (--prompt TEXT | --input FILE) [flags]\n"
+    "mpiformer generate --checkpoint FILE --data DIR [--split test|valid] [--references REF]\n"
+    "                   [--output HYP] [flags]\n"
     "seq2seq: translates each input (greedy, or beam search with --beam N); lm: continues each\n"
     "prompt (greedy, beam, or top-k sampling with --top-k K). Text goes through the tokenizer\n"
-    "kept in the checkpoint; a checkpoint of a synthetic task reads and writes token ids.";
+    "kept in the checkpoint; a checkpoint of a synthetic task reads and writes token ids.\n"
+    "With --data, a seq2seq checkpoint translates the source sentences of a split in order and\n"
+    "--references gets their targets, so that `sacrebleu REF < HYP` scores the output.";
 constexpr const char* kBenchSynopsis =
     "mpiformer bench --model lm|seq2seq|mlm --batch B --seq T [flags]\n"
     "Prints one JSON line: tokens_per_s, step_ms, mfu, peak_mem_bytes.\n"
@@ -924,6 +988,11 @@ bool parse_train_options(const std::vector<std::string>& args, TrainConfig* cfg,
   const auto given = parse_flags(args, table, kTrainSynopsis, &cfg->config_file, out);
   if (!given) return false;
   apply_layers_shorthand(*given, &cfg->model);
+  // As in the Transformer paper for translation; a language model's loss is
+  // then its true negative log-likelihood.
+  if (!given->count("label-smoothing")) {
+    cfg->label_smoothing = cfg->model.kind == ModelKind::kSeq2seq ? 0.1f : 0.0f;
+  }
   if (cfg->model.vocab == 0 && cfg->synthetic != SyntheticTask::kNone) {
     cfg->model.vocab = kSyntheticVocab;
   }
@@ -954,12 +1023,8 @@ bool parse_eval_options(const std::vector<std::string>& args, EvalConfig* cfg, s
   if (!parse_flags(args, table, kEvalSynopsis, &config_file, out)) return false;
   if (cfg->checkpoint.empty()) usage_error("--checkpoint", "required: the checkpoint to evaluate");
   require_file("--checkpoint", cfg->checkpoint);
-  struct stat info {};
   if (cfg->data_dir.empty()) usage_error("--data", "required: a directory of shards");
-  if (::stat(cfg->data_dir.c_str(), &info) != 0) {
-    usage_error("--data", cfg->data_dir + ": no such directory");
-  }
-  if (!S_ISDIR(info.st_mode)) usage_error("--data", cfg->data_dir + ": not a directory");
+  require_directory("--data", cfg->data_dir);
   require_at_least("--max-tokens", cfg->max_tokens, 0);
   require_at_least("--batches", cfg->batches, 0);
   require_at_least("--threads", cfg->threads, 0);
@@ -972,14 +1037,25 @@ bool parse_generate_options(const std::vector<std::string>& args, GenerateConfig
   FlagTable table;
   add_generate_flags(table, cfg);
   std::string config_file;
-  if (!parse_flags(args, table, kGenerateSynopsis, &config_file, out)) return false;
+  const auto given = parse_flags(args, table, kGenerateSynopsis, &config_file, out);
+  if (!given) return false;
   if (cfg->checkpoint.empty())
     usage_error("--checkpoint", "required: the checkpoint to decode with");
   require_file("--checkpoint", cfg->checkpoint);
-  if (cfg->prompt.empty() == cfg->input.empty()) {
-    usage_error("--input", "give either --prompt TEXT or --input FILE");
-  }
+  const int sources = !cfg->prompt.empty() + !cfg->input.empty() + !cfg->data_dir.empty();
+  if (sources != 1) usage_error("--input", "give one of --prompt TEXT, --input FILE or --data DIR");
   if (!cfg->input.empty()) require_file("--input", cfg->input);
+  if (cfg->data_dir.empty()) {
+    if (given->count("split")) usage_error("--split", "only with --data DIR");
+    if (!cfg->references.empty()) {
+      usage_error("--references", "only with --data DIR, whose split holds the references");
+    }
+  } else {
+    require_directory("--data", cfg->data_dir);
+    if (!cfg->references.empty() && cfg->references == cfg->output) {
+      usage_error("--references", "the same file as --output");
+    }
+  }
   require_at_least("--beam", cfg->beam, 1);
   require_at_least("--max-new-tokens", cfg->max_new_tokens, 0);
   require_at_least("--top-k", cfg->top_k, 0);
@@ -1012,6 +1088,9 @@ bool parse_prepare_options(const std::vector<std::string>& args, PrepareConfig* 
   const auto given = parse_flags(args, table, kPrepareSynopsis, &config_file, out);
   if (!given) return false;
   if (!cfg->tokenizer.empty() && !given->count("vocab-size")) cfg->vocab_size = 0;
+  cfg->valid = parse_split_files("--valid", cfg->valid_files, cfg->kind);
+  cfg->test = parse_split_files("--test", cfg->test_files, cfg->kind);
+  cfg->valid_lines_given = given->count("valid-lines") > 0;
   validate_prepare(*cfg, *given);
   return true;
 }

@@ -3,28 +3,40 @@
 //
 //   1. rank 0 validates the inputs; every rank agrees on the verdict before
 //      any work (exit 2, one line naming the file and the fault);
-//   2. every rank reads the text; rank 0 creates the output directory and
-//      locks it (DIR/.lock) until the end, so a second prepare into it is
-//      refused; rank 0 trains the SentencePiece model (or loads --tokenizer)
-//      and broadcasts its bytes;
+//   2. every rank reads the text (rank 0 also the --valid and --test files)
+//      and cuts it into splits: training lines first, then the validation
+//      lines, then the test lines (unless those come from files); rank 0
+//      creates the output directory and locks it (DIR/.lock) until the end,
+//      so a second prepare into it is refused; rank 0 trains the
+//      SentencePiece model on the training lines alone (or loads
+//      --tokenizer) and broadcasts its bytes;
 //   3. shard s holds the s-th contiguous block of the training sequences;
 //      in round k rank r encodes and writes shard k*W + r, and rank 0 reports
-//      the round; then rank 0 writes the validation shard and tokenizer.model;
+//      the round; then rank 0 writes the validation and test shards and
+//      tokenizer.model;
 //   4. everything is written under temporary names and renamed only when
 //      every rank has succeeded; on any failure every rank removes what it
 //      wrote, so the output directory never holds a partial shard set.
+//
+// Rank 0 reports each phase on stdout, and every kProgressSeconds within a
+// long one (tokenizer training, encoding), so a large corpus is never silent
+// for long while a small one gets only the phase lines.
 #include <mpi.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iostream>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -45,10 +57,19 @@ using Clock = std::chrono::steady_clock;
 
 constexpr const char* kTrainPrefix = "train";
 constexpr const char* kValidPrefix = "valid";
+constexpr const char* kTestPrefix = "test";
 constexpr const char* kTokenizerFile = "tokenizer.model";
+constexpr double kProgressSeconds = 5.0;
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// "12.3 s"
+std::string format_seconds(double seconds) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.1f s", seconds);
+  return text;
 }
 
 std::string shard_name(const char* prefix, int64_t index) {
@@ -84,6 +105,58 @@ std::vector<std::string> read_lines(const std::string& path) {
   if (in.bad()) throw std::runtime_error(path + ": read error");
   return lines;
 }
+
+// ---- progress ----------------------------------------------------------------
+
+// True at most once per kProgressSeconds: a long phase reports as it goes,
+// a short one not at all.
+class Throttle {
+ public:
+  bool due() {
+    const auto now = Clock::now();
+    if (std::chrono::duration<double>(now - last_).count() < kProgressSeconds) return false;
+    last_ = now;
+    return true;
+  }
+
+ private:
+  Clock::time_point last_ = Clock::now();
+};
+
+// Calls say(seconds) every kProgressSeconds from a thread of its own until
+// destroyed: SentencePiece trains without a word, for minutes on a large
+// corpus.
+class Heartbeat {
+ public:
+  explicit Heartbeat(std::function<void(double)> say)
+      : say_(std::move(say)), thread_([this] { run(); }) {}
+  ~Heartbeat() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    changed_.notify_all();
+    thread_.join();
+  }
+  Heartbeat(const Heartbeat&) = delete;
+  Heartbeat& operator=(const Heartbeat&) = delete;
+
+ private:
+  void run() {
+    const auto start = Clock::now();
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!changed_.wait_for(lock, std::chrono::duration<double>(kProgressSeconds),
+                              [this] { return stop_; })) {
+      say_(seconds_since(start));
+    }
+  }
+
+  std::function<void(double)> say_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  bool stop_ = false;
+  std::thread thread_;  // last: starts once the members above exist
+};
 
 // ---- agreement ---------------------------------------------------------------
 
@@ -166,7 +239,7 @@ void require_fresh_output(const std::string& dir) {
   if (!fs::exists(dir, ec)) return;
   if (!fs::is_directory(dir, ec)) usage_error("--out", dir + ": exists and is not a directory");
   if (!list_shards(dir, kTrainPrefix).empty() || !list_shards(dir, kValidPrefix).empty() ||
-      fs::exists(fs::path(dir) / kTokenizerFile, ec)) {
+      !list_shards(dir, kTestPrefix).empty() || fs::exists(fs::path(dir) / kTokenizerFile, ec)) {
     usage_error("--out", dir + " already holds shards; choose another directory");
   }
 }
@@ -195,7 +268,7 @@ std::string load_given_tokenizer(const PrepareConfig& cfg) {
 
 // ---- the corpus --------------------------------------------------------------
 
-// At most one line (pair) in kHoldOut is held out for validation.
+// A carved split is at most one line (pair) in kHoldOut of the input's.
 constexpr size_t kHoldOut = 10;
 
 // SentencePiece trains only on lines up to this many bytes (its
@@ -203,75 +276,171 @@ constexpr size_t kHoldOut = 10;
 // longer limit would let one huge line stall training for minutes.
 constexpr size_t kLongestTrainedLine = kTrainedLineLimit;
 
-struct Corpus {
-  std::vector<std::string> input, target;  // all lines; target empty for lm
+// One text: --input (and --target), or the files of --valid or --test.
+struct Text {
+  std::string input_path, target_path;     // target: seq2seq only
+  std::vector<std::string> input, target;  // every line
   std::vector<size_t> sequences;           // line numbers (0-based) of the usable lines/pairs
   size_t blank = 0;                        // lines (pairs) skipped because a side was blank
-  size_t valid = 0;                        // the last `valid` sequences are held out
-  size_t too_long = 0;  // usable sequences with a side longer than kLongestTrainedLine
-  size_t train() const { return sequences.size() - valid; }
+  bool seq2seq() const { return !target_path.empty(); }
+  // "kjv.txt", "a.en and a.de"
+  std::string name() const { return seq2seq() ? input_path + " and " + target_path : input_path; }
+  std::string units(size_t n) const {
+    return std::string(seq2seq() ? "line pair" : "line") + (n == 1 ? "" : "s");
+  }
 };
 
-void select_sequences(const PrepareConfig& cfg, Corpus* c) {
-  const bool seq2seq = cfg.kind == "seq2seq";
-  for (size_t i = 0; i < c->input.size(); ++i) {
-    const bool usable = !is_blank(c->input[i]) && !(seq2seq && is_blank(c->target[i]));
-    if (usable) {
-      c->sequences.push_back(i);
-      if (c->input[i].size() > kLongestTrainedLine ||
-          (seq2seq && c->target[i].size() > kLongestTrainedLine)) {
-        ++c->too_long;
-      }
-    } else {
-      ++c->blank;
-    }
+// A split: sequences [begin, end) of a text's usable ones.
+struct Span {
+  const Text* text = nullptr;  // null: no such split
+  size_t begin = 0, end = 0;
+  size_t size() const { return end - begin; }
+  // Where it comes from, for the shards' `origin` attribute and the report:
+  // "kjv.txt lines 29103-30102".
+  std::string origin() const {
+    if (size() == 0) return text->name();
+    return text->name() + " lines " + std::to_string(text->sequences[begin] + 1) + "-" +
+           std::to_string(text->sequences[end - 1] + 1);
   }
-  // At most a tenth is held out, so training always keeps at least one.
-  c->valid = std::min<size_t>(static_cast<size_t>(cfg.valid_lines), c->sequences.size() / kHoldOut);
+};
+
+struct Corpus {
+  Text main;                   // --input (and --target)
+  Text valid_file, test_file;  // --valid, --test (read on rank 0 only)
+  // Carved from the end of main: the test lines last, the validation lines
+  // before them.
+  size_t valid_carved = 0, test_carved = 0;
+
+  size_t train_count() const { return main.sequences.size() - valid_carved - test_carved; }
+  Span train() const { return {&main, 0, train_count()}; }
+  Span valid() const {
+    if (!valid_file.input_path.empty()) return {&valid_file, 0, valid_file.sequences.size()};
+    return {&main, train_count(), train_count() + valid_carved};
+  }
+  Span test() const {
+    if (!test_file.input_path.empty()) return {&test_file, 0, test_file.sequences.size()};
+    if (test_carved == 0) return {};
+    return {&main, main.sequences.size() - test_carved, main.sequences.size()};
+  }
+  bool carved() const { return valid_carved + test_carved > 0; }
+};
+
+Text text_of(const PrepareConfig& cfg, const SplitFiles& files) {
+  Text t;
+  t.input_path = files.input;
+  if (cfg.kind == "seq2seq") t.target_path = files.target;
+  return t;
 }
 
-void validate_corpus(const PrepareConfig& cfg, const Corpus& c) {
-  const bool seq2seq = cfg.kind == "seq2seq";
+// Reads a text; its usable sequences are found when both sides have the
+// same number of lines (a mismatch is refused by validate_text).
+void read_text(Text* t) {
+  t->input = read_lines(t->input_path);
+  if (t->seq2seq()) t->target = read_lines(t->target_path);
+  if (t->seq2seq() && t->target.size() != t->input.size()) return;
+  for (size_t i = 0; i < t->input.size(); ++i) {
+    if (!is_blank(t->input[i]) && !(t->seq2seq() && is_blank(t->target[i]))) {
+      t->sequences.push_back(i);
+    } else {
+      ++t->blank;
+    }
+  }
+}
+
+// How many usable lines each split not given as files takes from the end of
+// the input: as many as asked, but at most a tenth, so training always keeps
+// most of them.
+void carve(const PrepareConfig& cfg, Corpus* c) {
+  const size_t most = c->main.sequences.size() / kHoldOut;
+  if (!cfg.valid.given()) c->valid_carved = std::min(static_cast<size_t>(cfg.valid_lines), most);
+  if (!cfg.test.given()) c->test_carved = std::min(static_cast<size_t>(cfg.test_lines), most);
+}
+
+// The faults of one text. `flag` names the text (--input, --valid, --test).
+void validate_text(const std::string& flag, const Text& t) {
   const auto all_blank = [](const std::vector<std::string>& lines) {
     return std::all_of(lines.begin(), lines.end(), is_blank);
   };
-  if (all_blank(c.input))
-    throw std::runtime_error(cfg.input + ": empty input (no non-blank lines)");
-  if (seq2seq) {
-    if (all_blank(c.target)) {
-      throw std::runtime_error(cfg.target + ": empty input (no non-blank lines)");
-    }
-    if (c.target.size() != c.input.size()) {
-      usage_error("--target", cfg.target + " has " + std::to_string(c.target.size()) +
-                                  " lines but --input " + cfg.input + " has " +
-                                  std::to_string(c.input.size()));
-    }
-    if (c.sequences.empty()) {
-      throw std::runtime_error(cfg.input + " and " + cfg.target +
-                               ": no line pair has both sides non-blank");
-    }
+  if (all_blank(t.input))
+    throw std::runtime_error(t.input_path + ": empty input (no non-blank lines)");
+  if (!t.seq2seq()) return;
+  if (all_blank(t.target)) {
+    throw std::runtime_error(t.target_path + ": empty input (no non-blank lines)");
   }
+  if (t.target.size() != t.input.size()) {
+    const std::string input_flag = flag == "--input" ? "--input " : "";
+    usage_error(flag == "--input" ? "--target" : flag,
+                t.target_path + " has " + std::to_string(t.target.size()) + " lines but " +
+                    input_flag + t.input_path + " has " + std::to_string(t.input.size()));
+  }
+  if (t.sequences.empty()) {
+    throw std::runtime_error(t.input_path + " and " + t.target_path +
+                             ": no line pair has both sides non-blank");
+  }
+}
+
+// Usable training sequences with a side longer than kLongestTrainedLine.
+size_t too_long_to_train(const Span& train) {
+  const Text& t = *train.text;
+  size_t n = 0;
+  for (size_t s = train.begin; s < train.end; ++s) {
+    const size_t line = t.sequences[s];
+    n += t.input[line].size() > kLongestTrainedLine ||
+         (t.seq2seq() && t.target[line].size() > kLongestTrainedLine);
+  }
+  return n;
+}
+
+// The refusals; returns the warnings to print once every check has passed.
+std::vector<std::string> validate_corpus(const PrepareConfig& cfg, const Corpus& c) {
+  const Text& t = c.main;
+  validate_text("--input", t);
+  if (cfg.valid.given()) validate_text("--valid", c.valid_file);
+  if (cfg.test.given()) validate_text("--test", c.test_file);
+  const size_t n = t.sequences.size();
+  const std::string usable = std::string(t.seq2seq() ? "have " : "has ") + std::to_string(n) +
+                             " usable " + t.units(n) + "; at least " + std::to_string(kHoldOut) +
+                             " are needed to hold one out for ";
   // train --data refuses a set without a validation shard, so one is needed.
-  if (c.valid == 0) {
-    const size_t n = c.sequences.size();
-    usage_error("--input", (seq2seq ? cfg.input + " and " + cfg.target : cfg.input) + " " +
-                               (seq2seq ? "have " : "has ") + std::to_string(n) + " usable " +
-                               (seq2seq ? "line pair" : "line") + (n == 1 ? "" : "s") +
-                               "; at least " + std::to_string(kHoldOut) +
-                               " are needed to hold one out for validation");
+  if (!cfg.valid.given() && c.valid_carved == 0) {
+    usage_error("--input", t.name() + " " + usable + "validation");
   }
-  if (cfg.tokenizer.empty() && c.too_long == c.sequences.size()) {
-    usage_error("--input", (seq2seq ? cfg.input + " and " + cfg.target : cfg.input) +
-                               ": every line is longer than the " +
-                               std::to_string(kLongestTrainedLine) +
+  if (!cfg.test.given() && cfg.test_lines > 0 && c.test_carved == 0) {
+    usage_error("--test-lines", t.name() + " " + usable + "a test split");
+  }
+  if (cfg.tokenizer.empty() && too_long_to_train(c.train()) == c.train_count()) {
+    const bool all = too_long_to_train({&t, 0, n}) == n;
+    usage_error("--input", t.name() + ": every " + (all ? "" : "training ") +
+                               "line is longer than the " + std::to_string(kLongestTrainedLine) +
                                " bytes a tokenizer trains on; put one sentence (or paragraph) "
                                "per line");
   }
-  if (static_cast<size_t>(cfg.shards) > c.train()) {
+  if (static_cast<size_t>(cfg.shards) > c.train_count()) {
     usage_error("--shards", std::to_string(cfg.shards) + " shards but only " +
-                                std::to_string(c.train()) +
+                                std::to_string(c.train_count()) +
                                 " training sequences; each shard needs at least one");
   }
+  // The default --valid-lines is capped on every small corpus: only a
+  // number the user chose is worth a word.
+  std::vector<std::string> warnings;
+  const auto capped = [&](const char* flag, int wanted, size_t got) {
+    warnings.push_back("warning: " + std::string(flag) + " " + std::to_string(wanted) +
+                       ": holding out " + std::to_string(got) + " " + t.units(got) +
+                       ", a tenth of the " + std::to_string(n) + " usable " + t.units(n) + " of " +
+                       t.name());
+  };
+  if (cfg.valid_lines_given && c.valid_carved < static_cast<size_t>(cfg.valid_lines)) {
+    capped("--valid-lines", cfg.valid_lines, c.valid_carved);
+  }
+  if (c.test_carved > 0 && c.test_carved < static_cast<size_t>(cfg.test_lines)) {
+    capped("--test-lines", cfg.test_lines, c.test_carved);
+  }
+  return warnings;
+}
+
+// "1,000 (kjv.txt lines 29103-30102)"
+std::string describe_span(const Span& span) {
+  return grouped(static_cast<int64_t>(span.size())) + " (" + span.origin() + ")";
 }
 
 // ---- encoding ----------------------------------------------------------------
@@ -283,10 +452,12 @@ struct ShardFigures {
   int64_t unknown = 0;  // unk tokens: characters the tokenizer lacks
 };
 
-// Encodes sequences [begin, end) of the corpus into one shard.
-Shard encode_block(const PrepareConfig& cfg, const Corpus& c, const Tokenizer& tokenizer,
-                   const ShardHeader& header, size_t begin, size_t end, ShardFigures* figures) {
-  const bool seq2seq = cfg.kind == "seq2seq";
+// Encodes a span of a text into one shard. `progress`, when given, is
+// called every few hundred sequences with the number done so far.
+Shard encode_block(const Span& span, const Tokenizer& tokenizer, const ShardHeader& header,
+                   ShardFigures* figures, const std::function<void(size_t)>& progress = nullptr) {
+  const Text& c = *span.text;
+  const bool seq2seq = c.seq2seq();
   const auto encode = [&](const std::string& file, const std::vector<std::string>& lines,
                           size_t line) {
     try {
@@ -297,12 +468,14 @@ Shard encode_block(const PrepareConfig& cfg, const Corpus& c, const Tokenizer& t
   };
   Shard shard;
   shard.header = header;
-  for (size_t s = begin; s < end; ++s) {
+  shard.header.origin = span.origin();
+  for (size_t s = span.begin; s < span.end; ++s) {
+    if (progress && (s - span.begin) % 256 == 255) progress(s - span.begin + 1);
     const size_t line = c.sequences[s];
     const std::vector<int> target =
-        encode(seq2seq ? cfg.target : cfg.input, seq2seq ? c.target : c.input, line);
+        encode(seq2seq ? c.target_path : c.input_path, seq2seq ? c.target : c.input, line);
     std::vector<int> source;
-    if (seq2seq) source = encode(cfg.input, c.input, line);
+    if (seq2seq) source = encode(c.input_path, c.input, line);
     // A line of, say, only control characters normalises to nothing; an
     // empty sequence teaches nothing, so it is counted and left out.
     if (target.empty() || (seq2seq && source.empty())) {
@@ -321,8 +494,9 @@ Shard encode_block(const PrepareConfig& cfg, const Corpus& c, const Tokenizer& t
                         std::count(source.begin(), source.end(), unk);
   }
   if (figures->sequences == 0) {
-    throw std::runtime_error(cfg.input + ": lines " + std::to_string(c.sequences[begin] + 1) +
-                             " to " + std::to_string(c.sequences[end - 1] + 1) +
+    throw std::runtime_error(c.input_path + ": lines " +
+                             std::to_string(c.sequences[span.begin] + 1) + " to " +
+                             std::to_string(c.sequences[span.end - 1] + 1) +
                              " all encode to nothing, so their shard would be empty");
   }
   return shard;
@@ -388,38 +562,133 @@ void write_file_bytes(const std::string& path, const std::string& bytes) {
   if (!out) throw std::runtime_error(path + ": cannot write");
 }
 
+// The training lines alone, for SentencePiece, when held-out lines were cut
+// from the input (it reads files): written beside the shards under
+// temporary names and removed once the tokenizer is trained or has failed.
+class TrainingText {
+ public:
+  // Writing the copy failed: the message names the copy, not the input.
+  struct WriteError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+  };
+
+  TrainingText(const fs::path& dir, const Span& train) {
+    const Text& t = *train.text;
+    try {
+      add(dir / "tokenizer-input.txt", t.input_path, t.input, train);
+      if (t.seq2seq()) add(dir / "tokenizer-target.txt", t.target_path, t.target, train);
+    } catch (...) {
+      remove_all();
+      throw;
+    }
+  }
+  ~TrainingText() { remove_all(); }
+  TrainingText(const TrainingText&) = delete;
+  TrainingText& operator=(const TrainingText&) = delete;
+
+  std::vector<std::string> paths() const {
+    std::vector<std::string> paths;
+    for (const File& f : files_) paths.push_back(f.temporary);
+    return paths;
+  }
+
+  // A message about the temporary files, naming the user's instead.
+  std::string as_given(std::string message) const {
+    for (const File& f : files_) {
+      for (size_t at; (at = message.find(f.temporary)) != std::string::npos;) {
+        message.replace(at, f.temporary.size(), f.given);
+      }
+    }
+    return message;
+  }
+
+ private:
+  struct File {
+    std::string temporary, given;
+  };
+
+  void add(fs::path path, const std::string& given, const std::vector<std::string>& lines,
+           const Span& train) {
+    path += ".tmp-" + std::to_string(::getpid());
+    files_.push_back({path.string(), given});
+    errno = 0;
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    for (size_t s = train.begin; s < train.end && out; ++s) {
+      out << lines[train.text->sequences[s]] << '\n';
+    }
+    out.close();
+    if (!out) {
+      throw WriteError(path.string() + ": cannot write" +
+                       (errno != 0 ? " (" + std::string(std::strerror(errno)) + ")" : ""));
+    }
+  }
+
+  void remove_all() {
+    for (const File& f : files_) {
+      std::error_code ec;
+      fs::remove(f.temporary, ec);
+    }
+  }
+
+  std::vector<File> files_;
+};
+
 }  // namespace
 
 int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
   const auto start = Clock::now();
   const bool seq2seq = cfg.kind == "seq2seq";
   const int W = comm.size(), rank = comm.rank();
+  // Rank 0's report: one line at a time, on stdout, flushed at once.
+  const auto say = [&](const std::string& line) {
+    if (comm.is_root()) std::cout << line << std::endl;
+  };
 
   // 1. The files, the output directory and --tokenizer, before any work.
   std::string model_bytes;
   if (!root_validates(comm, [&] {
         require_text_file("--input", cfg.input);
         if (seq2seq) require_text_file("--target", cfg.target);
+        for (const auto& [flag, files] : {std::pair{"--valid", cfg.valid}, {"--test", cfg.test}}) {
+          if (!files.given()) continue;
+          require_readable_file(flag, files.input);
+          if (seq2seq) require_readable_file(flag, files.target);
+        }
         require_fresh_output(cfg.out_dir);
         if (!cfg.tokenizer.empty()) model_bytes = load_given_tokenizer(cfg);
       })) {
     return kExitUsage;
   }
 
-  // 2. Every rank reads the text (it is small next to its tokens); rank 0
-  // judges it.
+  // 2. Every rank reads the text (it is small next to its tokens) and finds
+  // the same splits; only rank 0 writes the held-out shards, so only it
+  // reads --valid and --test. Rank 0 judges it all.
   Corpus corpus;
+  corpus.main = text_of(cfg, {cfg.input, cfg.target});
+  if (cfg.valid.given()) corpus.valid_file = text_of(cfg, cfg.valid);
+  if (cfg.test.given()) corpus.test_file = text_of(cfg, cfg.test);
   if (!all_succeed(comm, [&] {
-        corpus.input = read_lines(cfg.input);
-        if (seq2seq) corpus.target = read_lines(cfg.target);
-        // Files of different lengths are refused below; nothing to pair.
-        if (!seq2seq || corpus.target.size() == corpus.input.size()) {
-          select_sequences(cfg, &corpus);
-        }
+        read_text(&corpus.main);
+        carve(cfg, &corpus);
+        if (!comm.is_root()) return;
+        if (cfg.valid.given()) read_text(&corpus.valid_file);
+        if (cfg.test.given()) read_text(&corpus.test_file);
       })) {
     return kExitFailure;
   }
-  if (!root_validates(comm, [&] { validate_corpus(cfg, corpus); })) return kExitUsage;
+  std::vector<std::string> warnings;
+  if (!root_validates(comm, [&] { warnings = validate_corpus(cfg, corpus); })) return kExitUsage;
+  if (comm.is_root()) {
+    for (const std::string& w : warnings) std::cerr << "mpiformer prepare: " << w << std::endl;
+    const Text& t = corpus.main;
+    std::string splits = "  splits: train " + describe_span(corpus.train()) + ", valid " +
+                         describe_span(corpus.valid());
+    if (corpus.test().text) splits += ", test " + describe_span(corpus.test());
+    say("read " + t.name() + ": " + grouped(static_cast<int64_t>(t.input.size())) + " " +
+        t.units(t.input.size()) + ", " + grouped(static_cast<int64_t>(t.sequences.size())) +
+        " usable (" + format_seconds(seconds_since(start)) + ")");
+    say(splits);
+  }
 
   // The output directory: created by rank 0 now that the inputs are known
   // good, and locked until the end, so a second prepare into it is refused
@@ -457,32 +726,42 @@ int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
     return give_up(kExitUsage);
   }
 
-  // 3. The tokenizer: trained on rank 0 (one vocabulary for both sides of a
-  // pair) or the one given; every rank gets its bytes.
+  // 3. The tokenizer: trained on rank 0 on the training lines alone, so the
+  // held-out splits stay unseen (one vocabulary for both sides of a pair),
+  // or the one given; every rank gets its bytes.
   const auto tokenizer_start = Clock::now();
   if (cfg.tokenizer.empty()) {
-    if (comm.is_root()) {
-      std::cout << "training a " << cfg.model_type << " tokenizer of " << cfg.vocab_size
-                << " pieces on " << cfg.input << (seq2seq ? " and " + cfg.target : "") << " ..."
-                << std::endl;
-      if (corpus.too_long > 0) {
-        std::cout << "  " << corpus.too_long << " line(s) longer than " << kLongestTrainedLine
-                  << " bytes are left out of the tokenizer's training (they are still encoded)"
-                  << std::endl;
-      }
-    }
     std::string failure;
     if (comm.is_root()) {
+      const Span train = corpus.train();
+      say("training a " + cfg.model_type + " tokenizer of " + std::to_string(cfg.vocab_size) +
+          " pieces on the " + grouped(static_cast<int64_t>(train.size())) + " training " +
+          corpus.main.units(train.size()) + " of " + corpus.main.name() + " ...");
+      if (const size_t too_long = too_long_to_train(train); too_long > 0) {
+        say("  " + std::to_string(too_long) + " line(s) longer than " +
+            std::to_string(kLongestTrainedLine) +
+            " bytes are left out of the tokenizer's training (they are still encoded)");
+      }
       TokenizerTrainOptions options;
       options.vocab_size = cfg.vocab_size;
       options.model_type = cfg.model_type;
       options.seed = cfg.seed;
-      std::vector<std::string> files{cfg.input};
-      if (seq2seq) files.push_back(cfg.target);
+      std::unique_ptr<TrainingText> text;
       try {
+        std::vector<std::string> files{cfg.input};
+        if (seq2seq) files.push_back(cfg.target);
+        if (corpus.carved()) {
+          text = std::make_unique<TrainingText>(out_dir, train);
+          files = text->paths();
+        }
+        const Heartbeat heartbeat([&](double seconds) {
+          say("  training the tokenizer (" + format_seconds(seconds) + ")");
+        });
         model_bytes = Tokenizer::train(files, options);
-      } catch (const std::exception& e) {
+      } catch (const TrainingText::WriteError& e) {
         failure = e.what();
+      } catch (const std::exception& e) {
+        failure = text ? text->as_given(e.what()) : e.what();
       }
     }
     barrier_without_spinning();
@@ -502,9 +781,9 @@ int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
     return give_up(kExitFailure);
   }
   const double tokenizer_seconds = seconds_since(tokenizer_start);
-  if (comm.is_root() && cfg.tokenizer.empty()) {
-    std::printf("tokenizer: %d pieces in %.1f s\n", tokenizer->vocab_size(), tokenizer_seconds);
-    std::fflush(stdout);
+  if (cfg.tokenizer.empty()) {
+    say("tokenizer: " + std::to_string(tokenizer->vocab_size()) + " pieces in " +
+        format_seconds(tokenizer_seconds));
   }
 
   ShardHeader header;
@@ -516,7 +795,21 @@ int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
   // 4. Shards, in rounds of W: rank r writes shard k*W + r of round k.
   const auto encode_start = Clock::now();
   const int64_t shards = cfg.shards;
-  const size_t train_sequences = corpus.train();
+  const size_t train_sequences = corpus.train_count();
+  say("encoding " + grouped(static_cast<int64_t>(train_sequences)) + " training sequences into " +
+      std::to_string(shards) + " shard(s) on " + std::to_string(W) +
+      " rank(s), writing each when done ...");
+  // Rank 0's running count within the shard it encodes, every
+  // kProgressSeconds.
+  Throttle throttle;
+  const auto count_encoded = [&](const std::string& name, size_t sequences) {
+    return std::function<void(size_t)>([&, name, sequences](size_t done) {
+      if (!throttle.due()) return;
+      say("  " + name + ": " + grouped(static_cast<int64_t>(done)) + " of " +
+          grouped(static_cast<int64_t>(sequences)) + " sequences encoded (" +
+          format_seconds(seconds_since(encode_start)) + ")");
+    });
+  };
   ShardFigures total;
   bool ok = true;
   for (int64_t first = 0; first < shards && ok; first += W) {
@@ -524,10 +817,17 @@ int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
     ShardFigures figures;
     ok = all_succeed(comm, [&] {
       if (mine >= shards) return;
-      const size_t begin = static_cast<size_t>(mine * train_sequences / shards);
-      const size_t end = static_cast<size_t>((mine + 1) * train_sequences / shards);
-      const Shard shard = encode_block(cfg, corpus, *tokenizer, header, begin, end, &figures);
-      const std::string path = pending.add(shard_name(kTrainPrefix, mine));
+      const Span block{&corpus.main, static_cast<size_t>(mine * train_sequences / shards),
+                       static_cast<size_t>((mine + 1) * train_sequences / shards)};
+      const std::string name = shard_name(kTrainPrefix, mine);
+      ShardHeader train_header = header;
+      train_header.split = kTrainPrefix;
+      // Rank 0's running count stands for the round: the ranks' blocks
+      // are of one size.
+      const Shard shard =
+          encode_block(block, *tokenizer, train_header, &figures,
+                       comm.is_root() ? count_encoded(name, block.size()) : nullptr);
+      const std::string path = pending.add(name);
       try {
         write_shard(path, shard);
       } catch (const std::runtime_error& e) {
@@ -552,29 +852,37 @@ int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
       total.tokens += tokens;
       total.skipped += static_cast<int64_t>(of_r[2]);
       total.unknown += static_cast<int64_t>(of_r[3]);
-      if (comm.is_root()) {
-        std::printf("  %s: %s sequences, %s tokens (%.1f s)\n",
-                    shard_name(kTrainPrefix, first + r).c_str(), grouped(sequences).c_str(),
-                    grouped(tokens).c_str(), seconds_since(encode_start));
-      }
+      say("  " + shard_name(kTrainPrefix, first + r) + ": " + grouped(sequences) + " sequences, " +
+          grouped(tokens) + " tokens (" + format_seconds(seconds_since(encode_start)) + ")");
     }
-    if (comm.is_root()) std::fflush(stdout);
   }
 
-  // The validation shard and the tokenizer, from rank 0.
-  ShardFigures valid;
+  // The held-out shards and the tokenizer, from rank 0.
+  ShardFigures held_out[2];     // valid, test
+  int64_t test_sequences = -1;  // -1: no test split
   if (ok) {
     ok = all_succeed(comm, [&] {
       if (!comm.is_root()) return;
-      if (corpus.valid > 0) {
-        const Shard shard = encode_block(cfg, corpus, *tokenizer, header, train_sequences,
-                                         corpus.sequences.size(), &valid);
-        const std::string path = pending.add(shard_name(kValidPrefix, 0));
+      const std::pair<const char*, Span> splits[] = {{kValidPrefix, corpus.valid()},
+                                                     {kTestPrefix, corpus.test()}};
+      for (int k = 0; k < 2; ++k) {
+        const auto& [prefix, span] = splits[k];
+        if (!span.text) continue;
+        ShardHeader split_header = header;
+        split_header.split = prefix;
+        const std::string name = shard_name(prefix, 0);
+        const Shard shard = encode_block(span, *tokenizer, split_header, &held_out[k],
+                                         count_encoded(name, span.size()));
+        const std::string path = pending.add(name);
         try {
           write_shard(path, shard);
         } catch (const std::runtime_error& e) {
           throw std::runtime_error(pending.final_name_in(e.what()));
         }
+        say("  " + name + ": " + grouped(held_out[k].sequences) + " sequences, " +
+            grouped(held_out[k].tokens) + " tokens (" +
+            format_seconds(seconds_since(encode_start)) + ")");
+        if (k == 1) test_sequences = held_out[k].sequences;
       }
       write_file_bytes(pending.add(kTokenizerFile), model_bytes);
     });
@@ -585,21 +893,30 @@ int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
   if (!ok) return give_up(kExitFailure);
 
   if (comm.is_root()) {
+    const ShardFigures& valid = held_out[0];
+    const ShardFigures& test = held_out[1];
     const double encode_seconds = seconds_since(encode_start);
-    const int64_t tokens = total.tokens + valid.tokens;
-    const int64_t skipped = static_cast<int64_t>(corpus.blank) + total.skipped + valid.skipped;
+    const int64_t tokens = total.tokens + valid.tokens + test.tokens;
+    size_t lines = corpus.main.input.size(), blank = corpus.main.blank;
+    for (const Text* t : {&corpus.valid_file, &corpus.test_file}) {
+      lines += t->input.size();
+      blank += t->blank;
+    }
+    const int64_t skipped =
+        static_cast<int64_t>(blank) + total.skipped + valid.skipped + test.skipped;
+    const std::string test_part =
+        test_sequences < 0 ? "" : ", " + grouped(test_sequences) + " test";
     std::printf(
-        "prepared %s: %s training sequences in %lld shard(s), %s validation; %s tokens "
+        "prepared %s: %s training sequences in %lld shard(s), %s validation%s; %s tokens "
         "(%s unknown), vocabulary %d\n",
         cfg.out_dir.c_str(), grouped(total.sequences).c_str(), static_cast<long long>(shards),
-        grouped(valid.sequences).c_str(), grouped(tokens).c_str(),
-        grouped(total.unknown + valid.unknown).c_str(), header.vocab_size);
+        grouped(valid.sequences).c_str(), test_part.c_str(), grouped(tokens).c_str(),
+        grouped(total.unknown + valid.unknown + test.unknown).c_str(), header.vocab_size);
     std::printf(
         "  %s %s read, %s skipped (blank or encoding to nothing); %.1f s in all, "
         "encoding %.1f s (%s tokens/s)\n",
-        grouped(static_cast<int64_t>(corpus.input.size())).c_str(),
-        seq2seq ? "line pairs" : "lines", grouped(skipped).c_str(), seconds_since(start),
-        encode_seconds,
+        grouped(static_cast<int64_t>(lines)).c_str(), seq2seq ? "line pairs" : "lines",
+        grouped(skipped).c_str(), seconds_since(start), encode_seconds,
         grouped(static_cast<int64_t>(tokens / std::max(encode_seconds, 1e-9))).c_str());
     std::fflush(stdout);
   }

@@ -71,6 +71,7 @@ struct ModelConfig {
   bool pre_norm = true;
   PositionKind positions = PositionKind::kLearned;
   bool tied_embeddings = true;
+  bool output_bias = true;  // a bias on the vocabulary projection (GPT-2 has none)
   Activation activation = Activation::kGelu;
   AttentionScale attention_scale = AttentionScale::kStandard;
   float attention_ref_len = 512.0f;
@@ -102,11 +103,11 @@ struct TrainConfig {
   std::vector<int> buckets;  // --buckets: explicit boundaries; empty: tensor2tensor's
   TooLong too_long = TooLong::kAuto;
   Sharding sharding = Sharding::kData;
-  int prefetch = 4;       // batches prepared ahead by the loader thread
-  int max_tokens = 4096;  // padded tokens per micro-batch
-  int max_sentences = 0;  // 0: no limit
-  int min_len = 1;        // synthetic sequence lengths
-  float label_smoothing = 0.1f;
+  int prefetch = 4;              // batches prepared ahead by the loader thread
+  int max_tokens = 4096;         // padded tokens per micro-batch
+  int max_sentences = 0;         // 0: no limit
+  int min_len = 1;               // synthetic sequence lengths
+  float label_smoothing = 0.0f;  // unless given: 0.1 for seq2seq (src/app/options.cpp)
   float mlm_probability = 0.15f;
 
   // loop
@@ -139,6 +140,13 @@ struct TrainConfig {
   int check_every = 100;  // steps between replica checks (0: off)
 };
 
+// The text of a held-out split given as files (prepare --valid, --test).
+struct SplitFiles {
+  std::string input;   // one sequence (lm) or source sentence per line
+  std::string target;  // seq2seq: target sentences, line-aligned with input
+  bool given() const { return !input.empty(); }
+};
+
 // `mpiformer prepare`: raw text (or a parallel pair) to HDF5 shards.
 struct PrepareConfig {
   std::string kind = "lm";  // lm | seq2seq
@@ -149,26 +157,36 @@ struct PrepareConfig {
   int vocab_size = 8000;
   std::string tokenizer;  // an existing SentencePiece model; empty: train one
   std::string model_type = "unigram";
-  int valid_lines = 1000;  // held-out lines (from the end of the input) for evaluation
+  // Held-out splits: from files, or carved from the end of the input (test
+  // lines last, validation lines before them), each at most a tenth of it.
+  std::string valid_files, test_files;  // --valid, --test: FILE[,TARGET] as given
+  SplitFiles valid, test;               // parsed from them
+  int valid_lines = 1000;
+  int test_lines = 0;              // 0: no test split unless --test
+  bool valid_lines_given = false;  // a capped --valid-lines is worth a warning only if asked for
   uint64_t seed = 1;
 };
 
-// `mpiformer eval`: a checkpoint on the validation shards of a data set.
+// `mpiformer eval`: a checkpoint on a held-out split of a data set.
 struct EvalConfig {
-  std::string checkpoint;  // --checkpoint FILE
-  std::string data_dir;    // --data DIR (its valid-NNNNN.h5)
-  int max_tokens = 0;      // padded tokens per batch; 0: the checkpoint's run's
-  int batches = 0;         // evaluation batches; 0: all of them
-  int threads = 0;         // 0: all cores shared among local ranks
+  std::string checkpoint;       // --checkpoint FILE
+  std::string data_dir;         // --data DIR
+  std::string split = "valid";  // valid | test: DIR/SPLIT-NNNNN.h5
+  int max_tokens = 0;           // padded tokens per batch; 0: the checkpoint's run's
+  int batches = 0;              // evaluation batches; 0: all of them
+  int threads = 0;              // 0: all cores shared among local ranks
 };
 
 // `mpiformer generate`: decoding with a checkpoint (rank 0 decodes).
 struct GenerateConfig {
-  std::string checkpoint;  // --checkpoint FILE
-  std::string prompt;      // --prompt TEXT: one input
-  std::string input;       // --input FILE: one input per line
-  std::string output;      // --output FILE ("": stdout)
-  int beam = 1;            // 1: greedy
+  std::string checkpoint;      // --checkpoint FILE
+  std::string prompt;          // --prompt TEXT: one input
+  std::string input;           // --input FILE: one input per line
+  std::string data_dir;        // --data DIR: the source side of a split, in order (seq2seq)
+  std::string split = "test";  // with --data: test | valid
+  std::string references;      // with --data: the split's targets, line-aligned with the output
+  std::string output;          // --output FILE ("": stdout)
+  int beam = 1;                // 1: greedy
   float length_alpha = 1.0f;
   int max_new_tokens = 0;  // 0: up to max-len
   int top_k = 0;           // lm: sample among the k most likely (0: greedy or beam)

@@ -19,13 +19,14 @@ void resolve_data_config(TrainConfig* cfg) {
   apply_shard_header(read_shard_header(train.front()), dir, &cfg->model);
 }
 
-std::unique_ptr<BatchSource> make_batch_source(const TrainConfig& cfg, int rank, int world_size) {
+std::unique_ptr<BatchSource> make_batch_source(const TrainConfig& cfg, int rank, int world_size,
+                                               const SplitChoice& splits) {
   if (cfg.synthetic != SyntheticTask::kNone)
     return std::make_unique<SyntheticSource>(cfg.synthetic, cfg.model, cfg.max_tokens,
                                              cfg.max_sentences, cfg.min_len, cfg.mlm_probability,
                                              cfg.seed);
   if (cfg.data_dir.empty()) usage_error("--data", "required: --data DIR or --synthetic TASK");
-  return std::make_unique<ShardSource>(cfg, rank, world_size);
+  return std::make_unique<ShardSource>(cfg, rank, world_size, splits);
 }
 
 }  // namespace mpiformer

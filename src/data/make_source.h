@@ -5,6 +5,7 @@
 
 #include "src/core/config.h"
 #include "src/data/batch_source.h"
+#include "src/data/shard_source.h"
 
 namespace mpiformer {
 
@@ -15,7 +16,9 @@ namespace mpiformer {
 void resolve_data_config(TrainConfig* cfg);
 
 // Validates the data against the configuration (every fault names its file)
-// and builds the source for this rank. Throws std::runtime_error.
-std::unique_ptr<BatchSource> make_batch_source(const TrainConfig& cfg, int rank, int world_size);
+// and builds the source for this rank; `splits` chooses the shards' splits
+// (synthetic tasks have none). Throws std::runtime_error.
+std::unique_ptr<BatchSource> make_batch_source(const TrainConfig& cfg, int rank, int world_size,
+                                               const SplitChoice& splits = {});
 
 }  // namespace mpiformer

@@ -71,7 +71,8 @@ void apply_shard_header(const ShardHeader& header, const std::string& dir, Model
   model->special = header.special;
 }
 
-ShardSource::ShardSource(const TrainConfig& cfg, int rank, int world_size)
+ShardSource::ShardSource(const TrainConfig& cfg, int rank, int world_size,
+                         const SplitChoice& splits)
     : model_(cfg.model),
       dir_(cfg.data_dir),
       too_long_(cfg.too_long),
@@ -89,8 +90,10 @@ ShardSource::ShardSource(const TrainConfig& cfg, int rank, int world_size)
   if (!std::filesystem::is_directory(dir_)) usage_error("--data", dir_ + " is not a directory");
   const std::vector<std::string> train_files = list_shards(dir_, "train");
   if (train_files.empty()) usage_error("--data", dir_ + " holds no train-*.h5 shards");
-  const std::vector<std::string> valid_files = list_shards(dir_, "valid");
-  if (valid_files.empty()) usage_error("--data", dir_ + " holds no valid-*.h5 shard");
+  const std::vector<std::string> valid_files = list_shards(dir_, splits.eval);
+  if (valid_files.empty()) {
+    usage_error("--data", dir_ + " holds no " + splits.eval + "-*.h5 shard");
+  }
   train_files_total_ = static_cast<int64_t>(train_files.size());
 
   // Headers of the whole set, on every rank: cheap, and every rank then
@@ -139,6 +142,7 @@ ShardSource::ShardSource(const TrainConfig& cfg, int rank, int world_size)
   } else {
     mine = train_files;
   }
+  if (!splits.train) idle_ = true;
   if (!idle_) load_split(mine, &train_);
   load_split(valid_files, &eval_);
   const auto nothing_fits = [&](const Split& split, const char* what) {
@@ -151,7 +155,7 @@ ShardSource::ShardSource(const TrainConfig& cfg, int rank, int world_size)
                              std::to_string(split.stats.empty) + " empty");
   };
   if (train_.examples.empty() && !idle_) nothing_fits(train_, "train");
-  if (eval_.examples.empty()) nothing_fits(eval_, "valid");
+  if (eval_.examples.empty()) nothing_fits(eval_, splits.eval.c_str());
 
   if (!idle_) plan_split(&train_);
   plan_split(&eval_);

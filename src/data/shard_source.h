@@ -1,5 +1,6 @@
 // Training and evaluation batches from a directory of HDF5 shards written by
-// `mpiformer prepare` (DIR/train-NNNNN.h5, DIR/valid-NNNNN.h5).
+// `mpiformer prepare` (DIR/train-NNNNN.h5, DIR/valid-NNNNN.h5, and
+// DIR/test-NNNNN.h5 where prepare was given a test split).
 //
 // Construction validates the whole shard set (vocabulary, special ids,
 // tokenizer bytes and kind agree with the first train shard, and with the
@@ -21,7 +22,8 @@
 // shard set, options); global batch g is batch g % M of epoch g / M, M
 // batches per epoch. --sharding file gives each rank the files rank,
 // rank + W, ... and its own list, numbered per rank. Evaluation batches are
-// the valid shards' sequences, bucketed the same way but not shuffled.
+// the sequences of the evaluated split (valid, or test for `eval --split
+// test`), bucketed the same way but not shuffled.
 //
 // Nothing here calls MPI: a rank that fails throws, and the caller agrees on
 // the outcome across ranks.
@@ -60,6 +62,13 @@ struct LoadStats {
   int64_t empty = 0;      // mlm: empty sequences, nothing to predict
 };
 
+// The splits a ShardSource reads.
+struct SplitChoice {
+  std::string eval = "valid";  // the evaluation batches: DIR/<eval>-NNNNN.h5 (valid | test)
+  bool train = true;           // false: evaluation alone; the train shards' headers are
+                               // checked but their sequences are not loaded
+};
+
 class ShardSource : public BatchSource {
  public:
   // cfg.data_dir, model (kind, max_len, vocab: 0 takes the shards'), buckets,
@@ -67,7 +76,7 @@ class ShardSource : public BatchSource {
   // max_sentences, mlm_probability, seed. Throws UsageError for flags that
   // cannot work with this data, ShardError (std::runtime_error) naming the
   // file for faulty or inconsistent shards.
-  ShardSource(const TrainConfig& cfg, int rank, int world_size);
+  ShardSource(const TrainConfig& cfg, int rank, int world_size, const SplitChoice& splits = {});
   ~ShardSource() override;
   ShardSource(const ShardSource&) = delete;
   ShardSource& operator=(const ShardSource&) = delete;
@@ -147,7 +156,9 @@ class ShardSource : public BatchSource {
   int max_batch_sequences_ = 1;  // the most sequences any bucket's batch holds
 
   Split train_, eval_;
-  bool idle_ = false;  // --sharding file with no file for this rank: every batch empty
+  // No train batch on this rank, every one empty: --sharding file left it
+  // no file, or only evaluation was asked for (SplitChoice::train false).
+  bool idle_ = false;
   EpochPlan eval_plan_;
   double epoch_padding_efficiency_ = 1.0;
 

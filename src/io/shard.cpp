@@ -88,6 +88,8 @@ void write_shard_file(const Faults& faults, const Shard& shard) {
   const uint64_t tokens = shard.target.tokens.size() + (seq2seq ? shard.source.tokens.size() : 0);
   hdf5::write_int_attr(root, "sequences", H5T_STD_U64LE, H5T_NATIVE_UINT64, &sequences, faults);
   hdf5::write_int_attr(root, "tokens", H5T_STD_U64LE, H5T_NATIVE_UINT64, &tokens, faults);
+  if (!h.split.empty()) hdf5::write_string_attr(root, "split", h.split, faults);
+  if (!h.origin.empty()) hdf5::write_string_attr(root, "origin", h.origin, faults);
 
   hdf5::write_bytes_dataset(root, "tokenizer", h.tokenizer, faults);
   if (seq2seq) {
@@ -131,6 +133,9 @@ ShardHeader read_header(hid_t file, const Faults& faults, uint64_t* sequences, u
   h.special = hdf5::read_special_token_attrs(file, h.vocab_size, faults);
   *sequences = hdf5::read_int_attr<uint64_t>(file, "sequences", faults);
   *tokens = hdf5::read_int_attr<uint64_t>(file, "tokens", faults);
+  // Optional: shards written before they existed have neither.
+  if (H5Aexists(file, "split") > 0) h.split = read_trimmed_attr(file, "split", faults);
+  if (H5Aexists(file, "origin") > 0) h.origin = read_trimmed_attr(file, "origin", faults);
 
   // /tokenizer: uint8 bytes of the SentencePiece model.
   h.tokenizer = hdf5::read_bytes_dataset(file, "tokenizer", faults);

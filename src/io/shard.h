@@ -27,6 +27,9 @@ struct ShardHeader {
   int vocab_size = 0;
   SpecialTokens special;  // stored as the attributes pad_id, bos_id, ... sep_id
   std::string tokenizer;  // SentencePiece model bytes
+  // Where the sequences came from, for people (optional; not compared
+  // across a set): "train", "valid" or "test", and e.g. "kjv.txt lines 1-900".
+  std::string split, origin;
 };
 
 // Sequences of one side: sequence i is tokens[offsets[i], offsets[i+1]).

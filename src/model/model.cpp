@@ -168,7 +168,7 @@ struct Model::Impl {
 
   int token_table = -1;    // (V, C)
   int output_weight = -1;  // (V, C): token_table when tied
-  int output_bias = -1;    // (V)
+  int output_bias = -1;    // (V); -1 with --output-bias false
   // mlm head: h -> act(dense(h)) -> LN
   int mlm_dense_w = -1, mlm_dense_b = -1;
   LayerNorm mlm_norm;
@@ -271,7 +271,7 @@ struct Model::Impl {
     output_weight = config.tied_embeddings
                         ? token_table
                         : params.add("output.weight", {V, C}, true, Init::kNormal, 0.02f);
-    output_bias = params.add("output.bias", {V}, false, Init::kZeros);
+    if (config.output_bias) output_bias = params.add("output.bias", {V}, false, Init::kZeros);
 
     scratch.init(arena, N, has_encoder ? N : 0, C, config.d_ff);
     dstream = arena.acts(static_cast<size_t>(N) * C);
@@ -314,6 +314,8 @@ struct Model::Impl {
                                  ")");
   }
 
+  Act head_bias() const { return output_bias >= 0 ? params.weight(output_bias) : Act(); }
+
   // Loss of the vocabulary projection over rows [0, N) of h, fused with its
   // backward: dh (N, C) is written when `backward`. The sums go to *sums.
   // h: (N, C)
@@ -323,14 +325,14 @@ struct Model::Impl {
     for (int r0 = 0; r0 < N; r0 += chunk_rows) {
       const int n = std::min(chunk_rows, N - r0);
       const Act x = h + static_cast<size_t>(r0) * C;
-      ops.matmul_forward(logits, x, params.weight(output_weight), params.weight(output_bias), n, C,
-                         V, {}, logits_stride);
+      ops.matmul_forward(logits, x, params.weight(output_weight), head_bias(), n, C, V, {},
+                         logits_stride);
       ops.cross_entropy(logits, targets + r0, n, V, smoothing, config.special.pad, grad_scale,
                         backward, sums, logits_stride);
       if (backward)
         ops.matmul_backward(dh + static_cast<size_t>(r0) * C, params.grad(output_weight),
-                            params.grad(output_bias), logits, x, params.weight(output_weight), n, C,
-                            V, false, {}, logits_stride);
+                            output_bias >= 0 ? params.grad(output_bias) : nullptr, logits, x,
+                            params.weight(output_weight), n, C, V, false, {}, logits_stride);
     }
   }
 
@@ -368,8 +370,7 @@ struct Model::Impl {
       // One row at a time: decoding batches are small (beams), and the
       // logits buffer holds chunk_rows rows.
       const Act x = h + static_cast<size_t>(batch.decoder.offsets[b + 1] - 1) * C;
-      ops.matmul_forward(logits, x, params.weight(output_weight), params.weight(output_bias), 1, C,
-                         V);
+      ops.matmul_forward(logits, x, params.weight(output_weight), head_bias(), 1, C, V);
       ops.copy_to_host(stored.data(), logits.data, stored.size());
       widen(out + static_cast<size_t>(b) * V, stored.data(), logits.dtype, V);
     }
@@ -407,7 +408,7 @@ struct Model::Impl {
     if (!training) return;
     // The output bias, and the output weight unless it is the token table.
     const int head_first = config.tied_embeddings ? output_bias : output_weight;
-    if (listener) listener->gradients_final(params.info()[head_first].offset);
+    if (listener && head_first >= 0) listener->gradients_final(params.info()[head_first].offset);
 
     // ---- backward ----  (d(main.out) is in `spare`)
     if (config.kind == ModelKind::kMlm) {

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # `mpiformer eval`: a checkpoint on a shard set's validation split gives the
 # figures the training run printed for the same batches, the same on 1 and
-# on 2 ranks; faults are one line with the documented exit code.
+# on 2 ranks; --split test evaluates the test split (the same figures as a
+# set whose validation split holds those lines); faults are one line with the
+# documented exit code.
 source "$(dirname "$0")/common.sh"
 bin=$1 work=$2
 rm -rf "$work" && mkdir -p "$work" && cd "$work"
@@ -11,9 +13,9 @@ failures=0 out=$work/out.txt err=$work/err.txt
 # A small English text every Debian system carries.
 grep -v '^[[:space:]]*$' /usr/share/common-licenses/GPL-3 >text.txt
 "$bin" prepare --kind lm --input text.txt --out shards --shards 2 --vocab-size 300 \
-  --valid-lines 100 >prepare.log
+  --valid-lines 50 >prepare.log
 "$bin" prepare --kind lm --input text.txt --out other --shards 2 --vocab-size 280 \
-  --valid-lines 100 >prepare-other.log
+  --valid-lines 50 >prepare-other.log
 "$bin" train --model lm --data shards --out run --layers 1 --d-model 32 --heads 2 --d-ff 64 \
   --max-len 64 --max-tokens 512 --steps 30 --log-every 10 --eval-batches 4 --threads 1 >train.log
 checkpoint=run/checkpoints/step_00000030.h5
@@ -46,6 +48,39 @@ run_eval() {
   rc=0
   "$bin" eval "$@" >"$out" 2>"$err" || rc=$?
 }
+
+# --split test: a set with a test split cut from the end of the text, and a
+# set whose validation split is that same text, both in the checkpoint's
+# vocabulary. Quick evaluations print no progress.
+lines=$(wc -l <text.txt)
+"$bin" prepare --kind lm --input text.txt --out split --shards 2 --tokenizer shards/tokenizer.model \
+  --valid-lines 50 --test-lines 50 >prepare-split.log
+tail -n 50 text.txt >test-lines.txt
+head -n $((lines - 50)) text.txt >train-lines.txt
+"$bin" prepare --kind lm --input train-lines.txt --valid test-lines.txt --out as-valid --shards 2 \
+  --tokenizer shards/tokenizer.model >prepare-as-valid.log
+run_eval --checkpoint "$checkpoint" --data split --split test --threads 1
+test_figures=$(figures "$out")
+[[ $rc -eq 0 && -n $test_figures && ! -s $err ]] ||
+  fail "eval --split test: exit $rc, figures '$test_figures', or something on stderr"
+grep -qF "on split (test split)" "$out" || fail "eval --split test does not name the split"
+run_eval --checkpoint "$checkpoint" --data as-valid --split valid --threads 1
+[[ $rc -eq 0 && $(figures "$out") == "$test_figures" ]] ||
+  fail "the test split gives '$test_figures', the same lines as a validation split '$(figures "$out")'"
+run_eval --checkpoint "$checkpoint" --data split --threads 1
+[[ $rc -eq 0 && -n $(figures "$out") && $(figures "$out") != "$test_figures" ]] ||
+  fail "eval (--split valid by default) gives the test split's figures '$(figures "$out")'"
+rc=0
+"${mpirun[@]}" -np 2 "$bin" eval --checkpoint "$checkpoint" --data split --split test --threads 1 \
+  >"$out" 2>"$err" || rc=$?
+[[ $rc -eq 0 && $(figures "$out") == "$test_figures" ]] ||
+  fail "eval --split test on 2 ranks gives '$(figures "$out")', expected '$test_figures'"
+[[ $failures -eq 0 ]] && echo "PASS: eval --split test ($test_figures) on 1 and 2 ranks"
+run_eval --checkpoint "$checkpoint" --data shards --split test
+expect_one_line_error "--split test of a set without one" 2 "--split" "has no test split" \
+  "--test-lines"
+run_eval --checkpoint "$checkpoint" --data shards --split train
+expect_one_line_error "--split train" 2 "--split: expected valid or test"
 run_eval --checkpoint missing.h5 --data shards
 expect_one_line_error "a missing checkpoint" 2 "--checkpoint" "missing.h5: no such file"
 run_eval --checkpoint text.txt --data shards

@@ -36,11 +36,13 @@ try "$bin" prepare --input <(cat text.txt) --out piped --vocab-size 100
 refused "a pipe as --input" 2 "is not a regular file"
 
 # a 1 MB line among ordinary ones is left out of the tokenizer's training
-# (and encoded); a text of nothing but such lines is named
+# (and encoded); a text of nothing but such lines is named. (The long line
+# comes first: the last lines are held out for validation, whose lines the
+# tokenizer never reads.)
 {
-  head -n 30 text.txt
   head -c 1000000 /dev/zero | tr '\0' 'a'
   echo
+  head -n 30 text.txt
 } >long.txt
 try "$bin" prepare --input long.txt --out long --vocab-size 100 --shards 1 --valid-lines 2
 check "a 1 MB line prepares (exit $rc: $(head -c 300 "$err"))" test "$rc" -eq 0
