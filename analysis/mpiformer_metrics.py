@@ -82,35 +82,186 @@ def layer_of(name):
 
 
 def smooth(values, window):
-    """Trailing moving average over `window` rows (1: unchanged)."""
+    """Trailing moving average over `window` rows (1: unchanged). Non-finite
+    values (NaN: not written; inf: a diverged step) are left out of the
+    averages; a window without any finite value gives NaN."""
     values = np.asarray(values, dtype=float)
     if window <= 1 or len(values) == 0:
         return values
+    finite = np.isfinite(values)
     kernel = np.ones(min(window, len(values)))
-    sums = np.convolve(values, kernel)[: len(values)]
-    counts = np.convolve(np.ones(len(values)), kernel)[: len(values)]
-    return sums / counts
+    sums = np.convolve(np.where(finite, values, 0.0), kernel)[: len(values)]
+    counts = np.convolve(finite.astype(float), kernel)[: len(values)]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
 
 
-def plot_runs(runs, axes, window=1):
-    """Draws runs {label: read_metrics(...)} on a 2x2 grid of axes:
-    loss (train and eval), learning rate, tokens/s, padding efficiency."""
-    (loss_ax, lr_ax), (speed_ax, pad_ax) = axes
+def has_values(group, column):
+    """Whether a column is in the file and holds a finite value (a column
+    the run's version did not write, or carried as NaN, does not)."""
+    values = group.get(column)
+    return values is not None and len(values) > 0 and bool(np.isfinite(values).any())
+
+
+# What plot_runs can put on the x axis: step, cumulative target tokens of
+# training (the sum of /train/tokens), or wall time since the run began
+# (/train/elapsed_s, over every resume).
+X_AXES = ("step", "tokens", "time")
+
+
+def x_values(metrics, x="step"):
+    """(train x, eval x) of one run for X_AXES' `x`. Eval rows take their
+    own elapsed_s when written, else the train rows' value at their step
+    (interpolated). Raises RunError when a run lacks what `x` needs."""
+    if x not in X_AXES:
+        raise ValueError(f"x must be one of {', '.join(X_AXES)}, not {x!r}")
+    train, evaluation = metrics["train"], metrics["eval"]
+    train_step = np.asarray(train.get("step", []), dtype=float)
+    eval_step = np.asarray(evaluation.get("step", []), dtype=float)
+    if x == "step" or len(train_step) == 0:  # a run that has logged nothing yet
+        return train_step, eval_step
+    if x == "tokens":
+        if "tokens" not in train:
+            raise RunError("no /train/tokens column: cannot plot against tokens")
+        seen = np.cumsum(np.asarray(train["tokens"], dtype=float))
+        return seen, _at_steps(eval_step, train_step, seen)
+    if not has_values(train, "elapsed_s"):
+        raise RunError("no /train/elapsed_s column (metrics written before mpiformer "
+                       "recorded wall time): plot against --x step or --x tokens")
+    elapsed = np.asarray(train["elapsed_s"], dtype=float)
+    if has_values(evaluation, "elapsed_s"):
+        return elapsed, np.asarray(evaluation["elapsed_s"], dtype=float)
+    return elapsed, _at_steps(eval_step, train_step, elapsed)
+
+
+def _at_steps(steps, known_steps, known_values):
+    """known_values (one per known step, rising) interpolated at `steps`,
+    from 0 at step 0; NaN outside what is known."""
+    ok = np.isfinite(known_values)
+    xs = np.concatenate([[0.0], np.asarray(known_steps, dtype=float)[ok]])
+    ys = np.concatenate([[0.0], np.asarray(known_values, dtype=float)[ok]])
+    return np.interp(steps, xs, ys, right=np.nan) if len(steps) else np.array([])
+
+
+def _time_unit(seconds):
+    """(divisor, name) that keeps the largest of `seconds` readable."""
+    largest = max((float(np.nanmax(s)) for s in seconds if np.isfinite(s).any()), default=0.0)
+    if largest >= 3 * 3600:
+        return 3600.0, "h"
+    if largest >= 3 * 60:
+        return 60.0, "min"
+    return 1.0, "s"
+
+
+# The panels plot_runs draws, in order: six with a grid of six axes or
+# more, the first four of the earlier layout with four.
+PANELS = ("loss", "perplexity", "lr", "grad_norm", "tokens_per_s", "padding_efficiency")
+PANELS_OF_FOUR = ("loss", "lr", "tokens_per_s", "padding_efficiency")
+_TITLES = {"loss": "loss", "perplexity": "eval perplexity", "lr": "learning rate",
+           "grad_norm": "gradient norm (before clipping)", "tokens_per_s": "tokens/s",
+           "padding_efficiency": "padding efficiency"}
+
+
+def plot_runs(runs, axes, window=1, x="step", log_loss=False):
+    """Draws runs {label: read_metrics(...)} overlaid, one colour per run, on
+    a grid of axes: with six (2x3) the PANELS, with four (2x2) loss,
+    learning rate, tokens/s and padding efficiency.
+
+    loss: the training objective (label-smoothed when --label-smoothing > 0)
+    and, where written and different, the true NLL (dotted); eval loss
+    (circles) and eval NLL (open squares), both dashed. perplexity: eval
+    perplexity. With window > 1 the train loss, NLL, gradient norm and
+    tokens/s are drawn faint as logged and their trailing moving average
+    over `window` rows over them. x: one of X_AXES (raises RunError for a
+    run that lacks its column, before drawing). log_loss: log-scale loss and
+    perplexity axes."""
+    flat = list(np.ravel(axes))
+    panels = PANELS if len(flat) >= len(PANELS) else PANELS_OF_FOUR
+    ax_of = dict(zip(panels, flat))
+    xs = {label: x_values(m, x) for label, m in runs.items()}  # may raise before drawing
+    scale, xlabel = 1.0, "step"
+    if x == "tokens":
+        xlabel = "target tokens seen"
+    elif x == "time":
+        scale, unit = _time_unit([v[0] for v in xs.values()] + [v[1] for v in xs.values()])
+        xlabel = f"elapsed ({unit})"
+
+    def curve(ax, xv, values, color, label, style="-"):
+        values = np.asarray(values, dtype=float)
+        if window > 1:
+            ax.plot(xv, values, style, color=color, alpha=0.25, linewidth=0.8, label="_nolegend_")
+            values = smooth(values, window)
+        ax.plot(xv, values, style, color=color, linewidth=1.5, label=label)
+
     for i, (label, m) in enumerate(runs.items()):
         color = f"C{i % 10}"
         train, evaluation = m["train"], m["eval"]
-        step = train.get("step", np.array([]))
-        loss_ax.plot(step, smooth(train.get("loss", []), window), color=color, label=f"{label} train")
-        if len(evaluation.get("step", [])):
-            loss_ax.plot(evaluation["step"], evaluation["loss"], "o--", color=color, markersize=3,
-                         label=f"{label} eval")
-        lr_ax.plot(step, train.get("lr", []), color=color, label=label)
-        speed_ax.plot(step, smooth(train.get("tokens_per_s", []), window), color=color, label=label)
-        pad_ax.plot(step, train.get("padding_efficiency", []), color=color, label=label)
-    for ax, title in ((loss_ax, "loss"), (lr_ax, "learning rate"), (speed_ax, "tokens/s"),
-                      (pad_ax, "padding efficiency")):
-        ax.set_title(title)
-        ax.set_xlabel("step")
+        train_x, eval_x = xs[label]
+        train_x, eval_x = train_x / scale, eval_x / scale
+        has_eval = len(evaluation.get("step", [])) > 0
+        ax = ax_of["loss"]
+        # Without label smoothing the NLL is the loss: one curve says both.
+        train_nll = has_values(train, "nll") and not _same(train["nll"], train.get("loss"))
+        eval_nll = (has_eval and has_values(evaluation, "nll")
+                    and not _same(evaluation["nll"], evaluation.get("loss")))
+        plain = has_values(train, "nll") and not train_nll
+        curve(ax, train_x, train.get("loss", []), color,
+              f"{label} train" + (" (loss = nll)" if plain else ""))
+        if train_nll:
+            curve(ax, train_x, train["nll"], color, f"{label} train nll", style=":")
+        if has_eval:
+            ax.plot(eval_x, evaluation["loss"], "o--", color=color, markersize=3,
+                    label=f"{label} eval")
+            if eval_nll:
+                ax.plot(eval_x, evaluation["nll"], "s--", color=color, markersize=3,
+                        markerfacecolor="none", label=f"{label} eval nll")
+        if "perplexity" in ax_of and has_eval and "perplexity" in evaluation:
+            ax_of["perplexity"].plot(eval_x, evaluation["perplexity"], "o-", color=color,
+                                     markersize=3, label=label)
+        ax_of["lr"].plot(train_x, train.get("lr", []), color=color, label=label)
+        if "grad_norm" in ax_of:
+            curve(ax_of["grad_norm"], train_x, train.get("grad_norm", []), color, label)
+        curve(ax_of["tokens_per_s"], train_x, train.get("tokens_per_s", []), color, label)
+        ax_of["padding_efficiency"].plot(train_x, train.get("padding_efficiency", []),
+                                         color=color, label=label)
+    for name, ax in ax_of.items():
+        ax.set_title(_TITLES[name])
+        ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
+        if log_loss and name in ("loss", "perplexity") and ax.lines:
+            _log_axis(ax)
         if ax.lines:
             ax.legend(fontsize="small")
+
+
+def _same(a, b):
+    """Whether two columns hold the same values (NaN where the other has NaN)."""
+    if b is None or len(a) != len(b):
+        return False
+    return bool(np.allclose(np.asarray(a, dtype=float), np.asarray(b, dtype=float),
+                            rtol=1e-12, atol=0.0, equal_nan=True))
+
+
+def _log_axis(ax):
+    """A log-scale y axis labelled in plain numbers, minor ticks too when
+    the range is within a decade or so (a loss curve's usual span)."""
+    from matplotlib import ticker
+
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(ticker.LogFormatter(labelOnlyBase=False))
+    ax.yaxis.set_minor_formatter(
+        ticker.LogFormatter(labelOnlyBase=False, minor_thresholds=(1, 0.5)))
+
+
+def plot_figure(runs, window=1, x="step", log_loss=False):
+    """A new 15 x 8 inch figure with plot_runs' six panels (2x3)."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
+    try:
+        plot_runs(runs, axes, window=window, x=x, log_loss=log_loss)
+    except Exception:
+        plt.close(fig)
+        raise
+    fig.tight_layout()
+    return fig

@@ -1,9 +1,17 @@
 #!/usr/bin/env python3
 """Plots one or more mpiformer runs (their metrics.h5) into one PNG:
-loss (train and eval), learning rate, tokens/s and padding efficiency
-against step, the runs overlaid. Works while the runs still train.
+loss (train objective and NLL, eval loss and NLL), eval perplexity,
+learning rate, gradient norm, tokens/s and padding efficiency, the runs
+overlaid. Works while the runs still train.
 
 usage: analysis/plot_run.py RUNDIR [RUNDIR...] -o out.png [--smooth N]
+           [--x step|tokens|time] [--log-loss]
+
+--x tokens plots against the target tokens trained on so far (the sum of
+/train/tokens), --x time against the wall time since the run began
+(/train/elapsed_s, over every resume; files of older versions lack it).
+With --smooth N the noisy series are drawn faint as logged, their moving
+average over N rows over them.
 """
 
 import argparse
@@ -16,7 +24,8 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from mpiformer_metrics import RunError, plot_runs, read_metrics  # noqa: E402
+from mpiformer_metrics import (X_AXES, RunError, metrics_path, plot_figure,  # noqa: E402
+                               read_metrics, x_values)
 
 
 def main(argv):
@@ -24,7 +33,12 @@ def main(argv):
     parser.add_argument("rundirs", nargs="+", metavar="RUNDIR")
     parser.add_argument("-o", "--output", required=True, help="the PNG to write")
     parser.add_argument("--smooth", type=int, default=1,
-                        help="moving average over N log rows for train loss and tokens/s")
+                        help="moving average over N log rows for train loss and NLL, gradient "
+                             "norm and tokens/s, drawn over the faint rows as logged")
+    parser.add_argument("--x", choices=X_AXES, default="step",
+                        help="x axis: step, target tokens seen, or elapsed wall time")
+    parser.add_argument("--log-loss", action="store_true",
+                        help="log-scale axes for loss and perplexity")
     args = parser.parse_args(argv)
     try:
         runs = {}
@@ -33,13 +47,16 @@ def main(argv):
             while label in runs:
                 label += "'"
             runs[label] = read_metrics(rundir)
+            try:
+                x_values(runs[label], args.x)
+            except RunError as e:
+                raise RunError(f"{metrics_path(rundir)}: {e}") from None
+        fig = plot_figure(runs, window=args.smooth, x=args.x, log_loss=args.log_loss)
     except RunError as e:
         print(f"plot_run.py: {e}", file=sys.stderr)
         return 2
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
-    plot_runs(runs, axes, window=args.smooth)
-    fig.tight_layout()
     fig.savefig(args.output, dpi=100)
+    plt.close(fig)
     rows = ", ".join(f"{label}: {len(m['train'].get('step', []))} rows" for label, m in runs.items())
     print(f"wrote {args.output} ({rows})")
     return 0

@@ -74,3 +74,21 @@ expect_one_line_error() {
 # refused WHAT EXPECTED NEEDLE...: expect_one_line_error that goes on after a
 # failure, so that one run of a test of many cases shows every case failing.
 refused() { expect_one_line_error "$@" || true; }
+
+# as_version_1 METRICS: turns a metrics.h5 into one of format version 1, as
+# runs made before the nll, elapsed_s, epoch, comm_wait_ms and hidden_share
+# columns left them.
+as_version_1() {
+  python3 - "$1" <<'PY'
+import sys
+
+import h5py
+
+with h5py.File(sys.argv[1], "r+") as f:
+    for name in ("train/nll", "train/elapsed_s", "train/epoch", "train/comm_wait_ms",
+                 "train/hidden_share", "eval/nll", "eval/elapsed_s"):
+        if name in f:
+            del f[name]
+    f.attrs["version"] = 1
+PY
+}
