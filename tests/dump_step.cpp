@@ -1,4 +1,4 @@
-// dump_step CHECKPOINT OUT.h5 [--device cpu|cuda] [--precision fp32|bf16|fp16]:
+// dump_step CHECKPOINT OUT.h5 [--device cpu|cuda] [--precision fp32|bf16|fp16] [--logits]:
 // one forward and backward pass of a checkpoint's lm or seq2seq model on a
 // fixed ragged batch (random ids, every third target pad) in that compute
 // precision, written for analysis/torch_reference.py:
@@ -7,6 +7,13 @@
 //   /grads/<tensor>                               float32, flattened
 //   attributes loss_sum, tokens, correct: the loss sums of the batch; the
 //   gradients are those of the mean loss (grad_scale 1/tokens)
+// With --logits, also the logits the model gives at every decoder position
+// of the batch (dropout off), for tests/e2e/export_hf.sh:
+//   /logits                                       float32 (decoder tokens, vocab)
+// row r belongs to the decoder token in row r of /batch/tokens: the scores
+// of the token that follows the sequence up to and including it. They come
+// from Model::last_logits on a batch of every prefix of every sequence
+// (seq2seq: each prefix with its whole source).
 #include <hdf5.h>
 
 #include <algorithm>
@@ -27,7 +34,39 @@
 namespace mpiformer {
 namespace {
 
-int dump(const std::string& checkpoint, const std::string& out, bool cuda, DType precision) {
+// Every prefix of every decoder sequence of `batch`, shortest first, each
+// with its sequence's whole source (seq2seq): the last position of prefix
+// i + 1 of sequence b is row offsets[b] + i of `batch`.
+Batch prefix_batch(const Batch& batch) {
+  Batch prefixes;
+  for (int b = 0; b < batch.decoder.batch(); ++b) {
+    const int32_t* ids = batch.decoder.tokens.data() + batch.decoder.offsets[b];
+    for (int n = 1; n <= batch.decoder.length(b); ++n) {
+      if (batch.encoder.batch() > 0) {
+        prefixes.encoder.append(batch.encoder.tokens.data() + batch.encoder.offsets[b],
+                                batch.encoder.length(b));
+      }
+      prefixes.decoder.append(ids, n);
+    }
+  }
+  return prefixes;
+}
+
+// A 2-D float32 dataset `name` of (rows, cols), contiguous.
+// data: host (rows, cols)
+void write_matrix(hid_t loc, const char* name, const float* data, hsize_t rows, hsize_t cols,
+                  const hdf5::Faults& faults) {
+  const std::string what = std::string("dataset /") + name;
+  const hsize_t dims[2] = {rows, cols};
+  hdf5::Hid space = faults.checked(H5Screate_simple(2, dims, nullptr), H5Sclose, what);
+  hdf5::Hid dset = faults.checked(
+      H5Dcreate2(loc, name, H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+      H5Dclose, what);
+  faults.check(H5Dwrite(dset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), what);
+}
+
+int dump(const std::string& checkpoint, const std::string& out, bool cuda, DType precision,
+         bool with_logits) {
   const CheckpointState state = read_checkpoint_state(checkpoint);
   TrainConfig run = train_config_from_ini(state.config_ini, checkpoint);
   run.model.vocab = state.vocab_size;
@@ -39,7 +78,11 @@ int dump(const std::string& checkpoint, const std::string& out, bool cuda, DType
   }
   std::unique_ptr<Ops> ops = cuda ? make_cuda_ops(0) : make_cpu_ops(1);
   const Batch batch = testing::random_batch(run.model, {7, 1, 12, 5}, {3, 9, 6, 1}, 11);
-  const int rows = std::max(batch.decoder.total(), batch.encoder.total());
+  const Batch prefixes = with_logits ? prefix_batch(batch) : Batch{};
+  int rows = std::max(batch.decoder.total(), batch.encoder.total());
+  if (with_logits) {
+    rows = std::max({rows, prefixes.decoder.total(), prefixes.encoder.total()});
+  }
   Model model(*ops, run.model, ModelCapacity{rows, run.model.max_len}, precision);
   model.init_parameters(1);
   ParameterSet& params = model.parameters();
@@ -58,6 +101,12 @@ int dump(const std::string& checkpoint, const std::string& out, bool cuda, DType
   const LossSums sums = model.take_train_sums();
   ops->copy_to_host(host.data(), params.grads(), host.size() * sizeof(float));
   for (float& g : host) g /= loss_scale;
+  const int V = run.model.vocab;
+  std::vector<float> logits;  // (batch.decoder.total(), V)
+  if (with_logits) {
+    logits.resize(static_cast<size_t>(prefixes.decoder.batch()) * V);
+    model.last_logits(prefixes, logits.data());
+  }
 
   const hdf5::Faults faults = hdf5::Faults::of<std::runtime_error>(out);
   hdf5::Session session;
@@ -81,6 +130,10 @@ int dump(const std::string& checkpoint, const std::string& out, bool cuda, DType
     hdf5::write_vector_dataset(root, "grads/" + info.name, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT,
                                host.data() + info.offset, info.size, 1 << 20, faults);
   }
+  if (with_logits) {
+    write_matrix(root, "logits", logits.data(), static_cast<hsize_t>(batch.decoder.total()),
+                 static_cast<hsize_t>(V), faults);
+  }
   hdf5::write_double_attr(root, "loss_sum", sums.loss, faults);
   hdf5::write_int_attr(root, "tokens", H5T_STD_I64LE, H5T_NATIVE_INT64, &sums.tokens, faults);
   hdf5::write_int_attr(root, "correct", H5T_STD_I64LE, H5T_NATIVE_INT64, &sums.correct, faults);
@@ -97,11 +150,19 @@ int dump(const std::string& checkpoint, const std::string& out, bool cuda, DType
 
 int main(int argc, char** argv) {
   const std::vector<std::string> args(argv + 1, argv + argc);
-  bool cuda = false, usage = args.size() < 2 || args.size() % 2 != 0;
+  bool cuda = false, logits = false, usage = args.size() < 2;
   mpiformer::DType precision = mpiformer::DType::kF32;
-  for (size_t i = 2; !usage && i + 1 < args.size(); i += 2) {
+  for (size_t i = 2; !usage && i < args.size(); ++i) {
     const std::string& flag = args[i];
-    const std::string& value = args[i + 1];
+    if (flag == "--logits") {
+      logits = true;
+      continue;
+    }
+    if (i + 1 >= args.size()) {
+      usage = true;
+      break;
+    }
+    const std::string& value = args[++i];
     if (flag == "--device" && (value == "cpu" || value == "cuda")) {
       cuda = value == "cuda";
     } else if (flag == "--precision" && value == "fp32") {
@@ -116,11 +177,11 @@ int main(int argc, char** argv) {
   }
   if (usage) {
     std::cerr << "usage: dump_step CHECKPOINT OUT.h5 [--device cpu|cuda] "
-                 "[--precision fp32|bf16|fp16]\n";
+                 "[--precision fp32|bf16|fp16] [--logits]\n";
     return 2;
   }
   try {
-    return mpiformer::dump(args[0], args[1], cuda, precision);
+    return mpiformer::dump(args[0], args[1], cuda, precision, logits);
   } catch (const std::exception& e) {
     std::cerr << "dump_step: " << e.what() << "\n";
     return 1;
