@@ -92,3 +92,21 @@ with h5py.File(sys.argv[1], "r+") as f:
     f.attrs["version"] = 1
 PY
 }
+
+# is_png FILE WIDTH HEIGHT: FILE is a PNG of that size with ink (not blank).
+is_png() {
+  python3 - "$@" <<'PY'
+import struct
+import sys
+
+import matplotlib.image as image
+
+path, want = sys.argv[1], (int(sys.argv[2]), int(sys.argv[3]))
+data = open(path, "rb").read()
+assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path}: not a PNG"
+size = struct.unpack(">II", data[16:24])
+assert size == want, f"{path}: size {size[0]}x{size[1]}, expected {want[0]}x{want[1]}"
+pixels = image.imread(path)
+assert pixels.std() > 0.05, f"{path}: nearly blank: pixel std {pixels.std():.3f}"
+PY
+}
