@@ -566,12 +566,11 @@ int Trainer::log_progress(int64_t step) {
   }
   ProgressWindow::Position at;
   at.elapsed_s = elapsed_s();
-  const int64_t done = step - first_step_ + 1;
+  const int64_t done = step - first_step_ + 1;  // steps of this job
   if (step < cfg_.steps) at.eta_s = seconds_since(loop_start_) / done * (cfg_.steps - step);
   const uint64_t per_epoch = source_->batches_per_epoch();
   if (per_epoch > 0) {
-    const uint64_t next_batch = cursor0_ + static_cast<uint64_t>(done * batches_per_step_);
-    at.epoch = static_cast<double>(next_batch) / static_cast<double>(per_epoch);
+    at.epoch = static_cast<double>(next_batch_after(step)) / static_cast<double>(per_epoch);
   }
   const ProgressWindow::Line line = window_.close(step, cfg_.steps, last_lr_, last_grad_norm_,
                                                   scaler_->scale(), scaler_->dynamic(), at, comm_);
@@ -598,6 +597,10 @@ int Trainer::log_progress(int64_t step) {
   return 0;
 }
 
+uint64_t Trainer::next_batch_after(int64_t step) const {
+  return cursor0_ + static_cast<uint64_t>((step - first_step_ + 1) * batches_per_step_);
+}
+
 double Trainer::elapsed_s() const {
   return elapsed_before_ + seconds_since(job_start_);
 }
@@ -622,7 +625,7 @@ void Trainer::write_checkpoint_on_root(int64_t step) {
   state.world_size = world_;
   state.config_ini = train_config_ini(cfg_);
   state.optimizer_steps = optimizer_->steps_taken();
-  state.next_batch = cursor0_ + static_cast<uint64_t>((step - first_step_ + 1) * batches_per_step_);
+  state.next_batch = next_batch_after(step);
   const uint64_t per_epoch = source_->batches_per_epoch();
   state.epoch = per_epoch > 0 ? state.next_batch / per_epoch : 0;
   state.batches_per_step = batches_per_step_;

@@ -73,6 +73,8 @@ class Trainer {
   // Held-out evaluation, printed and logged. Returns 0 or an exit code.
   int evaluate_and_log(int64_t step, bool final_eval);
   void log_eval_on_root(int64_t step, bool final_eval, const LossSummary& eval);
+  // The data cursor once `step` is taken: the first micro-batch of the next.
+  uint64_t next_batch_after(int64_t step) const;
   // Wall seconds since the run began, resumed jobs included (rank 0).
   double elapsed_s() const;
   // Collective: whether the loss and the gradient norm are finite on every rank.
