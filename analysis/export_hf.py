@@ -46,6 +46,9 @@ import sys
 import h5py
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from mpiformer_metrics import read_config  # noqa: E402
+
 CHECKPOINT_FORMAT = "mpiformer-checkpoint"
 CHECKPOINT_VERSION = 2  # kCheckpointVersion, src/io/checkpoint.h
 LN_EPSILON = 1e-5  # ModelConfig::ln_eps (no flag sets it)
@@ -58,17 +61,6 @@ class ExportError(Exception):
 
 def text(value):
     return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def read_config(ini):
-    """The `name = value` lines of the checkpoint's config attribute."""
-    cfg = {}
-    for line in ini.splitlines():
-        line = line.strip()
-        if line and not line.startswith("#") and "=" in line:
-            key, value = (part.strip() for part in line.split("=", 1))
-            cfg[key] = value
-    return cfg
 
 
 def read_checkpoint(path):

@@ -22,6 +22,18 @@ def _text(value):
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def read_config(ini):
+    """The `name = value` lines of a run's config (config.ini, or the config
+    attribute of metrics.h5 and of a checkpoint) as a dict of strings."""
+    cfg = {}
+    for line in _text(ini).splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            key, value = (part.strip() for part in line.split("=", 1))
+            cfg[key] = value
+    return cfg
+
+
 def metrics_path(rundir):
     return rundir if rundir.endswith(".h5") else os.path.join(rundir, "metrics.h5")
 

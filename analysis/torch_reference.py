@@ -21,22 +21,17 @@ tokens T": what `mpiformer eval` must print.
 """
 
 import argparse
+import glob
 import math
+import os
 import sys
 
 import h5py
 import numpy as np
 import torch
 
-
-def read_config(text):
-    cfg = {}
-    for line in text.splitlines():
-        line = line.strip()
-        if line and not line.startswith("#") and "=" in line:
-            key, value = (part.strip() for part in line.split("=", 1))
-            cfg[key] = value
-    return cfg
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from mpiformer_metrics import read_config  # noqa: E402
 
 
 def layer_norm(x, p, name):
@@ -116,8 +111,6 @@ def split_nll(params, cfg, data_dir, split, device):
     """Sum of -log p(target) over every sequence of an lm shard split, and the
     count of targets. Sequences longer than max-len would be truncated by the
     trainer; this reference refuses them instead."""
-    import glob
-    import os
     files = sorted(glob.glob(os.path.join(data_dir, f"{split}-*.h5")))
     if not files:
         raise SystemExit(f"torch_reference.py: no {split}-*.h5 shards in {data_dir}")
@@ -156,7 +149,7 @@ def main(argv):
 
     with h5py.File(args.checkpoint, "r") as f:
         config = f.attrs["config"]
-        cfg = read_config(config.decode() if isinstance(config, bytes) else config)
+        cfg = read_config(config)
         params = {name: torch.tensor(np.asarray(f["params"][name]), dtype=torch.float64,
                                      device=args.device, requires_grad=True)
                   for name in f["params"]}

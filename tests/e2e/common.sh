@@ -110,3 +110,28 @@ pixels = image.imread(path)
 assert pixels.std() > 0.05, f"{path}: nearly blank: pixel std {pixels.std():.3f}"
 PY
 }
+
+# holds_only DIR NAMES...: DIR holds exactly these files (no temporaries);
+# a failed check is counted by fail.
+holds_only() {
+  local dir=$1
+  shift
+  local want got
+  want=$(printf '%s\n' "$@" | sort | tr '\n' ' ')
+  got=$(find "$dir" -mindepth 1 -printf '%f\n' | sort | tr '\n' ' ')
+  if [[ $got == "$want" ]]; then
+    echo "PASS: $dir holds $got"
+  else
+    fail "$dir holds [$got], expected [$want]"
+  fi
+}
+
+# same FILE1 FILE2 WHAT: equal files, or the first differences and a failure.
+same() {
+  if cmp -s "$1" "$2"; then
+    echo "PASS: $3 ($(wc -l <"$1") lines)"
+  else
+    diff "$1" "$2" | head -n 10 >&2
+    fail "$3: $1 and $2 differ"
+  fi
+}

@@ -39,26 +39,6 @@ prepare() {
     fail "prepare $* exited with $?"
 }
 
-# expect_files DIR NAMES...: DIR holds exactly these files (no temporaries).
-expect_files() {
-  local dir=$1
-  shift
-  local want got
-  want=$(printf '%s\n' "$@" | sort | tr '\n' ' ')
-  got=$(find "$dir" -mindepth 1 -printf '%f\n' | sort | tr '\n' ' ')
-  [[ $got == "$want" ]] || fail "$dir holds [$got], expected [$want]"
-  echo "PASS: $dir holds $got"
-}
-
-# same TEXT1 TEXT2 WHAT: the files are equal, or the first differences show.
-same() {
-  if ! cmp -s "$1" "$2"; then
-    diff "$1" "$2" | head -n 10 >&2
-    fail "$3: $1 and $2 differ"
-  fi
-  echo "PASS: $3 ($(wc -l <"$1") lines)"
-}
-
 squeeze_spaces() { sed 's/\r$//; s/  */ /g; s/^ //; s/ $//'; }
 
 # ---- the corpora: 3,000 lines of each, with blank lines and CRLF mixed in ----
@@ -79,7 +59,7 @@ sed -i '20s/.*/   /' src.txt
 prepare 2 --kind lm --input lm.txt --shards 3 --vocab-size 2000 --valid-lines 200 --out lm
 grep -q "2,800 training sequences in 3 shard(s), 200 validation" "prepare-2-lm.log" ||
   fail "lm: expected 2,800 training and 200 validation sequences"
-expect_files lm tokenizer.model train-00000.h5 train-00001.h5 train-00002.h5 valid-00000.h5
+holds_only lm tokenizer.model train-00000.h5 train-00001.h5 train-00002.h5 valid-00000.h5
 grep -v '^[[:space:]]*$' lm.txt | squeeze_spaces >lm.expected
 "$decoder" lm >lm.decoded
 # The verses are ASCII: the text comes back exactly, but for runs of spaces.
@@ -104,7 +84,7 @@ prepare 2 --kind seq2seq --input src.txt --target tgt.txt --shards 4 --vocab-siz
 grep -q "2,898 training sequences in 4 shard(s), 100 validation" "prepare-2-s2s.log" ||
   fail "seq2seq: expected 2,898 training and 100 validation pairs"
 grep -q "2 skipped" "prepare-2-s2s.log" || fail "seq2seq: expected 2 skipped pairs"
-expect_files s2s tokenizer.model train-00000.h5 train-00001.h5 train-00002.h5 train-00003.h5 \
+holds_only s2s tokenizer.model train-00000.h5 train-00001.h5 train-00002.h5 train-00003.h5 \
   valid-00000.h5
 # The pairs prepare keeps, each side normalised by the shards' own tokenizer
 # (NFKC turns some characters of the German side, such as no-break spaces,

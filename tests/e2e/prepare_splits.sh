@@ -42,28 +42,6 @@ prepared() {
     echo "PASS: $1: $2"
   fi
 }
-# same FILE1 FILE2 WHAT: equal files, or the first differences and a failure.
-same() {
-  if cmp -s "$1" "$2"; then
-    echo "PASS: $3 ($(wc -l <"$1") lines)"
-  else
-    diff "$1" "$2" | head -n 6 >&2
-    fail "$3: $1 and $2 differ"
-  fi
-}
-# holds_only DIR NAMES...: DIR holds exactly these files (no temporaries).
-holds_only() {
-  local dir=$1
-  shift
-  local want got
-  want=$(printf '%s\n' "$@" | sort | tr '\n' ' ')
-  got=$(find "$dir" -mindepth 1 -printf '%f\n' | sort | tr '\n' ' ')
-  if [[ $got == "$want" ]]; then
-    echo "PASS: $dir holds $got"
-  else
-    fail "$dir holds [$got], expected [$want]"
-  fi
-}
 nonblank() { grep -v '^[[:space:]]*$' "$@"; }
 
 # ---- the texts ----
