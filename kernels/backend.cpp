@@ -16,11 +16,13 @@
 namespace mpiformer {
 
 std::unique_ptr<Ops> make_cpu_ops(int threads) {
-  if (threads > 0) {
-    // One pool for our loops and for BLAS (OpenBLAS's OpenMP build).
-    omp_set_num_threads(threads);
-    openblas_set_num_threads(threads);
-  }
+  const int pool = threads > 0 ? threads : omp_get_max_threads();
+  // BLAS runs on the calling thread and our loops split the work in fixed
+  // tiles (kernels/cpu/gemm.cpp), so results do not depend on the thread
+  // count. The OpenMP build of OpenBLAS also sets OpenMP's pool here, so
+  // ours is set after it.
+  openblas_set_num_threads(1);
+  omp_set_num_threads(pool);
   return std::make_unique<CpuOps>();
 }
 

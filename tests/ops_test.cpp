@@ -671,6 +671,29 @@ TEST_F(OpsTest, MatmulBackwardMatchesFiniteDifferences) {
   expect_grad_close(dw, add_vec(dw_before, numeric_grad(w, loss)), "dweight without dx");
 }
 
+// OpenBLAS rounds differently on 1, 2, 3 threads; cpu::sgemm's fixed tiles
+// give the same bits for any count, forward and backward. (Shapes span
+// several tiles and are above the threading threshold.)
+TEST_F(OpsTest, MatmulIndependentOfThreadCount) {
+  const int N = 300, IC = 96, OC = 520;
+  const Vec x = random_vec(N * IC, 81), w = random_vec(OC * IC, 82), b = random_vec(OC, 83);
+  const Vec dout = random_vec(N * OC, 84);
+  const int threads = omp_get_max_threads();
+  std::vector<Vec> results;
+  for (int t : {1, 2, 3}) {
+    omp_set_num_threads(t);
+    Vec out(N * OC), dx(N * IC), dw(OC * IC), db(OC);
+    ops->matmul_forward(act(out), act(x), act(w), act(b), N, IC, OC);
+    ops->matmul_backward(act(dx), dw.data(), db.data(), act(dout), act(x), act(w), N, IC, OC,
+                         false);
+    for (const Vec* part : {&dx, &dw, &db}) out.insert(out.end(), part->begin(), part->end());
+    results.push_back(out);
+  }
+  omp_set_num_threads(threads);
+  EXPECT_TRUE(results[0] == results[1]) << "1 vs 2 threads";
+  EXPECT_TRUE(results[0] == results[2]) << "1 vs 3 threads";
+}
+
 // Padded strides of the output (the vocabulary projection's logits): the
 // columns past OC are never written, with or without a fused activation,
 // and dout is read in its stride.
@@ -1052,6 +1075,39 @@ TEST_F(OpsTest, AttentionAtScaleInParallel) {
     };
     const double numeric = (loss_along_u(kH) - loss_along_u(-kH)) / (2.0 * kH);
     EXPECT_NEAR(analytic, numeric, kRtol * std::fabs(numeric) + kAtol);
+  }
+}
+
+// Every (sequence, head) task runs its GEMMs on one thread: the same bits
+// for any thread count, whether the tasks run in parallel or not.
+TEST_F(OpsTest, AttentionIndependentOfThreadCount) {
+  AttentionConfig cfg;
+  cfg.heads = 4;
+  cfg.head_dim = 16;
+  cfg.causal = true;
+  const int C = cfg.heads * cfg.head_dim, stride = 3 * C;
+  for (const std::vector<int>& lengths : {std::vector<int>{40, 7, 150, 1, 65}, {9, 3}}) {
+    const RaggedBatch seqs(lengths);
+    const Ragged view = seqs.view();
+    const Vec qkv = random_vec(static_cast<size_t>(view.total) * stride, 85);
+    const Vec r = random_vec(static_cast<size_t>(view.total) * C, 86);
+    const int threads = omp_get_max_threads();
+    std::vector<Vec> results;
+    for (int t : {1, 2, 3}) {
+      omp_set_num_threads(t);
+      Vec out(static_cast<size_t>(view.total) * C), stats(static_cast<size_t>(view.total) * 4);
+      Vec dqkv(qkv.size());
+      ops->attention_forward(act(out), stats.data(), act(qkv), stride, act(qkv) + C,
+                             act(qkv) + 2 * C, stride, view, view, cfg);
+      ops->attention_backward(act(dqkv), act(dqkv) + C, act(dqkv) + 2 * C, act(r), act(out),
+                              stats.data(), act(qkv), stride, act(qkv) + C, act(qkv) + 2 * C,
+                              stride, view, view, cfg);
+      out.insert(out.end(), dqkv.begin(), dqkv.end());
+      results.push_back(out);
+    }
+    omp_set_num_threads(threads);
+    EXPECT_TRUE(results[0] == results[1]) << "1 vs 2 threads, " << lengths.size() << " sequences";
+    EXPECT_TRUE(results[0] == results[2]) << "1 vs 3 threads, " << lengths.size() << " sequences";
   }
 }
 

@@ -1,13 +1,12 @@
 // Multi-head attention over ragged batches. Each (sequence, head) pair is an
 // independent task: small SGEMMs and a row softmax per block of queries.
-// OpenMP spreads the pairs over the cores, and OpenBLAS (its OpenMP build)
-// runs single-threaded inside the parallel region, so there is no nested
-// oversubscription.
+// OpenMP spreads the pairs over the cores and each pair's GEMMs run on its
+// thread (cpu::sgemm_serial): no nested oversubscription, and the same bits
+// for any thread count.
 //
 // Like flash attention, forward keeps only each query row's log-sum-exp
 // (the stats); backward recomputes the probabilities from it, block by
 // block, in per-thread scratch.
-#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -44,16 +43,6 @@ int query_block_rows(const AttentionConfig& cfg, int Lq) {
 // Keys a block of queries ending before query `end` needs.
 int keys_of_block(const AttentionConfig& cfg, int end, int Lk) {
   return cfg.causal ? std::min(end, Lk) : Lk;
-}
-
-// Whether SGEMM may be called from inside our parallel loop. The OpenMP and
-// serial OpenBLAS builds then run it on the calling thread; the pthread build
-// hands it to its own pool, and many concurrent callers spin on that pool
-// (measured ~30x slower), so there the loop runs serially and each GEMM is
-// threaded instead.
-bool blas_runs_on_caller() {
-  const int parallel = openblas_get_parallel();  // 0 serial, 1 pthreads, 2 OpenMP
-  return parallel != 1;
 }
 
 // Per-thread scratch of `floats` floats for the (sequence, head) tasks.
@@ -102,8 +91,9 @@ void CpuOps::attention_forward(Act out, float* stats, Act q, int q_stride, Act k
   const size_t block = largest_block(qs, ks);
   float* scratch = grow(float_scratch_, block * omp_get_max_threads());
   const int tasks = qs.batch * H;
-  const bool parallel_tasks =
-      blas_runs_on_caller() && cpu::worth_threading(attention_work(qs, ks, H, D));
+  // Each (sequence, head) task runs its GEMMs on its own thread: the same
+  // bits whichever thread takes it.
+  const bool parallel_tasks = cpu::worth_threading(attention_work(qs, ks, H, D));
 
 #pragma omp parallel for schedule(dynamic, 1) if (parallel_tasks)
   for (int task = 0; task < tasks; ++task) {
@@ -132,9 +122,8 @@ void CpuOps::attention_forward(Act out, float* stats, Act q, int q_stride, Act k
       float* p_rows = p_bh + static_cast<size_t>(r0) * Lk;  // (rows, Lk), first `keys` computed
       // S = Q K^T, then P = softmax(S * scale_i) row by row over the visible
       // keys; softmax_row zeroes the rest of the row and gives its log-sum-exp.
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, D, 1.0f,
-                  q_bh + static_cast<size_t>(r0) * q_stride, q_stride, k_bh, kv_stride, 0.0f,
-                  p_rows, Lk);
+      cpu::sgemm_serial(false, true, rows, keys, D, 1.0f, q_bh + static_cast<size_t>(r0) * q_stride,
+                        q_stride, k_bh, kv_stride, 0.0f, p_rows, Lk);
       for (int i = r0; i < r0 + rows; ++i) {
         const int visible = visible_keys(cfg, i, Lk);
         float* row = p_bh + static_cast<size_t>(i) * Lk;  // (Lk)
@@ -142,8 +131,8 @@ void CpuOps::attention_forward(Act out, float* stats, Act q, int q_stride, Act k
             cpu::softmax_row(row, row, visible, Lk, attention_scale(cfg, visible));
       }
       // O = P V
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, D, keys, 1.0f, p_rows, Lk, v_bh,
-                  kv_stride, 0.0f, out_bh + static_cast<size_t>(r0) * C, C);
+      cpu::sgemm_serial(false, false, rows, D, keys, 1.0f, p_rows, Lk, v_bh, kv_stride, 0.0f,
+                        out_bh + static_cast<size_t>(r0) * C, C);
     }
   }
 }
@@ -168,8 +157,9 @@ void CpuOps::attention_backward(Act dq, Act dk, Act dv, Act dout, Act out, const
   const size_t block = largest_block(qs, ks);
   float* scratch = grow(float_scratch_, 2 * block * omp_get_max_threads());
   const int tasks = qs.batch * H;
-  const bool parallel_tasks =
-      blas_runs_on_caller() && cpu::worth_threading(attention_work(qs, ks, H, D));
+  // Each (sequence, head) task runs its GEMMs on its own thread: the same
+  // bits whichever thread takes it.
+  const bool parallel_tasks = cpu::worth_threading(attention_work(qs, ks, H, D));
 
 #pragma omp parallel for schedule(dynamic, 1) if (parallel_tasks)
   for (int task = 0; task < tasks; ++task) {
@@ -213,8 +203,8 @@ void CpuOps::attention_backward(Act dq, Act dk, Act dv, Act dout, Act out, const
       const float* do_rows = do_bh + static_cast<size_t>(r0) * C;       // (rows, D)
 
       // P = exp(S * scale_i - lse_i) over the visible keys, 0 beyond them.
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, D, 1.0f, q_rows, q_stride,
-                  k_bh, kv_stride, 0.0f, p_rows, Lk);
+      cpu::sgemm_serial(false, true, rows, keys, D, 1.0f, q_rows, q_stride, k_bh, kv_stride, 0.0f,
+                        p_rows, Lk);
       for (int i = r0; i < r0 + rows; ++i) {
         const int visible = visible_keys(cfg, i, Lk);
         float* row = p_bh + static_cast<size_t>(i) * Lk;  // (Lk)
@@ -222,12 +212,12 @@ void CpuOps::attention_backward(Act dq, Act dk, Act dv, Act dout, Act out, const
                                     stats_bh[static_cast<size_t>(i) * H]);
       }
       // dV (+)= P^T dO
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, D, rows, 1.0f, p_rows, Lk, do_rows,
-                  C, kv_beta, dv_bh, kv_stride);
+      cpu::sgemm_serial(true, false, keys, D, rows, 1.0f, p_rows, Lk, do_rows, C, kv_beta, dv_bh,
+                        kv_stride);
       // dP = dO V^T, then dS = P * (dP - rowsum(dP * P)) * scale_i in place.
       // Masked keys have P = 0 and so get dS = 0.
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, D, 1.0f, do_rows, C, v_bh,
-                  kv_stride, 0.0f, ds_rows, Lk);
+      cpu::sgemm_serial(false, true, rows, keys, D, 1.0f, do_rows, C, v_bh, kv_stride, 0.0f,
+                        ds_rows, Lk);
       for (int i = r0; i < r0 + rows; ++i) {
         const int visible = visible_keys(cfg, i, Lk);
         const size_t row = static_cast<size_t>(i) * Lk;
@@ -235,10 +225,10 @@ void CpuOps::attention_backward(Act dq, Act dk, Act dv, Act dout, Act out, const
                                   attention_scale(cfg, visible));
       }
       // dQ = dS K, dK (+)= dS^T Q
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, D, keys, 1.0f, ds_rows, Lk, k_bh,
-                  kv_stride, 0.0f, dq_bh + static_cast<size_t>(r0) * q_stride, q_stride);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, D, rows, 1.0f, ds_rows, Lk, q_rows,
-                  q_stride, kv_beta, dk_bh, kv_stride);
+      cpu::sgemm_serial(false, false, rows, D, keys, 1.0f, ds_rows, Lk, k_bh, kv_stride, 0.0f,
+                        dq_bh + static_cast<size_t>(r0) * q_stride, q_stride);
+      cpu::sgemm_serial(true, false, keys, D, rows, 1.0f, ds_rows, Lk, q_rows, q_stride, kv_beta,
+                        dk_bh, kv_stride);
     }
   }
 }

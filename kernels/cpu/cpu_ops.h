@@ -35,6 +35,14 @@ void activation_backward(float* dx, const float* dout, const float* x, size_t n,
 // out = dropout(x); out may alias x.  out, x: (n)
 void apply_dropout(float* out, const float* x, size_t n, const Dropout& d);
 
+// Row-major SGEMM (gemm.cpp): C (M, N) = alpha op(A) (M, K) op(B) (K, N) + beta C.
+// sgemm_serial runs on the calling thread; sgemm splits C into fixed tiles
+// over the threads. Both give the same bits for any thread count.
+void sgemm_serial(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
+                  int lda, const float* B, int ldb, float beta, float* C, int ldc);
+void sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+           const float* B, int ldb, float beta, float* C, int ldc);
+
 }  // namespace cpu
 
 class CpuOps final : public Ops {

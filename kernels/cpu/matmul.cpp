@@ -1,7 +1,5 @@
-// Dense layers on OpenBLAS SGEMM. Weights are stored (OC, IC) as in
-// nn.Linear, so the forward pass multiplies by the transposed weight.
-#include <cblas.h>
-
+// Dense layers on OpenBLAS SGEMM (cpu::sgemm: the same bits for any thread count). Weights are
+// stored (OC, IC) as in nn.Linear, so the forward pass multiplies by the transposed weight.
 #include <algorithm>
 
 #include "kernels/cpu/cpu_ops.h"
@@ -33,8 +31,7 @@ void matmul_forward_f32(float* out, int ldo, const float* x, const float* weight
     return;
   }
   // out (N, OC) = x (N, IC) @ weight^T (IC, OC) [+ out]
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, IC, 1.0f, x, IC, weight, IC, beta,
-              out, ldo);
+  cpu::sgemm(false, true, N, OC, IC, 1.0f, x, IC, weight, IC, beta, out, ldo);
 }
 
 }  // namespace
@@ -92,15 +89,14 @@ void CpuOps::matmul_backward_f32(float* dx, float* dweight, float* dbias, const 
       if (!accumulate) std::fill(dx, dx + static_cast<size_t>(N) * IC, 0.0f);
     } else {
       // dx (N, IC) = dout (N, OC) @ weight (OC, IC) [+ dx]
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, ldd, weight, IC,
-                  accumulate ? 1.0f : 0.0f, dx, IC);
+      cpu::sgemm(false, false, N, IC, OC, 1.0f, dout, ldd, weight, IC, accumulate ? 1.0f : 0.0f, dx,
+                 IC);
     }
   }
   if (OC == 0) return;
   if (IC > 0) {
     // dweight (OC, IC) += dout^T (OC, N) @ x (N, IC)
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, ldd, x, IC, 1.0f,
-                dweight, IC);
+    cpu::sgemm(true, false, OC, IC, N, 1.0f, dout, ldd, x, IC, 1.0f, dweight, IC);
   }
   if (dbias != nullptr) {
     // Column sums of dout: threads split the columns, rows are summed in order.

@@ -2,8 +2,10 @@
 # The invariant through the command line, on real shards (KJV for lm and
 # mlm, gettext message pairs for seq2seq), dropout 0, fp32 CPU:
 #   - world-size invariance: -np 1 --accum-steps 4, -np 2 --accum-steps 2 and
-#     -np 4 --accum-steps 1 leave bitwise-equal parameters after 3 steps with
-#     the exact gradient sum (the default); with --grad-sum float, the step's
+#     -np 4 --accum-steps 1, each with its default --threads (the node's
+#     cores shared by its ranks), and -np 1 with --threads 3, leave
+#     bitwise-equal parameters and Adam moments after 3 steps with the exact
+#     gradient sum (the default); with --grad-sum float, the step's
 #     gradient (Adam's first moment after step 1) agrees to 1e-5 relative
 #     per tensor; the same world size twice is bitwise equal either way;
 #   - a rank with no data (--sharding file, fewer shards than ranks) joins
@@ -32,7 +34,8 @@ mpirun 2 "$bin" prepare --kind seq2seq --input "$work/messages.en" --target "$wo
 
 # train NAME RANKS ACCUM MODEL DATA STEPS [FLAGS...]: a checkpoint at the end.
 # A constant LR of 1e-2 from step 1 moves every parameter, so a wrong
-# gradient shows; small buckets make several all-reduces per step.
+# gradient shows; small buckets make several all-reduces per step. --threads
+# is left to its default unless FLAGS give it.
 train() {
   local name=$1 ranks=$2 accum=$3 model=$4 data=$5 steps=$6
   shift 6
@@ -41,7 +44,7 @@ train() {
   if ! mpirun "$ranks" "$bin" train --model "$model" --data "$data" --out "$work/$name" \
     "${layers[@]}" --d-model 64 --heads 4 --d-ff 128 --max-len 64 --max-tokens 512 \
     --accum-steps "$accum" --steps "$steps" --lr 1e-2 --warmup 0 --schedule constant \
-    --dropout 0 --threads 1 --bucket-mb 0.05 --check-every 1 --log-every 1 --eval-batches 2 \
+    --dropout 0 --bucket-mb 0.05 --check-every 1 --log-every 1 --eval-batches 2 \
     --seed 5 "$@" >"$work/$name.log" 2>&1; then
     cat "$work/$name.log" >&2
     echo "FAIL: $name: mpiformer train exited non-zero" >&2
@@ -70,9 +73,17 @@ for model in lm mlm seq2seq; do
   train "$model-np1" 1 4 "$model" "$data" 3
   train "$model-np2" 2 2 "$model" "$data" 3
   train "$model-np4" 4 1 "$model" "$data" 3
+  train "$model-np1-t3" 1 4 "$model" "$data" 3 --threads 3
   same "$model exact: -np 2 x 2 vs -np 1 x 4" "$model-np2" "$model-np1" 3 --bitwise
   same "$model exact: -np 4 x 1 vs -np 1 x 4" "$model-np4" "$model-np1" 3 --bitwise
-  same "$model exact: Adam v too" "$model-np4" "$model-np1" 3 --group optimizer/v --bitwise
+  same "$model exact: -np 1 x 4 --threads 3 vs default threads" "$model-np1-t3" "$model-np1" 3 \
+    --bitwise
+  for moment in m v; do
+    same "$model exact: Adam $moment, -np 4 x 1 vs -np 1 x 4" "$model-np4" "$model-np1" 3 \
+      --group "optimizer/$moment" --bitwise
+    same "$model exact: Adam $moment, -np 2 x 2 vs -np 1 x 4 --threads 3" "$model-np2" \
+      "$model-np1-t3" 3 --group "optimizer/$moment" --bitwise
+  done
   grep -q "hidden [0-9]*%" "$work/$model-np2.log" ||
     { echo "FAIL: $model: the progress line does not report the hidden share" >&2; exit 1; }
 
