@@ -66,6 +66,9 @@ def parse_args(argv=None):
     g.add_argument("--bucket-sweep", default="",
                    help="comma-separated bucket caps in MiB: also print the exposed ms at each")
     g.add_argument("--markdown", action="store_true", help="print the tables as Markdown")
+    g.add_argument("--plot", metavar="PNG", default="",
+                   help="also draw modelled efficiency against ranks (2 to 1024) for every "
+                        "network and gradient width into PNG (1200x450)")
     args = a.parse_args(argv)
     args.ranks = [int(x) for x in args.ranks.split(",")]
     args.networks = [x.strip() for x in args.networks.split(",")]
@@ -262,7 +265,7 @@ def cases(args):
 
 
 def grad_label(b):
-    return {4: "fp32", 2: "bf16"}.get(b, "%dB" % b)
+    return {4: "fp32", 2: "bf16", 8: "int64"}.get(b, "%dB" % b)
 
 
 def rows(args):
@@ -352,6 +355,33 @@ def summary(args):
     return lines
 
 
+def plot(args, path):
+    """Efficiency against ranks, one panel per network, a line per gradient width."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    ranks = [2 ** k for k in range(1, 11)]
+    fig, axes = plt.subplots(1, len(args.networks), figsize=(12, 4.5), dpi=100, sharey=True,
+                             squeeze=False)
+    for ax, network in zip(axes[0], args.networks):
+        for b in args.grad_bytes:
+            eff = [100 * step(args, network, p, b, args.tokens_per_gpu)["eff"] for p in ranks]
+            ax.plot(ranks, eff, marker="o", label="%s gradients" % grad_label(b))
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("ranks (GPUs)")
+        ax.set_title(network_label(args, network, max(ranks)).rstrip("*") + " (modelled)")
+        ax.axhline(100 * args.target_efficiency, color="grey", linewidth=0.8, linestyle="--")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0][0].set_ylabel("efficiency: compute / step (%)")
+    fig.suptitle("%s tokens per GPU per step, bucket cap %g MiB"
+                 % (fmt_int(args.tokens_per_gpu), args.bucket_mib))
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return len(ranks) * len(args.networks) * len(args.grad_bytes)
+
+
 def main():
     args = parse_args()
     body = rows(args)
@@ -368,6 +398,10 @@ def main():
         print()
         print("exposed ms by bucket cap:")
         print(table_markdown(head, sbody) if args.markdown else table_text(head, sbody))
+    if args.plot:
+        points = plot(args, args.plot)
+        print()
+        print("wrote %s (%d modelled points)" % (args.plot, points))
 
 
 if __name__ == "__main__":

@@ -181,6 +181,13 @@ class Ops {
   // How many logits the vocabulary projection may hold at a time: a CPU
   // wants its chunks in cache, a GPU wants GEMMs with many rows.
   virtual size_t logits_chunk_elements() const { return size_t{1} << 22; }
+  // The stream every op is queued on (a cudaStream_t on a GPU), for a
+  // transport that orders its own stream after it; null on the CPU.
+  virtual void* native_stream() const { return nullptr; }
+  // Whether results must be reproducible bit for bit (--deterministic):
+  // a backend may then refuse faster algorithms whose sums depend on
+  // timing (cuDNN's attention backward).
+  virtual void set_deterministic(bool deterministic) { (void)deterministic; }
   // A timer for this backend's ops (bench --profile).
   virtual std::unique_ptr<OpTimer> make_timer() = 0;
 
@@ -280,6 +287,18 @@ class Ops {
   virtual void cross_entropy(Act logits, const int32_t* targets, int N, int V, float smoothing,
                              int pad_id, float grad_scale, bool compute_grad, LossSums* sums,
                              int stride = 0) = 0;
+
+  // ---- exact gradient sum (src/dist/gradient_reducer.h) -------------------
+  // fixed[i] += round(grads[i] * 2^fraction_bits) for every i with
+  // |grads[i]| < 2^limit_bits; each other element (NaN too) adds 1 to
+  // *out_of_range instead. Integer sums: any order gives the same result.
+  // fixed: backend (n) int64, grads: backend (n) fp32, out_of_range: backend (1)
+  virtual void fixed_point_accumulate(int64_t* fixed, int64_t* out_of_range, const float* grads,
+                                      size_t n, int fraction_bits, int limit_bits) = 0;
+  // out[i] = fixed[i] * 2^-fraction_bits, or NaN everywhere when
+  // *out_of_range > 0.  out: backend (n) fp32, fixed: backend (n), out_of_range: backend (1)
+  virtual void fixed_point_to_float(float* out, const int64_t* fixed, const int64_t* out_of_range,
+                                    size_t n, int fraction_bits) = 0;
 
   // ---- optimizer --------------------------------------------------------
   // *out = sum of x[i]^2, accumulated in double in an order that depends on

@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/ops.h"
@@ -14,7 +15,10 @@ namespace mpiformer {
 
 class ProfiledOps final : public Ops {
  public:
-  explicit ProfiledOps(Ops& inner) : inner_(inner), timer_(inner.make_timer()) {}
+  explicit ProfiledOps(Ops& inner) : ProfiledOps(inner, inner.make_timer()) {}
+  // With a timer of the caller's (tests log the order of ops through it).
+  ProfiledOps(Ops& inner, std::unique_ptr<OpTimer> timer)
+      : inner_(inner), timer_(std::move(timer)) {}
 
   // Milliseconds per OpFamily since the last reset (waits for the device).
   std::vector<double> milliseconds() { return timer_->milliseconds(); }
@@ -37,6 +41,8 @@ class ProfiledOps final : public Ops {
   bool host_accessible() const override { return inner_.host_accessible(); }
   size_t device_memory_free() const override { return inner_.device_memory_free(); }
   size_t logits_chunk_elements() const override { return inner_.logits_chunk_elements(); }
+  void* native_stream() const override { return inner_.native_stream(); }
+  void set_deterministic(bool deterministic) override { inner_.set_deterministic(deterministic); }
   size_t attention_scratch_bytes(DType dtype, size_t tokens, size_t longest,
                                  const AttentionConfig& cfg, bool backward) const override {
     return inner_.attention_scratch_bytes(dtype, tokens, longest, cfg, backward);
@@ -111,6 +117,16 @@ class ProfiledOps final : public Ops {
     Scope s(*this, OpFamily::kLoss);
     inner_.cross_entropy(logits, targets, N, V, smoothing, pad_id, grad_scale, compute_grad, sums,
                          stride);
+  }
+  void fixed_point_accumulate(int64_t* fixed, int64_t* out_of_range, const float* grads, size_t n,
+                              int fraction_bits, int limit_bits) override {
+    Scope s(*this, OpFamily::kOptimizer);
+    inner_.fixed_point_accumulate(fixed, out_of_range, grads, n, fraction_bits, limit_bits);
+  }
+  void fixed_point_to_float(float* out, const int64_t* fixed, const int64_t* out_of_range, size_t n,
+                            int fraction_bits) override {
+    Scope s(*this, OpFamily::kOptimizer);
+    inner_.fixed_point_to_float(out, fixed, out_of_range, n, fraction_bits);
   }
   void sum_squares(double* out, const float* x, size_t n) override {
     Scope s(*this, OpFamily::kOptimizer);

@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -494,6 +495,44 @@ TEST_P(CudaOpsTest, CrossEntropyAdamWAndNorm) {
   compare(m, n, 1e-5, "adamw m");
   compare(v, n, 1e-5, "adamw v");
   if (compute_gpu) compare(compute, n, elementwise_tolerance(t()), "adamw compute copy");
+}
+
+// The exact sum's conversions: bitwise the CPU's, rounding ties to even,
+// over several accumulations (grid-stride loops and the integer count of
+// elements out of range), then NaN everywhere once one is out of range.
+TEST(CudaFixedPoint, BitwiseTheCpuReference) {
+  if (!gpu_present()) GTEST_SKIP() << "no GPU";
+  Backends b;
+  const size_t n = 300007;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1e-3f);
+  auto* fixed_gpu = static_cast<int64_t*>(b.gpu->allocate((n + 1) * sizeof(int64_t)));
+  auto* fixed_cpu = static_cast<int64_t*>(b.cpu->allocate((n + 1) * sizeof(int64_t)));
+  for (int pass = 0; pass < 3; ++pass) {
+    std::vector<float> g(n);
+    for (float& x : g) x = normal(rng);
+    g[5] = std::ldexp(3.0f, -41);  // a tie: 1.5 units, rounds to 2
+    g[6] = std::ldexp(5.0f, -41);  // 2.5 units, rounds to 2
+    if (pass == 2) g[n - 1] = std::ldexp(1.0f, 20);
+    const FloatPair grads = b.floats(g);
+    b.gpu->fixed_point_accumulate(fixed_gpu + 1, fixed_gpu, grads.gpu, n, 40, 20);
+    b.cpu->fixed_point_accumulate(fixed_cpu + 1, fixed_cpu, grads.cpu, n, 40, 20);
+    std::vector<int64_t> got(n + 1), want(n + 1);
+    b.gpu->copy_to_host(got.data(), fixed_gpu, got.size() * sizeof(int64_t));
+    b.cpu->copy_to_host(want.data(), fixed_cpu, want.size() * sizeof(int64_t));
+    EXPECT_TRUE(got == want) << "pass " << pass;
+    EXPECT_EQ(got[0], pass == 2 ? 1 : 0);
+    const FloatPair out = b.floats(std::vector<float>(n, 7.0f));
+    b.gpu->fixed_point_to_float(out.gpu, fixed_gpu + 1, fixed_gpu, n, 40);
+    b.cpu->fixed_point_to_float(out.cpu, fixed_cpu + 1, fixed_cpu, n, 40);
+    std::vector<float> out_gpu(n), out_cpu(n);
+    b.gpu->copy_to_host(out_gpu.data(), out.gpu, n * sizeof(float));
+    b.cpu->copy_to_host(out_cpu.data(), out.cpu, n * sizeof(float));
+    EXPECT_EQ(std::memcmp(out_gpu.data(), out_cpu.data(), n * sizeof(float)), 0) << "pass " << pass;
+    if (pass == 2) EXPECT_TRUE(std::isnan(out_gpu[0]));
+  }
+  b.gpu->release(fixed_gpu);
+  b.cpu->release(fixed_cpu);
 }
 
 // ---- whole models ---------------------------------------------------------

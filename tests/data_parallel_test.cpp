@@ -15,8 +15,10 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/profiled_ops.h"
 #include "src/dist/mpi_transport.h"
 #include "src/dist/replica_check.h"
+#include "src/dist/stream_transport.h"
 #include "tests/test_batches.h"
 
 namespace mpiformer {
@@ -212,6 +214,152 @@ TEST(DataParallel, TheExactSumTurnsAnOutOfRangeGradientIntoNaNOnEveryRank) {
   reducer.finish();
   EXPECT_TRUE(std::all_of(params.grads(), params.grads() + params.count(),
                           [](float g) { return std::isnan(g); }));
+}
+
+// ---- the stream transport (NCCL's logic) on the CPU -----------------------
+
+// One sequence of what a stream transport asks of the device and of the
+// backend's ops, in the order the host issued them.
+struct StreamLog {
+  enum Kind { kComputeOp, kCommWaitsForCompute, kAllReduce, kRecordDone, kComputeWaitsFor };
+  struct Entry {
+    Kind kind;
+    int slot;  // -1 for compute ops
+  };
+  std::vector<Entry> entries;
+  int current_slot = -1;  // the slot whose collective comes next
+  std::vector<std::string> faults;
+
+  // Index of the first entry of `kind` for `slot`, or -1.
+  int find(Kind kind, int slot) const {
+    for (size_t i = 0; i < entries.size(); ++i)
+      if (entries[i].kind == kind && entries[i].slot == slot) return static_cast<int>(i);
+    return -1;
+  }
+};
+
+// Every backend op (ProfiledOps calls begin once per op) as a compute entry.
+class LoggingTimer final : public OpTimer {
+ public:
+  explicit LoggingTimer(StreamLog& log) : log_(log) {}
+  void begin(OpFamily) override { log_.entries.push_back({StreamLog::kComputeOp, -1}); }
+  void end(OpFamily) override {}
+  std::vector<double> milliseconds() override { return {}; }
+  void reset() override {}
+
+ private:
+  StreamLog& log_;
+};
+
+// Streams and events, as calls in the log. An event has passed once it was
+// recorded (the CPU's ops are done when they return); querying one never
+// recorded is a fault.
+class FakeQueue final : public StreamQueue {
+ public:
+  explicit FakeQueue(StreamLog& log) : log_(log) {}
+  void comm_waits_for_compute(int slot) override {
+    log_.entries.push_back({StreamLog::kCommWaitsForCompute, slot});
+    log_.current_slot = slot;
+  }
+  void record_done(int slot) override { log_.entries.push_back({StreamLog::kRecordDone, slot}); }
+  bool done(int slot) override {
+    if (log_.find(StreamLog::kRecordDone, slot) < 0)
+      log_.faults.push_back("slot " + std::to_string(slot) + " queried before its done event");
+    return true;
+  }
+  void compute_waits_for(int slot) override {
+    log_.entries.push_back({StreamLog::kComputeWaitsFor, slot});
+  }
+
+ private:
+  StreamLog& log_;
+};
+
+// NCCL's in-place SUM, done at once with MPI on the host.
+class FakeCollective final : public StreamCollective {
+ public:
+  explicit FakeCollective(StreamLog& log) : log_(log) {}
+  void all_reduce(float* x, size_t n) override {
+    log_.entries.push_back({StreamLog::kAllReduce, log_.current_slot});
+    MPI_Allreduce(MPI_IN_PLACE, x, static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+  }
+  void all_reduce(int64_t* x, size_t n) override {
+    log_.entries.push_back({StreamLog::kAllReduce, log_.current_slot});
+    MPI_Allreduce(MPI_IN_PLACE, x, static_cast<int>(n), MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+  }
+
+ private:
+  StreamLog& log_;
+};
+
+// The order a GPU needs, on 3 ranks with uneven shares, for both sums:
+//   - each bucket: the communication stream waits on a compute event, then
+//     the collective, then its done event, with nothing between;
+//   - exact sum: the bucket's fixed-point op is queued before that event;
+//   - the compute stream waits on every done event before any op after the
+//     last bucket (the exact sum's conversion, the optimizer);
+// and the sums are bitwise the MPI transport's.
+TEST_P(UnevenShares, TheStreamTransportOrdersItsStreamsAndSumsLikeMpi) {
+  const Communicator& comm = *g_comm;
+  const ModelConfig m = shape(GetParam());
+  for (GradSum sum : {GradSum::kFloat, GradSum::kExact}) {
+    SCOPED_TRACE(to_string(sum));
+    Replica reference(m);
+    {
+      ParameterSet& params = reference.model->parameters();
+      GradientReducer reducer(params, params.grads(), 512, std::make_unique<MpiTransport>(), true,
+                              sum);
+      step_gradients(*reference.model, share_of(m, comm.rank(), 2), 1, 1, 0.1f, comm, &reducer);
+    }
+
+    StreamLog log;
+    std::unique_ptr<Ops> cpu = make_cpu_ops(1);
+    ProfiledOps ops(*cpu, std::make_unique<LoggingTimer>(log));
+    Model model(ops, m, ModelCapacity{kCapacity, m.max_len});
+    model.init_parameters(21);
+    ParameterSet& params = model.parameters();
+    GradientReducer reducer(
+        params, params.grads(), 512,
+        std::make_unique<StreamTransport>("fake", std::make_unique<FakeQueue>(log),
+                                          std::make_unique<FakeCollective>(log)),
+        true, sum);
+    EXPECT_FALSE(reducer.stages_through_host());
+    step_gradients(model, share_of(m, comm.rank(), 2), 1, 1, 0.1f, comm, &reducer);
+    double norm = 0.0;
+    ops.sum_squares(&norm, params.grads(), params.count());  // the optimizer's first op
+
+    EXPECT_TRUE(std::equal(params.grads(), params.grads() + params.count(),
+                           reference.model->parameters().grads()))
+        << "the stream transport's sum differs from MPI's";
+    EXPECT_TRUE(log.faults.empty()) << log.faults.front();
+    const int buckets = static_cast<int>(reducer.buckets().size());
+    ASSERT_GE(buckets, 3);
+    int last_done = -1, last_join = -1;
+    for (int s = 0; s < buckets; ++s) {
+      const int wait = log.find(StreamLog::kCommWaitsForCompute, s);
+      const int reduce = log.find(StreamLog::kAllReduce, s);
+      const int done = log.find(StreamLog::kRecordDone, s);
+      const int join = log.find(StreamLog::kComputeWaitsFor, s);
+      ASSERT_GE(wait, 0) << "slot " << s;
+      EXPECT_EQ(reduce, wait + 1) << "slot " << s << ": the collective does not follow the wait";
+      EXPECT_EQ(done, reduce + 1) << "slot " << s << ": the done event does not follow it";
+      EXPECT_GT(join, done) << "slot " << s << ": compute never waits for it";
+      if (sum == GradSum::kExact) {
+        ASSERT_GE(wait, 1);
+        EXPECT_EQ(log.entries[wait - 1].kind, StreamLog::kComputeOp)
+            << "slot " << s << ": its fixed-point op is not queued before the event";
+      }
+      last_done = std::max(last_done, done);
+      last_join = std::max(last_join, join);
+    }
+    int after_join = 0;
+    for (int i = last_done + 1; i < static_cast<int>(log.entries.size()); ++i) {
+      if (log.entries[i].kind != StreamLog::kComputeOp) continue;
+      EXPECT_GT(i, last_join) << "a compute op was queued before the compute stream joined";
+      ++after_join;
+    }
+    EXPECT_GE(after_join, sum == GradSum::kExact ? 2 : 1);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllKinds, UnevenShares,

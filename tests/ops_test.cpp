@@ -1257,6 +1257,41 @@ TEST_F(OpsTest, SumSquaresIndependentOfThreadCount) {
 
 // Several ranges with their own weight decay, gradients that carry a loss
 // scale, and the clip factor taken from the squared norm in backend memory.
+// The exact sum's conversions against the formula: round to nearest even
+// in units of 2^-40, elements at or above 2^20 (and NaN) counted instead,
+// and the way back NaN everywhere once any was counted.
+TEST_F(OpsTest, FixedPointAccumulateAndConvertBack) {
+  const size_t n = 70001;  // above the threading threshold
+  Vec g = random_vec(n, 91, -1e-3f, 1e-3f);
+  g[1] = std::ldexp(3.0f, -41);  // 1.5 units: rounds to 2
+  g[2] = std::ldexp(5.0f, -41);  // 2.5 units: rounds to 2
+  g[3] = -std::ldexp(3.0f, -41);
+  std::vector<int64_t> fixed(n + 1, 0);
+  ops->fixed_point_accumulate(fixed.data() + 1, fixed.data(), g.data(), n, 40, 20);
+  ops->fixed_point_accumulate(fixed.data() + 1, fixed.data(), g.data(), n, 40, 20);
+  EXPECT_EQ(fixed[0], 0);
+  EXPECT_EQ(fixed[2], 4);
+  EXPECT_EQ(fixed[3], 4);
+  EXPECT_EQ(fixed[4], -4);
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t once = static_cast<int64_t>(std::nearbyint(std::ldexp(double{g[i]}, 40)));
+    ASSERT_EQ(fixed[i + 1], 2 * once) << i;
+  }
+  Vec back(n);
+  ops->fixed_point_to_float(back.data(), fixed.data() + 1, fixed.data(), n, 40);
+  for (size_t i = 0; i < n; ++i)
+    ASSERT_EQ(back[i], static_cast<float>(std::ldexp(static_cast<double>(fixed[i + 1]), -40)));
+
+  Vec bad = g;
+  bad[10] = std::ldexp(1.0f, 20);
+  bad[11] = std::nanf("");
+  bad[12] = -std::ldexp(1.0f, 21);
+  ops->fixed_point_accumulate(fixed.data() + 1, fixed.data(), bad.data(), n, 40, 20);
+  EXPECT_EQ(fixed[0], 3);
+  ops->fixed_point_to_float(back.data(), fixed.data() + 1, fixed.data(), n, 40);
+  EXPECT_TRUE(std::all_of(back.begin(), back.end(), [](float x) { return std::isnan(x); }));
+}
+
 TEST_F(OpsTest, AdamWMatchesScalarReference) {
   const size_t n = 40000;
   Vec params = random_vec(n, 52), m(n), v(n);

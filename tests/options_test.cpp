@@ -284,19 +284,26 @@ TEST(TrainOptions, DistributionFlags) {
   const TrainConfig defaults = parse_train(base_args());
   EXPECT_EQ(defaults.lr_scaling, LrScaling::kNone);
   EXPECT_TRUE(defaults.overlap);
-  EXPECT_GT(defaults.bucket_mb, 0.0f);
+  EXPECT_EQ(defaults.bucket_mb, 0.0f);  // by transport
+  EXPECT_EQ(defaults.transport, Transport::kAuto);
+  EXPECT_TRUE(defaults.deterministic);
   EXPECT_GT(defaults.check_every, 0);
-  const TrainConfig cfg = parse_train(
-      with(base_args(), {"--lr-scaling", "sqrt", "--lr-reference-tokens", "65536", "--bucket-mb",
-                         "0.5", "--overlap", "off", "--check-every", "0"}));
+  const TrainConfig cfg =
+      parse_train(with(base_args(), {"--lr-scaling", "sqrt", "--lr-reference-tokens", "65536",
+                                     "--bucket-mb", "0.5", "--overlap", "off", "--check-every", "0",
+                                     "--transport", "mpi", "--deterministic", "false"}));
   EXPECT_EQ(cfg.lr_scaling, LrScaling::kSqrt);
   EXPECT_EQ(cfg.lr_reference_tokens, 65536);
   EXPECT_FLOAT_EQ(cfg.bucket_mb, 0.5f);
   EXPECT_FALSE(cfg.overlap);
   EXPECT_EQ(cfg.check_every, 0);
+  EXPECT_EQ(cfg.transport, Transport::kMpi);
+  EXPECT_FALSE(cfg.deterministic);
   const std::string ini = train_config_ini(cfg);
   EXPECT_NE(ini.find("lr-scaling = sqrt\n"), std::string::npos) << ini;
   EXPECT_NE(ini.find("overlap = off\n"), std::string::npos) << ini;
+  EXPECT_NE(ini.find("transport = mpi\n"), std::string::npos) << ini;
+  EXPECT_NE(ini.find("deterministic = false\n"), std::string::npos) << ini;
   TempFile file("distribution.ini", ini);
   EXPECT_EQ(train_config_ini(parse_train({"--config", file.path()})), ini);
   // A scaling rule needs the budget the LR was tuned for.
@@ -549,7 +556,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{{"--device", "tpu"}, "--device", ""},
         BadCase{{"--lr-scaling", "cubic"}, "--lr-scaling", ""},
         BadCase{{"--lr-reference-tokens", "-1"}, "--lr-reference-tokens", ""},
-        BadCase{{"--bucket-mb", "0"}, "--bucket-mb", ""},
+        BadCase{{"--bucket-mb", "-1"}, "--bucket-mb", ""},
         BadCase{{"--overlap", "maybe"}, "--overlap", ""},
         BadCase{{"--check-every", "-1"}, "--check-every", ""},
         BadCase{{"--foo", "1"}, "--foo", "--foo: unknown flag (see --help)"},

@@ -103,6 +103,10 @@ class CpuOps final : public Ops {
                      float grad_scale, bool compute_grad, LossSums* sums, int stride) override;
 
   // ---- optimizer (adamw.cpp) -----------------------------------------------
+  void fixed_point_accumulate(int64_t* fixed, int64_t* out_of_range, const float* grads, size_t n,
+                              int fraction_bits, int limit_bits) override;
+  void fixed_point_to_float(float* out, const int64_t* fixed, const int64_t* out_of_range, size_t n,
+                            int fraction_bits) override;
   void sum_squares(double* out, const float* x, size_t n) override;
   void adamw_update(float* params, const float* grads, float* m, float* v, Act compute, size_t n,
                     const AdamWRange* ranges, int range_count, const AdamWConfig& cfg,

@@ -82,7 +82,8 @@ int64_t next_pow2(int64_t n, int64_t least) {
 
 // What a graph is built for; batches that round to the same key share it.
 struct GraphKey {
-  int backward, dtype, heads, head_dim, q_stride, kv_stride, causal;
+  // deterministic: backward without atomics in dQ (--deterministic true)
+  int backward, dtype, heads, head_dim, q_stride, kv_stride, causal, deterministic;
   int64_t slots, max_q, max_kv, total_q, total_kv;
   std::string text() const {
     return std::string(reinterpret_cast<const char*>(this), sizeof *this);
@@ -122,6 +123,7 @@ GraphKey key_of(bool backward, DType dtype, int q_stride, int kv_stride, const R
   key.q_stride = q_stride;
   key.kv_stride = kv_stride;
   key.causal = cfg.causal;
+  key.deterministic = 0;
   key.slots = next_pow2(qs.batch, 8);
   key.max_q = next_pow2(qs.max_len, 64);
   key.max_kv = next_pow2(ks.max_len, 64);
@@ -215,6 +217,10 @@ std::shared_ptr<fe::graph::Graph> describe(const GraphKey& key, int sm) {
       options.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
           .set_diagonal_band_right_bound(0);
     }
+    // cuDNN's default backward adds into dQ with float atomics: the bits
+    // then change from run to run. Where it has no deterministic engine for
+    // a case, the graph is refused and the plain kernels run (no atomics).
+    if (key.deterministic) options.set_deterministic_algorithm(true);
     auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats, options);
     layout(dq, Sq, key.q_stride, ro_q)->set_output(true).set_uid(kDQ);
     layout(dk, Skv, key.kv_stride, ro_kv)->set_output(true).set_uid(kDK);
@@ -269,7 +275,8 @@ class CudnnAttention final : public FlashAttention {
                 const AttentionConfig& cfg) override {
     if (!supported(qs, ks, cfg)) return false;
     const int q_layout = q_stride_for(cfg, q_stride);
-    const GraphKey key = key_of(true, dout.dtype, q_layout, kv_stride, qs, ks, cfg);
+    GraphKey key = key_of(true, dout.dtype, q_layout, kv_stride, qs, ks, cfg);
+    key.deterministic = ops_.deterministic();
     Entry* entry = graph_for(key);
     if (!entry->graph) return false;
     // The forward's q (with the folded factor), and dq at it when folded.
@@ -463,8 +470,9 @@ std::vector<std::string> FlashAttention::validate_graphs(int sm) {
         const Ragged qs{nullptr, nullptr, c.batch, c.batch * c.q_len, c.q_len, 0};
         const Ragged ks{nullptr, nullptr, c.batch, c.batch * c.k_len, c.k_len, 0};
         const AttentionConfig cfg{c.heads, c.head_dim, c.causal, c.scale, 512.0f};
-        const GraphKey key = key_of(backward, dtype, q_stride_for(cfg, c.q_stride * C),
-                                    c.kv_stride * C, qs, ks, cfg);
+        GraphKey key = key_of(backward, dtype, q_stride_for(cfg, c.q_stride * C), c.kv_stride * C,
+                              qs, ks, cfg);
+        key.deterministic = backward;  // the default of a training run
         fe::error_t status = describe(key, sm)->validate();
         if (status.is_bad()) {
           failures.push_back(std::string(c.name) + (backward ? ", backward, " : ", forward, ") +

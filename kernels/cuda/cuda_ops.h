@@ -76,6 +76,9 @@ class CudaOps final : public Ops {
   void synchronize() override;
   size_t peak_allocated_bytes() const override { return peak_bytes_; }
   bool host_accessible() const override { return false; }
+  void* native_stream() const override { return stream_; }
+  void set_deterministic(bool deterministic) override { deterministic_ = deterministic; }
+  bool deterministic() const { return deterministic_; }
   size_t device_memory_free() const override;
   size_t logits_chunk_elements() const override { return size_t{1} << 29; }
   std::unique_ptr<OpTimer> make_timer() override;
@@ -118,6 +121,10 @@ class CudaOps final : public Ops {
   // ---- loss and optimizer (loss_optim.cu) -----------------------------------
   void cross_entropy(Act logits, const int32_t* targets, int N, int V, float smoothing, int pad_id,
                      float grad_scale, bool compute_grad, LossSums* sums, int stride) override;
+  void fixed_point_accumulate(int64_t* fixed, int64_t* out_of_range, const float* grads, size_t n,
+                              int fraction_bits, int limit_bits) override;
+  void fixed_point_to_float(float* out, const int64_t* fixed, const int64_t* out_of_range, size_t n,
+                            int fraction_bits) override;
   void sum_squares(double* out, const float* x, size_t n) override;
   void adamw_update(float* params, const float* grads, float* m, float* v, Act compute, size_t n,
                     const AdamWRange* ranges, int range_count, const AdamWConfig& cfg,
@@ -159,6 +166,7 @@ class CudaOps final : public Ops {
   int device_ = 0;
   std::string name_;
   cudaStream_t stream_ = nullptr;
+  bool deterministic_ = true;  // cuDNN's attention backward without atomics
   std::unique_ptr<cuda::Gemm> gemm_;
   std::unique_ptr<cuda::FlashAttention> flash_;  // null without cuDNN
   void* scratch_[kSlots] = {};

@@ -133,9 +133,12 @@ int run_bench(const BenchConfig& cfg, Communicator& comm) {
   Model model(*ops, cfg.model, ModelCapacity{rows, longest}, compute_dtype(cfg.precision));
   model.init_parameters(cfg.seed);
   AdamW optimizer(model.parameters(), cfg.optim);
-  // On a GPU the MPI transport stages gradients through host buffers.
+  // On a GPU the MPI transport stages gradients through host buffers; NCCL
+  // reads them in place.
+  backend->set_deterministic(cfg.deterministic);
+  const Transport transport = choose_transport(cfg.transport, *backend, comm);
   std::unique_ptr<GradientReducer> reducer =
-      make_mpi_reducer(model.parameters(), cfg.bucket_mb, cfg.overlap, cfg.grad_sum, comm);
+      make_reducer(model.parameters(), cfg.bucket_mb, cfg.overlap, cfg.grad_sum, transport, comm);
   // fp16 runs with a loss scale: a fixed one here, as the bench never overflows.
   const float loss_scale = cfg.precision == Precision::kFp16 ? 1024.0f : 1.0f;
 
@@ -187,14 +190,14 @@ int run_bench(const BenchConfig& cfg, Communicator& comm) {
         "\"precision\": \"%s\", \"parameters\": %zu, \"tokens_per_s\": %.1f, \"step_ms\": %.2f, "
         "\"mfu\": %.4f, \"peak_flops\": %.4g, \"peak_mem_bytes\": %zu, \"allocated_bytes\": %zu, "
         "\"allreduce_bytes\": %zu, \"buckets\": %zu, \"comm_wait_ms\": %.3f, "
-        "\"hidden_share\": %.3f%s}\n",
+        "\"hidden_share\": %.3f, \"transport\": \"%s\"%s}\n",
         to_string(cfg.model.kind), backend->name().c_str(), W, threads, cfg.batch, cfg.seq, tokens,
         static_cast<long long>(batch[0].padded_tokens()) * W, to_string(cfg.precision),
         model.parameters().count(), tokens / step_s, 1000.0 * step_s, mfu, peak, peak_rss_bytes(),
         backend->peak_allocated_bytes(), W > 1 && reducer ? reducer->bytes_per_step() : 0,
         W > 1 && reducer ? reducer->buckets().size() : 0, 1000.0 * reduce_sums[0] / (W * cfg.steps),
         reduce_sums[1] > 0 ? reduce_sums[2] / reduce_sums[1] : 0.0,
-        profile_json(profile_ms).c_str());
+        reducer ? reducer->transport().name().c_str() : "none", profile_json(profile_ms).c_str());
     std::fflush(stdout);
     if (profiled) print_profile(profile_ms, 1000.0 * step_s);
   }

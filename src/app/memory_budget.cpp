@@ -98,8 +98,9 @@ std::string MemoryEstimate::describe() const {
   if (optimizer_bytes > 0) s << ", AdamW " << part(optimizer_bytes);
   s << ", activations " << part(activation_bytes);
   if (attention_bytes > 0) s << ", attention scratch " << part(attention_bytes);
+  if (reducer_bytes > 0) s << ", gradient sum " << part(reducer_bytes);
   if (host_bytes > 0)
-    s << (device_is_host ? ", " : "; host: ") << "gradient sum " << part(host_bytes);
+    s << (device_is_host ? ", " : "; host: ") << "gradient staging " << part(host_bytes);
   s << ")";
   return s.str();
 }
@@ -122,8 +123,8 @@ MemoryEstimate estimate_memory(Ops& ops, const ModelConfig& model, const ModelCa
   e.attention_bytes = ops.attention_scratch_bytes(compute, static_cast<size_t>(capacity.max_tokens),
                                                   longest, attention, training);
   if (training) {
-    if (reducer_exact_sum) e.host_bytes += (P + 1) * sizeof(int64_t);
-    if (reducer_staged) e.host_bytes += P * sizeof(float);
+    if (reducer_exact_sum) e.reducer_bytes = (P + 1) * sizeof(int64_t);
+    if (reducer_staged) e.host_bytes = reducer_exact_sum ? e.reducer_bytes : P * sizeof(float);
   }
   e.device_is_host = ops.host_accessible();
   return e;

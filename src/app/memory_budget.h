@@ -27,11 +27,12 @@ struct MemoryEstimate {
   size_t optimizer_bytes = 0;   // AdamW m and v
   size_t activation_bytes = 0;  // the model's buffers, uploads included
   size_t attention_bytes = 0;   // the attention ops' scratch
-  size_t host_bytes = 0;        // host-only buffers (gradient reducer)
+  size_t reducer_bytes = 0;     // the exact sum's fixed-point buffer (backend memory)
+  size_t host_bytes = 0;        // host-only buffers (the reducer's staging)
   bool device_is_host = true;   // CPU backend: everything is host memory
 
   size_t device_total() const {
-    return weight_bytes + optimizer_bytes + activation_bytes + attention_bytes;
+    return weight_bytes + optimizer_bytes + activation_bytes + attention_bytes + reducer_bytes;
   }
   size_t host_total() const { return host_bytes + (device_is_host ? device_total() : 0); }
   // "1.2 GiB (19232 parameters: weights 0.2 MiB, AdamW 0.1 MiB, activations 1.0 GiB)"
@@ -39,8 +40,9 @@ struct MemoryEstimate {
 };
 
 // training: AdamW moments and gradient reducer buffers are counted.
-// exact_sum / staged: the reducer's fixed-point sum (8 bytes a float) and
-// host staging of device gradients (4 bytes a float).
+// exact_sum / staged: the reducer's fixed-point sum (8 bytes a float, in
+// the backend's memory) and its host staging for a transport that wants
+// host memory (the sum's 8 bytes, or 4 for the float sum).
 MemoryEstimate estimate_memory(Ops& ops, const ModelConfig& model, const ModelCapacity& capacity,
                                DType compute, bool training, bool reducer_exact_sum = false,
                                bool reducer_staged = false);

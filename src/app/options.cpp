@@ -23,6 +23,7 @@
 #include "kernels/backend.h"
 #include "src/core/error.h"
 #include "src/data/synthetic.h"
+#include "src/dist/nccl_transport.h"
 
 namespace mpiformer {
 namespace {
@@ -277,13 +278,22 @@ void add_device_flags(FlagTable& t, DeviceKind* device, Precision* precision, bo
   t.add("threads", threads, "N", "CPU threads per rank (0: the node's cores shared by its ranks)");
 }
 
-void add_reducer_flags(FlagTable& t, float* bucket_mb, bool* overlap, GradSum* grad_sum) {
-  t.add("bucket-mb", bucket_mb, "MB", "gradient all-reduce bucket size in MiB");
+void add_reducer_flags(FlagTable& t, float* bucket_mb, bool* overlap, GradSum* grad_sum,
+                       Transport* transport, bool* deterministic) {
+  t.add("bucket-mb", bucket_mb, "MB",
+        "gradient all-reduce bucket size in MiB (0: 25 over NCCL, 4 over MPI)");
   t.add_choice("overlap", overlap, {{"on", true}, {"off", false}},
                "start each bucket's all-reduce during backward (off: all after backward)");
   t.add_choice("grad-sum", grad_sum, {{"exact", GradSum::kExact}, {"float", GradSum::kFloat}},
                "exact: 64-bit fixed-point sums, bitwise the same for any number of ranks and "
                "micro-batches; float: fp32 sums, half the bytes");
+  t.add_choice("transport", transport,
+               {{"auto", Transport::kAuto}, {"nccl", Transport::kNccl}, {"mpi", Transport::kMpi}},
+               "what carries the gradient all-reduce: nccl (device buffers, a GPU per rank), "
+               "mpi (host buffers), auto (nccl when every rank has its own GPU)");
+  t.add("deterministic", deterministic, "true|false",
+        "GPU: only algorithms whose sums do not depend on timing (false: cuDNN's faster "
+        "attention backward, whose bits change from run to run)");
 }
 
 void add_train_flags(FlagTable& t, TrainConfig* c) {
@@ -349,7 +359,7 @@ void add_train_flags(FlagTable& t, TrainConfig* c) {
       "ranks) over --lr-reference-tokens, or its square root");
   t.add("lr-reference-tokens", &c->lr_reference_tokens, "T",
         "the global token budget per step that --lr was tuned for");
-  add_reducer_flags(t, &c->bucket_mb, &c->overlap, &c->grad_sum);
+  add_reducer_flags(t, &c->bucket_mb, &c->overlap, &c->grad_sum, &c->transport, &c->deterministic);
   t.add("check-every", &c->check_every, "N",
         "steps between checks that all replicas hold identical parameters (0: off)");
 }
@@ -371,7 +381,7 @@ void add_bench_flags(FlagTable& t, BenchConfig* c) {
                "also time the ops by family (GEMM, attention, layer norm, ...) and print a table");
   add_device_flags(t, &c->device, &c->precision, &c->tf32, &c->threads);
   t.group("Distribution (under mpirun: every rank runs its own batch of the shape)");
-  add_reducer_flags(t, &c->bucket_mb, &c->overlap, &c->grad_sum);
+  add_reducer_flags(t, &c->bucket_mb, &c->overlap, &c->grad_sum, &c->transport, &c->deterministic);
 }
 
 void add_eval_flags(FlagTable& t, EvalConfig* c) {
@@ -765,6 +775,15 @@ void validate_device(DeviceKind device, Precision precision, bool tf32, int thre
   require_at_least("--threads", threads, 0);
 }
 
+void validate_transport(DeviceKind device, Transport transport) {
+  if (transport != Transport::kNccl) return;
+  if (device != DeviceKind::kCuda) usage_error("--transport", "nccl needs --device cuda");
+  if (!nccl_built()) {
+    usage_error("--transport",
+                "nccl needs a build with NCCL (found at configure time); use mpi or auto");
+  }
+}
+
 void validate_train(const TrainConfig& c) {
   const bool has_data = !c.data_dir.empty();
   const bool has_synthetic = c.synthetic != SyntheticTask::kNone;
@@ -809,6 +828,7 @@ void validate_train(const TrainConfig& c) {
   require_at_least("--checkpoint-every", c.checkpoint_every, 0);
   require_at_least("--keep-checkpoints", c.keep_checkpoints, 0);
   validate_device(c.device, c.precision, c.tf32, c.threads);
+  validate_transport(c.device, c.transport);
   if (!(c.loss_scale >= 1.0f && std::isfinite(c.loss_scale))) {
     usage_error("--loss-scale", "must be a finite number >= 1; got " + format_number(c.loss_scale));
   }
@@ -819,7 +839,7 @@ void validate_train(const TrainConfig& c) {
                 std::string("required with --lr-scaling ") + to_string(c.lr_scaling) +
                     ": the global token budget per step that --lr was tuned for");
   }
-  require_positive("--bucket-mb", c.bucket_mb);
+  require_non_negative("--bucket-mb", c.bucket_mb);
   require_at_least("--check-every", c.check_every, 0);
   if (has_synthetic) {
     // The source knows its layout; its messages already name the flags.
@@ -896,7 +916,7 @@ void validate_prepare(const PrepareConfig& c, const std::set<std::string>& given
 void validate_bench(const BenchConfig& c) {
   validate_model(c.model);
   validate_optim(c.optim);
-  require_positive("--bucket-mb", c.bucket_mb);
+  require_non_negative("--bucket-mb", c.bucket_mb);
   require_at_least("--batch", c.batch, 1);
   require_at_least("--seq", c.seq, 1);
   if (c.seq > c.model.max_len) {
@@ -916,6 +936,7 @@ void validate_bench(const BenchConfig& c) {
   require_unit_interval("--label-smoothing", c.label_smoothing);
   require_non_negative("--peak-tflops", c.peak_tflops);
   validate_device(c.device, c.precision, c.tf32, c.threads);
+  validate_transport(c.device, c.transport);
 }
 
 // --vocab 0 with --synthetic: the vocabulary the synthetic tasks have always used.

@@ -153,6 +153,18 @@ const char* to_string(GradSum k) {
   return "?";
 }
 
+const char* to_string(Transport k) {
+  switch (k) {
+    case Transport::kAuto:
+      return "auto";
+    case Transport::kNccl:
+      return "nccl";
+    case Transport::kMpi:
+      return "mpi";
+  }
+  return "?";
+}
+
 const char* to_string(OnDivergence k) {
   switch (k) {
     case OnDivergence::kStop:

@@ -25,6 +25,9 @@ enum class Sharding { kData, kFile };
 enum class LrScaling { kNone, kLinear, kSqrt };
 // How gradients are summed over micro-batches and ranks (src/dist/gradient_reducer.h).
 enum class GradSum { kExact, kFloat };
+// Which transport carries the gradient all-reduce (src/dist/data_parallel.h):
+// auto is NCCL when every rank has a GPU of its own, MPI otherwise.
+enum class Transport { kAuto, kNccl, kMpi };
 // What a step with a non-finite loss or gradient norm does (src/train/divergence_guard.h).
 enum class OnDivergence { kStop, kSkip };
 
@@ -40,6 +43,7 @@ const char* to_string(TooLong k);
 const char* to_string(Sharding k);
 const char* to_string(LrScaling k);
 const char* to_string(GradSum k);
+const char* to_string(Transport k);
 const char* to_string(OnDivergence k);
 
 // The element type of activations for a compute precision.
@@ -134,10 +138,12 @@ struct TrainConfig {
   // distribution
   LrScaling lr_scaling = LrScaling::kNone;
   int64_t lr_reference_tokens = 0;  // the global padded-token budget --lr was tuned for
-  float bucket_mb = 4.0f;           // gradient all-reduce bucket size
+  float bucket_mb = 0.0f;           // gradient all-reduce bucket size (0: by transport)
   bool overlap = true;              // start buckets during backward
   GradSum grad_sum = GradSum::kExact;
-  int check_every = 100;  // steps between replica checks (0: off)
+  Transport transport = Transport::kAuto;
+  bool deterministic = true;  // GPU: no algorithm whose sums depend on timing
+  int check_every = 100;      // steps between replica checks (0: off)
 };
 
 // The text of a held-out split given as files (prepare --valid, --test).
@@ -213,9 +219,11 @@ struct BenchConfig {
   int threads = 0;
   double peak_tflops = 0.0;  // 0: estimate for the device
   bool profile = false;      // time per op family
-  float bucket_mb = 4.0f;    // under mpirun: the gradient reducer's buckets
+  float bucket_mb = 0.0f;    // under mpirun: the gradient reducer's buckets (0: by transport)
   bool overlap = true;
   GradSum grad_sum = GradSum::kExact;
+  Transport transport = Transport::kAuto;
+  bool deterministic = true;
 };
 
 }  // namespace mpiformer

@@ -4,22 +4,49 @@
 #include <string>
 #include <utility>
 
+#include "kernels/backend.h"
 #include "src/dist/mpi_transport.h"
+#include "src/dist/nccl_transport.h"
 
 namespace mpiformer {
 
-std::unique_ptr<GradientReducer> make_mpi_reducer(ParameterSet& params, double bucket_mb,
-                                                  bool overlap, GradSum sum,
-                                                  const Communicator& comm) {
-  if (comm.size() == 1 && sum == GradSum::kFloat) return nullptr;
-  const size_t bucket_floats = static_cast<size_t>(bucket_mb * (1 << 20) / sizeof(float));
-  std::unique_ptr<ReduceTransport> transport;
-  if (comm.size() == 1)
-    transport = std::make_unique<LocalTransport>();
+Transport choose_transport(Transport asked, const Ops& ops, const Communicator& comm) {
+  if (asked == Transport::kMpi) return Transport::kMpi;
+  const bool gpu = ops.native_stream() != nullptr;
+  if (asked == Transport::kAuto && (!gpu || !nccl_built() || comm.size() == 1))
+    return Transport::kMpi;
+  // NCCL refuses two ranks on one GPU: every rank must have its own.
+  const bool shared_gpu = comm.any(comm.local_size() > cuda_device_count());
+  if (asked == Transport::kAuto) return shared_gpu ? Transport::kMpi : Transport::kNccl;
+  if (shared_gpu) {
+    throw std::invalid_argument(
+        "--transport nccl: a node has more ranks than GPUs, and NCCL needs a GPU per rank; use "
+        "--transport mpi (or auto) when ranks share a GPU");
+  }
+  return Transport::kNccl;
+}
+
+double bucket_mb_for(double asked, Transport transport) {
+  if (asked > 0) return asked;
+  return transport == Transport::kNccl ? kNcclBucketMb : kMpiBucketMb;
+}
+
+std::unique_ptr<GradientReducer> make_reducer(ParameterSet& params, double bucket_mb, bool overlap,
+                                              GradSum sum, Transport transport,
+                                              const Communicator& comm) {
+  const bool nccl = transport == Transport::kNccl;
+  if (comm.size() == 1 && sum == GradSum::kFloat && !nccl) return nullptr;
+  const size_t bucket_floats =
+      static_cast<size_t>(bucket_mb_for(bucket_mb, transport) * (1 << 20) / sizeof(float));
+  std::unique_ptr<ReduceTransport> carrier;
+  if (nccl)
+    carrier = make_nccl_transport(comm, params.ops());
+  else if (comm.size() == 1)
+    carrier = std::make_unique<LocalTransport>();
   else
-    transport = std::make_unique<MpiTransport>();
+    carrier = std::make_unique<MpiTransport>();
   return std::make_unique<GradientReducer>(params, params.grads(), bucket_floats,
-                                           std::move(transport), overlap, sum);
+                                           std::move(carrier), overlap, sum);
 }
 
 int64_t count_targets(const std::vector<Batch>& micro, int32_t pad) {

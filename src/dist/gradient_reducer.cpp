@@ -1,8 +1,6 @@
 #include "src/dist/gradient_reducer.h"
 
 #include <algorithm>
-#include <cmath>
-#include <limits>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -56,19 +54,22 @@ GradientReducer::GradientReducer(const ParameterSet& params, float* grads, size_
                                  ReduceTransport& transport, bool overlap, GradSum sum,
                                  HostStaging staging)
     : sum_(sum),
+      ops_(params.ops()),
       grads_(grads),
-      host_(grads),
+      count_(params.count()),
       buckets_(plan_buckets(params.info(), bucket_floats)),
       transport_(transport),
       overlap_(overlap),
       start_time_(buckets_.size()),
       done_time_(buckets_.size()),
       done_(buckets_.size(), false) {
-  if (sum_ == GradSum::kExact) fixed_.assign(params.count() + 1, 0);
-  if (staging == HostStaging::kAlways || !params.ops().host_accessible()) {
-    ops_ = &params.ops();
-    host_grads_.assign(params.count(), 0.0f);
-    host_ = host_grads_.data();
+  staged_ = staging == HostStaging::kAlways ||
+            (!transport_.takes_device_memory() && !ops_.host_accessible());
+  if (sum_ == GradSum::kExact) {
+    fixed_ = static_cast<int64_t*>(ops_.allocate((count_ + 1) * sizeof(int64_t)));
+    if (staged_) host_fixed_.assign(count_ + 1, 0);
+  } else if (staged_) {
+    host_grads_.assign(count_, 0.0f);
   }
 }
 
@@ -79,15 +80,12 @@ GradientReducer::GradientReducer(const ParameterSet& params, float* grads, size_
   owned_transport_ = std::move(transport);
 }
 
-void GradientReducer::stage_to_host(size_t begin, size_t end) {
-  // A synchronous copy: the backward kernels that wrote these gradients
-  // have finished when it returns.
-  if (ops_ && end > begin)
-    ops_->copy_to_host(host_ + begin, grads_ + begin, (end - begin) * sizeof(float));
+GradientReducer::~GradientReducer() {
+  ops_.release(fixed_);
 }
 
 size_t GradientReducer::bytes_per_step() const {
-  if (sum_ == GradSum::kExact) return fixed_.size() * sizeof(int64_t);
+  if (sum_ == GradSum::kExact) return (count_ + 1) * sizeof(int64_t);
   return buckets_.empty() ? 0 : buckets_.front().end * sizeof(float);
 }
 
@@ -97,27 +95,13 @@ void GradientReducer::begin_step() {
   started_ = 0;
   lowest_final_ = buckets_.empty() ? 0 : buckets_.front().end;
   std::fill(done_.begin(), done_.end(), false);
-  std::fill(fixed_.begin(), fixed_.end(), 0);
+  if (fixed_) ops_.fill_zero(fixed_, (count_ + 1) * sizeof(int64_t));
 }
 
 void GradientReducer::absorb(size_t begin, size_t end) {
-  const double scale = std::ldexp(1.0, kExactFractionBits);
-  const double limit = std::ldexp(1.0, kExactLimitBits);
-  int64_t* fixed = fixed_.data() + 1;
-  stage_to_host(begin, end);
-  const float* grads = host_;
-  int64_t out_of_range = 0;
-  // Element by element, so the result does not depend on the thread count.
-#pragma omp parallel for schedule(static) reduction(+ : out_of_range)
-  for (size_t i = begin; i < end; ++i) {
-    const double g = grads[i];
-    if (std::fabs(g) < limit) {
-      fixed[i] += static_cast<int64_t>(std::nearbyint(g * scale));
-    } else {
-      ++out_of_range;  // also NaN
-    }
-  }
-  fixed_[0] += out_of_range;
+  // Queued behind the backward ops that wrote these gradients.
+  ops_.fixed_point_accumulate(fixed_ + 1 + begin, fixed_, grads_ + begin, end - begin,
+                              kExactFractionBits, kExactLimitBits);
 }
 
 bool GradientReducer::absorb_micro_batch() {
@@ -128,16 +112,28 @@ bool GradientReducer::absorb_micro_batch() {
 
 void GradientReducer::start_next() {
   const GradientBucket& b = buckets_[started_];
+  // Host staging copies synchronously: the backend's ops that wrote the
+  // bucket have finished when the copy returns.
   if (sum_ == GradSum::kExact) {
     absorb(b.begin, b.end);  // this bucket's part of the last micro-batch
     // The bucket at offset 0 starts last and carries the out-of-range count.
     const size_t first = b.begin == 0 ? 0 : b.begin + 1;
+    const size_t n = b.end + 1 - first;
     start_time_[started_] = Clock::now();
-    transport_.start(started_, fixed_.data() + first, b.end + 1 - first);
+    int64_t* x = fixed_ + first;
+    if (staged_) {
+      ops_.copy_to_host(host_fixed_.data() + first, x, n * sizeof(int64_t));
+      x = host_fixed_.data() + first;
+    }
+    transport_.start(started_, x, n);
   } else {
     start_time_[started_] = Clock::now();
-    stage_to_host(b.begin, b.end);
-    transport_.start(started_, host_ + b.begin, b.size());
+    float* x = grads_ + b.begin;
+    if (staged_) {
+      ops_.copy_to_host(host_grads_.data() + b.begin, x, b.size() * sizeof(float));
+      x = host_grads_.data() + b.begin;
+    }
+    transport_.start(started_, x, b.size());
   }
   ++started_;
 }
@@ -172,19 +168,14 @@ ReduceTiming GradientReducer::finish() {
     poll();
     if (std::all_of(done_.begin(), done_.end(), [](bool d) { return d; })) break;
   }
+  transport_.join();
   const size_t n = buckets_.empty() ? 0 : buckets_.front().end;
   if (sum_ == GradSum::kExact && n > 0) {
-    if (fixed_[0] > 0) {
-      std::fill(host_, host_ + n, std::numeric_limits<float>::quiet_NaN());
-    } else {
-      const int64_t* fixed = fixed_.data() + 1;
-      float* out = host_;
-#pragma omp parallel for schedule(static)
-      for (size_t i = 0; i < n; ++i)
-        out[i] = static_cast<float>(std::ldexp(static_cast<double>(fixed[i]), -kExactFractionBits));
-    }
+    if (staged_) ops_.copy_to_device(fixed_, host_fixed_.data(), (n + 1) * sizeof(int64_t));
+    ops_.fixed_point_to_float(grads_, fixed_ + 1, fixed_, n, kExactFractionBits);
+  } else if (staged_ && n > 0) {
+    ops_.copy_to_device(grads_, host_grads_.data(), n * sizeof(float));
   }
-  if (ops_ && n > 0) ops_->copy_to_device(grads_, host_, n * sizeof(float));
   const Clock::time_point end = Clock::now();
   active_ = false;
 

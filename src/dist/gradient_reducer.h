@@ -15,7 +15,15 @@
 //          (2^-40 resolution) and sums integers, which is associative: the
 //          step's gradient is then bitwise the same for any world size and
 //          accumulation split. Twice the bytes on the wire, one extra pass
-//          over the gradient per micro-batch.
+//          over the gradient per micro-batch. The conversions are backend
+//          ops (Ops::fixed_point_accumulate, a kernel on a GPU), so the
+//          fixed-point sum lives where the gradients do.
+//
+// Memory: a transport that takes the backend's memory (NCCL, or the local
+// one) reads the gradients (or the fixed-point sum) in place. One that
+// wants host memory (MPI) on a backend whose memory is a GPU's gets each
+// bucket copied to a host buffer when it starts, and the sums copied back
+// when all are done.
 #pragma once
 
 #include <chrono>
@@ -64,16 +72,15 @@ std::vector<GradientBucket> plan_buckets(const std::vector<ParamInfo>& tensors,
 constexpr int kExactFractionBits = 40;
 constexpr int kExactLimitBits = 20;
 
-// Whether the reducer copies gradients through host buffers: kAuto when the
-// backend's memory is not host-accessible (a GPU's, for the MPI transport),
-// kAlways to exercise that path on any backend (tests).
+// Whether the reducer copies buckets through host buffers: kAuto when the
+// transport wants host memory and the backend's is a GPU's, kAlways to
+// exercise that path on any backend (tests).
 enum class HostStaging { kAuto, kAlways };
 
 class GradientReducer : public GradientListener {
  public:
   // overlap false: nothing starts before finish() (one burst after backward).
-  // grads: backend memory (params.count()); with host staging each bucket is
-  // copied to the host when it starts and the sum back when all are done.
+  // grads: backend memory (params.count()).
   GradientReducer(const ParameterSet& params, float* grads, size_t bucket_floats,
                   ReduceTransport& transport, bool overlap, GradSum sum = GradSum::kFloat,
                   HostStaging staging = HostStaging::kAuto);
@@ -82,7 +89,11 @@ class GradientReducer : public GradientListener {
                   std::unique_ptr<ReduceTransport> transport, bool overlap,
                   GradSum sum = GradSum::kFloat, HostStaging staging = HostStaging::kAuto);
 
-  bool stages_through_host() const { return ops_ != nullptr; }
+  ~GradientReducer() override;
+  GradientReducer(const GradientReducer&) = delete;
+  GradientReducer& operator=(const GradientReducer&) = delete;
+
+  bool stages_through_host() const { return staged_; }
 
   const std::vector<GradientBucket>& buckets() const { return buckets_; }
   ReduceTransport& transport() { return transport_; }
@@ -109,20 +120,20 @@ class GradientReducer : public GradientListener {
   void poll();
   // Exact sum: fixed_[1 + i] += grads[i] in fixed point for i in [begin, end).
   void absorb(size_t begin, size_t end);
-  // With host staging: grads[begin, end) to the host copy.
-  void stage_to_host(size_t begin, size_t end);
 
   std::unique_ptr<ReduceTransport> owned_transport_;  // may be null
   GradSum sum_;
-  // Exact sum: (1 + count); element 0 counts elements out of range and
-  // travels with the bucket that starts last (the one at offset 0).
-  std::vector<int64_t> fixed_;
+  Ops& ops_;      // the backend that owns grads_ and fixed_
   float* grads_;  // backend memory
-  // Host staging: the backend that owns grads_ (null without staging), the
-  // host copy, and what the host reads and the transport sends.
-  Ops* ops_ = nullptr;
-  std::vector<float> host_grads_;  // (params.count()) with staging
-  float* host_ = nullptr;          // grads_ or host_grads_
+  size_t count_;  // parameters
+  // Exact sum: backend memory (1 + count); element 0 counts elements out
+  // of range and travels with the bucket that starts last (the one at
+  // offset 0). Null with the float sum.
+  int64_t* fixed_ = nullptr;
+  // Host staging: host copies of what the transport sends.
+  bool staged_ = false;
+  std::vector<float> host_grads_;    // (count) float sum
+  std::vector<int64_t> host_fixed_;  // (1 + count) exact sum
   std::vector<GradientBucket> buckets_;
   ReduceTransport& transport_;
   bool overlap_;

@@ -1,6 +1,9 @@
 // How the gradient reducer moves bytes: an in-place, non-blocking SUM over
-// every rank. MPI (host buffers, MPI_Iallreduce) is one transport; NCCL (GPU
-// buffers, its own stream) goes beside it with the same calls.
+// every rank. MPI (host buffers, MPI_Iallreduce) is one transport; NCCL
+// (device buffers, its own stream; src/dist/stream_transport.h) goes beside
+// it with the same calls. Which memory a transport reads is its own
+// property: the reducer stages through the host only for one that wants
+// host memory while the backend's is a GPU's.
 #pragma once
 
 #include <cstddef>
@@ -13,23 +16,32 @@ class ReduceTransport {
  public:
   virtual ~ReduceTransport() = default;
   virtual std::string name() const = 0;
+  // Whether start() takes the backend's memory (a GPU's with NCCL); false:
+  // host memory.
+  virtual bool takes_device_memory() const { return false; }
 
   // Starts the in-place SUM over all ranks of x[0, n) in `slot` (one slot
   // per gradient bucket, reused every step). Every rank starts the same
-  // slots with the same n in the same order.  x: backend (n)
+  // slots with the same n in the same order.
+  // x: (n), backend memory if takes_device_memory(), else host
   virtual void start(int slot, float* x, size_t n) = 0;
-  // The same for 64-bit integers (exact, order-independent sums).  x: backend (n)
+  // The same for 64-bit integers (exact, order-independent sums).  x: (n)
   virtual void start(int slot, int64_t* x, size_t n) = 0;
   // True when the reduction in `slot` has completed; also drives progress of
   // every reduction in flight. Waiting is polling this, so each bucket's
   // completion time is seen.
   virtual bool test(int slot) = 0;
+  // After every slot tested complete: orders the backend's later work (the
+  // optimizer) after the sums. A host transport has nothing to do; a
+  // stream transport makes the compute stream wait on its stream.
+  virtual void join() {}
 };
 
 // One rank: the sum over ranks is the identity.
 class LocalTransport : public ReduceTransport {
  public:
   std::string name() const override { return "local"; }
+  bool takes_device_memory() const override { return true; }  // touches nothing
   void start(int, float*, size_t) override {}
   void start(int, int64_t*, size_t) override {}
   bool test(int) override { return true; }

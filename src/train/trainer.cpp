@@ -211,13 +211,18 @@ int Trainer::build() {
     return kExitFailure;
   threads_ = cfg_.threads > 0 ? cfg_.threads : comm_.cores_per_local_rank();
   ops_ = make_ops(cfg_.device, threads_, comm_, cfg_.tf32);
+  ops_->set_deterministic(cfg_.deterministic);
+  if (!agreed(comm_, [&] { transport_ = choose_transport(cfg_.transport, *ops_, comm_); }))
+    return kExitFailure;
 
   // Memory: estimated from the flags, refused before anything big is
   // allocated when it cannot fit.
   const ModelCapacity capacity{cfg_.max_tokens, cfg_.model.max_len};
   const DType compute = compute_dtype(cfg_.precision);
   const bool reducer_exact = cfg_.grad_sum == GradSum::kExact;
-  const bool reducer_staged = (world_ > 1 || reducer_exact) && !ops_->host_accessible();
+  // The MPI transport reads host memory: a GPU's gradients are staged.
+  const bool reducer_staged =
+      world_ > 1 && transport_ == Transport::kMpi && !ops_->host_accessible();
   std::string shortfall;
   if (!agreed(comm_, [&] {
         memory_ = estimate_memory(*ops_, cfg_.model, capacity, compute, true, reducer_exact,
@@ -341,8 +346,16 @@ void Trainer::print_start() const {
   if (reducer_)
     say(stdout, "  gradient sum: %s; %.1f MiB per step in %zu bucket(s) of >= %g MiB over %s, %s\n",
         to_string(cfg.grad_sum), reducer_->bytes_per_step() / double(1 << 20),
-        reducer_->buckets().size(), cfg.bucket_mb, reducer_->transport().name().c_str(),
+        reducer_->buckets().size(), bucket_mb_for(cfg.bucket_mb, transport_),
+        reducer_->transport().name().c_str(),
         cfg.overlap ? "overlapped with backward" : "after backward");
+  if (!cfg.deterministic) {
+    say(stdout, "  --deterministic false: %s\n",
+        ops_->host_accessible()
+            ? "nothing changes on the CPU, whose results never depend on timing"
+            : "cuDNN's attention backward may add with atomics; runs are not bitwise "
+              "reproducible");
+  }
   const std::string data_summary = source_->describe();
   if (!data_summary.empty()) say(stdout, "%s\n", data_summary.c_str());
   const CheckpointState& resumed = start_.state;
@@ -397,8 +410,11 @@ int Trainer::run() {
   if (const int code = restore()) return code;
   // The gradient all-reduce: buckets of whole tensors, started during the
   // last backward pass of each step.
-  reducer_ =
-      make_mpi_reducer(model_->parameters(), cfg_.bucket_mb, cfg_.overlap, cfg_.grad_sum, comm_);
+  if (!agreed(comm_, [&] {
+        reducer_ = make_reducer(model_->parameters(), cfg_.bucket_mb, cfg_.overlap, cfg_.grad_sum,
+                                transport_, comm_);
+      }))
+    return kExitFailure;
   if (const int code = claim_directory()) return code;
   print_start();
   if (metrics_) elapsed_before_ = metrics_->elapsed_before();

@@ -95,6 +95,7 @@ class Trainer {
   std::unique_ptr<BatchSource> source_;
   std::unique_ptr<Ops> ops_;
   int threads_ = 1;
+  Transport transport_ = Transport::kMpi;  // what --transport resolved to
   std::unique_ptr<Model> model_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<LrSchedule> schedule_;

@@ -79,6 +79,11 @@ expect_usage_error --tf32 "${train[@]}" --device cpu --tf32
 expect_usage_error --tf32 "${train[@]}" --device cpu --precision bf16 --tf32
 expect_usage_error --tf32 bench --tf32
 expect_usage_error --tf32 bench --precision fp16 --tf32
+# NCCL carries device buffers: refused on the CPU backend, train and bench.
+expect_usage_error --transport "${train[@]}" --device cpu --transport nccl
+expect_usage_error --transport bench --transport nccl
+expect_usage_error --transport "${train[@]}" --transport tcp
+expect_usage_error --deterministic "${train[@]}" --deterministic maybe
 expect_usage_error --loss-scale "${train[@]}" --precision fp16 --loss-scale 0
 expect_usage_error --loss-scale "${train[@]}" --precision fp16 --loss-scale 0.5
 expect_usage_error --loss-scale "${train[@]}" --precision fp16 --loss-scale inf
@@ -120,7 +125,7 @@ expect_help --help
 expected_in_help=(--model --synthetic --out --config --d-model "(=64)" --heads "(=4)" --lr
                   "(=0.001)" --schedule inverse-sqrt --max-tokens "(=4096)" --label-smoothing
                   --device --precision --tf32 --loss-scale --loss-scale-window --resume
-                  --decay-all)
+                  --decay-all --transport "(=auto)" --deterministic)
 expect_help train --help
 expect_help train --model gpt --help  # help wins over bad values
 expected_in_help=(--batch --seq --peak-tflops --steps --d-model "(=64)" --precision --tf32)

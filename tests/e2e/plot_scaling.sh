@@ -4,7 +4,8 @@
 # one series per shape with a row per rank count (efficiency 100% at 1 rank,
 # the all-reduce wait and hidden share reported at 2) and a PNG of the
 # expected size that is not blank; a file without a bench line is refused
-# (one line, exit 2).
+# (one line, exit 2); analysis/scaling_model.py --plot draws the modelled
+# efficiency against ranks.
 source "$(dirname "$0")/common.sh"
 bin=$1 work=$2
 src=$(cd "$(dirname "$0")/../.." && pwd)
@@ -47,6 +48,20 @@ grep -v seq2seq bench.jsonl | python3 "$src/analysis/plot_scaling.py" -o piped.p
 check "plot_scaling.py from a pipe exits 0 (got $rc)" test "$rc" -eq 0
 check "the piped lm lines: 1 series" grep -q "wrote piped.png (2 bench line(s), 1 series)" "$out"
 check "piped.png written" test -s piped.png
+
+# The paper model's efficiency plot: 10 rank counts x 3 networks x 3
+# gradient widths (fp32, bf16, the exact sum's int64).
+rc=0
+python3 "$src/analysis/scaling_model.py" --grad-bytes 4,2,8 --plot model.png >"$out" 2>"$err" ||
+  rc=$?
+check "scaling_model.py --plot exits 0 (got $rc)" test "$rc" -eq 0
+check "90 modelled points" grep -q "wrote model.png (90 modelled points)" "$out"
+check "the int64 rows of the table" grep -qE "^512 +NVL\+IB +int64 " "$out"
+if is_png model.png 1200 450; then
+  echo "PASS: model.png is a 1200x450 PNG with ink"
+else
+  fail "model.png is not the expected plot"
+fi
 
 echo "no json here" >empty.txt
 rc=0

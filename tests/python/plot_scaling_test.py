@@ -23,13 +23,14 @@ LINE = ('{{"model": "{model}", "device": "cpu", "ranks": {ranks}, "threads": 1, 
         '"parameters": {params}, "tokens_per_s": {speed}, "step_ms": {step_ms}, "mfu": 0.1330, '
         '"peak_flops": 7.825e+10, "peak_mem_bytes": 27201536, "allocated_bytes": 388708, '
         '"allreduce_bytes": {bytes}, "buckets": {buckets}, "comm_wait_ms": {wait}, '
-        '"hidden_share": {hidden}}}')
+        '"hidden_share": {hidden}, "transport": "{transport}"}}')
 
 
 def bench_line(model="lm", ranks=1, speed=1000.0, wait=0.0, hidden=0.0, params=10176):
     return LINE.format(model=model, ranks=ranks, real=64 * ranks, params=params, speed=speed,
                        step_ms=64 * ranks / speed * 1000, bytes=0 if ranks == 1 else 40704,
-                       buckets=0 if ranks == 1 else 1, wait=wait, hidden=hidden)
+                       buckets=0 if ranks == 1 else 1, wait=wait, hidden=hidden,
+                       transport="none" if ranks == 1 else "mpi")
 
 
 class BenchFields(unittest.TestCase):
