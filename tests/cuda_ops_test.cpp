@@ -529,7 +529,9 @@ TEST(CudaFixedPoint, BitwiseTheCpuReference) {
     b.gpu->copy_to_host(out_gpu.data(), out.gpu, n * sizeof(float));
     b.cpu->copy_to_host(out_cpu.data(), out.cpu, n * sizeof(float));
     EXPECT_EQ(std::memcmp(out_gpu.data(), out_cpu.data(), n * sizeof(float)), 0) << "pass " << pass;
-    if (pass == 2) EXPECT_TRUE(std::isnan(out_gpu[0]));
+    if (pass == 2) {
+      EXPECT_TRUE(std::isnan(out_gpu[0]));
+    }
   }
   b.gpu->release(fixed_gpu);
   b.cpu->release(fixed_cpu);
