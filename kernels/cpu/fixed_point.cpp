@@ -1,6 +1,7 @@
 // The exact gradient sum's conversions (Ops::fixed_point_accumulate and
 // fixed_point_to_float): element by element, so the bits do not depend on
 // the thread count; the CPU reference of kernels/cuda/fixed_point.cu.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 

@@ -1,5 +1,6 @@
 #include "src/dist/nccl_transport.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -81,11 +82,19 @@ class CudaStreamQueue final : public StreamQueue {
 class NcclCollective final : public StreamCollective {
  public:
   NcclCollective(const Communicator& comm, cudaStream_t stream) : stream_(stream) {
-    // Rank 0's id reaches every rank over MPI.
+    // Rank 0's id reaches every rank over MPI; so does its failure to make
+    // one ("!" and the reason), so that no rank waits for an id that never
+    // comes.
     ncclUniqueId id{};
-    if (comm.is_root()) check(ncclGetUniqueId(&id), "ncclGetUniqueId");
-    std::string bytes(reinterpret_cast<const char*>(&id), sizeof id);
+    std::string bytes;
+    if (comm.is_root()) {
+      const ncclResult_t status = ncclGetUniqueId(&id);
+      bytes = status == ncclSuccess ? std::string(reinterpret_cast<const char*>(&id), sizeof id)
+                                    : std::string("!") + ncclGetErrorString(status);
+    }
     comm.broadcast(&bytes, 0);
+    if (bytes.size() != sizeof id)
+      throw std::runtime_error("NCCL transport: rank 0 has no ncclUniqueId: " + bytes.substr(1));
     std::copy(bytes.begin(), bytes.end(), reinterpret_cast<char*>(&id));
     check(ncclCommInitRank(&comm_, comm.size(), id, comm.rank()), "ncclCommInitRank");
   }
@@ -123,7 +132,19 @@ std::unique_ptr<ReduceTransport> make_nccl_transport(const Communicator& comm, O
   if (compute == nullptr)
     throw std::invalid_argument("--transport nccl needs --device cuda (the " + ops.name() +
                                 " backend has no stream)");
-  auto queue = std::make_unique<CudaStreamQueue>(compute);
+  // Every rank learns whether every rank has its streams before any waits
+  // in NCCL's set-up.
+  std::unique_ptr<CudaStreamQueue> queue;
+  std::string failure;
+  try {
+    queue = std::make_unique<CudaStreamQueue>(compute);
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  if (comm.any(!failure.empty())) {
+    throw std::runtime_error(failure.empty() ? "NCCL transport: another rank has no streams"
+                                             : failure);
+  }
   auto collective = std::make_unique<NcclCollective>(comm, queue->comm());
   return std::make_unique<StreamTransport>("nccl", std::move(queue), std::move(collective));
 }
