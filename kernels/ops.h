@@ -169,6 +169,26 @@ class Ops {
   virtual void reserve_uploads(size_t bytes) {}
   virtual void fill_zero(void* x, size_t bytes) = 0;
   virtual void synchronize() = 0;
+  // Host memory for copies that overlap the backend's work (pinned on a
+  // GPU); the CPU's is plain memory.
+  virtual void* allocate_host(size_t bytes);
+  virtual void release_host(void* ptr);
+  // A stream-ordered copy into allocate_host memory: queued behind the ops
+  // before it, it returns at once; host_copy_done(slot) says whether the
+  // latest copy of `slot` has arrived. The CPU copies at once.
+  virtual void copy_to_host_async(int slot, void* host_dst, const void* src, size_t bytes) {
+    (void)slot;
+    copy_to_host(host_dst, src, bytes);
+  }
+  virtual bool host_copy_done(int slot) {
+    (void)slot;
+    return true;
+  }
+  // A stream-ordered copy from allocate_host memory, which must not change
+  // before the ops queued after it have run.
+  virtual void copy_to_device_async(void* dst, const void* host_src, size_t bytes) {
+    copy_to_device(dst, host_src, bytes);
+  }
   // Peak of the backend's own device memory so far (buffers, scratch and
   // library workspaces), in bytes.
   virtual size_t peak_allocated_bytes() const = 0;

@@ -1,11 +1,24 @@
 // Backend-independent helpers declared in kernels/ops.h.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <new>
 #include <stdexcept>
 
 #include "kernels/ops.h"
 
 namespace mpiformer {
+
+void* Ops::allocate_host(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  void* p = std::malloc(bytes);
+  if (p == nullptr) throw std::bad_alloc();
+  return p;
+}
+
+void Ops::release_host(void* ptr) {
+  std::free(ptr);
+}
 
 double label_smoothing_constant(float smoothing, int V) {
   // x ln x with the limit 0 ln 0 = 0.

@@ -13,7 +13,7 @@
 
 namespace mpiformer {
 
-class ProfiledOps final : public Ops {
+class ProfiledOps : public Ops {
  public:
   explicit ProfiledOps(Ops& inner) : ProfiledOps(inner, inner.make_timer()) {}
   // With a timer of the caller's (tests log the order of ops through it).
@@ -37,6 +37,15 @@ class ProfiledOps final : public Ops {
   void reserve_uploads(size_t bytes) override { inner_.reserve_uploads(bytes); }
   void fill_zero(void* x, size_t bytes) override { inner_.fill_zero(x, bytes); }
   void synchronize() override { inner_.synchronize(); }
+  void* allocate_host(size_t bytes) override { return inner_.allocate_host(bytes); }
+  void release_host(void* ptr) override { inner_.release_host(ptr); }
+  void copy_to_host_async(int slot, void* dst, const void* src, size_t bytes) override {
+    inner_.copy_to_host_async(slot, dst, src, bytes);
+  }
+  bool host_copy_done(int slot) override { return inner_.host_copy_done(slot); }
+  void copy_to_device_async(void* dst, const void* src, size_t bytes) override {
+    inner_.copy_to_device_async(dst, src, bytes);
+  }
   size_t peak_allocated_bytes() const override { return inner_.peak_allocated_bytes(); }
   bool host_accessible() const override { return inner_.host_accessible(); }
   size_t device_memory_free() const override { return inner_.device_memory_free(); }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/profiled_ops.h"
 #include "src/dist/gradient_reducer.h"
 #include "src/model/model.h"
 #include "tests/test_batches.h"
@@ -189,6 +190,68 @@ TEST(GradientReducer, EarlierMicroBatchesAndEmptyPassesStartNothingEarly) {
   EXPECT_TRUE(transport.starts.empty());
   reducer.finish();
   EXPECT_EQ(transport.starts.size(), reducer.buckets().size());
+}
+
+// A GPU's copies to the host, slowed down: a copy is carried out only when
+// its slot has been asked about three times, so a reducer that reads the
+// host buffer (or copies it back) before the copy arrived sees stale bits.
+class SlowCopies final : public ProfiledOps {
+ public:
+  explicit SlowCopies(Ops& inner) : ProfiledOps(inner) {}
+  void copy_to_host_async(int slot, void* dst, const void* src, size_t bytes) override {
+    if (static_cast<size_t>(slot) >= pending_.size()) pending_.resize(slot + 1);
+    pending_[slot] = {dst,
+                      std::vector<unsigned char>(static_cast<const unsigned char*>(src),
+                                                 static_cast<const unsigned char*>(src) + bytes),
+                      3};
+  }
+  bool host_copy_done(int slot) override {
+    Pending& p = pending_.at(slot);
+    if (p.queries_left > 0 && --p.queries_left == 0)
+      std::copy(p.bytes.begin(), p.bytes.end(), static_cast<unsigned char*>(p.dst));
+    return p.queries_left == 0;
+  }
+
+ private:
+  struct Pending {
+    void* dst;
+    std::vector<unsigned char> bytes;  // what the device held when the copy was queued
+    int queries_left;
+  };
+  std::vector<Pending> pending_;
+};
+
+// Host staging with copies that arrive late: each bucket's all-reduce
+// starts only once its copy has arrived, still in bucket order, and the sum
+// is bitwise the one without staging.
+TEST(GradientReducer, StagedBucketsStartInOrderOnlyAfterTheirCopiesArrive) {
+  for (GradSum sum : {GradSum::kFloat, GradSum::kExact}) {
+    SCOPED_TRACE(to_string(sum));
+    std::vector<float> results[2];
+    for (HostStaging staging : {HostStaging::kAuto, HostStaging::kAlways}) {
+      std::unique_ptr<Ops> cpu = make_cpu_ops(1);
+      SlowCopies ops(*cpu);
+      const ModelConfig m = tiny(ModelKind::kLm);
+      Model model(ops, m, ModelCapacity{64, m.max_len});
+      model.init_parameters(5);
+      ParameterSet& params = model.parameters();
+      RecordingTransport transport;
+      GradientReducer reducer(params, params.grads(), 600, transport, true, sum, staging);
+      ASSERT_EQ(reducer.stages_through_host(), staging == HostStaging::kAlways);
+      params.zero_grads();
+      reducer.begin_step();
+      model.forward_backward(random_batch(m, {5, 9, 3}, {4, 7, 6}, 11), 0.1f, 0.01f,
+                             PassId{1, 1, 0}, &reducer);
+      reducer.finish();
+      const int n = static_cast<int>(reducer.buckets().size());
+      ASSERT_GE(n, 4);
+      ASSERT_EQ(static_cast<int>(transport.starts.size()), n);
+      for (int i = 0; i < n; ++i) EXPECT_EQ(transport.starts[i].slot, i);
+      results[staging == HostStaging::kAlways].assign(params.grads(),
+                                                      params.grads() + params.count());
+    }
+    EXPECT_TRUE(results[0] == results[1]) << "staging with late copies changed the sum";
+  }
 }
 
 TEST(GradientReducer, RefusesOffsetsThatGoBackUp) {

@@ -180,6 +180,7 @@ CudaOps::~CudaOps() {
   for (auto& [ptr, bytes] : sizes_) cudaFree(ptr);
   for (const Staged& s : staged_) cudaEventDestroy(s.done);
   for (cudaEvent_t e : spare_events_) cudaEventDestroy(e);
+  for (cudaEvent_t e : copy_events_) cudaEventDestroy(e);
   if (ring_) cudaFreeHost(ring_);
   if (stream_) cudaStreamDestroy(stream_);
 }
@@ -231,6 +232,43 @@ void CudaOps::copy_to_host(void* host_dst, const void* src, size_t bytes) {
   cuda::check(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_),
               "cudaMemcpy to the host");
   cuda::check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+}
+
+void* CudaOps::allocate_host(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  void* ptr = nullptr;
+  cuda::check(cudaMallocHost(&ptr, bytes), "cudaMallocHost");
+  return ptr;
+}
+
+void CudaOps::release_host(void* ptr) {
+  if (ptr) cudaFreeHost(ptr);
+}
+
+void CudaOps::copy_to_host_async(int slot, void* host_dst, const void* src, size_t bytes) {
+  while (static_cast<int>(copy_events_.size()) <= slot) {
+    cudaEvent_t e = nullptr;
+    cuda::check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+    copy_events_.push_back(e);
+  }
+  if (bytes > 0) {
+    cuda::check(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_),
+                "cudaMemcpyAsync to the host");
+  }
+  cuda::check(cudaEventRecord(copy_events_[slot], stream_), "cudaEventRecord");
+}
+
+bool CudaOps::host_copy_done(int slot) {
+  const cudaError_t status = cudaEventQuery(copy_events_.at(slot));
+  if (status == cudaErrorNotReady) return false;
+  cuda::check(status, "copy to the host");
+  return true;
+}
+
+void CudaOps::copy_to_device_async(void* dst, const void* host_src, size_t bytes) {
+  if (bytes == 0) return;
+  cuda::check(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_),
+              "cudaMemcpyAsync to the device");
 }
 
 void CudaOps::reserve_uploads(size_t bytes) {

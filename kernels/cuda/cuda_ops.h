@@ -74,6 +74,11 @@ class CudaOps final : public Ops {
   void reserve_uploads(size_t bytes) override;
   void fill_zero(void* x, size_t bytes) override;
   void synchronize() override;
+  void* allocate_host(size_t bytes) override;  // pinned
+  void release_host(void* ptr) override;
+  void copy_to_host_async(int slot, void* host_dst, const void* src, size_t bytes) override;
+  bool host_copy_done(int slot) override;
+  void copy_to_device_async(void* dst, const void* host_src, size_t bytes) override;
   size_t peak_allocated_bytes() const override { return peak_bytes_; }
   bool host_accessible() const override { return false; }
   void* native_stream() const override { return stream_; }
@@ -187,6 +192,8 @@ class CudaOps final : public Ops {
   size_t ring_head_ = 0;
   std::deque<Staged> staged_;
   std::vector<cudaEvent_t> spare_events_;
+  // The latest copy_to_host_async of each slot.
+  std::vector<cudaEvent_t> copy_events_;
 };
 
 }  // namespace mpiformer

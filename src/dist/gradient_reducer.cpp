@@ -67,9 +67,10 @@ GradientReducer::GradientReducer(const ParameterSet& params, float* grads, size_
             (!transport_.takes_device_memory() && !ops_.host_accessible());
   if (sum_ == GradSum::kExact) {
     fixed_ = static_cast<int64_t*>(ops_.allocate((count_ + 1) * sizeof(int64_t)));
-    if (staged_) host_fixed_.assign(count_ + 1, 0);
+    if (staged_)
+      host_fixed_ = static_cast<int64_t*>(ops_.allocate_host((count_ + 1) * sizeof(int64_t)));
   } else if (staged_) {
-    host_grads_.assign(count_, 0.0f);
+    host_grads_ = static_cast<float*>(ops_.allocate_host(count_ * sizeof(float)));
   }
 }
 
@@ -81,7 +82,10 @@ GradientReducer::GradientReducer(const ParameterSet& params, float* grads, size_
 }
 
 GradientReducer::~GradientReducer() {
+  ops_.synchronize();  // no copy may still be reading or writing these
   ops_.release(fixed_);
+  ops_.release_host(host_fixed_);
+  ops_.release_host(host_grads_);
 }
 
 size_t GradientReducer::bytes_per_step() const {
@@ -93,6 +97,7 @@ void GradientReducer::begin_step() {
   if (active_) throw std::logic_error("GradientReducer: begin_step twice without finish");
   active_ = true;
   started_ = 0;
+  sent_ = 0;
   lowest_final_ = buckets_.empty() ? 0 : buckets_.front().end;
   std::fill(done_.begin(), done_.end(), false);
   if (fixed_) ops_.fill_zero(fixed_, (count_ + 1) * sizeof(int64_t));
@@ -110,36 +115,51 @@ bool GradientReducer::absorb_micro_batch() {
   return true;
 }
 
+void GradientReducer::bucket_span(int i, size_t* first, size_t* n) const {
+  const GradientBucket& b = buckets_[i];
+  if (sum_ == GradSum::kExact) {
+    // The bucket at offset 0 starts last and carries the out-of-range count.
+    *first = b.begin == 0 ? 0 : b.begin + 1;
+    *n = b.end + 1 - *first;
+  } else {
+    *first = b.begin;
+    *n = b.size();
+  }
+}
+
 void GradientReducer::start_next() {
   const GradientBucket& b = buckets_[started_];
-  // Host staging copies synchronously: the backend's ops that wrote the
-  // bucket have finished when the copy returns.
-  if (sum_ == GradSum::kExact) {
-    absorb(b.begin, b.end);  // this bucket's part of the last micro-batch
-    // The bucket at offset 0 starts last and carries the out-of-range count.
-    const size_t first = b.begin == 0 ? 0 : b.begin + 1;
-    const size_t n = b.end + 1 - first;
-    start_time_[started_] = Clock::now();
-    int64_t* x = fixed_ + first;
-    if (staged_) {
-      ops_.copy_to_host(host_fixed_.data() + first, x, n * sizeof(int64_t));
-      x = host_fixed_.data() + first;
-    }
-    transport_.start(started_, x, n);
-  } else {
-    start_time_[started_] = Clock::now();
-    float* x = grads_ + b.begin;
-    if (staged_) {
-      ops_.copy_to_host(host_grads_.data() + b.begin, x, b.size() * sizeof(float));
-      x = host_grads_.data() + b.begin;
-    }
-    transport_.start(started_, x, b.size());
+  // The exact sum takes this bucket's part of the last micro-batch.
+  if (sum_ == GradSum::kExact) absorb(b.begin, b.end);
+  start_time_[started_] = Clock::now();
+  if (staged_) {
+    size_t first = 0, n = 0;
+    bucket_span(started_, &first, &n);
+    if (sum_ == GradSum::kExact)
+      ops_.copy_to_host_async(started_, host_fixed_ + first, fixed_ + first, n * sizeof(int64_t));
+    else
+      ops_.copy_to_host_async(started_, host_grads_ + first, grads_ + first, n * sizeof(float));
   }
   ++started_;
+  send_ready();
+}
+
+void GradientReducer::send_ready() {
+  // In bucket order: every rank starts the same collectives in the same order.
+  while (sent_ < started_ && (!staged_ || ops_.host_copy_done(sent_))) {
+    size_t first = 0, n = 0;
+    bucket_span(sent_, &first, &n);
+    if (sum_ == GradSum::kExact)
+      transport_.start(sent_, (staged_ ? host_fixed_ : fixed_) + first, n);
+    else
+      transport_.start(sent_, (staged_ ? host_grads_ : grads_) + first, n);
+    ++sent_;
+  }
 }
 
 void GradientReducer::poll() {
-  for (int i = 0; i < started_; ++i) {
+  send_ready();
+  for (int i = 0; i < sent_; ++i) {
     if (!done_[i] && transport_.test(i)) {
       done_[i] = true;
       done_time_[i] = Clock::now();
@@ -170,11 +190,13 @@ ReduceTiming GradientReducer::finish() {
   }
   transport_.join();
   const size_t n = buckets_.empty() ? 0 : buckets_.front().end;
+  // Queued, not waited for: the host buffers change again only after the
+  // next step's copies to the host, which are queued behind these.
   if (sum_ == GradSum::kExact && n > 0) {
-    if (staged_) ops_.copy_to_device(fixed_, host_fixed_.data(), (n + 1) * sizeof(int64_t));
+    if (staged_) ops_.copy_to_device_async(fixed_, host_fixed_, (n + 1) * sizeof(int64_t));
     ops_.fixed_point_to_float(grads_, fixed_ + 1, fixed_, n, kExactFractionBits);
   } else if (staged_ && n > 0) {
-    ops_.copy_to_device(grads_, host_grads_.data(), n * sizeof(float));
+    ops_.copy_to_device_async(grads_, host_grads_, n * sizeof(float));
   }
   const Clock::time_point end = Clock::now();
   active_ = false;

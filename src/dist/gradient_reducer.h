@@ -22,8 +22,11 @@
 // Memory: a transport that takes the backend's memory (NCCL, or the local
 // one) reads the gradients (or the fixed-point sum) in place. One that
 // wants host memory (MPI) on a backend whose memory is a GPU's gets each
-// bucket copied to a host buffer when it starts, and the sums copied back
-// when all are done.
+// bucket copied to pinned host memory when it is final, a copy queued
+// behind the kernels that wrote it; the bucket's all-reduce starts once
+// the host sees the copy arrive (buckets still start in order), and the
+// sums go back in one copy queued before the optimizer. Neither the host
+// nor the GPU waits for a copy while backward runs.
 #pragma once
 
 #include <chrono>
@@ -117,7 +120,13 @@ class GradientReducer : public GradientListener {
  private:
   using Clock = std::chrono::steady_clock;
   void start_next();
+  // Starts the all-reduce of every bucket whose copy to the host has
+  // arrived, in bucket order (each at once without staging).
+  void send_ready();
   void poll();
+  // Where bucket i's all-reduce reads: the fixed-point sum (exact) or the
+  // gradients, elements [first, first + n).
+  void bucket_span(int i, size_t* first, size_t* n) const;
   // Exact sum: fixed_[1 + i] += grads[i] in fixed point for i in [begin, end).
   void absorb(size_t begin, size_t end);
 
@@ -130,16 +139,17 @@ class GradientReducer : public GradientListener {
   // of range and travels with the bucket that starts last (the one at
   // offset 0). Null with the float sum.
   int64_t* fixed_ = nullptr;
-  // Host staging: host copies of what the transport sends.
+  // Host staging: pinned copies of what the transport sends.
   bool staged_ = false;
-  std::vector<float> host_grads_;    // (count) float sum
-  std::vector<int64_t> host_fixed_;  // (1 + count) exact sum
+  float* host_grads_ = nullptr;    // (count) float sum
+  int64_t* host_fixed_ = nullptr;  // (1 + count) exact sum
   std::vector<GradientBucket> buckets_;
   ReduceTransport& transport_;
   bool overlap_;
   bool active_ = false;
   size_t lowest_final_ = 0;  // last offset reported in this pass
-  int started_ = 0;          // buckets [0, started_) are in flight or done
+  int started_ = 0;          // buckets [0, started_) are final (copying, in flight or done)
+  int sent_ = 0;             // buckets [0, sent_) have their all-reduce started
   std::vector<Clock::time_point> start_time_, done_time_;
   std::vector<bool> done_;
 };
