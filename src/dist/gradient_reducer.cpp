@@ -82,7 +82,13 @@ GradientReducer::GradientReducer(const ParameterSet& params, float* grads, size_
 }
 
 GradientReducer::~GradientReducer() {
-  ops_.synchronize();  // no copy may still be reading or writing these
+  // No copy may still be reading or writing these. A device already in
+  // error (the reason this is unwinding, perhaps) must not end the process
+  // from a destructor.
+  try {
+    ops_.synchronize();
+  } catch (const std::exception&) {
+  }
   ops_.release(fixed_);
   ops_.release_host(host_fixed_);
   ops_.release_host(host_grads_);
