@@ -175,8 +175,5 @@ else
   echo "PASS: run_report.ipynb executes on a file without the newer columns"
 fi
 
-if [[ $failures -gt 0 ]]; then
-  echo "$failures check(s) failed" >&2
-  exit 1
-fi
+exit_on_failures
 echo "analysis: all checks passed"

@@ -142,8 +142,5 @@ else
   fi
 fi
 
-if [[ $failures -gt 0 ]]; then
-  echo "$failures check(s) failed" >&2
-  exit 1
-fi
+exit_on_failures
 echo "bad_shards: all checks passed"

@@ -151,8 +151,5 @@ if [[ -n ${MPIEXEC:-} ]] && command -v "$MPIEXEC" >/dev/null; then
   fi
 fi
 
-if [[ $failures -gt 0 ]]; then
-  echo "$failures check(s) failed" >&2
-  exit 1
-fi
+exit_on_failures
 echo "cli_errors: all checks passed"

@@ -38,6 +38,15 @@ fail() {
   failures=$((failures + 1))
 }
 
+# exit_on_failures: at the end of such a test, exits 1 with the count of
+# failed checks when there was any.
+exit_on_failures() {
+  if [[ ${failures:-0} -gt 0 ]]; then
+    echo "$failures check(s) failed" >&2
+    exit 1
+  fi
+}
+
 # check WHAT CMD...: CMD succeeds, or a failure is recorded.
 check() {
   local what=$1

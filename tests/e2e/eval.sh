@@ -92,8 +92,5 @@ expect_one_line_error "no --data" 2 "--data"
 run_eval --checkpoint "$checkpoint" --data shards --batches -1
 expect_one_line_error "negative --batches" 2 "--batches"
 
-if [[ $failures -gt 0 ]]; then
-  echo "$failures check(s) failed" >&2
-  exit 1
-fi
+exit_on_failures
 echo "eval: all checks passed"

@@ -104,10 +104,7 @@ expect_one_line_error "a file that is not a checkpoint" 2 "text.txt: not a reada
 # ---- transformers gives our logits
 if [[ ! -x $hf_python ]] || ! "$hf_python" -c "import h5py, numpy, torch, transformers" 2>/dev/null
 then
-  if [[ $failures -gt 0 ]]; then
-    echo "$failures check(s) failed" >&2
-    exit 1
-  fi
+  exit_on_failures
   echo "SKIP: no transformers on $hf_python: the exported models were not loaded"
   exit 77
 fi
@@ -189,7 +186,4 @@ sys.exit(1 if failures else 0)
 PY
 [[ $rc -eq 0 ]] || fail "transformers does not give mpiformer's logits (exit $rc)"
 
-if [[ $failures -gt 0 ]]; then
-  echo "$failures check(s) failed" >&2
-  exit 1
-fi
+exit_on_failures

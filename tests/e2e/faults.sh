@@ -351,8 +351,5 @@ model=("${base[@]}" --d-model 32 --max-tokens 384 --threads 1)
 run good 1 --steps 10 --resume auto
 check "another --max-tokens on resume is noted" says "$out" "note: --max-tokens 384 (was 256)"
 
-if [[ $failures -gt 0 ]]; then
-  echo "$failures check(s) failed" >&2
-  exit 1
-fi
+exit_on_failures
 echo "all fault checks passed"

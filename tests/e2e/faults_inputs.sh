@@ -116,8 +116,5 @@ try "$bin" train --config binary.ini --synthetic copy --steps 1 --out c2
 refused "--config not text" 2 "--config: binary.ini line 1 is not text"
 check "no raw bytes are echoed" bash -c "! LC_ALL=C grep -q '[^[:print:][:space:]]' '$err'"
 
-if [[ $failures -gt 0 ]]; then
-  echo "$failures check(s) failed" >&2
-  exit 1
-fi
+exit_on_failures
 echo "all input fault checks passed"

@@ -117,10 +117,7 @@ run_generate "${decode[@]}" --data s2s --split train
 expect_one_line_error "--split train" 2 "--split: expected test or valid"
 [[ ! -e r.txt ]] || fail "a refused generate wrote its references"
 
-if [[ $failures -gt 0 ]]; then
-  echo "$failures check(s) failed" >&2
-  exit 1
-fi
+exit_on_failures
 if [[ -n ${bleu_skipped:-} ]]; then
   echo "SKIP: sacrebleu is not installed (python3 -m pip install sacrebleu): no BLEU computed"
   exit 77

@@ -69,8 +69,5 @@ python3 "$src/analysis/plot_scaling.py" empty.txt -o bad.png >"$out" 2>"$err" ||
 expect_one_line_error "a file without bench lines" 2 "plot_scaling.py: no \`mpiformer bench\` line in empty.txt"
 check "a refused plot writes nothing" test ! -e bad.png
 
-if [[ $failures -gt 0 ]]; then
-  echo "$failures check(s) failed" >&2
-  exit 1
-fi
+exit_on_failures
 echo "plot_scaling: all checks passed"

@@ -137,8 +137,5 @@ else
 fi
 [[ ! -e out-flags ]] || fail "bad flags: created out-flags"
 
-if [[ $failures -gt 0 ]]; then
-  echo "$failures check(s) failed" >&2
-  exit 1
-fi
+exit_on_failures
 echo "prepare_errors: all checks passed"

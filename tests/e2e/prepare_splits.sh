@@ -211,8 +211,5 @@ for n in 1 2 3 4 5 6 7 8 9 10; do
   [[ ! -e no$n ]] || fail "a refused prepare left no$n behind"
 done
 
-if [[ $failures -gt 0 ]]; then
-  echo "$failures check(s) failed" >&2
-  exit 1
-fi
+exit_on_failures
 echo "prepare_splits: all checks passed"

@@ -200,8 +200,5 @@ step=$(sed -n 's/^stopped by SIGTERM after step \([0-9]*\);.*/\1/p' term.out)
 [[ -n $step && -e term/checkpoints/$(printf 'step_%08d.h5' "$step") ]] ||
   fail "SIGTERM: no checkpoint of the step it stopped at ($step)"
 
-if [[ $failures -gt 0 ]]; then
-  echo "$failures check(s) failed" >&2
-  exit 1
-fi
+exit_on_failures
 echo "all resume checks passed"

@@ -208,8 +208,5 @@ else
   fail "the live run's events do not match its metrics"
 fi
 
-if [[ $failures -gt 0 ]]; then
-  echo "$failures check(s) failed" >&2
-  exit 1
-fi
+exit_on_failures
 echo "tensorboard: all checks passed"
