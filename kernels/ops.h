@@ -35,6 +35,9 @@ namespace mpiformer {
 
 enum class Activation { kGelu, kRelu };
 enum class AttentionScale { kStandard, kLogLength };
+// How a classifier turns a sequence's rows into one vector: its first row
+// (a CLS token or patch) or the mean of its rows.
+enum class PoolKind { kCls, kMean };
 
 // Row offsets of a ragged batch; lengths[b] = offsets[b+1] - offsets[b].
 struct Ragged {
@@ -307,6 +310,32 @@ class Ops {
   virtual void cross_entropy(Act logits, const int32_t* targets, int N, int V, float smoothing,
                              int pad_id, float grad_scale, bool compute_grad, LossSums* sums,
                              int stride = 0) = 0;
+
+  // ---- classification (--model classify) ---------------------------------
+  // One row per sequence: out[b] = x[offsets[b]] (cls: the first row) or the
+  // mean of rows [offsets[b], offsets[b+1]) (mean; 0 for an empty sequence).
+  // out: (B, C), x: (N, C)
+  virtual void pool_forward(Act out, Act x, const Ragged& rows, int C, PoolKind kind) = 0;
+  // The backward of pool_forward, written (=): cls: dx = dout[b] on the first
+  // row of sequence b and 0 on its other rows; mean: dout[b] / length(b) on
+  // every row of b.  dx: (N, C), dout: (B, C)
+  virtual void pool_backward(Act dx, Act dout, const Ragged& rows, int C, PoolKind kind) = 0;
+  // Multi-label ZLPR loss with soft targets t in [0, 1], per row of K scores s:
+  //   log(1 + sum_i (1 - t_i) e^{s_i}) + log(1 + sum_i t_i e^{-s_i}),
+  // both terms as log-sum-exp over {0} and the weighted exponents, so any
+  // finite score is safe. Label i is predicted when s_i > 0 and true when
+  // t_i >= 0.5. With compute_grad, logits are overwritten by
+  // dlogits * grad_scale, dloss/ds_i = (1 - t_i) e^{s_i - A} - t_i e^{-s_i - B}
+  // (A and B the two log-sum-exps). Added to *sums in row order: loss and nll
+  // (both the ZLPR loss), tokens (rows) and correct (rows whose predicted set
+  // equals the true set). label_counts (+=) holds, for each label, its true
+  // positives, false positives and false negatives: rows [0, K), [K, 2K),
+  // [2K, 3K). Every sum is fp64 or an integer, in an order fixed by B and K.
+  // logits: (B, K) rows `stride` elements apart (0: K), targets: (B, K) fp32,
+  // sums: backend (1), label_counts: backend (3 K) int64
+  virtual void zlpr_loss(Act logits, const float* targets, int B, int K, float grad_scale,
+                         bool compute_grad, LossSums* sums, int64_t* label_counts,
+                         int stride = 0) = 0;
 
   // ---- exact gradient sum (src/dist/gradient_reducer.h) -------------------
   // fixed[i] += round(grads[i] * 2^fraction_bits) for every i with

@@ -127,6 +127,19 @@ class ProfiledOps : public Ops {
     inner_.cross_entropy(logits, targets, N, V, smoothing, pad_id, grad_scale, compute_grad, sums,
                          stride);
   }
+  void pool_forward(Act out, Act x, const Ragged& rows, int C, PoolKind kind) override {
+    Scope s(*this, OpFamily::kElementwise);
+    inner_.pool_forward(out, x, rows, C, kind);
+  }
+  void pool_backward(Act dx, Act dout, const Ragged& rows, int C, PoolKind kind) override {
+    Scope s(*this, OpFamily::kElementwise);
+    inner_.pool_backward(dx, dout, rows, C, kind);
+  }
+  void zlpr_loss(Act logits, const float* targets, int B, int K, float grad_scale,
+                 bool compute_grad, LossSums* sums, int64_t* label_counts, int stride) override {
+    Scope s(*this, OpFamily::kLoss);
+    inner_.zlpr_loss(logits, targets, B, K, grad_scale, compute_grad, sums, label_counts, stride);
+  }
   void fixed_point_accumulate(int64_t* fixed, int64_t* out_of_range, const float* grads, size_t n,
                               int fraction_bits, int limit_bits) override {
     Scope s(*this, OpFamily::kOptimizer);

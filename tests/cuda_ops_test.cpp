@@ -497,6 +497,76 @@ TEST_P(CudaOpsTest, CrossEntropyAdamWAndNorm) {
   if (compute_gpu) compare(compute, n, elementwise_tolerance(t()), "adamw compute copy");
 }
 
+// The classifier's ops: pooling over ragged rows (an empty sequence, one
+// longer than a block), and the ZLPR loss with soft targets, scores of
+// +-1e4 and a padded row stride. Sums and counts are computed in double
+// and integers from the same inputs on both sides: the counts are equal,
+// the loss agrees to rounding, and a second GPU run gives the same bits.
+TEST_P(CudaOpsTest, ClassifierPoolingAndZlpr) {
+  const std::vector<int32_t> offsets = {0, 3, 4, 4, 304, 309};
+  const int B = 5, N = offsets.back(), C = 40;
+  const IntPair off = b_->ints(offsets);
+  const Ragged rows_gpu{offsets.data(), off.gpu, B, N, 300};
+  const Ragged rows_cpu{offsets.data(), off.cpu, B, N, 300};
+  const Pair x = b_->acts(random(static_cast<size_t>(N) * C), t());
+  for (PoolKind kind : {PoolKind::kCls, PoolKind::kMean}) {
+    const std::string name = kind == PoolKind::kCls ? "cls" : "mean";
+    const Pair out = b_->acts(random(static_cast<size_t>(B) * C), t());  // overwritten
+    b_->gpu->pool_forward(out.gpu, x.gpu, rows_gpu, C, kind);
+    b_->cpu->pool_forward(out.cpu, x.cpu, rows_cpu, C, kind);
+    compare(out, static_cast<size_t>(B) * C,
+            kind == PoolKind::kCls ? 0.0 : reduction_tolerance(t()), "pool_forward " + name);
+    const Pair dout = b_->acts(random(static_cast<size_t>(B) * C), t());
+    const Pair dx = b_->acts(random(static_cast<size_t>(N) * C), t());  // overwritten
+    b_->gpu->pool_backward(dx.gpu, dout.gpu, rows_gpu, C, kind);
+    b_->cpu->pool_backward(dx.cpu, dout.cpu, rows_cpu, C, kind);
+    compare(dx, static_cast<size_t>(N) * C, elementwise_tolerance(t()), "pool_backward " + name);
+  }
+
+  const int rows = 37, K = 29, stride = 32;
+  std::vector<float> scores = random(static_cast<size_t>(rows) * stride, 3.0f);
+  std::vector<float> targets(static_cast<size_t>(rows) * K);
+  for (size_t i = 0; i < targets.size(); ++i) {
+    const int level = std::uniform_int_distribution<int>(0, 3)(rng_);
+    targets[i] = level == 0 ? 0.0f : level == 1 ? 1.0f : level == 2 ? 0.5f : 0.3f;
+  }
+  for (int i = 0; i < K; ++i) {  // row 5 right by 1e4, row 6 wrong by 1e4
+    const bool truth = targets[5 * K + i] >= 0.5f;
+    scores[5 * stride + i] = truth ? 1e4f : -1e4f;
+    scores[6 * stride + i] = truth ? -1e4f : 1e4f;
+  }
+  const FloatPair tg = b_->floats(targets);
+  const size_t n = static_cast<size_t>(rows) * stride;
+  std::vector<LossSums> got(2);
+  for (int run = 0; run < 2; ++run) {
+    const Pair s = b_->acts(scores, t());
+    const Pair sums = b_->acts(std::vector<float>(8), DType::kF32);  // room for a LossSums
+    const Pair counts = b_->acts(std::vector<float>(2 * 3 * K), DType::kF32);  // 3 K int64
+    auto* sums_gpu = static_cast<LossSums*>(sums.gpu.data);
+    auto* sums_cpu = static_cast<LossSums*>(sums.cpu.data);
+    auto* counts_gpu = static_cast<int64_t*>(counts.gpu.data);
+    auto* counts_cpu = static_cast<int64_t*>(counts.cpu.data);
+    for (bool grad : {false, true}) {  // sums and counts accumulate
+      b_->gpu->zlpr_loss(s.gpu, tg.gpu, rows, K, 0.25f, grad, sums_gpu, counts_gpu, stride);
+      b_->cpu->zlpr_loss(s.cpu, tg.cpu, rows, K, 0.25f, grad, sums_cpu, counts_cpu, stride);
+    }
+    LossSums want;
+    b_->gpu->copy_to_host(&got[run], sums_gpu, sizeof(LossSums));
+    b_->cpu->copy_to_host(&want, sums_cpu, sizeof want);
+    EXPECT_TRUE(std::isfinite(got[run].loss));
+    EXPECT_NEAR(got[run].loss, want.loss, 1e-9 * std::abs(want.loss));
+    EXPECT_NEAR(got[run].nll, want.nll, 1e-9 * std::abs(want.nll));
+    EXPECT_EQ(got[run].tokens, want.tokens);
+    EXPECT_EQ(got[run].correct, want.correct);
+    std::vector<int64_t> counted_gpu(3 * K), counted_cpu(3 * K);
+    b_->gpu->copy_to_host(counted_gpu.data(), counts_gpu, 3 * K * sizeof(int64_t));
+    b_->cpu->copy_to_host(counted_cpu.data(), counts_cpu, 3 * K * sizeof(int64_t));
+    EXPECT_EQ(counted_gpu, counted_cpu) << "zlpr label counts";
+    compare(s, n, elementwise_tolerance(t()), "zlpr gradient in place (padding kept)");
+  }
+  EXPECT_EQ(got[0].loss, got[1].loss) << "zlpr_loss sums are not deterministic";
+}
+
 // The exact sum's conversions: bitwise the CPU's, rounding ties to even,
 // over several accumulations (grid-stride loops and the integer count of
 // elements out of range), then NaN everywhere once one is out of range.

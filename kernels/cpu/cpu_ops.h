@@ -102,6 +102,12 @@ class CpuOps final : public Ops {
   void cross_entropy(Act logits, const int32_t* targets, int N, int V, float smoothing, int pad_id,
                      float grad_scale, bool compute_grad, LossSums* sums, int stride) override;
 
+  // ---- classification (classify.cpp) ---------------------------------------
+  void pool_forward(Act out, Act x, const Ragged& rows, int C, PoolKind kind) override;
+  void pool_backward(Act dx, Act dout, const Ragged& rows, int C, PoolKind kind) override;
+  void zlpr_loss(Act logits, const float* targets, int B, int K, float grad_scale,
+                 bool compute_grad, LossSums* sums, int64_t* label_counts, int stride) override;
+
   // ---- optimizer (adamw.cpp) -----------------------------------------------
   void fixed_point_accumulate(int64_t* fixed, int64_t* out_of_range, const float* grads, size_t n,
                               int fraction_bits, int limit_bits) override;

@@ -10,8 +10,8 @@
 //   for bf16/fp16 on packed ragged sequences when the build has the cuDNN
 //   frontend; plain kernels (attention.cu) otherwise and for fp32.
 // - Row kernels for layer norm (fused with the residual add), the fused
-//   cross entropy and AdamW over the whole flat buffer with the clip taken
-//   on the device.
+//   cross entropy, the classifier's pooling and ZLPR loss (classify.cu) and
+//   AdamW over the whole flat buffer with the clip taken on the device.
 //
 // Stream order: every op is queued on the backend's stream; per-batch data
 // comes through upload(), staged in a pinned ring. Nothing in a step waits
@@ -135,6 +135,12 @@ class CudaOps final : public Ops {
                     const AdamWRange* ranges, int range_count, const AdamWConfig& cfg,
                     const double* grad_norm_sq) override;
 
+  // ---- classification (classify.cu) -----------------------------------------
+  void pool_forward(Act out, Act x, const Ragged& rows, int C, PoolKind kind) override;
+  void pool_backward(Act dx, Act dout, const Ragged& rows, int C, PoolKind kind) override;
+  void zlpr_loss(Act logits, const float* targets, int B, int K, float grad_scale,
+                 bool compute_grad, LossSums* sums, int64_t* label_counts, int stride) override;
+
   // Device scratch that grows to the largest request and is then reused;
   // counted in peak_allocated_bytes. Growing waits for the stream (the old
   // buffer may still be in use), so it happens on the first steps only.
@@ -147,7 +153,7 @@ class CudaOps final : public Ops {
     kAttentionWorkspace,  // cuDNN: the graphs' workspace
     kColumnSums,          // partial column sums (bias and layer-norm gradients)
     kBiasGrad,            // a GEMM epilogue's bias gradient before it is added
-    kRowResults,          // cross entropy's per-row results
+    kRowResults,          // cross entropy's and ZLPR's per-row results
     kReduce,              // block partial sums
     kSlots
   };
