@@ -44,7 +44,9 @@
 
 #include "src/app/commands.h"
 #include "src/core/error.h"
+#include "src/data/labels.h"
 #include "src/data/tokenizer.h"
+#include "src/io/array_file.h"
 #include "src/io/atomic_file.h"
 #include "src/io/dir_lock.h"
 #include "src/io/shard.h"
@@ -280,6 +282,8 @@ constexpr size_t kLongestTrainedLine = kTrainedLineLimit;
 struct Text {
   std::string input_path, target_path;     // target: seq2seq only
   std::vector<std::string> input, target;  // every line
+  std::string labels_path;                 // classify only
+  std::vector<std::string> labels;         // every line
   std::vector<size_t> sequences;           // line numbers (0-based) of the usable lines/pairs
   size_t blank = 0;                        // lines (pairs) skipped because a side was blank
   bool seq2seq() const { return !target_path.empty(); }
@@ -325,10 +329,12 @@ struct Corpus {
   bool carved() const { return valid_carved + test_carved > 0; }
 };
 
+// files.target: seq2seq's targets, or classify's labels.
 Text text_of(const PrepareConfig& cfg, const SplitFiles& files) {
   Text t;
   t.input_path = files.input;
   if (cfg.kind == "seq2seq") t.target_path = files.target;
+  if (cfg.kind == "classify") t.labels_path = files.target;
   return t;
 }
 
@@ -337,6 +343,7 @@ Text text_of(const PrepareConfig& cfg, const SplitFiles& files) {
 void read_text(Text* t) {
   t->input = read_lines(t->input_path);
   if (t->seq2seq()) t->target = read_lines(t->target_path);
+  if (!t->labels_path.empty()) t->labels = read_lines(t->labels_path);
   if (t->seq2seq() && t->target.size() != t->input.size()) return;
   for (size_t i = 0; i < t->input.size(); ++i) {
     if (!is_blank(t->input[i]) && !(t->seq2seq() && is_blank(t->target[i]))) {
@@ -363,6 +370,21 @@ void validate_text(const std::string& flag, const Text& t) {
   };
   if (all_blank(t.input))
     throw std::runtime_error(t.input_path + ": empty input (no non-blank lines)");
+  if (!t.labels_path.empty()) {
+    if (t.labels.size() != t.input.size()) {
+      usage_error(flag == "--input" ? "--labels" : flag,
+                  t.labels_path + " has " + std::to_string(t.labels.size()) + " lines but " +
+                      t.input_path + " has " + std::to_string(t.input.size()));
+    }
+    for (size_t line = 0; line < t.labels.size(); ++line) {
+      try {
+        parse_label_line(t.labels[line]);
+      } catch (const std::invalid_argument& e) {
+        usage_error(flag == "--input" ? "--labels" : flag,
+                    t.labels_path + ":" + std::to_string(line + 1) + ": " + e.what());
+      }
+    }
+  }
   if (!t.seq2seq()) return;
   if (all_blank(t.target)) {
     throw std::runtime_error(t.target_path + ": empty input (no non-blank lines)");
@@ -447,15 +469,18 @@ std::string describe_span(const Span& span) {
 
 struct ShardFigures {
   int64_t sequences = 0;
-  int64_t tokens = 0;   // source and target
-  int64_t skipped = 0;  // non-blank lines that encode to no token at all
-  int64_t unknown = 0;  // unk tokens: characters the tokenizer lacks
+  int64_t tokens = 0;          // source and target
+  int64_t skipped = 0;         // non-blank lines that encode to no token at all
+  int64_t unknown = 0;         // unk tokens: characters the tokenizer lacks
+  int64_t labels = 0;          // classify: labels kept
+  int64_t unknown_labels = 0;  // classify: labels the training lines never had, dropped
 };
 
 // Encodes a span of a text into one shard. `progress`, when given, is
 // called every few hundred sequences with the number done so far.
 Shard encode_block(const Span& span, const Tokenizer& tokenizer, const ShardHeader& header,
-                   ShardFigures* figures, const std::function<void(size_t)>& progress = nullptr) {
+                   const LabelVocabulary& vocabulary, ShardFigures* figures,
+                   const std::function<void(size_t)>& progress = nullptr) {
   const Text& c = *span.text;
   const bool seq2seq = c.seq2seq();
   const auto encode = [&](const std::string& file, const std::vector<std::string>& lines,
@@ -486,6 +511,21 @@ Shard encode_block(const Span& span, const Tokenizer& tokenizer, const ShardHead
     shard.target.append(reinterpret_cast<const int32_t*>(target.data()), target.size());
     if (seq2seq) {
       shard.source.append(reinterpret_cast<const int32_t*>(source.data()), source.size());
+    }
+    if (!c.labels_path.empty()) {
+      std::vector<int32_t> ids;
+      std::vector<float> weights;
+      for (const LabelWeight& label : parse_label_line(c.labels[line])) {
+        const int id = vocabulary.id(label.name);
+        if (id < 0) {
+          ++figures->unknown_labels;  // not in the training lines: nothing learnt it
+          continue;
+        }
+        ids.push_back(id);
+        weights.push_back(label.weight);
+      }
+      shard.labels.append(ids.data(), weights.data(), ids.size());
+      figures->labels += static_cast<int64_t>(ids.size());
     }
     ++figures->sequences;
     figures->tokens += static_cast<int64_t>(target.size() + source.size());
@@ -633,9 +673,171 @@ class TrainingText {
   std::vector<File> files_;
 };
 
+// ---- images --------------------------------------------------------------------
+
+// The images of --kind image: (N, H, W) or (N, H, W, C) uint8 and N integer
+// labels, with optional label names, read on rank 0.
+struct ImageSet {
+  ShardHeader header;           // kind, size and label names
+  std::vector<uint8_t> pixels;  // (N, H, W, C)
+  std::vector<int32_t> labels;  // (N)
+  size_t count() const { return labels.size(); }
+};
+
+ImageSet read_image_set(const std::string& path) {
+  const auto arrays =
+      read_arrays(path, {{"images"}, {"labels"}, {"label_names", /*required=*/false}});
+  const ArrayData& images = arrays[0].second;
+  const ArrayData& labels = arrays[1].second;
+  if (images.kind != 'u' || images.itemsize != 1) {
+    usage_error("--input", path + ": 'images' must hold uint8 pixels; got " +
+                               std::string(1, images.kind) + std::to_string(images.itemsize));
+  }
+  if (images.shape.size() != 3 && images.shape.size() != 4) {
+    usage_error("--input", path + ": 'images' must be (N, H, W) or (N, H, W, C); it has " +
+                               std::to_string(images.shape.size()) + " dimensions");
+  }
+  ImageSet set;
+  ShardHeader& h = set.header;
+  h.kind = "image";
+  h.vocab_size = SpecialTokens::kCount;  // no tokens: only the reserved ids
+  h.image_height = static_cast<int>(images.shape[1]);
+  h.image_width = static_cast<int>(images.shape[2]);
+  h.image_channels = images.shape.size() == 4 ? static_cast<int>(images.shape[3]) : 1;
+  const int64_t n = images.shape[0];
+  if (labels.shape.size() != 1 || labels.shape[0] != n) {
+    usage_error("--input", path + ": 'labels' must be (N) with N = " + std::to_string(n) +
+                               " (one integer label per image)");
+  }
+  int64_t most = -1;
+  for (int64_t label : labels.integers(path + ": 'labels'")) {
+    if (label < 0)
+      usage_error("--input", path + ": label " + std::to_string(label) + " is negative");
+    most = std::max(most, label);
+    set.labels.push_back(static_cast<int32_t>(label));
+  }
+  if (arrays.size() > 2) {
+    h.label_names = arrays[2].second.strings(path + ": 'label_names'");
+    if (static_cast<int64_t>(h.label_names.size()) <= most) {
+      usage_error("--input", path + ": label " + std::to_string(most) + " has no name in the " +
+                                 std::to_string(h.label_names.size()) + " 'label_names'");
+    }
+  } else {
+    for (int64_t k = 0; k <= most; ++k) h.label_names.push_back(std::to_string(k));
+  }
+  set.pixels = images.bytes;
+  return set;
+}
+
+// Images [begin, end) of the set as one shard.
+Shard image_shard(const ImageSet& set, size_t begin, size_t end, const char* split,
+                  const std::string& origin) {
+  Shard shard;
+  shard.header = set.header;
+  shard.header.split = split;
+  shard.header.origin = origin + " images " + std::to_string(begin + 1) + "-" + std::to_string(end);
+  const size_t bytes = set.header.image_bytes();
+  shard.images.assign(set.pixels.begin() + static_cast<std::ptrdiff_t>(begin * bytes),
+                      set.pixels.begin() + static_cast<std::ptrdiff_t>(end * bytes));
+  const float hard = 1.0f;
+  for (size_t i = begin; i < end; ++i) shard.labels.append(&set.labels[i], &hard, 1);
+  return shard;
+}
+
+// prepare --kind image: small enough for rank 0 alone; the other ranks only
+// agree on the outcome. Held-out images come from the end of the set.
+int run_prepare_images(const PrepareConfig& cfg, Communicator& comm) {
+  const auto start = Clock::now();
+  if (!root_validates(comm, [&] {
+        if (cfg.valid.given() || cfg.test.given()) {
+          usage_error(cfg.valid.given() ? "--valid" : "--test",
+                      "--kind image holds out the last images: use --valid-lines and "
+                      "--test-lines");
+        }
+        require_readable_file("--input", cfg.input);
+        require_fresh_output(cfg.out_dir);
+      })) {
+    return kExitUsage;
+  }
+  ImageSet set;
+  size_t valid = 0, test = 0, train = 0;
+  if (!root_validates(comm, [&] {
+        set = read_image_set(cfg.input);
+        const size_t most = set.count() / kHoldOut;
+        valid = std::min(static_cast<size_t>(cfg.valid_lines), most);
+        test = std::min(static_cast<size_t>(cfg.test_lines), most);
+        train = set.count() - valid - test;
+        if (valid == 0) {
+          usage_error("--input", cfg.input + " has " + std::to_string(set.count()) +
+                                     " images; at least " + std::to_string(kHoldOut) +
+                                     " are needed to hold one out for validation");
+        }
+        if (static_cast<size_t>(cfg.shards) > train) {
+          usage_error("--shards", std::to_string(cfg.shards) + " shards but only " +
+                                      std::to_string(train) + " training images");
+        }
+      })) {
+    return kExitUsage;
+  }
+  const fs::path out_dir(cfg.out_dir);
+  DirLock lock;
+  PendingFiles pending(out_dir);
+  bool created_out_dir = false;
+  const bool ok = all_succeed(comm, [&] {
+    if (!comm.is_root()) return;
+    std::error_code ec;
+    created_out_dir = fs::create_directories(out_dir, ec);
+    if (ec) throw std::runtime_error(cfg.out_dir + ": cannot create (" + ec.message() + ")");
+    const std::string refused = lock.try_acquire(cfg.out_dir);
+    if (!refused.empty()) throw std::runtime_error(refused);
+    const std::string origin = fs::path(cfg.input).filename().string();
+    const auto write = [&](const std::string& name, const Shard& shard) {
+      try {
+        write_shard(pending.add(name), shard);
+      } catch (const std::runtime_error& e) {
+        throw std::runtime_error(pending.final_name_in(e.what()));
+      }
+    };
+    for (int64_t k = 0; k < cfg.shards; ++k) {
+      write(shard_name(kTrainPrefix, k),
+            image_shard(set, static_cast<size_t>(k) * train / cfg.shards,
+                        static_cast<size_t>(k + 1) * train / cfg.shards, kTrainPrefix, origin));
+    }
+    write(shard_name(kValidPrefix, 0),
+          image_shard(set, train, train + valid, kValidPrefix, origin));
+    if (test > 0) {
+      write(shard_name(kTestPrefix, 0),
+            image_shard(set, train + valid, train + valid + test, kTestPrefix, origin));
+    }
+    pending.commit();
+  });
+  if (!ok) {
+    pending.remove_all();
+    lock.release();
+    if (created_out_dir) {
+      std::error_code ec;
+      fs::remove(out_dir, ec);
+    }
+    return kExitFailure;
+  }
+  if (comm.is_root()) {
+    const ShardHeader& h = set.header;
+    std::printf(
+        "prepared %s: %s training images in %d shard(s), %s validation, %s test; %d x %d x %d "
+        "pixels, %zu labels; %.1f s\n",
+        cfg.out_dir.c_str(), grouped(static_cast<int64_t>(train)).c_str(), cfg.shards,
+        grouped(static_cast<int64_t>(valid)).c_str(), grouped(static_cast<int64_t>(test)).c_str(),
+        h.image_height, h.image_width, h.image_channels, h.label_names.size(),
+        seconds_since(start));
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
+  if (cfg.kind == "image") return run_prepare_images(cfg, comm);
   const auto start = Clock::now();
   const bool seq2seq = cfg.kind == "seq2seq";
   const int W = comm.size(), rank = comm.rank();
@@ -664,7 +866,7 @@ int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
   // the same splits; only rank 0 writes the held-out shards, so only it
   // reads --valid and --test. Rank 0 judges it all.
   Corpus corpus;
-  corpus.main = text_of(cfg, {cfg.input, cfg.target});
+  corpus.main = text_of(cfg, {cfg.input, cfg.kind == "classify" ? cfg.labels : cfg.target});
   if (cfg.valid.given()) corpus.valid_file = text_of(cfg, cfg.valid);
   if (cfg.test.given()) corpus.test_file = text_of(cfg, cfg.test);
   if (!all_succeed(comm, [&] {
@@ -678,6 +880,22 @@ int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
   }
   std::vector<std::string> warnings;
   if (!root_validates(comm, [&] { warnings = validate_corpus(cfg, corpus); })) return kExitUsage;
+  // classify: the label vocabulary of the training lines, the same on every
+  // rank (each read the whole text).
+  LabelVocabulary vocabulary;
+  if (cfg.kind == "classify") {
+    const Span train = corpus.train();
+    for (size_t s = train.begin; s < train.end; ++s) {
+      vocabulary.count(parse_label_line(corpus.main.labels[corpus.main.sequences[s]]));
+    }
+    vocabulary.finish();
+    if (!root_validates(comm, [&] {
+          if (vocabulary.names().empty())
+            usage_error("--labels", cfg.labels + ": the training lines have no label at all");
+        })) {
+      return kExitUsage;
+    }
+  }
   if (comm.is_root()) {
     for (const std::string& w : warnings) std::cerr << "mpiformer prepare: " << w << std::endl;
     const Text& t = corpus.main;
@@ -791,6 +1009,7 @@ int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
   header.vocab_size = tokenizer->vocab_size();
   // header.special: the reserved ids the tokenizer was checked to have
   header.tokenizer = model_bytes;
+  header.label_names = vocabulary.names();
 
   // 4. Shards, in rounds of W: rank r writes shard k*W + r of round k.
   const auto encode_start = Clock::now();
@@ -825,7 +1044,7 @@ int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
       // Rank 0's running count stands for the round: the ranks' blocks
       // are of one size.
       const Shard shard =
-          encode_block(block, *tokenizer, train_header, &figures,
+          encode_block(block, *tokenizer, train_header, vocabulary, &figures,
                        comm.is_root() ? count_encoded(name, block.size()) : nullptr);
       const std::string path = pending.add(name);
       try {
@@ -836,13 +1055,15 @@ int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
     });
     if (!ok) break;
     // Every rank's figures for this round, so rank 0 can report each shard.
-    constexpr int kFigures = 4;
+    constexpr int kFigures = 6;
     std::vector<double> round(kFigures * static_cast<size_t>(W), 0.0);
     double* own = &round[kFigures * rank];
     own[0] = static_cast<double>(figures.sequences);
     own[1] = static_cast<double>(figures.tokens);
     own[2] = static_cast<double>(figures.skipped);
     own[3] = static_cast<double>(figures.unknown);
+    own[4] = static_cast<double>(figures.labels);
+    own[5] = static_cast<double>(figures.unknown_labels);
     comm.allreduce_sum(round.data(), static_cast<int>(round.size()));
     for (int r = 0; r < W && first + r < shards; ++r) {
       const double* of_r = &round[kFigures * r];
@@ -852,6 +1073,8 @@ int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
       total.tokens += tokens;
       total.skipped += static_cast<int64_t>(of_r[2]);
       total.unknown += static_cast<int64_t>(of_r[3]);
+      total.labels += static_cast<int64_t>(of_r[4]);
+      total.unknown_labels += static_cast<int64_t>(of_r[5]);
       say("  " + shard_name(kTrainPrefix, first + r) + ": " + grouped(sequences) + " sequences, " +
           grouped(tokens) + " tokens (" + format_seconds(seconds_since(encode_start)) + ")");
     }
@@ -871,7 +1094,7 @@ int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
         ShardHeader split_header = header;
         split_header.split = prefix;
         const std::string name = shard_name(prefix, 0);
-        const Shard shard = encode_block(span, *tokenizer, split_header, &held_out[k],
+        const Shard shard = encode_block(span, *tokenizer, split_header, vocabulary, &held_out[k],
                                          count_encoded(name, span.size()));
         const std::string path = pending.add(name);
         try {
@@ -918,6 +1141,16 @@ int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
         grouped(static_cast<int64_t>(lines)).c_str(), seq2seq ? "line pairs" : "lines",
         grouped(skipped).c_str(), seconds_since(start), encode_seconds,
         grouped(static_cast<int64_t>(tokens / std::max(encode_seconds, 1e-9))).c_str());
+    if (cfg.kind == "classify") {
+      const int64_t dropped = valid.unknown_labels + test.unknown_labels;
+      std::printf("  %zu labels (the training lines'), %.2f per training example%s\n",
+                  header.label_names.size(),
+                  static_cast<double>(total.labels) / std::max<int64_t>(total.sequences, 1),
+                  dropped > 0 ? (", " + grouped(dropped) +
+                                 " held-out label(s) the training lines never had were dropped")
+                                    .c_str()
+                              : "");
+    }
     std::fflush(stdout);
   }
   return 0;

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "src/data/labels.h"
 #include "src/io/hdf5_file.h"
 
 namespace mpiformer {
@@ -71,6 +72,51 @@ void write_side(hid_t file, const std::string& prefix, const TokenSequences& seq
                 seq.offsets.size(), faults);
 }
 
+void validate_labels_for_write(const Shard& shard, const Faults& faults) {
+  const ShardLabels& l = shard.labels;
+  const size_t K = shard.header.label_names.size();
+  if (K == 0) faults.fail("cannot write: a " + shard.header.kind + " shard needs label names");
+  for (const std::string& n : shard.header.label_names) {
+    if (n.empty() || n.find_first_of(" \t\n\r") != std::string::npos) {
+      faults.fail("cannot write: label name '" + n + "' is empty or holds white space");
+    }
+  }
+  if (l.offsets.empty() || l.offsets.front() != 0 || l.offsets.back() != l.ids.size() ||
+      l.weights.size() != l.ids.size()) {
+    faults.fail("cannot write: label offsets, ids and weights disagree");
+  }
+  for (size_t i = 0; i < l.ids.size(); ++i) {
+    if (l.ids[i] < 0 || static_cast<size_t>(l.ids[i]) >= K || !(l.weights[i] >= 0.0f) ||
+        !(l.weights[i] <= 1.0f)) {
+      faults.fail("cannot write: label " + std::to_string(i) + " (id " + std::to_string(l.ids[i]) +
+                  ", weight " + std::to_string(l.weights[i]) + ") is outside " + std::to_string(K) +
+                  " labels or [0, 1]");
+    }
+  }
+}
+
+void write_labels(hid_t root, const Shard& shard, const Faults& faults) {
+  const ShardHeader& h = shard.header;
+  const int K = static_cast<int>(h.label_names.size());
+  hdf5::write_int_attr(root, "num_labels", H5T_STD_I32LE, H5T_NATIVE_INT, &K, faults);
+  hdf5::write_bytes_dataset(root, "label_names", join_label_names(h.label_names), faults);
+  const ShardLabels& l = shard.labels;
+  write_dataset(root, "labels/ids", H5T_STD_I32LE, H5T_NATIVE_INT32, l.ids.data(), l.ids.size(),
+                faults);
+  write_dataset(root, "labels/weights", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, l.weights.data(),
+                l.weights.size(), faults);
+  write_dataset(root, "labels/offsets", H5T_STD_U64LE, H5T_NATIVE_UINT64, l.offsets.data(),
+                l.offsets.size(), faults);
+  if (h.kind != "image") return;
+  for (const auto& [name, value] : {std::pair{"image_height", &h.image_height},
+                                    {"image_width", &h.image_width},
+                                    {"image_channels", &h.image_channels}}) {
+    hdf5::write_int_attr(root, name, H5T_STD_I32LE, H5T_NATIVE_INT, value, faults);
+  }
+  write_dataset(root, "images", H5T_STD_U8LE, H5T_NATIVE_UINT8, shard.images.data(),
+                shard.images.size(), faults);
+}
+
 void write_shard_file(const Faults& faults, const Shard& shard) {
   const ShardHeader& h = shard.header;
   Hid file =
@@ -84,7 +130,7 @@ void write_shard_file(const Faults& faults, const Shard& shard) {
   hdf5::write_int_attr(root, "vocab_size", H5T_STD_I32LE, H5T_NATIVE_INT, &h.vocab_size, faults);
   hdf5::write_special_token_attrs(root, h.special, faults);
   const bool seq2seq = h.kind == "seq2seq";
-  const uint64_t sequences = shard.target.count();
+  const uint64_t sequences = shard.count();
   const uint64_t tokens = shard.target.tokens.size() + (seq2seq ? shard.source.tokens.size() : 0);
   hdf5::write_int_attr(root, "sequences", H5T_STD_U64LE, H5T_NATIVE_UINT64, &sequences, faults);
   hdf5::write_int_attr(root, "tokens", H5T_STD_U64LE, H5T_NATIVE_UINT64, &tokens, faults);
@@ -95,9 +141,10 @@ void write_shard_file(const Faults& faults, const Shard& shard) {
   if (seq2seq) {
     write_side(root, "src/", shard.source, h.vocab_size, faults);
     write_side(root, "tgt/", shard.target, h.vocab_size, faults);
-  } else {
+  } else if (h.kind != "image") {
     write_side(root, "", shard.target, h.vocab_size, faults);
   }
+  if (h.has_labels()) write_labels(root, shard, faults);
   faults.check(H5Fflush(root, H5F_SCOPE_LOCAL), "the file");
   faults.check(file.close(), "the file");
 }
@@ -124,8 +171,8 @@ ShardHeader read_header(hid_t file, const Faults& faults, uint64_t* sequences, u
                 " (this build reads version " + std::to_string(kShardVersion) + ")");
   }
   h.kind = read_trimmed_attr(file, "kind", faults);
-  if (h.kind != "lm" && h.kind != "seq2seq") {
-    faults.fail("kind '" + h.kind + "' is not lm or seq2seq");
+  if (h.kind != "lm" && h.kind != "seq2seq" && !h.has_labels()) {
+    faults.fail("kind '" + h.kind + "' is not lm, seq2seq, classify or image");
   }
   h.vocab_size = hdf5::read_int_attr<int>(file, "vocab_size", faults);
   if (h.vocab_size <= 0)
@@ -139,7 +186,79 @@ ShardHeader read_header(hid_t file, const Faults& faults, uint64_t* sequences, u
 
   // /tokenizer: uint8 bytes of the SentencePiece model.
   h.tokenizer = hdf5::read_bytes_dataset(file, "tokenizer", faults);
+  if (h.has_labels()) {
+    const int K = hdf5::read_int_attr<int>(file, "num_labels", faults);
+    h.label_names = split_label_names(hdf5::read_bytes_dataset(file, "label_names", faults));
+    if (K <= 0 || static_cast<size_t>(K) != h.label_names.size()) {
+      faults.fail("attribute 'num_labels' says " + std::to_string(K) + " but /label_names holds " +
+                  std::to_string(h.label_names.size()) + " names");
+    }
+  }
+  if (h.kind == "image") {
+    h.image_height = hdf5::read_int_attr<int>(file, "image_height", faults);
+    h.image_width = hdf5::read_int_attr<int>(file, "image_width", faults);
+    h.image_channels = hdf5::read_int_attr<int>(file, "image_channels", faults);
+    if (h.image_height <= 0 || h.image_width <= 0 || h.image_channels <= 0) {
+      faults.fail("image size " + std::to_string(h.image_height) + " x " +
+                  std::to_string(h.image_width) + " x " + std::to_string(h.image_channels) +
+                  " is not positive");
+    }
+  }
   return h;
+}
+
+// A 1-D dataset of any numeric type read as `mem_type` into `out`.
+template <class T>
+void read_numbers(hid_t file, const std::string& name, hid_t mem_type, const Faults& faults,
+                  std::vector<T>* out) {
+  // H5Lexists wants each group of a path to exist before it looks further.
+  const size_t slash = name.find('/');
+  if ((slash != std::string::npos &&
+       H5Lexists(file, name.substr(0, slash).c_str(), H5P_DEFAULT) <= 0) ||
+      H5Lexists(file, name.c_str(), H5P_DEFAULT) <= 0) {
+    faults.fail("missing dataset " + name);
+  }
+  Hid dset(H5Dopen2(file, name.c_str(), H5P_DEFAULT), H5Dclose);
+  if (!dset.ok()) faults.fail_corrupt("open " + name);
+  Hid space(H5Dget_space(dset.get()), H5Sclose);
+  if (!space.ok() || H5Sget_simple_extent_ndims(space.get()) != 1) {
+    faults.fail(name + " is not a 1-D dataset");
+  }
+  out->resize(static_cast<size_t>(H5Sget_simple_extent_npoints(space.get())));
+  if (!out->empty() &&
+      H5Dread(dset.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, out->data()) < 0) {
+    faults.fail_corrupt("read " + name);
+  }
+}
+
+// /labels of a classify or image shard, checked against the vocabulary.
+void read_labels(hid_t file, const ShardHeader& h, const Faults& faults, ShardLabels* out) {
+  read_numbers(file, "labels/ids", H5T_NATIVE_INT32, faults, &out->ids);
+  read_numbers(file, "labels/weights", H5T_NATIVE_FLOAT, faults, &out->weights);
+  read_numbers(file, "labels/offsets", H5T_NATIVE_UINT64, faults, &out->offsets);
+  const std::vector<uint64_t>& off = out->offsets;
+  if (off.empty() || off.front() != 0) faults.fail("/labels/offsets do not start at 0");
+  for (size_t i = 0; i + 1 < off.size(); ++i) {
+    if (off[i + 1] < off[i]) {
+      faults.fail("/labels/offsets are not non-decreasing at example " + std::to_string(i));
+    }
+  }
+  if (off.back() != out->ids.size() || out->weights.size() != out->ids.size()) {
+    faults.fail("/labels/offsets end at " + std::to_string(off.back()) + " but /labels/ids holds " +
+                std::to_string(out->ids.size()) + " and /labels/weights " +
+                std::to_string(out->weights.size()));
+  }
+  const size_t K = h.label_names.size();
+  for (size_t i = 0; i < out->ids.size(); ++i) {
+    if (out->ids[i] < 0 || static_cast<size_t>(out->ids[i]) >= K) {
+      faults.fail("label id " + std::to_string(out->ids[i]) + " at position " + std::to_string(i) +
+                  " of /labels/ids is not below num_labels " + std::to_string(K));
+    }
+    if (!(out->weights[i] >= 0.0f && out->weights[i] <= 1.0f)) {
+      faults.fail("label weight " + std::to_string(out->weights[i]) + " at position " +
+                  std::to_string(i) + " of /labels/weights is not in [0, 1]");
+    }
+  }
 }
 
 // Opens a 1-D integer dataset; returns its length in `n`.
@@ -234,6 +353,12 @@ void read_side(hid_t file, const std::string& prefix, int vocab_size, const Faul
 
 }  // namespace
 
+void ShardLabels::append(const int32_t* label_ids, const float* label_weights, size_t n) {
+  ids.insert(ids.end(), label_ids, label_ids + n);
+  weights.insert(weights.end(), label_weights, label_weights + n);
+  offsets.push_back(ids.size());
+}
+
 void TokenSequences::append(const int32_t* ids, size_t n) {
   tokens.insert(tokens.end(), ids, ids + n);
   offsets.push_back(tokens.size());
@@ -242,8 +367,8 @@ void TokenSequences::append(const int32_t* ids, size_t n) {
 void write_shard(const std::string& path, const Shard& shard) {
   const Faults faults = Faults::of<ShardError>(path);
   const ShardHeader& h = shard.header;
-  if (h.kind != "lm" && h.kind != "seq2seq") {
-    faults.fail("cannot write: kind '" + h.kind + "' is not lm or seq2seq");
+  if (h.kind != "lm" && h.kind != "seq2seq" && !h.has_labels()) {
+    faults.fail("cannot write: kind '" + h.kind + "' is not lm, seq2seq, classify or image");
   }
   if (h.vocab_size <= 0) faults.fail("cannot write: vocab_size must be positive");
   const bool seq2seq = h.kind == "seq2seq";
@@ -255,7 +380,20 @@ void write_shard(const std::string& path, const Shard& shard) {
                   std::to_string(shard.target.count()) + " target sequences");
     }
   } else if (shard.source.count() != 0 || !shard.source.tokens.empty()) {
-    faults.fail("cannot write: an lm shard has no source side");
+    faults.fail("cannot write: an " + h.kind + " shard has no source side");
+  }
+  if (h.has_labels()) {
+    validate_labels_for_write(shard, faults);
+    if (shard.labels.count() != shard.count() ||
+        (h.kind == "classify" && shard.labels.count() != shard.target.count())) {
+      faults.fail("cannot write: " + std::to_string(shard.labels.count()) + " label lists for " +
+                  std::to_string(shard.target.count()) + " sequences");
+    }
+    if (h.kind == "image" && shard.images.size() != shard.labels.count() * h.image_bytes()) {
+      faults.fail("cannot write: " + std::to_string(shard.images.size()) + " image bytes for " +
+                  std::to_string(shard.labels.count()) + " images of " +
+                  std::to_string(h.image_bytes()));
+    }
   }
 
   hdf5::Session session;
@@ -285,19 +423,36 @@ Shard read_shard(const std::string& path) {
                   " sequences but /tgt holds " + std::to_string(shard.target.count()));
     }
     stored_tokens = shard.source.tokens.size() + shard.target.tokens.size();
-  } else {
+  } else if (shard.header.kind != "image") {
     read_side(file.get(), "/", vocab, faults, &shard.target);
     stored_tokens = shard.target.tokens.size();
   }
-  if (sequences != shard.target.count()) {
+  if (shard.header.has_labels()) {
+    read_labels(file.get(), shard.header, faults, &shard.labels);
+    if (shard.header.kind == "classify" && shard.labels.count() != shard.target.count()) {
+      faults.fail("/labels holds " + std::to_string(shard.labels.count()) +
+                  " label lists but /offsets " + std::to_string(shard.target.count()) +
+                  " sequences");
+    }
+  }
+  if (shard.header.kind == "image") {
+    read_numbers(file.get(), "images", H5T_NATIVE_UINT8, faults, &shard.images);
+    if (shard.images.size() != shard.labels.count() * shard.header.image_bytes()) {
+      faults.fail("/images holds " + std::to_string(shard.images.size()) + " bytes but " +
+                  std::to_string(shard.labels.count()) + " images of " +
+                  std::to_string(shard.header.image_bytes()) + " need " +
+                  std::to_string(shard.labels.count() * shard.header.image_bytes()));
+    }
+  }
+  if (sequences != shard.count()) {
     faults.fail("attribute 'sequences' says " + std::to_string(sequences) + " but the file holds " +
-                std::to_string(shard.target.count()));
+                std::to_string(shard.count()));
   }
   if (tokens != stored_tokens) {
     faults.fail("attribute 'tokens' says " + std::to_string(tokens) + " but the file holds " +
                 std::to_string(stored_tokens));
   }
-  if (shard.target.count() == 0) faults.fail("empty shard (0 sequences)");
+  if (shard.count() == 0) faults.fail("empty shard (0 sequences)");
   return shard;
 }
 

@@ -22,7 +22,7 @@ class ShardError : public std::runtime_error {
 };
 
 struct ShardHeader {
-  std::string kind = "lm";  // "lm" | "seq2seq"
+  std::string kind = "lm";  // "lm" | "seq2seq" | "classify" | "image"
   int version = kShardVersion;
   int vocab_size = 0;
   SpecialTokens special;  // stored as the attributes pad_id, bos_id, ... sep_id
@@ -30,6 +30,26 @@ struct ShardHeader {
   // Where the sequences came from, for people (optional; not compared
   // across a set): "train", "valid" or "test", and e.g. "kjv.txt lines 1-900".
   std::string split, origin;
+  // classify and image: the label vocabulary (label i is label_names[i]).
+  std::vector<std::string> label_names;
+  // image: every image is height x width x channels uint8 values.
+  int image_height = 0, image_width = 0, image_channels = 0;
+
+  bool has_labels() const { return kind == "classify" || kind == "image"; }
+  size_t image_bytes() const {
+    return static_cast<size_t>(image_height) * image_width * image_channels;
+  }
+};
+
+// The labels of each example (classify, image): example i has labels
+// ids[offsets[i], offsets[i+1]), each with a target weight in [0, 1] (1: a
+// hard label; less: a soft one).
+struct ShardLabels {
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+  std::vector<uint64_t> offsets{0};  // (n+1)
+  size_t count() const { return offsets.size() - 1; }
+  void append(const int32_t* label_ids, const float* label_weights, size_t n);
 };
 
 // Sequences of one side: sequence i is tokens[offsets[i], offsets[i+1]).
@@ -43,8 +63,13 @@ struct TokenSequences {
 
 struct Shard {
   ShardHeader header;
-  TokenSequences source;  // seq2seq: /src; unused for lm
-  TokenSequences target;  // lm: /tokens; seq2seq: /tgt
+  TokenSequences source;        // seq2seq: /src; unused for lm
+  TokenSequences target;        // lm, classify: /tokens; seq2seq: /tgt; unused for image
+  ShardLabels labels;           // classify, image
+  std::vector<uint8_t> images;  // image: (n, height, width, channels)
+
+  // Examples held: sequences, pairs or images.
+  size_t count() const { return header.kind == "image" ? labels.count() : target.count(); }
 };
 
 // Writes `shard` to `path` exactly (callers choose temporary names and

@@ -1,0 +1,44 @@
+// Labels of classification data (`prepare --kind classify --labels FILE`):
+// line i of FILE holds the labels of line i of the text, space-separated,
+// each NAME (a hard label, weight 1) or NAME:WEIGHT (a soft label, weight in
+// [0, 1]). A blank line is an example with no label (every label negative).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace mpiformer {
+
+struct LabelWeight {
+  std::string name;
+  float weight = 1.0f;
+};
+
+// The labels of one line, in the order given. Throws std::invalid_argument
+// saying what is wrong ("weight 1.5 of 'x' is not in [0, 1]", "label 'a'
+// given twice").
+std::vector<LabelWeight> parse_label_line(const std::string& line);
+
+// Label names as stored in shards and checkpoints: one name a line.
+std::string join_label_names(const std::vector<std::string>& names);
+std::vector<std::string> split_label_names(const std::string& bytes);
+
+// The label vocabulary of a data set: the names seen in the training lines,
+// most frequent first (ties by name), so id 0 is the commonest label.
+class LabelVocabulary {
+ public:
+  void count(const std::vector<LabelWeight>& labels);  // one training example's labels
+  void finish();                                       // fixes the ids
+  const std::vector<std::string>& names() const { return names_; }
+  // -1 for a name the training lines never had.
+  int id(const std::string& name) const;
+
+ private:
+  std::map<std::string, int64_t> counts_;
+  std::map<std::string, int> ids_;
+  std::vector<std::string> names_;
+};
+
+}  // namespace mpiformer
