@@ -18,6 +18,20 @@ The true negative log-likelihood of an lm checkpoint on every sequence of
 DIR's split, read from the shards as data/FORMAT.md lays them out (BOS and
 the tokens predict the tokens and EOS), printed as "nll N ppl P bits B
 tokens T": what `mpiformer eval` must print.
+
+For a classifier (--model classify) the same usage gives the figures of
+`mpiformer eval` over DIR's split: every example of the classify shards
+(text: BOS as the CLS token with --pool cls) or image shards (--patch P:
+a row per P x P patch, pixels in [-1, 1] and a one-hot of the row's
+position, after an empty CLS row with --pool cls) through the encoder
+stack (pre- or post-LN, learned or sinusoidal positions), pooled (the
+first row, or the mean of the rows), scored by the classifier head, under
+the run's loss: label-smoothed softmax cross entropy over the K labels, or
+ZLPR with soft targets. Printed as "loss L nll N acc A examples E" (acc in
+percent), and for zlpr also "micro_p P micro_r R micro_f1 F macro_p P
+macro_r R macro_f1 F" (a label is predicted when its score is > 0 and true
+when its target is >= 0.5; macro averages over the labels that occur in
+the truth or the predictions).
 """
 
 import argparse
@@ -54,27 +68,44 @@ def attention(q, k, v, heads, causal):
     return (torch.softmax(scores, dim=-1) @ v).transpose(0, 1).reshape(Tq, C)
 
 
-def stack(x, p, prefix, layers, heads, causal, memory=None):
-    """Pre-LN blocks: self-attention, cross-attention (with memory), MLP."""
+def relu(x):
+    return torch.clamp(x, min=0)
+
+
+def stack(x, p, prefix, layers, heads, causal, memory=None, pre_norm=True, act=gelu_tanh):
+    """Residual blocks: self-attention, cross-attention (with memory), MLP.
+    Pre-LN: x + f(LN(x)) and a final LN; post-LN: LN(x + f(x)), no final LN."""
     C = x.shape[-1]
-    for i in range(layers):
-        a = f"{prefix}.layers.{i}.self_attn"
-        u = layer_norm(x, p, a + ".norm")
+
+    def residual(x, name, f):
+        if pre_norm:
+            return x + f(layer_norm(x, p, name + ".norm"))
+        return layer_norm(x + f(x), p, name + ".norm")
+
+    def self_attn(u, a):
         qkv = u @ p[a + ".qkv.weight"].T + p[a + ".qkv.bias"]
         att = attention(qkv[:, :C], qkv[:, C:2 * C], qkv[:, 2 * C:], heads, causal)
-        x = x + att @ p[a + ".out.weight"].T + p[a + ".out.bias"]
+        return att @ p[a + ".out.weight"].T + p[a + ".out.bias"]
+
+    def cross_attn(u, c):
+        q = u @ p[c + ".q.weight"].T + p[c + ".q.bias"]
+        kv = memory @ p[c + ".kv.weight"].T + p[c + ".kv.bias"]
+        att = attention(q, kv[:, :C], kv[:, C:], heads, False)
+        return att @ p[c + ".out.weight"].T + p[c + ".out.bias"]
+
+    def mlp(u, m):
+        h = act(u @ p[m + ".fc.weight"].T + p[m + ".fc.bias"])
+        return h @ p[m + ".proj.weight"].T + p[m + ".proj.bias"]
+
+    for i in range(layers):
+        a = f"{prefix}.layers.{i}.self_attn"
+        x = residual(x, a, lambda u: self_attn(u, a))
         if memory is not None:
             c = f"{prefix}.layers.{i}.cross_attn"
-            u = layer_norm(x, p, c + ".norm")
-            q = u @ p[c + ".q.weight"].T + p[c + ".q.bias"]
-            kv = memory @ p[c + ".kv.weight"].T + p[c + ".kv.bias"]
-            att = attention(q, kv[:, :C], kv[:, C:], heads, False)
-            x = x + att @ p[c + ".out.weight"].T + p[c + ".out.bias"]
+            x = residual(x, c, lambda u: cross_attn(u, c))
         m = f"{prefix}.layers.{i}.mlp"
-        u = layer_norm(x, p, m + ".norm")
-        h = gelu_tanh(u @ p[m + ".fc.weight"].T + p[m + ".fc.bias"])
-        x = x + h @ p[m + ".proj.weight"].T + p[m + ".proj.bias"]
-    return layer_norm(x, p, prefix + ".norm")
+        x = residual(x, m, lambda u: mlp(u, m))
+    return layer_norm(x, p, prefix + ".norm") if pre_norm else x
 
 
 def sequence_loss(p, cfg, tokens, positions, targets, smoothing, source=None):
@@ -135,11 +166,184 @@ def split_nll(params, cfg, data_dir, split, device):
     return total, tokens
 
 
+def sinusoid_table(L, C, device):
+    """The fixed positions: sin(pos w_i) at 2i, cos(pos w_i) at 2i + 1,
+    w_i = 10000^(-2i/C); 0 in the last column when C is odd."""
+    table = torch.zeros(L, C, dtype=torch.float64, device=device)
+    pos = torch.arange(L, dtype=torch.float64, device=device)[:, None]
+    freq = 10000.0 ** (-2.0 * torch.arange(C // 2, dtype=torch.float64, device=device) / C)
+    table[:, 0:2 * (C // 2):2] = torch.sin(pos * freq)
+    table[:, 1:2 * (C // 2):2] = torch.cos(pos * freq)
+    return table
+
+
+def patch_rows(image, P, L, cls):
+    """The rows of one image: [an empty CLS row,] then its patches in raster
+    order, each its P x P x channels pixels mapped to [-1, 1] (dy, dx,
+    channel), then a one-hot of the row's position over L columns.
+    image: (H, W, channels) uint8; returns (rows, P P channels + L) float64"""
+    H, W, Ch = image.shape
+    pixels = image.astype(np.float64) / 127.5 - 1.0
+    patches = (pixels.reshape(H // P, P, W // P, P, Ch).transpose(0, 2, 1, 3, 4)
+               .reshape((H // P) * (W // P), P * P * Ch))
+    if cls:
+        patches = np.concatenate([np.zeros((1, P * P * Ch)), patches])
+    rows = len(patches)
+    return np.concatenate([patches, np.eye(L)[:rows]], axis=1)
+
+
+def classify_split(cfg, data_dir, split):
+    """The examples of a classify or image shard split, as the trainer reads
+    them: a list of (inputs, labels), inputs the token ids of a text example
+    (with BOS first as the CLS token under --pool cls; longer than max-len:
+    truncated or skipped per --too-long; empty under --pool mean: skipped)
+    or an image's feature rows (patch_rows), labels a list of (id, weight).
+    Returns the examples and the label count K of the shards."""
+    files = sorted(glob.glob(os.path.join(data_dir, f"{split}-*.h5")))
+    if not files:
+        raise SystemExit(f"torch_reference.py: no {split}-*.h5 shards in {data_dir}")
+    L, P = int(cfg["max-len"]), int(cfg.get("patch", "0"))
+    cls = cfg["pool"] == "cls"
+    skip_long = cfg.get("too-long", "auto") == "skip"  # auto truncates: not seq2seq
+    examples, K = [], None
+    for path in files:
+        with h5py.File(path, "r") as f:
+            kind = f.attrs["kind"]
+            kind = kind.decode() if isinstance(kind, bytes) else str(kind)
+            if kind != ("image" if P > 0 else "classify"):
+                raise SystemExit(f"torch_reference.py: {path} is a {kind} shard; the checkpoint "
+                                 f"needs {'image' if P > 0 else 'classify'} shards")
+            K = int(f.attrs["num_labels"])
+            label_ids = np.asarray(f["labels/ids"], dtype=np.int64)
+            label_weights = np.asarray(f["labels/weights"], dtype=np.float64)
+            label_offsets = np.asarray(f["labels/offsets"], dtype=np.int64)
+            if P > 0:
+                shape = tuple(int(f.attrs[k]) for k in
+                              ("image_height", "image_width", "image_channels"))
+                images = np.asarray(f["images"], dtype=np.uint8).reshape((-1,) + shape)
+                count = len(images)
+            else:
+                bos = int(f.attrs["bos_id"])
+                ids = np.asarray(f["tokens"], dtype=np.int64)
+                offsets = np.asarray(f["offsets"], dtype=np.int64)
+                count = len(offsets) - 1
+        if len(label_offsets) != count + 1:
+            raise SystemExit(f"torch_reference.py: {path}: {len(label_offsets) - 1} label rows "
+                             f"for {count} examples")
+        for i in range(count):
+            r = slice(label_offsets[i], label_offsets[i + 1])
+            labels = list(zip(label_ids[r].tolist(), label_weights[r].tolist()))
+            if P > 0:
+                H, W, _ = shape
+                if H % P or W % P or (H // P) * (W // P) + cls > L:
+                    raise SystemExit(f"torch_reference.py: {H} x {W} images do not make "
+                                     f"{P} x {P} patches within max-len {L}")
+                examples.append((patch_rows(images[i], P, L, cls), labels))
+                continue
+            seq = ids[offsets[i]:offsets[i + 1]]
+            if not cls and len(seq) == 0:
+                continue  # a mean of no rows
+            if len(seq) + cls > L:
+                if skip_long:
+                    continue
+                seq = seq[:L - cls]
+            examples.append((np.concatenate([[bos], seq]) if cls else seq, labels))
+    if not examples:
+        raise SystemExit(f"torch_reference.py: no {split} example of {data_dir} fits max-len {L}")
+    return examples, K
+
+
+def classify_scores(p, cfg, inputs, device):
+    """The K scores of one example: the encoder stack over its rows, pooled,
+    then the classifier head. inputs: token ids (n) or feature rows (n, F)."""
+    C, H = int(cfg["d-model"]), int(cfg["heads"])
+    if int(cfg.get("patch", "0")) > 0:
+        f = torch.tensor(inputs, dtype=torch.float64, device=device)
+        x = f @ p["patch_embed.weight"].T + p["patch_embed.bias"]
+    else:
+        ids = torch.tensor(inputs, dtype=torch.long, device=device)
+        positions = torch.arange(len(ids), device=device)
+        if cfg["positions"] == "learned":
+            x = p["embed.tokens"][ids] + p["embed.positions"][positions]
+        else:  # unit-amplitude sinusoids: the embeddings are scaled by sqrt(C) to match
+            table = sinusoid_table(int(cfg["max-len"]), C, device)
+            x = p["embed.tokens"][ids] * math.sqrt(C) + table[positions]
+    act = relu if cfg["activation"] == "relu" else gelu_tanh
+    h = stack(x, p, "encoder", int(cfg["layers"]), H, False, pre_norm=cfg["norm"] == "pre",
+              act=act)
+    pooled = h[0] if cfg["pool"] == "cls" else h.mean(dim=0)
+    return pooled @ p["classifier.weight"].T + p["classifier.bias"]
+
+
+def classify_figures(params, cfg, data_dir, split, device):
+    """The eval figures of a classifier checkpoint on a split: a dict of
+    loss, nll, acc (percent), examples and, for zlpr, the label figures."""
+    examples, K = classify_split(cfg, data_dir, split)
+    if K != params["classifier.bias"].shape[0]:
+        raise SystemExit(f"torch_reference.py: the shards have {K} labels; the checkpoint "
+                         f"scores {params['classifier.bias'].shape[0]}")
+    loss_kind = cfg["loss"]
+    e = float(cfg["label-smoothing"])
+    total, total_nll, correct = 0.0, 0.0, 0
+    tp, fp, fn = np.zeros(K, np.int64), np.zeros(K, np.int64), np.zeros(K, np.int64)
+    with torch.no_grad():
+        for n, (inputs, labels) in enumerate(examples):
+            s = classify_scores(params, cfg, inputs, device)
+            if loss_kind == "softmax":
+                if len(labels) != 1 or labels[0][1] != 1.0:
+                    raise SystemExit(f"torch_reference.py: example {n} has labels {labels}; "
+                                     "--loss softmax needs one hard label")
+                y = labels[0][0]
+                log_p = torch.log_softmax(s, dim=-1)
+                # 1-e on the label, e/(K-1) elsewhere, minus a perfect prediction's loss.
+                q = torch.full_like(log_p, e / (K - 1))
+                q[y] = 1 - e
+                constant = (-((1 - e) * math.log(1 - e) if e < 1 else 0)
+                            - (e * math.log(e / (K - 1)) if e > 0 else 0))
+                total += float(-(q * log_p).sum()) - constant
+                total_nll += float(-log_p[y])
+                correct += int(int(s.argmax()) == y)
+            elif loss_kind == "zlpr":
+                t = torch.zeros(K, dtype=torch.float64, device=device)
+                for label, weight in labels:
+                    t[label] = weight
+                zero = torch.zeros(1, dtype=torch.float64, device=device)
+                # log(1 + sum (1-t) e^s) + log(1 + sum t e^-s); log 0 = -inf drops a term.
+                loss = (torch.logsumexp(torch.cat([zero, s + torch.log(1 - t)]), dim=0)
+                        + torch.logsumexp(torch.cat([zero, -s + torch.log(t)]), dim=0))
+                total += float(loss)
+                total_nll += float(loss)
+                predicted, truth = (s > 0).cpu().numpy(), (t >= 0.5).cpu().numpy()
+                correct += int((predicted == truth).all())
+                tp += predicted & truth
+                fp += predicted & ~truth
+                fn += ~predicted & truth
+            else:
+                raise SystemExit(f"torch_reference.py: unknown loss {loss_kind}")
+    count = len(examples)
+    figures = {"loss": total / count, "nll": total_nll / count, "acc": 100.0 * correct / count,
+               "examples": count}
+    if loss_kind == "zlpr":
+        ratio = lambda a, b: a / b if b > 0 else 0.0  # noqa: E731
+        occurring = (tp + fp + fn) > 0
+        T, F, N = int(tp.sum()), int(fp.sum()), int(fn.sum())
+        figures.update({
+            "micro_p": ratio(T, T + F), "micro_r": ratio(T, T + N),
+            "micro_f1": ratio(2 * T, 2 * T + F + N),
+            "macro_p": np.mean([ratio(a, a + b) for a, b in zip(tp[occurring], fp[occurring])]),
+            "macro_r": np.mean([ratio(a, a + b) for a, b in zip(tp[occurring], fn[occurring])]),
+            "macro_f1": np.mean([ratio(2 * a, 2 * a + b + c) for a, b, c in
+                                 zip(tp[occurring], fp[occurring], fn[occurring])]),
+        })
+    return figures
+
+
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("checkpoint")
     parser.add_argument("dump", nargs="?")
-    parser.add_argument("--data", help="an lm shard set: print the checkpoint's nll on a split")
+    parser.add_argument("--data", help="an lm or classify shard set: print the checkpoint's "
+                        "eval figures on a split")
     parser.add_argument("--split", default="valid")
     parser.add_argument("--tolerance", type=float, default=1e-4)
     parser.add_argument("--device", default="cpu")
@@ -153,9 +357,27 @@ def main(argv):
         params = {name: torch.tensor(np.asarray(f["params"][name]), dtype=torch.float64,
                                      device=args.device, requires_grad=True)
                   for name in f["params"]}
+    if cfg.get("model") == "classify":
+        if args.data is None:
+            print("torch_reference.py: a classifier is checked on --data DIR (dump_step covers "
+                  "lm and seq2seq)", file=sys.stderr)
+            return 2
+        # Evaluation runs without dropout; these are what the reference writes out.
+        covered = {"norm": ("pre", "post"), "positions": ("learned", "sinusoidal"),
+                   "activation": ("gelu", "relu"), "attention-scale": ("standard",),
+                   "pool": ("cls", "mean"), "loss": ("softmax", "zlpr")}
+        for key, values in covered.items():
+            if cfg.get(key) not in values:
+                print(f"torch_reference.py: covers {key} = {' or '.join(values)}; the "
+                      f"checkpoint has {cfg.get(key)}", file=sys.stderr)
+                return 2
+        figures = classify_figures(params, cfg, args.data, args.split, args.device)
+        print(" ".join(f"{k} {v}" if isinstance(v, int) else f"{k} {v:.10f}"
+                       for k, v in figures.items()))
+        return 0
     if cfg.get("model") not in ("lm", "seq2seq"):
-        print(f"torch_reference.py: covers lm and seq2seq; the checkpoint has {cfg.get('model')}",
-              file=sys.stderr)
+        print(f"torch_reference.py: covers lm, seq2seq and classify; the checkpoint has "
+              f"{cfg.get('model')}", file=sys.stderr)
         return 2
     covered = {"norm": "pre", "positions": "learned", "tied-embeddings": "true",
                "activation": "gelu", "attention-scale": "standard", "dropout": "0"}
@@ -167,7 +389,8 @@ def main(argv):
 
     if args.data is not None:
         if cfg["model"] != "lm":
-            print("torch_reference.py: --data covers lm checkpoints", file=sys.stderr)
+            print("torch_reference.py: --data covers lm and classify checkpoints",
+                  file=sys.stderr)
             return 2
         total, tokens = split_nll(params, cfg, args.data, args.split, args.device)
         nll = total / tokens

@@ -52,6 +52,7 @@ class MetricsTest : public ::testing::Test {
     r.epoch = 0.125 * s;
     r.comm_wait_ms = 0.25 * s;
     r.hidden_share = 0.5;
+    r.labels.micro_f1 = 0.75;  // a multi-label classifier's figure; the others stay NaN
     return r;
   }
   static EvalRow eval_row(int64_t s) {
@@ -98,17 +99,29 @@ TEST_F(MetricsTest, RowsAndAttributesReadBackExactly) {
   EXPECT_EQ(t.train_columns, (std::vector<std::string>{
                                  "step", "loss", "tokens", "accuracy", "lr", "grad_norm",
                                  "tokens_per_s", "step_ms", "padding_efficiency", "loss_scale",
-                                 "nll", "elapsed_s", "epoch", "comm_wait_ms", "hidden_share"}));
+                                 "nll", "elapsed_s", "epoch", "comm_wait_ms", "hidden_share",
+                                 "micro_precision", "micro_recall", "micro_f1", "macro_precision",
+                                 "macro_recall", "macro_f1"}));
   ASSERT_EQ(t.train_rows.size(), 4u);
   const TrainRow r = train_row(20);
-  EXPECT_EQ(t.train_rows[1],
-            (std::vector<double>{20, r.loss, 1020, r.accuracy, r.lr, r.grad_norm, r.tokens_per_s,
-                                 r.step_ms, 0.9, 1.0, r.nll, 40, 2.5, 5, 0.5}));
+  std::vector<double> row = t.train_rows[1];
+  ASSERT_EQ(row.size(), 21u);
+  EXPECT_EQ(row[17], 0.75);  // micro_f1
+  for (int nan_column : {15, 16, 18, 19, 20}) EXPECT_TRUE(std::isnan(row[nan_column]));
+  row.resize(15);
+  EXPECT_EQ(row, (std::vector<double>{20, r.loss, 1020, r.accuracy, r.lr, r.grad_norm,
+                                      r.tokens_per_s, r.step_ms, 0.9, 1.0, r.nll, 40, 2.5, 5, 0.5}));
   EXPECT_TRUE(std::isnan(t.train_rows[3][12]));
-  EXPECT_EQ(t.eval_columns, (std::vector<std::string>{"step", "loss", "perplexity", "accuracy",
-                                                      "tokens", "nll", "elapsed_s"}));
+  EXPECT_EQ(t.eval_columns,
+            (std::vector<std::string>{"step", "loss", "perplexity", "accuracy", "tokens", "nll",
+                                      "elapsed_s", "micro_precision", "micro_recall", "micro_f1",
+                                      "macro_precision", "macro_recall", "macro_f1"}));
   ASSERT_EQ(t.eval_rows.size(), 1u);
-  EXPECT_EQ(t.eval_rows[0], (std::vector<double>{20, 2.5, 12.182493960703473, 0.25, 777, 2.5, 41}));
+  std::vector<double> eval = t.eval_rows[0];
+  ASSERT_EQ(eval.size(), 13u);
+  for (size_t c = 7; c < 13; ++c) EXPECT_TRUE(std::isnan(eval[c]));
+  eval.resize(7);
+  EXPECT_EQ(eval, (std::vector<double>{20, 2.5, 12.182493960703473, 0.25, 777, 2.5, 41}));
 
   // metrics.jsonl: the same rows, one JSON object a line, NaN as null.
   const std::vector<std::string> lines = lines_of((dir_ / "metrics.jsonl").string());
@@ -118,18 +131,21 @@ TEST_F(MetricsTest, RowsAndAttributesReadBackExactly) {
                            0),
             0u)
       << lines[1];
-  EXPECT_NE(lines[1].find("\"epoch\": 2.5, \"comm_wait_ms\": 5, \"hidden_share\": 0.5}"),
+  EXPECT_NE(lines[1].find("\"epoch\": 2.5, \"comm_wait_ms\": 5, \"hidden_share\": 0.5, "
+                          "\"micro_precision\": null, \"micro_recall\": null, \"micro_f1\": 0.75, "),
             std::string::npos)
       << lines[1];
   EXPECT_NE(lines[3].find("\"epoch\": null"), std::string::npos) << lines[3];
   EXPECT_EQ(lines[4],
             "{\"group\": \"eval\", \"step\": 20, \"loss\": 2.5, \"perplexity\": "
             "12.182493960703473, \"accuracy\": 0.25, \"tokens\": 777, \"nll\": 2.5, "
-            "\"elapsed_s\": 41}");
+            "\"elapsed_s\": 41, \"micro_precision\": null, \"micro_recall\": null, "
+            "\"micro_f1\": null, \"macro_precision\": null, \"macro_recall\": null, "
+            "\"macro_f1\": null}");
 }
 
 // A file of version 1 lacks the columns after loss_scale (train) and tokens
-// (eval): it reads with NaN there, and a resumed run carries it into version 2.
+// (eval): it reads with NaN there, and a resumed run carries it into version 3.
 TEST_F(MetricsTest, AFileWithoutTheNewerColumnsReadsThemAsNaN) {
   {
     MetricsLog log(path_, attrs(1), -1);
@@ -144,13 +160,19 @@ TEST_F(MetricsTest, AFileWithoutTheNewerColumnsReadsThemAsNaN) {
          {"/train/nll", "/train/elapsed_s", "/train/epoch", "/train/comm_wait_ms",
           "/train/hidden_share", "/eval/nll", "/eval/elapsed_s"})
       ASSERT_GE(H5Ldelete(file, name, H5P_DEFAULT), 0) << name;
+    // ... and version 2's label figures.
+    for (const char* group : {"/train/", "/eval/"})
+      for (const char* column : {"micro_precision", "micro_recall", "micro_f1", "macro_precision",
+                                 "macro_recall", "macro_f1"})
+        ASSERT_GE(H5Ldelete(file, (std::string(group) + column).c_str(), H5P_DEFAULT), 0);
     H5Fclose(file);
   }
   const MetricsTable old = read_metrics(path_);
   ASSERT_EQ(old.train_rows.size(), 3u);
-  ASSERT_EQ(old.train_rows[0].size(), 15u);
+  ASSERT_EQ(old.train_rows[0].size(), 21u);
   EXPECT_EQ(old.train_rows[2][1], train_row(3).loss);
   EXPECT_TRUE(std::isnan(old.train_rows[2][10]));
+  EXPECT_TRUE(std::isnan(old.train_rows[2][17]));
   EXPECT_TRUE(std::isnan(old.eval_rows[0][6]));
   {
     MetricsLog log(path_, attrs(1), 2);
@@ -167,8 +189,8 @@ TEST_F(MetricsTest, ResumingKeepsTheRowsUpToTheResumedStep) {
   {
     MetricsLog log(path_, attrs(2), -1);
     for (int64_t s = 1; s <= 7; ++s) log.append(train_row(s));
-    log.append(EvalRow{4, 1, 2, 3, 4});
-    log.append(EvalRow{6, 1, 2, 3, 4});
+    log.append(EvalRow{4, 1, 2, 3, 4, 0, 0, {}});
+    log.append(EvalRow{6, 1, 2, 3, 4, 0, 0, {}});
   }
   {
     // Resumed from the checkpoint of step 5 on one rank: steps 6 and 7 are redone.

@@ -587,7 +587,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST(TrainOptions, UnknownModelKind) {
   EXPECT_EQ(train_error({"--model", "gpt", "--synthetic", "copy", "--out", "o"}),
-            "--model: expected lm, seq2seq or mlm; got 'gpt'");
+            "--model: expected lm, seq2seq, mlm or classify; got 'gpt'");
 }
 
 TEST(TrainOptions, RequiredFlags) {
@@ -808,7 +808,7 @@ TEST(PrepareOptions, ConfigFileAndHelp) {
   std::ostringstream out;
   EXPECT_FALSE(parse_prepare_options({"--help"}, &help_cfg, out));
   for (const char* flag :
-       {"--kind lm|seq2seq (=lm)", "--input FILE", "--target FILE", "--out DIR", "--shards N (=4)",
+       {"--kind lm|seq2seq|classify|image (=lm)", "--input FILE", "--labels FILE", "--target FILE", "--out DIR", "--shards N (=4)",
         "--vocab-size V (=8000)", "--tokenizer MODEL", "--model-type unigram|bpe (=unigram)",
         "--valid-lines N (=1000)", "--valid FILE[,TARGET]", "--test FILE[,TARGET]",
         "--test-lines N (=0)", "--seed S (=1)"}) {
@@ -822,9 +822,9 @@ TEST(PrepareOptions, BadValuesNameTheFlag) {
   EXPECT_EQ(prepare_error({"--input", "in.txt"}), "--out: required: the directory for the shards");
   EXPECT_EQ(prepare_error(with(base, {"--kind", "seq2seq"})).rfind("--target: required", 0), 0u);
   EXPECT_EQ(prepare_error(with(base, {"--target", "t.txt"})),
-            "--target: only for --kind seq2seq; --kind lm reads --input alone");
+            "--target: only for --kind seq2seq (--kind classify reads --labels)");
   EXPECT_EQ(prepare_error(with(base, {"--kind", "mlm"})),
-            "--kind: expected lm or seq2seq; got 'mlm'");
+            "--kind: expected lm, seq2seq, classify or image; got 'mlm'");
   EXPECT_EQ(prepare_error(with(base, {"--shards", "0"})), "--shards: must be positive; got 0");
   EXPECT_EQ(prepare_error(with(base, {"--vocab-size", "6"})),
             "--vocab-size: must be at least 8 (6 reserved ids and two data symbols); got 6");

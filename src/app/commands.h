@@ -10,6 +10,7 @@ int run_train(const TrainConfig& cfg, Communicator& comm);
 int run_bench(const BenchConfig& cfg, Communicator& comm);
 int run_eval(const EvalConfig& cfg, Communicator& comm);
 int run_generate(const GenerateConfig& cfg, Communicator& comm);
+int run_classify(const ClassifyConfig& cfg, Communicator& comm);
 // Text to HDF5 shards in cfg.out_dir (train-NNNNN.h5, valid-00000.h5,
 // test-00000.h5 with --test or --test-lines,
 // tokenizer.model). Faults of the inputs found before any work: one line,

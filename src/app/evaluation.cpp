@@ -18,8 +18,26 @@ LossSums allreduce(const Communicator& comm, const LossSums& local) {
   return global;
 }
 
+std::vector<int64_t> allreduce(const Communicator& comm, std::vector<int64_t> local) {
+  if (!local.empty()) comm.allreduce_sum(local.data(), static_cast<int>(local.size()));
+  return local;
+}
+
 std::string describe_eval(const LossSummary& eval, ModelKind kind) {
-  char buf[160];
+  char buf[256];
+  if (kind == ModelKind::kClassify) {
+    std::snprintf(buf, sizeof buf, "loss %.4f | nll %.4f | acc %.2f%% | ", eval.loss, eval.nll,
+                  100.0 * eval.accuracy);
+    std::string text = buf;
+    const LabelFigures& l = eval.labels;
+    if (!std::isnan(l.micro_f1)) {
+      std::snprintf(buf, sizeof buf, "micro P/R/F1 %.4f %.4f %.4f | macro P/R/F1 %.4f %.4f %.4f | ",
+                    l.micro_precision, l.micro_recall, l.micro_f1, l.macro_precision,
+                    l.macro_recall, l.macro_f1);
+      text += buf;
+    }
+    return text + std::to_string(eval.tokens) + " examples";
+  }
   std::snprintf(buf, sizeof buf, "loss %.4f | nll %.4f | ppl %.3f", eval.loss, eval.nll,
                 eval.perplexity);
   std::string text = buf;
@@ -41,7 +59,8 @@ LossSummary evaluate(Model& model, BatchSource& source, uint64_t max_batches, fl
     source.make_batch(BatchSource::kEval, i, &batch);
     model.evaluate(batch, label_smoothing);
   }
-  return summarize(allreduce(comm, model.take_eval_sums()));
+  const LossSums sums = allreduce(comm, model.take_eval_sums());
+  return summarize(sums, allreduce(comm, model.take_label_counts(/*train=*/false)));
 }
 
 }  // namespace mpiformer

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "src/core/config.h"
 #include "src/data/batch.h"
@@ -16,12 +17,17 @@ namespace mpiformer {
 
 // Global loss sums over ranks: sums travel, divisions happen once.
 LossSums allreduce(const Communicator& comm, const LossSums& local);
+// Per-label counts (3 K) of a multi-label classifier; every rank passes the
+// same length (empty for other models).
+std::vector<int64_t> allreduce(const Communicator& comm, std::vector<int64_t> local);
 
 constexpr uint64_t kSyntheticEvalBatches = 8;
 
 // The figures of an eval line, one format for `train` and `eval`:
 // "loss L | nll N | ppl P | acc A% | T tokens" (an lm also gets bits per
-// token: "bits B", nll / ln 2).
+// token: "bits B", nll / ln 2). A classifier: "loss L | nll N | acc A% |
+// E examples", with micro and macro precision, recall and F1 before the
+// count for --loss zlpr (acc: the share whose predicted set is exact).
 std::string describe_eval(const LossSummary& eval, ModelKind kind);
 
 // The first `max_batches` evaluation batches of `source` (a shard set's

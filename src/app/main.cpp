@@ -23,11 +23,12 @@ constexpr const char* kUsage =
     "Usage: mpiformer [--help|--version] COMMAND [flags]\n"
     "\n"
     "Commands:\n"
-    "  train    train a Transformer (lm, seq2seq or mlm), data-parallel over MPI ranks\n"
+    "  train    train a Transformer (lm, seq2seq, mlm or classify), data-parallel over MPI ranks\n"
     "  bench    time training steps of a model shape; prints one JSON line\n"
     "  prepare  turn text (or a parallel pair) into HDF5 token shards for --data\n"
     "  eval     a checkpoint's loss, perplexity and accuracy on a shard set's valid or test split\n"
     "  generate translate (seq2seq) or continue (lm) text with a checkpoint\n"
+    "  classify the best labels of text lines with a classifier checkpoint\n"
     "  inspect  summarise a shard, checkpoint or metrics file: mpiformer inspect FILE.h5\n"
     "\n"
     "`mpiformer COMMAND --help` lists a command's flags and their defaults.\n";
@@ -36,7 +37,7 @@ constexpr const char* kInspectUsage =
     "Usage: mpiformer inspect FILE.h5\n"
     "Prints a summary of a shard, checkpoint or metrics file.\n";
 
-constexpr const char* kCommands = "train, eval, generate, bench, prepare or inspect";
+constexpr const char* kCommands = "train, eval, generate, classify, bench, prepare or inspect";
 
 // Every rank parses the same arguments and fails the same way, so only rank 0
 // speaks and every rank returns the same code without a collective.
@@ -144,6 +145,8 @@ int main(int argc, char** argv) {
     return parse_and_run<EvalConfig>(comm, cmd, rest, parse_eval_options, run_eval);
   if (cmd == "generate")
     return parse_and_run<GenerateConfig>(comm, cmd, rest, parse_generate_options, run_generate);
+  if (cmd == "classify")
+    return parse_and_run<ClassifyConfig>(comm, cmd, rest, parse_classify_options, run_classify);
   if (cmd == "bench")
     return parse_and_run<BenchConfig>(comm, cmd, rest, parse_bench_options, run_bench);
   if (cmd == "prepare")

@@ -214,8 +214,12 @@ void add_model_flags(FlagTable& t, ModelConfig* m,
                      const char* vocab_help = "vocabulary size, reserved ids included") {
   t.group("Model");
   t.add_choice("model", &m->kind,
-               {{"lm", ModelKind::kLm}, {"seq2seq", ModelKind::kSeq2seq}, {"mlm", ModelKind::kMlm}},
-               "decoder-only LM, encoder-decoder, or encoder-only masked LM");
+               {{"lm", ModelKind::kLm},
+                {"seq2seq", ModelKind::kSeq2seq},
+                {"mlm", ModelKind::kMlm},
+                {"classify", ModelKind::kClassify}},
+               "decoder-only LM, encoder-decoder, encoder-only masked LM, or encoder-only "
+               "classifier");
   t.add("layers", &m->layers, "N", "layers (lm, mlm); for seq2seq both stacks unless given");
   t.add("enc-layers", &m->enc_layers, "N", "encoder layers (seq2seq)");
   t.add("dec-layers", &m->dec_layers, "N", "decoder layers (seq2seq)");
@@ -241,6 +245,17 @@ void add_model_flags(FlagTable& t, ModelConfig* m,
       {{"standard", AttentionScale::kStandard}, {"log-length", AttentionScale::kLogLength}},
       "1/sqrt(d_head), or ln(n)/ln(ref-len)/sqrt(d_head) for n visible keys");
   t.add("attention-ref-len", &m->attention_ref_len, "N", "reference length of log-length scaling");
+  t.group("Classifier (--model classify)");
+  t.add("num-labels", &m->num_labels, "K", "labels (0: from the shards)");
+  t.add_choice("pool", &m->pool, {{"cls", PoolKind::kCls}, {"mean", PoolKind::kMean}},
+               "one vector per sequence: the first row (a CLS token or patch), or the mean");
+  t.add_choice("loss", &m->loss,
+               {{"softmax", ClassifyLoss::kSoftmax}, {"zlpr", ClassifyLoss::kZlpr}},
+               "softmax: one label per example; zlpr: any number of labels, hard or soft");
+  t.add("patch", &m->patch, "P", "image shards: P x P patches, one position each (ViT)");
+  t.add("image-height", &m->image_height, "H", "image rows (0: from the shards)");
+  t.add("image-width", &m->image_width, "W", "image columns (0: from the shards)");
+  t.add("image-channels", &m->image_channels, "C", "image channels (0: from the shards)");
 }
 
 void add_optim_flags(FlagTable& t, OptimConfig* o) {
@@ -416,16 +431,40 @@ void add_generate_flags(FlagTable& t, GenerateConfig* c) {
   t.add("threads", &c->threads, "N", "CPU threads (0: all cores)");
 }
 
+void add_classify_flags(FlagTable& t, ClassifyConfig* c) {
+  t.group("Classify");
+  t.add("checkpoint", &c->checkpoint, "FILE", "a checkpoint of `train --model classify` on text");
+  t.add("text", &c->text, "TEXT", "one input");
+  t.add("input", &c->input, "FILE", "inputs, one per line");
+  t.add("output", &c->output, "FILE",
+        "write the labels here, one line per input (default: stdout)");
+  t.add("top", &c->top, "K", "labels printed per input, best first");
+  t.add("batch", &c->batch, "N", "lines scored at a time");
+  t.add("threads", &c->threads, "N", "CPU threads (0: all cores)");
+}
+
 void add_prepare_flags(FlagTable& t, PrepareConfig* c) {
   t.group("Input");
-  t.add_choice("kind", &c->kind, {{"lm", std::string("lm")}, {"seq2seq", std::string("seq2seq")}},
-               "lm: one sequence per line; seq2seq: line-aligned --input/--target pairs");
-  t.add("input", &c->input, "FILE", "text, one sequence (or source sentence) per line");
+  t.add_choice("kind", &c->kind,
+               {{"lm", std::string("lm")},
+                {"seq2seq", std::string("seq2seq")},
+                {"classify", std::string("classify")},
+                {"image", std::string("image")}},
+               "lm: one sequence per line; seq2seq: line-aligned --input/--target pairs; "
+               "classify: text lines with --labels; image: an HDF5 or .npz file of uint8 images "
+               "and labels");
+  t.add("input", &c->input, "FILE",
+        "text, one sequence (or source sentence) per line; image: FILE.h5 or FILE.npz");
   t.add("target", &c->target, "FILE", "seq2seq: target sentences, line-aligned with --input");
+  t.add("labels", &c->labels, "FILE",
+        "classify: the labels of each line of --input, space-separated, each NAME or "
+        "NAME:WEIGHT (a soft label, weight in [0, 1])");
   t.add("valid", &c->valid_files, "FILE[,TARGET]",
-        "the validation split from these files (seq2seq: source,target) instead of --valid-lines");
+        "the validation split from these files (seq2seq: source,target; classify: text,labels) "
+        "instead of --valid-lines");
   t.add("test", &c->test_files, "FILE[,TARGET]",
-        "a test split from these files (seq2seq: source,target) instead of --test-lines");
+        "a test split from these files (seq2seq: source,target; classify: text,labels) instead "
+        "of --test-lines");
   t.add("valid-lines", &c->valid_lines, "N",
         "lines (pairs) held out for validation from the end of --input, before any test lines; "
         "at most a tenth of them");
@@ -859,17 +898,19 @@ SplitFiles parse_split_files(const std::string& flag, const std::string& text,
   SplitFiles files;
   if (text.empty()) return files;
   const size_t comma = text.find(',');
-  if (kind == "seq2seq") {
+  if (kind == "seq2seq" || kind == "classify") {
     if (comma == std::string::npos || comma == 0 || comma + 1 == text.size() ||
         text.find(',', comma + 1) != std::string::npos) {
-      usage_error(flag, "--kind seq2seq needs SOURCE,TARGET (two files, comma-separated); got " +
-                            quoted(text));
+      usage_error(flag, "--kind " + kind + " needs " +
+                            (kind == "seq2seq" ? "SOURCE,TARGET" : "TEXT,LABELS") +
+                            " (two files, comma-separated); got " + quoted(text));
     }
     files.input = text.substr(0, comma);
     files.target = text.substr(comma + 1);
   } else {
     if (comma != std::string::npos) {
-      usage_error(flag, "--kind lm reads one file (SOURCE,TARGET is for --kind seq2seq); got " +
+      usage_error(flag, "--kind " + kind +
+                            " reads one file (SOURCE,TARGET is for --kind seq2seq); got " +
                             quoted(text));
     }
     files.input = text;
@@ -882,8 +923,14 @@ void validate_prepare(const PrepareConfig& c, const std::set<std::string>& given
   if (c.kind == "seq2seq" && c.target.empty()) {
     usage_error("--target", "required with --kind seq2seq: the target side of the pairs");
   }
-  if (c.kind == "lm" && !c.target.empty()) {
-    usage_error("--target", "only for --kind seq2seq; --kind lm reads --input alone");
+  if (c.kind == "classify" && c.labels.empty()) {
+    usage_error("--labels", "required with --kind classify: the labels of each line of --input");
+  }
+  if (c.kind != "seq2seq" && !c.target.empty()) {
+    usage_error("--target", "only for --kind seq2seq (--kind classify reads --labels)");
+  }
+  if (c.kind != "classify" && !c.labels.empty()) {
+    usage_error("--labels", "only for --kind classify");
   }
   if (c.out_dir.empty()) usage_error("--out", "required: the directory for the shards");
   require_at_least("--shards", c.shards, 1);
@@ -943,10 +990,11 @@ void validate_bench(const BenchConfig& c) {
 constexpr int kSyntheticVocab = 32;
 
 constexpr const char* kTrainSynopsis =
-    "mpiformer train --model lm|seq2seq|mlm (--data DIR | --synthetic reverse|copy|sort) "
+    "mpiformer train --model lm|seq2seq|mlm|classify (--data DIR | --synthetic reverse|copy|sort) "
     "--out RUNDIR [flags]";
 constexpr const char* kPrepareSynopsis =
-    "mpiformer prepare --kind lm|seq2seq --input FILE [--target FILE] --out DIR --shards N\n"
+    "mpiformer prepare --kind lm|seq2seq|classify|image --input FILE [--target FILE]\n"
+    "                  [--labels FILE] --out DIR --shards N\n"
     "                  --vocab-size V [--tokenizer MODEL]\n"
     "                  [--valid FILE[,TARGET] | --valid-lines N]\n"
     "                  [--test FILE[,TARGET] | --test-lines N] [flags]\n"
@@ -966,6 +1014,10 @@ constexpr const char* kGenerateSynopsis =
     "kept in the checkpoint; a checkpoint of a synthetic task reads and writes token ids.\n"
     "With --data, a seq2seq checkpoint translates the source sentences of a split in order and\n"
     "--references gets their targets, so that `sacrebleu REF < HYP` scores the output.";
+constexpr const char* kClassifySynopsis =
+    "mpiformer classify --checkpoint FILE (--text TEXT | --input FILE) [--top K] [flags]\n"
+    "Prints the K best labels of each input line as NAME:SCORE, best first: the probability\n"
+    "under --loss softmax, the score s under --loss zlpr (a label is predicted when s > 0).";
 constexpr const char* kBenchSynopsis =
     "mpiformer bench --model lm|seq2seq|mlm --batch B --seq T [flags]\n"
     "Prints one JSON line: tokens_per_s, step_ms, mfu, peak_mem_bytes.\n"
@@ -985,9 +1037,20 @@ void validate_model(const ModelConfig& m, bool vocab_from_data) {
   }
   require_at_least("--d-ff", m.d_ff, 1);
   require_at_least("--max-len", m.max_len, 4);
-  // At least two data symbols, or no task has anything to learn.
+  require_at_least("--num-labels", m.num_labels, 0);
+  require_at_least("--patch", m.patch, 0);
+  const bool classify = m.kind == ModelKind::kClassify;
+  if (!classify && m.patch > 0) usage_error("--patch", "only with --model classify");
+  if (m.patch > 0 && m.positions != PositionKind::kLearned) {
+    usage_error("--positions", "images have learned positions (ViT); drop --positions sinusoidal");
+  }
+  if (classify && m.num_labels == 1 && m.loss == ClassifyLoss::kSoftmax) {
+    usage_error("--num-labels", "a softmax over one label learns nothing; give at least 2");
+  }
+  // At least two data symbols, or no task has anything to learn. Images
+  // have no vocabulary.
   const int least_vocab = SpecialTokens::kCount + 2;
-  if (m.vocab < least_vocab && !(m.vocab == 0 && vocab_from_data)) {
+  if (!m.images() && m.vocab < least_vocab && !(m.vocab == 0 && vocab_from_data)) {
     usage_error("--vocab", "must be at least " + std::to_string(least_vocab) + " (" +
                                std::to_string(SpecialTokens::kCount) +
                                " reserved ids and two data symbols); got " +
@@ -1048,6 +1111,26 @@ bool parse_eval_options(const std::vector<std::string>& args, EvalConfig* cfg, s
   require_directory("--data", cfg->data_dir);
   require_at_least("--max-tokens", cfg->max_tokens, 0);
   require_at_least("--batches", cfg->batches, 0);
+  require_at_least("--threads", cfg->threads, 0);
+  return true;
+}
+
+bool parse_classify_options(const std::vector<std::string>& args, ClassifyConfig* cfg,
+                            std::ostream& out) {
+  *cfg = ClassifyConfig{};
+  FlagTable table;
+  add_classify_flags(table, cfg);
+  std::string config_file;
+  const auto given = parse_flags(args, table, kClassifySynopsis, &config_file, out);
+  if (!given) return false;
+  if (cfg->checkpoint.empty()) usage_error("--checkpoint", "required: the classifier to use");
+  require_file("--checkpoint", cfg->checkpoint);
+  if (cfg->text.empty() == cfg->input.empty()) {
+    usage_error("--input", "give one of --text TEXT or --input FILE");
+  }
+  if (!cfg->input.empty()) require_file("--input", cfg->input);
+  require_at_least("--top", cfg->top, 1);
+  require_at_least("--batch", cfg->batch, 1);
   require_at_least("--threads", cfg->threads, 0);
   return true;
 }

@@ -20,6 +20,8 @@ bool parse_prepare_options(const std::vector<std::string>& args, PrepareConfig* 
                            std::ostream& out);
 
 bool parse_eval_options(const std::vector<std::string>& args, EvalConfig* cfg, std::ostream& out);
+bool parse_classify_options(const std::vector<std::string>& args, ClassifyConfig* cfg,
+                            std::ostream& out);
 bool parse_generate_options(const std::vector<std::string>& args, GenerateConfig* cfg,
                             std::ostream& out);
 

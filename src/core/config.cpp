@@ -13,6 +13,28 @@ const char* to_string(ModelKind k) {
       return "seq2seq";
     case ModelKind::kMlm:
       return "mlm";
+    case ModelKind::kClassify:
+      return "classify";
+  }
+  return "?";
+}
+
+const char* to_string(PoolKind k) {
+  switch (k) {
+    case PoolKind::kCls:
+      return "cls";
+    case PoolKind::kMean:
+      return "mean";
+  }
+  return "?";
+}
+
+const char* to_string(ClassifyLoss k) {
+  switch (k) {
+    case ClassifyLoss::kSoftmax:
+      return "softmax";
+    case ClassifyLoss::kZlpr:
+      return "zlpr";
   }
   return "?";
 }

@@ -10,7 +10,10 @@
 
 namespace mpiformer {
 
-enum class ModelKind { kLm, kSeq2seq, kMlm };
+enum class ModelKind { kLm, kSeq2seq, kMlm, kClassify };
+// The loss of a classifier: one label per example (softmax), or any number
+// of labels, hard or soft (ZLPR, kernels/ops.h).
+enum class ClassifyLoss { kSoftmax, kZlpr };
 enum class PositionKind { kLearned, kSinusoidal };
 enum class SyntheticTask { kNone, kReverse, kCopy, kSort };
 enum class ScheduleKind { kConstant, kPolynomial, kInverseSqrt, kCosine };
@@ -45,6 +48,8 @@ const char* to_string(LrScaling k);
 const char* to_string(GradSum k);
 const char* to_string(Transport k);
 const char* to_string(OnDivergence k);
+const char* to_string(PoolKind k);
+const char* to_string(ClassifyLoss k);
 
 // The element type of activations for a compute precision.
 DType compute_dtype(Precision p);
@@ -81,6 +86,26 @@ struct ModelConfig {
   float attention_ref_len = 512.0f;
   float ln_eps = 1e-5f;
   SpecialTokens special;
+
+  // classify: the encoder stack, a pooled vector per sequence, K scores.
+  int num_labels = 0;  // K; 0: from the shards
+  PoolKind pool = PoolKind::kCls;
+  ClassifyLoss loss = ClassifyLoss::kSoftmax;
+  // Images (ViT): P x P patches of an H x W x channels image, each one
+  // position; 0: text. The image's size comes from the shards.
+  int patch = 0;
+  int image_height = 0, image_width = 0, image_channels = 0;
+
+  bool images() const { return kind == ModelKind::kClassify && patch > 0; }
+  // Values a patch row carries: its pixels, then a one-hot of its position
+  // (src/model/model.cpp: the position table is part of the patch weight).
+  int patch_features() const { return patch * patch * image_channels + max_len; }
+  // Rows of one image: its patches, and a first row (the CLS slot, no
+  // pixels) with --pool cls.
+  int image_rows() const {
+    if (patch <= 0) return 0;
+    return (image_height / patch) * (image_width / patch) + (pool == PoolKind::kCls ? 1 : 0);
+  }
 };
 
 struct OptimConfig {
@@ -149,15 +174,16 @@ struct TrainConfig {
 // The text of a held-out split given as files (prepare --valid, --test).
 struct SplitFiles {
   std::string input;   // one sequence (lm) or source sentence per line
-  std::string target;  // seq2seq: target sentences, line-aligned with input
+  std::string target;  // seq2seq: target sentences; classify: labels; line-aligned with input
   bool given() const { return !input.empty(); }
 };
 
 // `mpiformer prepare`: raw text (or a parallel pair) to HDF5 shards.
 struct PrepareConfig {
-  std::string kind = "lm";  // lm | seq2seq
-  std::string input;        // text, one sequence (lm) or source sentence per line
+  std::string kind = "lm";  // lm | seq2seq | classify | image
+  std::string input;        // text, one sequence (lm) or source sentence per line; image: .h5/.npz
   std::string target;       // seq2seq: target sentences, line-aligned with input
+  std::string labels;       // classify: each line's labels (NAME or NAME:WEIGHT), line-aligned
   std::string out_dir;
   int shards = 4;
   int vocab_size = 8000;
@@ -198,6 +224,17 @@ struct GenerateConfig {
   int top_k = 0;           // lm: sample among the k most likely (0: greedy or beam)
   float temperature = 1.0f;
   uint64_t seed = 1;
+  int threads = 0;
+};
+
+// `mpiformer classify`: label scores of text lines with a classifier checkpoint.
+struct ClassifyConfig {
+  std::string checkpoint;  // --checkpoint FILE
+  std::string text;        // --text TEXT: one input
+  std::string input;       // --input FILE: one input per line
+  std::string output;      // --output FILE ("": stdout)
+  int top = 5;             // labels printed per input, best first
+  int batch = 64;          // lines scored at a time
   int threads = 0;
 };
 

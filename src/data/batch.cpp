@@ -32,6 +32,7 @@ int64_t Batch::real_tokens() const {
 }
 
 int64_t Batch::target_tokens(int pad_id) const {
+  if (per_sequence) return decoder.batch();
   return std::count_if(targets.begin(), targets.end(), [&](int32_t t) { return t != pad_id; });
 }
 
@@ -39,6 +40,8 @@ void Batch::clear() {
   encoder.clear();
   decoder.clear();
   targets.clear();
+  label_targets.clear();
+  patches.clear();
 }
 
 }  // namespace mpiformer

@@ -56,7 +56,15 @@ constexpr int kSortWindowBatches = 8;
 }  // namespace
 
 void apply_shard_header(const ShardHeader& header, const std::string& dir, ModelConfig* model) {
-  const char* needed = model->kind == ModelKind::kSeq2seq ? "seq2seq" : "lm";
+  const bool classify = model->kind == ModelKind::kClassify;
+  const char* needed = model->kind == ModelKind::kSeq2seq ? "seq2seq"
+                       : !classify                        ? "lm"
+                       : model->patch > 0                 ? "image"
+                                                          : "classify";
+  if (classify && header.kind == "image" && model->patch == 0) {
+    usage_error("--patch", "required for the image shards in " + dir +
+                               ": the side of the square patches each image is cut into");
+  }
   if (header.kind != needed) {
     usage_error("--model", std::string(to_string(model->kind)) + " reads " + needed +
                                " shards; the shards in " + dir + " are " + header.kind);
@@ -69,6 +77,42 @@ void apply_shard_header(const ShardHeader& header, const std::string& dir, Model
                                std::to_string(model->vocab));
   }
   model->special = header.special;
+  if (!classify) return;
+  const int K = static_cast<int>(header.label_names.size());
+  if (model->num_labels == 0) {
+    model->num_labels = K;
+  } else if (model->num_labels != K) {
+    usage_error("--num-labels", "the shards in " + dir + " have " + std::to_string(K) +
+                                    " labels; got " + std::to_string(model->num_labels));
+  }
+  if (model->loss == ClassifyLoss::kSoftmax && K < 2) {
+    usage_error("--loss", "softmax needs at least 2 labels; the shards in " + dir + " have " +
+                              std::to_string(K) + " (use --loss zlpr)");
+  }
+  if (header.kind != "image") return;
+  const auto take = [&](int* field, int value, const char* flag) {
+    if (*field == 0) {
+      *field = value;
+    } else if (*field != value) {
+      usage_error(flag, "the images in " + dir + " have " + std::to_string(value) + "; got " +
+                            std::to_string(*field));
+    }
+  };
+  take(&model->image_height, header.image_height, "--image-height");
+  take(&model->image_width, header.image_width, "--image-width");
+  take(&model->image_channels, header.image_channels, "--image-channels");
+  const int P = model->patch;
+  if (model->image_height % P != 0 || model->image_width % P != 0) {
+    usage_error("--patch", std::to_string(P) + " does not divide the " +
+                               std::to_string(model->image_height) + " x " +
+                               std::to_string(model->image_width) + " images in " + dir);
+  }
+  if (model->image_rows() > model->max_len) {
+    usage_error("--max-len", "must be at least " + std::to_string(model->image_rows()) +
+                                 ", the rows of one image (its patches" +
+                                 (model->pool == PoolKind::kCls ? " and the CLS row" : "") +
+                                 "); got " + std::to_string(model->max_len));
+  }
 }
 
 ShardSource::ShardSource(const TrainConfig& cfg, int rank, int world_size,
@@ -125,7 +169,7 @@ ShardSource::ShardSource(const TrainConfig& cfg, int rank, int world_size,
       !(cfg.mlm_probability > 0.0f && cfg.mlm_probability <= 1.0f)) {
     usage_error("--mlm-probability", "must be in (0, 1]");
   }
-  if (model_.vocab <= SpecialTokens::kCount) {
+  if (model_.vocab <= SpecialTokens::kCount && !model_.images()) {
     throw ShardError(train_files.front() + ": vocabulary " + std::to_string(model_.vocab) +
                      " has no ids above the " + std::to_string(SpecialTokens::kCount) +
                      " reserved ones");
@@ -182,27 +226,33 @@ ShardSource::~ShardSource() {
 void ShardSource::load_split(const std::vector<std::string>& files, Split* split) const {
   const bool seq2seq = model_.kind == ModelKind::kSeq2seq;
   const bool mlm = model_.kind == ModelKind::kMlm;
+  const bool classify = model_.kind == ModelKind::kClassify;
+  const bool cls = classify && model_.pool == PoolKind::kCls;
   const int64_t L = model_.max_len;
   LoadStats& stats = split->stats;
   split->files = files;
   for (const std::string& file : files) {
     split->shards.push_back(read_shard(file));
     const Shard& shard = split->shards.back();
-    const size_t count = shard.target.count();
+    const size_t count = shard.count();
+    if (model_.kind == ModelKind::kClassify) check_labels(shard, file);
     if (seq2seq && shard.source.count() != count) {
       throw ShardError(file + ": " + std::to_string(shard.source.count()) + " source and " +
                        std::to_string(count) + " target sequences");
     }
     ++stats.shards;
     for (size_t i = 0; i < count; ++i) {
-      const int64_t target = static_cast<int64_t>(shard.target.length(i));
+      const int64_t target =
+          model_.images() ? model_.image_rows() : static_cast<int64_t>(shard.target.length(i));
       const int64_t source = seq2seq ? static_cast<int64_t>(shard.source.length(i)) : 0;
-      if (mlm && target == 0) {
+      // mlm predicts its tokens, and a mean is of at least one row.
+      if ((mlm || (classify && !cls)) && target == 0) {
         ++stats.empty;
         continue;
       }
-      // lm and seq2seq add BOS or EOS to each side; mlm adds nothing.
-      const int64_t marker = mlm ? 0 : 1;
+      // lm and seq2seq add BOS or EOS to each side, a text classifier its
+      // CLS token with --pool cls; mlm adds nothing, an image's rows are whole.
+      const int64_t marker = mlm || model_.images() ? 0 : classify ? (cls ? 1 : 0) : 1;
       const bool too_long = target + marker > L || (seq2seq && source + 1 > L);
       if (too_long && too_long_ == TooLong::kSkip) {
         ++stats.skipped;
@@ -215,9 +265,9 @@ void ShardSource::load_split(const std::vector<std::string>& files, Split* split
       e.sequence = i;
       if (target + marker <= L) {
         e.target_kept = static_cast<int32_t>(target);
-        if (!mlm) e.flags |= kTargetEnds;
+        if (!mlm && !classify) e.flags |= kTargetEnds;
       } else {
-        e.target_kept = static_cast<int32_t>(L);
+        e.target_kept = static_cast<int32_t>(L - (classify ? marker : 0));
       }
       if (seq2seq) {
         if (source + 1 <= L) {
@@ -244,7 +294,10 @@ int ShardSource::encoder_length(const Example& e) const {
 }
 
 int ShardSource::decoder_length(const Example& e) const {
-  if (model_.kind == ModelKind::kMlm) return e.target_kept;
+  if (model_.kind == ModelKind::kMlm || model_.images()) return e.target_kept;
+  if (model_.kind == ModelKind::kClassify) {
+    return e.target_kept + (model_.pool == PoolKind::kCls ? 1 : 0);
+  }
   return e.target_kept + ((e.flags & kTargetEnds) ? 1 : 0);
 }
 
@@ -379,9 +432,14 @@ void ShardSource::fill_batch(const Split& split, const uint32_t* ids, uint32_t c
   reserve_for_budget(out);
   const SpecialTokens& sp = model_.special;
   KeyedRng rng(key);
+  out->per_sequence = model_.kind == ModelKind::kClassify;
   for (uint32_t k = 0; k < count; ++k) {
     const Example& e = split.examples[ids[k]];
     const Shard& shard = split.shards[e.shard];
+    if (model_.kind == ModelKind::kClassify) {
+      add_example(shard, e, out);
+      continue;
+    }
     const int32_t* target = shard.target.tokens.data() + shard.target.offsets[e.sequence];
     if (model_.kind == ModelKind::kMlm) {
       const size_t at = out->targets.size();  // == decoder.total()
@@ -403,6 +461,66 @@ void ShardSource::fill_batch(const Split& split, const uint32_t* ids, uint32_t c
   }
 }
 
+void ShardSource::check_labels(const Shard& shard, const std::string& file) const {
+  if (model_.loss != ClassifyLoss::kSoftmax) return;
+  const ShardLabels& labels = shard.labels;
+  for (size_t i = 0; i < labels.count(); ++i) {
+    const uint64_t n = labels.offsets[i + 1] - labels.offsets[i];
+    if (n != 1 || labels.weights[labels.offsets[i]] != 1.0f) {
+      throw ShardError(file + ": example " + std::to_string(i) + " has " + std::to_string(n) +
+                       (n == 1 ? " soft label" : " labels") +
+                       "; --loss softmax needs exactly one hard label per example (use --loss "
+                       "zlpr for multi-label or soft targets)");
+    }
+  }
+}
+
+void ShardSource::add_example(const Shard& shard, const Example& e, Batch* out) const {
+  const bool cls = model_.pool == PoolKind::kCls;
+  if (model_.images()) {
+    // Rows: [CLS: no pixels], then the patches in raster order, each its P x
+    // P x C pixels mapped to [-1, 1] and a one-hot of its position.
+    const int P = model_.patch, C = model_.image_channels, W = model_.image_width;
+    const int F = model_.patch_features(), pixels = P * P * C;
+    const int rows = model_.image_rows(), across = W / P;
+    const uint8_t* image =
+        shard.images.data() + e.sequence * shard.header.image_bytes();  // (H, W, C)
+    const size_t at = out->patches.size();
+    out->patches.resize(at + static_cast<size_t>(rows) * F, 0.0f);
+    for (int r = 0; r < rows; ++r) {
+      float* row = out->patches.data() + at + static_cast<size_t>(r) * F;  // (F)
+      row[pixels + r] = 1.0f;
+      const int patch = r - (cls ? 1 : 0);
+      if (patch < 0) continue;
+      const int y0 = (patch / across) * P, x0 = (patch % across) * P;
+      int f = 0;
+      for (int dy = 0; dy < P; ++dy) {
+        for (int dx = 0; dx < P; ++dx) {
+          const uint8_t* px = image + (static_cast<size_t>(y0 + dy) * W + x0 + dx) * C;
+          for (int c = 0; c < C; ++c) row[f++] = px[c] / 127.5f - 1.0f;
+        }
+      }
+    }
+    out->decoder.tokens.insert(out->decoder.tokens.end(), rows, 0);
+    for (int i = 0; i < rows; ++i) out->decoder.positions.push_back(i);
+    out->decoder.offsets.push_back(out->decoder.offsets.back() + rows);
+  } else {
+    const int32_t* tokens = shard.target.tokens.data() + shard.target.offsets[e.sequence];
+    append_sequence(&out->decoder, cls ? model_.special.bos : -1, tokens, e.target_kept, -1);
+  }
+  const ShardLabels& labels = shard.labels;
+  const uint64_t first = labels.offsets[e.sequence], last = labels.offsets[e.sequence + 1];
+  if (model_.loss == ClassifyLoss::kSoftmax) {
+    out->targets.push_back(labels.ids[first]);  // one hard label: check_labels
+    return;
+  }
+  const int K = model_.num_labels;
+  const size_t at = out->label_targets.size();
+  out->label_targets.resize(at + K, 0.0f);
+  for (uint64_t j = first; j < last; ++j)
+    out->label_targets[at + labels.ids[j]] = labels.weights[j];
+}
+
 void ShardSource::reserve_for_budget(Batch* out) const {
   // Every batch fits in this, so a buffer allocates once, on its first use,
   // and never again whichever batches pass through it.
@@ -412,6 +530,11 @@ void ShardSource::reserve_for_budget(Batch* out) const {
   out->decoder.positions.reserve(tokens);
   out->decoder.offsets.reserve(offsets);
   out->targets.reserve(tokens);
+  if (model_.kind == ModelKind::kClassify) {
+    out->label_targets.reserve(offsets * static_cast<size_t>(model_.num_labels));
+    if (model_.images())
+      out->patches.reserve(tokens * static_cast<size_t>(model_.patch_features()));
+  }
   if (model_.kind == ModelKind::kSeq2seq) {
     out->encoder.tokens.reserve(tokens);
     out->encoder.positions.reserve(tokens);

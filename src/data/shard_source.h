@@ -13,6 +13,8 @@
 //   mlm:     decoder s masked (src/data/mlm_masking.h), targets the originals
 //            at chosen positions, pad elsewhere.
 //   seq2seq: encoder src EOS, decoder BOS t, targets t EOS.
+//   classify: decoder [BOS as CLS] s (or an image's rows), one target per
+//            sequence: its label (softmax) or (K) label targets (zlpr).
 // A side truncated to --max-len keeps its first tokens and loses its EOS (its
 // end is not there): lm decoder BOS s[0, L-1), targets s[0, L).
 //
@@ -135,6 +137,9 @@ class ShardSource : public BatchSource {
   void fill_batch(const Split& split, const uint32_t* ids, uint32_t count, uint64_t mask_key,
                   Batch* out) const;
   uint64_t mask_key(uint64_t stream, uint64_t index) const;
+  // classify: refuses labels the loss cannot take; appends one example.
+  void check_labels(const Shard& shard, const std::string& file) const;
+  void add_example(const Shard& shard, const Example& e, Batch* out) const;
   void reserve_for_budget(Batch* out) const;
 
   // Prefetch machinery; all guarded by mutex_.

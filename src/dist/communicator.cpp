@@ -63,6 +63,10 @@ void Communicator::allreduce_sum(double* x, int n) const {
   MPI_Allreduce(MPI_IN_PLACE, x, n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
 }
 
+void Communicator::allreduce_sum(int64_t* x, int n) const {
+  MPI_Allreduce(MPI_IN_PLACE, x, n, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+}
+
 void Communicator::allreduce_sum(float* x, size_t n) const {
   // MPI counts are int: a buffer past 2^31 floats goes in pieces. Every rank
   // passes the same n, so every rank makes the same calls.

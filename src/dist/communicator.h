@@ -32,6 +32,7 @@ class Communicator {
   // In place, element-wise SUM over all ranks.  x: (n)
   void allreduce_sum(double* x, int n) const;
   void allreduce_sum(float* x, size_t n) const;
+  void allreduce_sum(int64_t* x, int n) const;
   // True on every rank when it is true on any rank (agreed status flags).
   bool any(bool flag) const;
   // The smallest `value` over ranks, and the lowest rank holding it (MPI_MINLOC).

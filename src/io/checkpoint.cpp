@@ -19,6 +19,7 @@
 #include <map>
 #include <utility>
 
+#include "src/data/labels.h"
 #include "src/io/atomic_file.h"
 #include "src/io/hdf5_file.h"
 #include "src/optim/loss_scaler.h"
@@ -210,6 +211,8 @@ void write_checkpoint_file(const std::string& tmp, const Faults& faults, const P
   hdf5::write_special_token_attrs(root, state.special, faults);
   if (!state.tokenizer.empty())
     hdf5::write_bytes_dataset(root, "tokenizer", state.tokenizer, faults);
+  if (!state.label_names.empty())
+    hdf5::write_bytes_dataset(root, "label_names", join_label_names(state.label_names), faults);
 
   Hid params_group = create_group(root, "params", faults);
   Hid optimizer = create_group(root, "optimizer", faults);
@@ -418,6 +421,9 @@ CheckpointState read_checkpoint_state(const std::string& path) {
   state.special = hdf5::read_special_token_attrs(root, state.vocab_size, faults);
   if (H5Lexists(root, "tokenizer", H5P_DEFAULT) > 0) {
     state.tokenizer = hdf5::read_bytes_dataset(root, "tokenizer", faults);
+  }
+  if (H5Lexists(root, "label_names", H5P_DEFAULT) > 0) {
+    state.label_names = split_label_names(hdf5::read_bytes_dataset(root, "label_names", faults));
   }
   // Values no run writes: a hand-edited or damaged file would resume wrongly.
   const std::string fault = state_fault(state);

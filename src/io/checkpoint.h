@@ -8,6 +8,7 @@
 //   /optimizer/m/<name>   float32, same shape
 //   /optimizer/v/<name>   float32, same shape
 //   /tokenizer            uint8, SentencePiece model bytes (runs on shards only)
+//   /label_names          uint8, a classifier's label names, one a line (classify only)
 //   root attributes:
 //     format = "mpiformer-checkpoint", version, step (int64), world_size,
 //     config (the INI text),
@@ -75,7 +76,8 @@ struct CheckpointState {
   // The vocabulary the model was trained on.
   int vocab_size = 0;
   SpecialTokens special;
-  std::string tokenizer;  // SentencePiece model bytes; empty for synthetic tasks
+  std::string tokenizer;                 // SentencePiece model bytes; empty for synthetic tasks
+  std::vector<std::string> label_names;  // classify: the shards' label vocabulary
 };
 
 // Writes every tensor of `params` and its moments to `path`: the data goes

@@ -20,16 +20,26 @@ using hdf5::Hid;
 constexpr const char* kFormatName = "mpiformer-metrics";
 constexpr hsize_t kRowsPerChunk = 256;
 
-// (name, integer) in file order.
-const std::vector<std::pair<const char*, bool>> kTrainColumns = {
+// (name, integer) in file order; both groups end with a multi-label
+// classifier's figures (LabelFigures).
+using Columns = std::vector<std::pair<const char*, bool>>;
+Columns with_label_columns(Columns columns) {
+  for (const char* name : {"micro_precision", "micro_recall", "micro_f1", "macro_precision",
+                           "macro_recall", "macro_f1"})
+    columns.emplace_back(name, false);
+  return columns;
+}
+// clang-format off
+const Columns kTrainColumns = with_label_columns({
     {"step", true},          {"loss", false},         {"tokens", true},
     {"accuracy", false},     {"lr", false},           {"grad_norm", false},
     {"tokens_per_s", false}, {"step_ms", false},      {"padding_efficiency", false},
     {"loss_scale", false},   {"nll", false},          {"elapsed_s", false},
-    {"epoch", false},        {"comm_wait_ms", false}, {"hidden_share", false}};
-const std::vector<std::pair<const char*, bool>> kEvalColumns = {
+    {"epoch", false},        {"comm_wait_ms", false}, {"hidden_share", false}});
+const Columns kEvalColumns = with_label_columns({
     {"step", true},   {"loss", false}, {"perplexity", false}, {"accuracy", false},
-    {"tokens", true}, {"nll", false},  {"elapsed_s", false}};
+    {"tokens", true}, {"nll", false},  {"elapsed_s", false}});
+// clang-format on
 // Columns every version has; later ones read as NaN when a file lacks them.
 constexpr size_t kVersion1TrainColumns = 10, kVersion1EvalColumns = 5;
 
@@ -225,17 +235,31 @@ void MetricsLog::write_row(std::vector<Column>& columns, hsize_t* rows,
   ++*rows;
 }
 
+namespace {
+
+// `values` followed by the label figures, in the columns' order.
+std::vector<double> with_labels(std::vector<double> values, const LabelFigures& l) {
+  values.insert(values.end(), {l.micro_precision, l.micro_recall, l.micro_f1, l.macro_precision,
+                               l.macro_recall, l.macro_f1});
+  return values;
+}
+
+}  // namespace
+
 void MetricsLog::append(const TrainRow& r) {
-  append_row(train_, &train_rows_,
-             {static_cast<double>(r.step), r.loss, static_cast<double>(r.tokens), r.accuracy, r.lr,
-              r.grad_norm, r.tokens_per_s, r.step_ms, r.padding_efficiency, r.loss_scale, r.nll,
-              r.elapsed_s, r.epoch, r.comm_wait_ms, r.hidden_share});
+  append_row(
+      train_, &train_rows_,
+      with_labels({static_cast<double>(r.step), r.loss, static_cast<double>(r.tokens), r.accuracy,
+                   r.lr, r.grad_norm, r.tokens_per_s, r.step_ms, r.padding_efficiency, r.loss_scale,
+                   r.nll, r.elapsed_s, r.epoch, r.comm_wait_ms, r.hidden_share},
+                  r.labels));
 }
 
 void MetricsLog::append(const EvalRow& r) {
   append_row(eval_, &eval_rows_,
-             {static_cast<double>(r.step), r.loss, r.perplexity, r.accuracy,
-              static_cast<double>(r.tokens), r.nll, r.elapsed_s});
+             with_labels({static_cast<double>(r.step), r.loss, r.perplexity, r.accuracy,
+                          static_cast<double>(r.tokens), r.nll, r.elapsed_s},
+                         r.labels));
 }
 
 namespace {

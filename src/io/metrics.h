@@ -6,11 +6,14 @@
 // Layout (1-D datasets, one row per log interval or evaluation, growing):
 //   /train/step (int64), loss, tokens (int64), accuracy, lr, grad_norm,
 //          tokens_per_s, step_ms, padding_efficiency, loss_scale, nll,
-//          elapsed_s, epoch, comm_wait_ms, hidden_share (float64)
+//          elapsed_s, epoch, comm_wait_ms, hidden_share, then a multi-label
+//          classifier's micro_precision, micro_recall, micro_f1,
+//          macro_precision, macro_recall, macro_f1 (float64; NaN for others)
 //   /eval/step (int64), loss, perplexity, accuracy (float64), tokens (int64),
-//          nll, elapsed_s (float64)
-// (version 1 files lack the columns after loss_scale and tokens; carried
-// into a version 2 file on resume, those read as NaN.)
+//          nll, elapsed_s, and the six label figures (float64)
+// (version 1 files lack the columns after loss_scale and tokens, version 2
+// files the label figures; carried into a version 3 file on resume, those
+// read as NaN.)
 //   root attributes: format = "mpiformer-metrics", version, config, model,
 //          world_size, devices, versions, git_commit, resumed_at_steps
 // Columns grow one at a time: a reader that catches a row half-written sees
@@ -22,15 +25,18 @@
 
 #include <hdf5.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "src/loss/label_figures.h"
+
 namespace mpiformer {
 
-constexpr int kMetricsVersion = 2;
+constexpr int kMetricsVersion = 3;
 
 // A fault of the metrics file: what() is "PATH: what is wrong".
 class MetricsError : public std::runtime_error {
@@ -49,6 +55,7 @@ struct TrainRow {
   double epoch = 0;         // epochs of training data consumed (NaN: synthetic)
   double comm_wait_ms = 0;  // mean wait per step for the gradient all-reduce
   double hidden_share = 0;  // share of all-reduce time hidden by backward (NaN: one rank)
+  LabelFigures labels;      // classify --loss zlpr
 };
 
 struct EvalRow {
@@ -56,12 +63,13 @@ struct EvalRow {
   double loss = 0, perplexity = 0, accuracy = 0;
   int64_t tokens = 0;
   double nll = 0, elapsed_s = 0;
+  LabelFigures labels;
 };
 
 // What a reader needs to know about the run (root attributes).
 struct RunAttributes {
   std::string config;  // the INI text
-  std::string model;   // lm | seq2seq | mlm
+  std::string model;   // lm | seq2seq | mlm | classify
   int world_size = 1;
   std::string devices, versions, git_commit;
 };

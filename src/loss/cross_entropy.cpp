@@ -5,8 +5,9 @@
 
 namespace mpiformer {
 
-LossSummary summarize(const LossSums& sums) {
+LossSummary summarize(const LossSums& sums, const std::vector<int64_t>& label_counts) {
   LossSummary s;
+  s.labels = label_figures(label_counts);
   s.tokens = sums.tokens;
   if (sums.tokens > 0) {
     s.loss = sums.loss / static_cast<double>(sums.tokens);
@@ -34,6 +35,35 @@ double label_smoothed_loss_reference(const float* logits, int V, int target, flo
     cross -= q * (static_cast<double>(logits[j]) - log_z);
   }
   return cross - label_smoothing_constant(smoothing, V);
+}
+
+LabelFigures label_figures(const std::vector<int64_t>& counts) {
+  LabelFigures m;
+  const size_t K = counts.size() / 3;
+  if (K == 0) return m;
+  const int64_t* tp = counts.data();
+  const int64_t* fp = tp + K;
+  const int64_t* fn = fp + K;
+  const auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
+  int64_t all_tp = 0, all_fp = 0, all_fn = 0;
+  double precision = 0, recall = 0, f1 = 0;
+  int occurring = 0;
+  for (size_t k = 0; k < K; ++k) {
+    all_tp += tp[k], all_fp += fp[k], all_fn += fn[k];
+    if (tp[k] + fp[k] + fn[k] == 0) continue;
+    ++occurring;
+    precision += ratio(tp[k], tp[k] + fp[k]);
+    recall += ratio(tp[k], tp[k] + fn[k]);
+    f1 += ratio(2.0 * tp[k], 2.0 * tp[k] + fp[k] + fn[k]);
+  }
+  if (occurring == 0) return m;
+  m.micro_precision = ratio(all_tp, all_tp + all_fp);
+  m.micro_recall = ratio(all_tp, all_tp + all_fn);
+  m.micro_f1 = ratio(2.0 * all_tp, 2.0 * all_tp + all_fp + all_fn);
+  m.macro_precision = precision / occurring;
+  m.macro_recall = recall / occurring;
+  m.macro_f1 = f1 / occurring;
+  return m;
 }
 
 }  // namespace mpiformer

@@ -165,6 +165,27 @@ class Embedding {
   Act out_;  // (N, C)
 };
 
+// The patch embedding of a ViT: each row of `patches` holds one patch's
+// pixels and a one-hot of its position, so one GEMM projects the pixels and
+// adds a learned position (the weight's last L columns are the position
+// table; a CLS row has no pixels, so its embedding is bias + its position's
+// column, a learned vector of its own). Then embedding dropout.
+class PatchEmbedding {
+ public:
+  void init(BlockContext& ctx, ActivationArena& arena, int rows, int weight_index, int bias_index,
+            uint64_t site);
+  // out: (N, C).  patches: (N, F), F = ModelConfig::patch_features()
+  Act forward(BlockContext& ctx, Act patches, int N);
+  // dx: (N, C) d(out), consumed (dropout is undone in place).
+  void backward(BlockContext& ctx, Act dx, Act patches, int N);
+
+ private:
+  int weight_ = -1;  // (C, F)
+  int bias_ = -1;    // (C)
+  uint64_t site_ = 0;
+  Act out_;  // (N, C)
+};
+
 // Fixed sinusoidal positions of the original Transformer. table: host (L, C)
 void sinusoid_table(float* table, int L, int C);
 

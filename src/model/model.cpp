@@ -85,6 +85,9 @@ struct DeviceSequences {
 // final layer norm of pre-LN models.
 struct Stack {
   Embedding embedding;
+  PatchEmbedding patch_embedding;  // images (classify --patch): instead of `embedding`
+  bool images = false;
+  Act patches;  // images: (N, F) the batch's patch rows
   std::vector<Sublayer> sublayers;
   std::vector<Act> inputs;  // input stream of each sub-layer
   LayerNorm final_norm;
@@ -103,7 +106,8 @@ struct Stack {
               const Ragged& memory_rows) {
     const int N = seq.rows.total;
     const bool pre = ctx.config->pre_norm;
-    Act x = embedding.forward(ctx, seq.ids, seq.positions, N);
+    Act x = images ? patch_embedding.forward(ctx, patches, N)
+                   : embedding.forward(ctx, seq.ids, seq.positions, N);
     // u: the next sub-layer's input. Each residual add is fused with the
     // layer norm after it, so only the first pre-LN norm runs alone.
     Act u = x;
@@ -145,7 +149,11 @@ struct Stack {
     }
     // The embedding tables are shared (tokens with the output projection and
     // the other stack): final only when the whole pass is done.
-    embedding.backward(ctx, dstream, seq.by_id.view, seq.by_pos.view, N);
+    if (images) {
+      patch_embedding.backward(ctx, dstream, patches, N);
+    } else {
+      embedding.backward(ctx, dstream, seq.by_id.view, seq.by_pos.view, N);
+    }
   }
 };
 
@@ -175,6 +183,16 @@ struct Model::Impl {
   Act mlm_dense;  // (N, C) pre-activation
   Act mlm_act;    // (N, C)
 
+  // classify head: pool -> (B, C) -> scores (B, K)
+  int class_w = -1, class_b = -1;            // (K, C), (K)
+  Act pooled;                                // (B, C)
+  Act dpooled;                               // (B, C)
+  Act class_logits;                          // (B, K)
+  float* label_targets = nullptr;            // (B, K) zlpr targets
+  int64_t* train_counts = nullptr;           // backend (3K) zlpr per-label TP, FP, FN
+  int64_t* eval_counts = nullptr;            // backend (3K)
+  std::vector<unsigned char> patch_staging;  // host (N, F) in the compute precision
+
   Act sinusoids;  // (L, C) fixed positions
   Act dstream;    // (N, C) gradient of the stream being back-propagated
   Act spare;      // (N, C)
@@ -188,12 +206,14 @@ struct Model::Impl {
 
   size_t upload_bytes = 0;  // staging for uploads in flight
   bool measuring = false;   // Model::measure: nothing is allocated
+  DType compute_dtype = DType::kF32;
 
   // measure: only count the buffers (Model::measure); nothing is allocated.
   Impl(Ops& o, const ModelConfig& c, const ModelCapacity& cap, ParameterSet& p, DType compute,
        bool measure = false)
       : ops(o), config(c), capacity(cap), params(p), arena(o, compute, measure) {
     measuring = measure;
+    compute_dtype = compute;
     ctx.ops = &ops;
     ctx.params = &params;
     ctx.config = &config;
@@ -207,8 +227,15 @@ struct Model::Impl {
     const float residual_std = 0.02f / std::sqrt(static_cast<float>(per_layer * layers));
     const int positions =
         config.positions == PositionKind::kLearned ? params.find("embed.positions") : -1;
-    stack.embedding.init(ctx, arena, rows, token_table, positions,
-                         positions >= 0 ? Act() : sinusoids, site_base);
+    if (config.images()) {
+      stack.images = true;
+      stack.patch_embedding.init(ctx, arena, rows, params.find("patch_embed.weight"),
+                                 params.find("patch_embed.bias"), site_base);
+      stack.patches = arena.acts(static_cast<size_t>(rows) * config.patch_features());
+    } else {
+      stack.embedding.init(ctx, arena, rows, token_table, positions,
+                           positions >= 0 ? Act() : sinusoids, site_base);
+    }
     uint64_t site = site_base + 1;
     const int memory_rows = cross ? capacity.max_tokens : 0;
     for (int l = 0; l < layers; ++l) {
@@ -235,12 +262,20 @@ struct Model::Impl {
     const int C = config.d_model, V = config.vocab, L = config.max_len;
     const int N = capacity.max_tokens;
     const bool learned = config.positions == PositionKind::kLearned;
-    token_table = params.add("embed.tokens", {V, C}, false, Init::kNormal,
-                             learned ? 0.02f : 1.0f / std::sqrt(static_cast<float>(C)));
-    if (learned) {
-      params.add("embed.positions", {L, C}, false, Init::kNormal, 0.02f);
+    const bool classify = config.kind == ModelKind::kClassify;
+    if (config.images()) {
+      // Pixels and the one-hot position in one GEMM (PatchEmbedding): the
+      // positions are learned, as in ViT.
+      params.add("patch_embed.weight", {C, config.patch_features()}, true, Init::kNormal, 0.02f);
+      params.add("patch_embed.bias", {C}, false, Init::kZeros);
     } else {
-      sinusoids = arena.acts(static_cast<size_t>(L) * C);  // filled by init_tables
+      token_table = params.add("embed.tokens", {V, C}, false, Init::kNormal,
+                               learned ? 0.02f : 1.0f / std::sqrt(static_cast<float>(C)));
+      if (learned) {
+        params.add("embed.positions", {L, C}, false, Init::kNormal, 0.02f);
+      } else {
+        sinusoids = arena.acts(static_cast<size_t>(L) * C);  // filled by init_tables
+      }
     }
 
     switch (config.kind) {
@@ -248,6 +283,7 @@ struct Model::Impl {
         build_stack(main, "decoder", config.layers, true, false, N, 1000);
         break;
       case ModelKind::kMlm:
+      case ModelKind::kClassify:
         build_stack(main, "encoder", config.layers, false, false, N, 1000);
         break;
       case ModelKind::kSeq2seq:
@@ -268,25 +304,55 @@ struct Model::Impl {
       mlm_dense = arena.acts(static_cast<size_t>(N) * C);
       mlm_act = arena.acts(static_cast<size_t>(N) * C);
     }
-    output_weight = config.tied_embeddings
-                        ? token_table
-                        : params.add("output.weight", {V, C}, true, Init::kNormal, 0.02f);
-    if (config.output_bias) output_bias = params.add("output.bias", {V}, false, Init::kZeros);
+    if (classify) {
+      build_classifier();
+    } else {
+      output_weight = config.tied_embeddings
+                          ? token_table
+                          : params.add("output.weight", {V, C}, true, Init::kNormal, 0.02f);
+      if (config.output_bias) output_bias = params.add("output.bias", {V}, false, Init::kZeros);
+    }
 
     scratch.init(arena, N, has_encoder ? N : 0, C, config.d_ff);
     dstream = arena.acts(static_cast<size_t>(N) * C);
     spare = arena.acts(static_cast<size_t>(N) * C);
-    // The vocabulary projection runs in row chunks so logits never need
-    // (N, V) elements: as many as the backend likes at a time.
-    logits_stride = (V + 63) / 64 * 64;
-    const size_t chunk = ops.logits_chunk_elements() / static_cast<size_t>(logits_stride);
-    chunk_rows = static_cast<int>(std::clamp<size_t>(chunk, 16, std::max(N, 16)));
-    logits = arena.acts(static_cast<size_t>(chunk_rows) * logits_stride);
+    if (!classify) {
+      // The vocabulary projection runs in row chunks so logits never need
+      // (N, V) elements: as many as the backend likes at a time.
+      logits_stride = (V + 63) / 64 * 64;
+      const size_t chunk = ops.logits_chunk_elements() / static_cast<size_t>(logits_stride);
+      chunk_rows = static_cast<int>(std::clamp<size_t>(chunk, 16, std::max(N, 16)));
+      logits = arena.acts(static_cast<size_t>(chunk_rows) * logits_stride);
+    }
     train_sums = static_cast<LossSums*>(arena.bytes(sizeof(LossSums)));
     eval_sums = static_cast<LossSums*>(arena.bytes(sizeof(LossSums)));
-    // Two micro-batches of uploads in flight: both sides and the targets.
-    upload_bytes = 2 * (2 * DeviceSequences::upload_bytes(N) + size_t(N) * 4);
+    // Two micro-batches of uploads in flight: both sides and the targets
+    // (a classifier's label targets and image patches too).
+    size_t batch_upload = 2 * DeviceSequences::upload_bytes(N) + size_t(N) * 4;
+    if (classify) batch_upload += size_t(N) * config.num_labels * 4;
+    if (config.images()) {
+      batch_upload += size_t(N) * config.patch_features() * dtype_bytes(compute_dtype);
+    }
+    upload_bytes = 2 * batch_upload;
     if (!measuring) ops.reserve_uploads(upload_bytes);
+  }
+
+  // The head of --model classify, registered after the stack so that its
+  // gradients are final first.
+  void build_classifier() {
+    const int C = config.d_model, K = config.num_labels, N = capacity.max_tokens;
+    if (K <= 0) throw std::invalid_argument("a classifier needs --num-labels > 0");
+    class_w = params.add("classifier.weight", {K, C}, true, Init::kNormal, 0.02f);
+    class_b = params.add("classifier.bias", {K}, false, Init::kZeros);
+    // A batch has at most one sequence per row.
+    pooled = arena.acts(static_cast<size_t>(N) * C);
+    dpooled = arena.acts(static_cast<size_t>(N) * C);
+    class_logits = arena.acts(static_cast<size_t>(N) * K);
+    if (config.loss == ClassifyLoss::kZlpr) {
+      label_targets = arena.floats(static_cast<size_t>(N) * K);
+      train_counts = static_cast<int64_t*>(arena.bytes(3 * sizeof(int64_t) * K));
+      eval_counts = static_cast<int64_t*>(arena.bytes(3 * sizeof(int64_t) * K));
+    }
   }
 
   // The fixed sinusoid positions table, (L, C) in the compute precision.
@@ -362,6 +428,8 @@ struct Model::Impl {
   void last_logits(const Batch& batch, float* out) {
     if (config.kind == ModelKind::kMlm)
       throw std::runtime_error("an mlm predicts masked tokens; it does not continue sequences");
+    if (config.kind == ModelKind::kClassify)
+      throw std::runtime_error("a classifier scores labels; it does not continue sequences");
     const int C = config.d_model, V = config.vocab;
     if (batch.decoder.total() == 0) return;
     const Act h = forward(batch, /*training=*/false);
@@ -376,8 +444,96 @@ struct Model::Impl {
     }
   }
 
+  // ---- classify ----
+
+  // The batch's image rows, in the compute precision, into the stack.
+  void upload_patches(const Batch& batch) {
+    if (!config.images()) return;
+    const size_t n = static_cast<size_t>(batch.decoder.total()) * config.patch_features();
+    if (batch.patches.size() != n) {
+      throw std::runtime_error("image batch has " + std::to_string(batch.patches.size()) +
+                               " patch values for " + std::to_string(batch.decoder.total()) +
+                               " rows of " + std::to_string(config.patch_features()));
+    }
+    patch_staging.resize(n * dtype_bytes(compute_dtype));
+    narrow(patch_staging.data(), compute_dtype, batch.patches.data(), n);
+    ops.upload(main.patches.data, patch_staging.data(), patch_staging.size());
+  }
+
+  void upload_labels(const Batch& batch) {
+    const int B = batch.decoder.batch(), K = config.num_labels;
+    if (config.loss == ClassifyLoss::kSoftmax) {
+      if (static_cast<int>(batch.targets.size()) != B)
+        throw std::runtime_error("classifier batch has " + std::to_string(batch.targets.size()) +
+                                 " labels for " + std::to_string(B) + " sequences");
+      for (int32_t t : batch.targets)
+        if (t < 0 || t >= K)
+          throw std::runtime_error("label " + std::to_string(t) + " outside [0, " +
+                                   std::to_string(K) + ")");
+      ops.upload(targets, batch.targets.data(), batch.targets.size() * sizeof(int32_t));
+      return;
+    }
+    if (batch.label_targets.size() != static_cast<size_t>(B) * K)
+      throw std::runtime_error("classifier batch has " +
+                               std::to_string(batch.label_targets.size()) + " label targets for " +
+                               std::to_string(B) + " sequences of " + std::to_string(K) +
+                               " labels");
+    ops.upload(label_targets, batch.label_targets.data(), batch.label_targets.size() * 4);
+  }
+
+  // Forward to the scores: class_logits (B, K).
+  void classify_forward(const Batch& batch, bool training) {
+    const int C = config.d_model, K = config.num_labels, B = batch.decoder.batch();
+    upload_patches(batch);
+    const Act h = forward(batch, training);  // (N, C)
+    ops.pool_forward(pooled, h, dec_seq.rows, C, config.pool);
+    ops.matmul_forward(class_logits, pooled, params.weight(class_w), params.weight(class_b), B, C,
+                       K);
+  }
+
+  void run_classify(const Batch& batch, float smoothing, float grad_scale, bool training,
+                    GradientListener* listener) {
+    const int C = config.d_model, K = config.num_labels, B = batch.decoder.batch();
+    check(batch.decoder, "decoder");
+    if (B == 0) return;
+    upload_labels(batch);
+    classify_forward(batch, training);
+    LossSums* sums = training ? train_sums : eval_sums;
+    if (config.loss == ClassifyLoss::kSoftmax) {
+      // Every sequence has a label: no pad id.
+      ops.cross_entropy(class_logits, targets, B, K, smoothing, /*pad_id=*/-1, grad_scale, training,
+                        sums);
+    } else {
+      ops.zlpr_loss(class_logits, label_targets, B, K, grad_scale, training, sums,
+                    training ? train_counts : eval_counts);
+    }
+    if (!training) return;
+    // class_logits now hold d(scores).
+    ops.matmul_backward(dpooled, params.grad(class_w), params.grad(class_b), class_logits, pooled,
+                        params.weight(class_w), B, C, K, false);
+    if (listener) listener->gradients_final(params.info()[class_w].offset);
+    ops.pool_backward(spare, dpooled, dec_seq.rows, C, config.pool);
+    main.backward(ctx, scratch, dstream, spare, dec_seq, Act(), Act(), Ragged{}, listener);
+    if (listener) listener->gradients_final(0);
+  }
+
+  // scores: host (B, K)
+  void classify_scores(const Batch& batch, float* scores) {
+    const int K = config.num_labels, B = batch.decoder.batch();
+    check(batch.decoder, "decoder");
+    if (B == 0) return;
+    classify_forward(batch, /*training=*/false);
+    std::vector<unsigned char> stored(static_cast<size_t>(B) * K * dtype_bytes(class_logits.dtype));
+    ops.copy_to_host(stored.data(), class_logits.data, stored.size());
+    widen(scores, stored.data(), class_logits.dtype, static_cast<size_t>(B) * K);
+  }
+
   void run(const Batch& batch, float smoothing, float grad_scale, bool training,
            GradientListener* listener) {
+    if (config.kind == ModelKind::kClassify) {
+      run_classify(batch, smoothing, grad_scale, training, listener);
+      return;
+    }
     const int C = config.d_model;
     check(batch.decoder, "decoder");
     if (static_cast<int>(batch.targets.size()) != batch.decoder.total())
@@ -430,6 +586,14 @@ struct Model::Impl {
       encoder.backward(ctx, scratch, dstream, spare, enc_seq, Act(), Act(), Ragged{}, listener);
     }
     if (listener) listener->gradients_final(0);
+  }
+
+  std::vector<int64_t> take_counts(int64_t* counts) {
+    if (!counts) return {};
+    std::vector<int64_t> host(3 * static_cast<size_t>(config.num_labels));
+    ops.copy_to_host(host.data(), counts, host.size() * sizeof(int64_t));
+    ops.fill_zero(counts, host.size() * sizeof(int64_t));
+    return host;
   }
 
   LossSums take(LossSums* sums) {
@@ -491,12 +655,21 @@ void Model::last_logits(const Batch& batch, float* logits) {
   impl_->last_logits(batch, logits);
 }
 
+void Model::classify_scores(const Batch& batch, float* scores) {
+  impl_->classify_scores(batch, scores);
+}
+
+std::vector<int64_t> Model::take_label_counts(bool train) {
+  return impl_->take_counts(train ? impl_->train_counts : impl_->eval_counts);
+}
+
 int64_t Model::flop_parameters() const {
   int64_t n = 0;
   for (const ParamInfo& info : params_->info())
     if (info.name.rfind("embed.", 0) != 0) n += static_cast<int64_t>(info.size);
   // a tied output projection is the token table: count it once, as the projection
-  if (config_.tied_embeddings) n += static_cast<int64_t>(config_.vocab) * config_.d_model;
+  if (config_.tied_embeddings && config_.kind != ModelKind::kClassify)
+    n += static_cast<int64_t>(config_.vocab) * config_.d_model;
   return n;
 }
 

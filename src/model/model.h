@@ -1,10 +1,12 @@
 // The Transformer family: lm (decoder-only, causal), seq2seq (encoder-decoder
-// with cross-attention) and mlm (encoder-only with an MLM head), built from
+// with cross-attention), mlm (encoder-only with an MLM head) and classify
+// (encoder-only, pooled, K label scores; text or image patches), built from
 // the shared blocks of src/model/. The model calls only kernels/ops.h.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "kernels/ops.h"
 #include "src/core/config.h"
@@ -75,6 +77,15 @@ class Model {
   // decoder sequence, for decoding (batch.targets are not read).
   // logits: host (batch.decoder.batch(), vocab)
   void last_logits(const Batch& batch, float* logits);
+
+  // classify: forward only, dropout off: the K label scores of every
+  // sequence (batch.targets and label_targets are not read).
+  // scores: host (batch.decoder.batch(), K)
+  void classify_scores(const Batch& batch, float* scores);
+  // classify --loss zlpr: the per-label true positives, false positives and
+  // false negatives (3 K: [TP | FP | FN]) since the last take, then reset;
+  // empty for other models. Waits for the device.
+  std::vector<int64_t> take_label_counts(bool train);
 
   ParameterSet& parameters() { return *params_; }
   const ModelConfig& config() const { return config_; }

@@ -12,6 +12,7 @@ namespace mpiformer {
 void ProgressWindow::restart() {
   start_ = Clock::now();
   sums_ = LossSums{};
+  std::fill(label_counts_.begin(), label_counts_.end(), 0);
   reduce_ = ReduceTiming{};
   real_tokens_ = padded_tokens_ = 0;
   other_s_ = 0.0;
@@ -21,6 +22,11 @@ void ProgressWindow::restart() {
 void ProgressWindow::add_batch(const Batch& batch) {
   real_tokens_ += batch.real_tokens();
   padded_tokens_ += batch.padded_tokens();
+}
+
+void ProgressWindow::add_label_counts(const std::vector<int64_t>& local) {
+  if (label_counts_.size() < local.size()) label_counts_.resize(local.size(), 0);
+  for (size_t i = 0; i < local.size(); ++i) label_counts_[i] += local[i];
 }
 
 void ProgressWindow::add_step(const LossSums& local, const ReduceTiming& reduce) {
@@ -44,7 +50,7 @@ ProgressWindow::Line ProgressWindow::close(int64_t step, int64_t total_steps, fl
                                            double grad_norm, float loss_scale, bool dynamic_scaling,
                                            const Position& at, const Communicator& comm) {
   const int W = comm.size();
-  const LossSummary train = summarize(allreduce(comm, sums_));
+  const LossSummary train = summarize(allreduce(comm, sums_), allreduce(comm, label_counts_));
   const double seconds = std::chrono::duration<double>(Clock::now() - start_).count();
   const double real = static_cast<double>(comm.allreduce_sum(real_tokens_));
   const double padded = static_cast<double>(comm.allreduce_sum(padded_tokens_));
@@ -59,6 +65,7 @@ ProgressWindow::Line ProgressWindow::close(int64_t step, int64_t total_steps, fl
   row.nll = train.nll;
   row.accuracy = train.accuracy;
   row.tokens = train.tokens;
+  row.labels = train.labels;
   row.lr = lr;
   row.grad_norm = grad_norm;
   row.tokens_per_s = real / seconds;
@@ -99,7 +106,14 @@ ProgressWindow::Line ProgressWindow::close(int64_t step, int64_t total_steps, fl
       std::snprintf(buf, sizeof buf, "nll %.4f | ", row.nll);
       line.text += buf;
     }
-    std::snprintf(buf, sizeof buf, "acc %.2f%% | lr %.3e | ", 100.0 * row.accuracy, lr);
+    std::snprintf(buf, sizeof buf, "acc %.2f%% | ", 100.0 * row.accuracy);
+    line.text += buf;
+    if (!label_counts_.empty()) {
+      std::snprintf(buf, sizeof buf, "micro-F1 %.4f | macro-F1 %.4f | ", row.labels.micro_f1,
+                    row.labels.macro_f1);
+      line.text += buf;
+    }
+    std::snprintf(buf, sizeof buf, "lr %.3e | ", lr);
     line.text += buf;
     std::snprintf(buf, sizeof buf, "grad-norm %.3f | %.0f tok/s | pad-eff %.3f | %.1f ms/step",
                   grad_norm, row.tokens_per_s, row.padding_efficiency, row.step_ms);

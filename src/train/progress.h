@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "kernels/ops.h"
 #include "src/data/batch.h"
@@ -26,6 +27,8 @@ class ProgressWindow {
   // Loss sums of the window's steps taken at once (a GPU step leaves them
   // on the device until the line is due).
   void add_step_sums(const LossSums& local) { sums_ += local; }
+  // A multi-label classifier's per-label counts (3 K), taken with the sums.
+  void add_label_counts(const std::vector<int64_t>& local);
   // Whether the loss is label-smoothed (the line then shows the nll too).
   void show_nll(bool on) { show_nll_ = on; }
   void count_empty_step() { ++empty_steps_; }      // no targets on any rank
@@ -57,6 +60,7 @@ class ProgressWindow {
 
   Clock::time_point start_;
   LossSums sums_;
+  std::vector<int64_t> label_counts_;  // (3 K) zlpr classifiers; empty otherwise
   ReduceTiming reduce_;
   int64_t real_tokens_ = 0, padded_tokens_ = 0;
   double other_s_ = 0.0;

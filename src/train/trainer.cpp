@@ -179,7 +179,9 @@ int Trainer::resolve_inputs() {
   if (!agreed(comm_, [&] {
         resolve_data_config(&cfg_);
         if (rank_ == 0 && !cfg_.data_dir.empty()) {
-          tokenizer_ = read_shard_header(list_shards(cfg_.data_dir, "train").front()).tokenizer;
+          const ShardHeader header = read_shard_header(list_shards(cfg_.data_dir, "train").front());
+          tokenizer_ = header.tokenizer;
+          label_names_ = header.label_names;
         }
       }))
     return kExitFailure;
@@ -504,6 +506,7 @@ int Trainer::train_step(int64_t step) {
   if (gradients.skipped) {  // no target tokens anywhere: nothing changes
     window_.count_empty_step();
     window_.add_step(model_->take_train_sums(), gradients.reduce);
+    window_.add_label_counts(model_->take_label_counts(/*train=*/true));
     return 0;
   }
 
@@ -520,6 +523,7 @@ int Trainer::train_step(int64_t step) {
   }
   const double norm = optimizer_->measured_norm();
   const LossSums local = model_->take_train_sums();
+  window_.add_label_counts(model_->take_label_counts(/*train=*/true));
   const auto [loss_finite, norm_finite] = agree_finite(local.loss, norm);
   const bool can_lower_scale = scaler_->dynamic() && scaler_->scale() > LossScaler::kMinScale;
   switch (guard_.judge(loss_finite, norm_finite, can_lower_scale)) {
@@ -578,6 +582,7 @@ int Trainer::diverged(int64_t step, const std::string& why) {
 int Trainer::log_progress(int64_t step) {
   if (!check_each_step_) {
     window_.add_step_sums(model_->take_train_sums());
+    window_.add_label_counts(model_->take_label_counts(/*train=*/true));
     if (measured_scale_ > 0.0f) last_grad_norm_ = optimizer_->measured_norm() / measured_scale_;
   }
   ProgressWindow::Position at;
@@ -652,6 +657,7 @@ void Trainer::write_checkpoint_on_root(int64_t step) {
   state.vocab_size = cfg_.model.vocab;
   state.special = cfg_.model.special;
   state.tokenizer = tokenizer_;
+  state.label_names = label_names_;
   const std::string path = save_checkpoint(cfg_.out_dir, model_->parameters(), optimizer_->m(),
                                            optimizer_->v(), state, cfg_.keep_checkpoints);
   say(stdout, "checkpoint step %lld: %s\n", static_cast<long long>(step), path.c_str());
@@ -680,6 +686,7 @@ void Trainer::log_eval_on_root(int64_t step, bool final_eval, const LossSummary&
   row.perplexity = eval.perplexity;
   row.accuracy = eval.accuracy;
   row.tokens = eval.tokens;
+  row.labels = eval.labels;
   row.elapsed_s = elapsed_s();
   metrics_->append(row);
 }

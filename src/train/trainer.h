@@ -86,6 +86,7 @@ class Trainer {
   Communicator& comm_;
   const int world_, rank_, accum_;
   std::string tokenizer_;  // rank 0: the shards' SentencePiece model, kept in checkpoints
+  std::vector<std::string> label_names_;  // rank 0: a classifier's labels, kept likewise
   uint64_t flag_seed_ = 0;
 
   std::unique_ptr<RunDirectory> run_dir_;  // rank 0

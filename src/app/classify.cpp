@@ -1,0 +1,152 @@
+// `mpiformer classify`: the best labels of text lines with a classifier
+// checkpoint. Rank 0 scores; other ranks of an mpirun job only wait.
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "src/app/commands.h"
+#include "src/app/options.h"
+#include "src/core/error.h"
+#include "src/data/tokenizer.h"
+#include "src/io/checkpoint.h"
+#include "src/model/model.h"
+
+namespace mpiformer {
+namespace {
+
+// One input line as the model saw its training text: [BOS as CLS] pieces,
+// cut to max-len as training cuts (--too-long truncate).
+std::vector<int32_t> encode_line(const Tokenizer& tokenizer, const std::string& line,
+                                 const ModelConfig& m) {
+  std::vector<int32_t> ids;
+  const bool cls = m.pool == PoolKind::kCls;
+  if (cls) ids.push_back(m.special.bos);
+  for (int id : tokenizer.encode(line)) ids.push_back(id);
+  if (static_cast<int>(ids.size()) > m.max_len) ids.resize(m.max_len);
+  // A mean over no rows is nothing: an empty line is scored as unknown.
+  if (ids.empty()) ids.push_back(m.special.unk);
+  return ids;
+}
+
+// "name:0.9123 name:0.0512 ...": the K best of one row of scores; softmax
+// scores become probabilities.
+std::string describe(const float* scores, const ModelConfig& m,
+                     const std::vector<std::string>& names, int top) {
+  const int K = m.num_labels;
+  std::vector<double> value(scores, scores + K);
+  if (m.loss == ClassifyLoss::kSoftmax) {
+    const double most = *std::max_element(value.begin(), value.end());
+    double total = 0;
+    for (double& v : value) total += (v = std::exp(v - most));
+    for (double& v : value) v /= total;
+  }
+  std::vector<int> order(K);
+  std::iota(order.begin(), order.end(), 0);
+  const int shown = std::min(top, K);
+  std::partial_sort(order.begin(), order.begin() + shown, order.end(), [&](int a, int b) {
+    return value[a] > value[b] || (value[a] == value[b] && a < b);
+  });
+  std::string line;
+  char buf[32];
+  for (int i = 0; i < shown; ++i) {
+    std::snprintf(buf, sizeof buf, ":%.4f", value[order[i]]);
+    line += (i ? " " : "") + names[order[i]] + buf;
+  }
+  return line;
+}
+
+int classify_on_root(const ClassifyConfig& cfg) {
+  const CheckpointState state = read_checkpoint_state(cfg.checkpoint);
+  const std::vector<CheckpointTensor> tensors = read_checkpoint_tensors(cfg.checkpoint, "params");
+  require_finite(cfg.checkpoint, tensors, "params");
+  TrainConfig run = train_config_from_ini(state.config_ini, cfg.checkpoint + " (its config)");
+  run.model.vocab = state.vocab_size;
+  run.model.special = state.special;
+  const ModelConfig& m = run.model;
+  if (m.kind != ModelKind::kClassify) {
+    usage_error("--checkpoint", cfg.checkpoint + " holds " + to_string(m.kind) +
+                                    ", not a classifier (train --model classify)");
+  }
+  if (m.images()) {
+    usage_error("--checkpoint", cfg.checkpoint +
+                                    " classifies images; score image shards with `mpiformer eval "
+                                    "--data DIR`");
+  }
+  if (state.tokenizer.empty() || static_cast<int>(state.label_names.size()) != m.num_labels) {
+    usage_error("--checkpoint", cfg.checkpoint + " lacks its tokenizer or label names");
+  }
+  const std::unique_ptr<Tokenizer> tokenizer = Tokenizer::from_bytes(state.tokenizer);
+
+  std::vector<std::string> lines;
+  if (!cfg.text.empty()) {
+    lines.push_back(cfg.text);
+  } else {
+    std::ifstream in(cfg.input);
+    if (!in) throw std::runtime_error(cfg.input + ": cannot read");
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+  }
+
+  std::unique_ptr<Ops> ops = make_cpu_ops(cfg.threads);
+  const ModelCapacity room{cfg.batch * m.max_len, m.max_len};
+  Model model(*ops, m, room);
+  model.init_parameters(run.seed);  // allocates; the checkpoint's values replace these
+  std::vector<float> host(model.parameters().count());  // (count)
+  unpack_checkpoint_tensors(cfg.checkpoint, tensors, model.parameters(), host.data());
+  ops->copy_to_device(model.parameters().params(), host.data(), host.size() * sizeof(float));
+
+  std::ofstream file;
+  if (!cfg.output.empty()) {
+    file.open(cfg.output);
+    if (!file) throw std::runtime_error(cfg.output + ": " + std::strerror(errno));
+  }
+  std::ostream& out = cfg.output.empty() ? std::cout : file;
+  Batch batch;
+  batch.per_sequence = true;
+  std::vector<float> scores;  // (B, K)
+  for (size_t first = 0; first < lines.size(); first += cfg.batch) {
+    const size_t last = std::min(lines.size(), first + static_cast<size_t>(cfg.batch));
+    batch.clear();
+    for (size_t i = first; i < last; ++i) {
+      const std::vector<int32_t> ids = encode_line(*tokenizer, lines[i], m);
+      batch.decoder.append(ids.data(), static_cast<int>(ids.size()));
+    }
+    scores.resize((last - first) * static_cast<size_t>(m.num_labels));
+    model.classify_scores(batch, scores.data());
+    for (size_t i = first; i < last; ++i) {
+      out << describe(scores.data() + (i - first) * m.num_labels, m, state.label_names, cfg.top)
+          << "\n";
+    }
+    out.flush();
+    if (!out) throw std::runtime_error("cannot write the output");
+  }
+  return 0;
+}
+
+}  // namespace
+
+int run_classify(const ClassifyConfig& cfg, Communicator& comm) {
+  int code = 0;
+  if (comm.is_root()) {
+    try {
+      code = classify_on_root(cfg);
+    } catch (const UsageError& e) {
+      std::cerr << "mpiformer classify: " << e.what() << std::endl;
+      code = kExitUsage;
+    } catch (const std::exception& e) {
+      std::cerr << "[rank 0] " << e.what() << std::endl;
+      code = kExitFailure;
+    }
+  }
+  return comm.max(code);
+}
+
+}  // namespace mpiformer
