@@ -585,6 +585,23 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{{"--prefetch", "0"}, "--prefetch", "--prefetch: must be positive; got 0"},
         BadCase{{"--vocab", "-1"}, "--vocab", ""}));
 
+TEST(TrainOptions, ClassifierFlags) {
+  TrainConfig cfg;
+  std::ostringstream out;
+  ASSERT_TRUE(parse_train_options({"--model", "classify", "--data", ".", "--out", "o", "--loss",
+                                   "zlpr", "--pool", "mean", "--patch", "2"},
+                                  &cfg, out));
+  EXPECT_EQ(cfg.model.loss, ClassifyLoss::kZlpr);
+  EXPECT_EQ(cfg.model.pool, PoolKind::kMean);
+  EXPECT_EQ(cfg.model.patch, 2);
+  EXPECT_EQ(train_error({"--model", "classify", "--synthetic", "copy", "--out", "o"})
+                .rfind("--synthetic: the synthetic tasks are sequence tasks", 0),
+            0u);
+  EXPECT_EQ(train_error({"--model", "lm", "--patch", "2", "--synthetic", "copy", "--out", "o"}),
+            "--patch: only with --model classify");
+  EXPECT_EQ(bench_error({"--model", "classify"}).rfind("--model: bench times lm", 0), 0u);
+}
+
 TEST(TrainOptions, UnknownModelKind) {
   EXPECT_EQ(train_error({"--model", "gpt", "--synthetic", "copy", "--out", "o"}),
             "--model: expected lm, seq2seq, mlm or classify; got 'gpt'");
@@ -808,10 +825,10 @@ TEST(PrepareOptions, ConfigFileAndHelp) {
   std::ostringstream out;
   EXPECT_FALSE(parse_prepare_options({"--help"}, &help_cfg, out));
   for (const char* flag :
-       {"--kind lm|seq2seq|classify|image (=lm)", "--input FILE", "--labels FILE", "--target FILE", "--out DIR", "--shards N (=4)",
-        "--vocab-size V (=8000)", "--tokenizer MODEL", "--model-type unigram|bpe (=unigram)",
-        "--valid-lines N (=1000)", "--valid FILE[,TARGET]", "--test FILE[,TARGET]",
-        "--test-lines N (=0)", "--seed S (=1)"}) {
+       {"--kind lm|seq2seq|classify|image (=lm)", "--input FILE", "--labels FILE", "--target FILE",
+        "--out DIR", "--shards N (=4)", "--vocab-size V (=8000)", "--tokenizer MODEL",
+        "--model-type unigram|bpe (=unigram)", "--valid-lines N (=1000)", "--valid FILE[,TARGET]",
+        "--test FILE[,TARGET]", "--test-lines N (=0)", "--seed S (=1)"}) {
     EXPECT_NE(out.str().find(flag), std::string::npos) << flag << " in\n" << out.str();
   }
 }

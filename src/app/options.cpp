@@ -831,6 +831,11 @@ void validate_train(const TrainConfig& c) {
   if (!has_data && !has_synthetic) {
     usage_error("--data", "required: --data DIR or --synthetic reverse|copy|sort");
   }
+  if (has_synthetic && c.model.kind == ModelKind::kClassify) {
+    usage_error("--synthetic",
+                "the synthetic tasks are sequence tasks; --model classify reads "
+                "--data (prepare --kind classify or image)");
+  }
   validate_model(c.model, /*vocab_from_data=*/has_data);
   if (has_data) {
     // <filesystem> is left out on purpose: its std::quoted would be found by
@@ -961,6 +966,9 @@ void validate_prepare(const PrepareConfig& c, const std::set<std::string>& given
 }
 
 void validate_bench(const BenchConfig& c) {
+  if (c.model.kind == ModelKind::kClassify) {
+    usage_error("--model", "bench times lm, seq2seq and mlm steps; time a classifier with train");
+  }
   validate_model(c.model);
   validate_optim(c.optim);
   require_non_negative("--bucket-mb", c.bucket_mb);

@@ -1,0 +1,69 @@
+// Label lines (prepare --labels), the label vocabulary, and the micro/macro
+// figures of a multi-label classifier.
+#include "src/data/labels.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <stdexcept>
+
+#include "src/loss/cross_entropy.h"
+
+namespace mpiformer {
+namespace {
+
+TEST(LabelLine, NamesWeightsAndColonsInNames) {
+  const auto labels = parse_label_line("  devel::lang:python  a:0.25 b:1 c:0  ");
+  ASSERT_EQ(labels.size(), 4u);
+  EXPECT_EQ(labels[0].name, "devel::lang:python");  // ":python" is no weight
+  EXPECT_EQ(labels[0].weight, 1.0f);
+  EXPECT_EQ(labels[1].name, "a");
+  EXPECT_EQ(labels[1].weight, 0.25f);
+  EXPECT_EQ(labels[2].weight, 1.0f);
+  EXPECT_EQ(labels[3].weight, 0.0f);
+  EXPECT_TRUE(parse_label_line("").empty());
+}
+
+TEST(LabelLine, RefusesWhatCannotBeATarget) {
+  const auto error = [](const std::string& line) {
+    try {
+      parse_label_line(line);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(error("a b:1.5"), "weight 1.5 of 'b' is not in [0, 1]");
+  EXPECT_EQ(error("b:-0.5"), "weight -0.5 of 'b' is not in [0, 1]");
+  EXPECT_EQ(error("a b a:0.5"), "label 'a' given twice");
+  EXPECT_EQ(error(":0.5"), "':0.5' has no label name");
+}
+
+TEST(LabelVocabulary, MostFrequentFirstTiesByName) {
+  LabelVocabulary v;
+  v.count(parse_label_line("b c"));
+  v.count(parse_label_line("c a"));
+  v.count(parse_label_line("c b:0.5"));
+  v.finish();
+  EXPECT_EQ(v.names(), (std::vector<std::string>{"c", "b", "a"}));
+  EXPECT_EQ(v.id("a"), 2);
+  EXPECT_EQ(v.id("z"), -1);
+  EXPECT_EQ(split_label_names(join_label_names(v.names())), v.names());
+}
+
+TEST(LabelFigures, MicroPoolsMacroAveragesOccurringLabels) {
+  // Three labels: [TP | FP | FN]. Label 2 never occurs: left out of macro.
+  const std::vector<int64_t> counts = {3, 1, 0, /**/ 1, 0, 0, /**/ 0, 1, 0};
+  const LabelFigures f = label_figures(counts);
+  EXPECT_DOUBLE_EQ(f.micro_precision, 4.0 / 5.0);
+  EXPECT_DOUBLE_EQ(f.micro_recall, 4.0 / 5.0);
+  EXPECT_DOUBLE_EQ(f.micro_f1, 8.0 / 10.0);
+  EXPECT_DOUBLE_EQ(f.macro_precision, (3.0 / 4.0 + 1.0) / 2.0);
+  EXPECT_DOUBLE_EQ(f.macro_recall, (1.0 + 0.5) / 2.0);
+  EXPECT_DOUBLE_EQ(f.macro_f1, (6.0 / 7.0 + 2.0 / 3.0) / 2.0);
+  EXPECT_TRUE(std::isnan(label_figures({}).micro_f1));
+  EXPECT_TRUE(std::isnan(label_figures({0, 0, 0}).macro_f1));
+}
+
+}  // namespace
+}  // namespace mpiformer
