@@ -55,7 +55,7 @@ declare -A words=(
   [offsets-mismatch]="offsets end at 440 but"
   [token-out-of-range]="is not below vocab_size 64"
   [empty]="empty shard (0 sequences)"
-  [bad-kind]="kind 'xyz' is not lm or seq2seq"
+  [bad-kind]="kind 'xyz' is not lm, seq2seq, classify or image"
   [bad-checksum]="Fletcher32 checksum"
   [count-mismatch]="/src holds 40 sequences but /tgt holds 39"
 )

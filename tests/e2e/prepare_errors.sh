@@ -130,7 +130,7 @@ else
 fi
 rc=0
 "$bin" prepare --kind text --input good.txt --out out-flags >"$out" 2>"$err" || rc=$?
-if [[ $rc -ne 2 ]] || ! grep -qF -- "--kind: expected lm or seq2seq; got 'text'" "$err"; then
+if [[ $rc -ne 2 ]] || ! grep -qF -- "--kind: expected lm, seq2seq, classify or image; got 'text'" "$err"; then
   fail "--kind text: exit $rc"
 else
   echo "PASS: exit 2: $(cat "$err")"
