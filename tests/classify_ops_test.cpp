@@ -20,34 +20,10 @@
 
 #include "kernels/backend.h"
 #include "kernels/ops.h"
+#include "tests/backend_buffer.h"
 
 namespace mpiformer {
 namespace {
-
-// Backend memory holding a copy of a host vector; read() copies it back.
-// Going through the backend keeps the test valid for any Ops.
-template <typename T>
-class Buffer {
- public:
-  Buffer(Ops& ops, const std::vector<T>& host) : ops_(ops), n_(host.size()) {
-    ptr_ = static_cast<T*>(ops_.allocate(std::max<size_t>(n_, 1) * sizeof(T)));
-    ops_.copy_to_device(ptr_, host.data(), n_ * sizeof(T));
-  }
-  ~Buffer() { ops_.release(ptr_); }
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-  T* get() { return ptr_; }
-  std::vector<T> read() {
-    std::vector<T> host(n_);
-    ops_.copy_to_host(host.data(), ptr_, n_ * sizeof(T));
-    return host;
-  }
-
- private:
-  Ops& ops_;
-  size_t n_;
-  T* ptr_ = nullptr;
-};
 
 // Offsets of a ragged batch from per-sequence lengths, on the host and in
 // backend memory.

@@ -197,7 +197,11 @@ std::map<std::string, ArrayData> read_h5(const std::string& path,
     const H5T_class_t cls = H5Tget_class(type.get());
     hid_t mem = -1;
     hdf5::Hid string_type;
-    if (cls == H5T_INTEGER) {
+    const bool bytes = cls == H5T_INTEGER && H5Tget_size(type.get()) == 1 &&
+                       H5Tget_sign(type.get()) == H5T_SGN_NONE;
+    if (bytes) {
+      a.kind = 'u', a.itemsize = 1, mem = H5T_NATIVE_UINT8;  // pixels, a byte each as in an .npy
+    } else if (cls == H5T_INTEGER) {
       a.kind = 'i', a.itemsize = 8, mem = H5T_NATIVE_INT64;
     } else if (cls == H5T_FLOAT) {
       a.kind = 'f', a.itemsize = 8, mem = H5T_NATIVE_DOUBLE;
@@ -213,17 +217,6 @@ std::map<std::string, ArrayData> read_h5(const std::string& path,
     if (!a.bytes.empty() &&
         H5Dread(dset.get(), mem, H5S_ALL, H5S_ALL, H5P_DEFAULT, a.bytes.data()) < 0) {
       faults.fail_corrupt("read " + n.name);
-    }
-    if (cls == H5T_INTEGER && H5Tget_size(type.get()) == 1 &&
-        H5Tget_sign(type.get()) == H5T_SGN_NONE) {
-      // uint8 pixels: keep them a byte each, as in an .npy.
-      std::vector<uint8_t> narrow(static_cast<size_t>(a.elements()));
-      for (size_t i = 0; i < narrow.size(); ++i) {
-        int64_t v;
-        std::memcpy(&v, &a.bytes[i * 8], 8);
-        narrow[i] = static_cast<uint8_t>(v);
-      }
-      a.kind = 'u', a.itemsize = 1, a.bytes = std::move(narrow);
     }
     out[n.name] = std::move(a);
   }
