@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/blas_kernels.h"
 #include "kernels/dropout_mask.h"
 #include "kernels/profiled_ops.h"
 #include "src/app/commands.h"
@@ -127,6 +128,14 @@ int run_bench(const BenchConfig& cfg, Communicator& comm) {
   std::unique_ptr<ProfiledOps> profiled;
   if (cfg.profile) profiled = std::make_unique<ProfiledOps>(*backend);
   Ops* ops = profiled ? profiled.get() : backend.get();
+  // The start line goes to stderr: stdout keeps its one JSON line.
+  const bool on_cpu = cfg.device == DeviceKind::kCpu;
+  if (comm.is_root()) {
+    std::fprintf(stderr, "mpiformer bench: %s on %s, %d rank(s) x %d thread(s)%s%s\n",
+                 to_string(cfg.model.kind), backend->name().c_str(), comm.size(), threads,
+                 on_cpu ? "; BLAS: " : "", on_cpu ? describe_blas_kernels().c_str() : "");
+    std::fflush(stderr);
+  }
   std::vector<Batch> batch(1, make_bench_batch(cfg, comm.rank()));
   const int longest = std::max(batch[0].decoder.max_len(), batch[0].encoder.max_len());
   const int rows = std::max(batch[0].decoder.total(), batch[0].encoder.total());
@@ -183,6 +192,10 @@ int run_bench(const BenchConfig& cfg, Communicator& comm) {
   if (W == 1) reduce = ReduceTiming{};
   double reduce_sums[3] = {reduce.wait_s, reduce.in_flight_s, reduce.hidden_s};
   comm.allreduce_sum(reduce_sums, 3);
+  // What ran, so bench lines of two machines can be told apart.
+  const std::string kernels =
+      on_cpu ? ", \"blas\": \"" + blas_library() + "\", \"blas_core\": \"" + blas_core() + "\""
+             : "";
   if (comm.is_root()) {
     std::printf(
         "{\"model\": \"%s\", \"device\": \"%s\", \"ranks\": %d, \"threads\": %d, "
@@ -190,14 +203,15 @@ int run_bench(const BenchConfig& cfg, Communicator& comm) {
         "\"precision\": \"%s\", \"parameters\": %zu, \"tokens_per_s\": %.1f, \"step_ms\": %.2f, "
         "\"mfu\": %.4f, \"peak_flops\": %.4g, \"peak_mem_bytes\": %zu, \"allocated_bytes\": %zu, "
         "\"allreduce_bytes\": %zu, \"buckets\": %zu, \"comm_wait_ms\": %.3f, "
-        "\"hidden_share\": %.3f, \"transport\": \"%s\"%s}\n",
+        "\"hidden_share\": %.3f, \"transport\": \"%s\"%s%s}\n",
         to_string(cfg.model.kind), backend->name().c_str(), W, threads, cfg.batch, cfg.seq, tokens,
         static_cast<long long>(batch[0].padded_tokens()) * W, to_string(cfg.precision),
         model.parameters().count(), tokens / step_s, 1000.0 * step_s, mfu, peak, peak_rss_bytes(),
         backend->peak_allocated_bytes(), W > 1 && reducer ? reducer->bytes_per_step() : 0,
         W > 1 && reducer ? reducer->buckets().size() : 0, 1000.0 * reduce_sums[0] / (W * cfg.steps),
         reduce_sums[1] > 0 ? reduce_sums[2] / reduce_sums[1] : 0.0,
-        reducer ? reducer->transport().name().c_str() : "none", profile_json(profile_ms).c_str());
+        reducer ? reducer->transport().name().c_str() : "none", kernels.c_str(),
+        profile_json(profile_ms).c_str());
     std::fflush(stdout);
     if (profiled) print_profile(profile_ms, 1000.0 * step_s);
   }

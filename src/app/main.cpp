@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/blas_kernels.h"
 #include "src/app/commands.h"
 #include "src/app/inspect.h"
 #include "src/app/options.h"
@@ -115,9 +116,20 @@ int check_srun_world(const Communicator& comm) {
   return kExitUsage;
 }
 
+// The commands that run the model (and so BLAS).
+bool computes(const std::string& cmd) {
+  return cmd == "train" || cmd == "eval" || cmd == "generate" || cmd == "classify" ||
+         cmd == "bench";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  // OpenBLAS chose its kernels when it loaded; a better choice starts this
+  // program again, which must happen before MPI starts (kernels/cpu/blas_kernels.h).
+  if (argc > 1 && computes(argv[1])) {
+    select_blas_kernels(argv, requested_blas_core(std::vector<std::string>(argv + 2, argv + argc)));
+  }
   hdf5::initialize_library();  // before MPI (src/io/hdf5_file.h)
   Communicator comm(&argc, &argv);
   if (const int code = check_srun_world(comm)) return code;

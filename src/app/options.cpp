@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/blas_kernels.h"
 #include "src/core/error.h"
 #include "src/data/synthetic.h"
 #include "src/dist/nccl_transport.h"
@@ -278,8 +279,15 @@ void add_optim_flags(FlagTable& t, OptimConfig* o) {
   t.add("clip-norm", &o->clip_norm, "C", "clip the global gradient norm to C (0: off)");
 }
 
+void add_blas_flag(FlagTable& t, std::string* blas_core) {
+  t.add("blas-core", blas_core, "NAME|auto",
+        "OpenBLAS's kernel family for the CPU (Haswell, SkylakeX, Zen, ...); auto: OpenBLAS's "
+        "choice, or OPENBLAS_CORETYPE, unless it fell back to generic kernels on a CPU with "
+        "AVX2 or AVX-512");
+}
+
 void add_device_flags(FlagTable& t, DeviceKind* device, Precision* precision, bool* tf32,
-                      int* threads) {
+                      int* threads, std::string* blas_core) {
   t.add_choice("device", device, {{"cpu", DeviceKind::kCpu}, {"cuda", DeviceKind::kCuda}},
                "where the model runs");
   t.add_choice("precision", precision,
@@ -291,6 +299,7 @@ void add_device_flags(FlagTable& t, DeviceKind* device, Precision* precision, bo
                "cuda, fp32: run the GEMMs on TF32 tensor cores (10-bit mantissas; fp32 is exact "
                "without it)");
   t.add("threads", threads, "N", "CPU threads per rank (0: the node's cores shared by its ranks)");
+  add_blas_flag(t, blas_core);
 }
 
 void add_reducer_flags(FlagTable& t, float* bucket_mb, bool* overlap, GradSum* grad_sum,
@@ -360,7 +369,7 @@ void add_train_flags(FlagTable& t, TrainConfig* c) {
                "a step whose loss or gradient norm is not finite: stop (exit 3, nothing of it "
                "saved; the last good checkpoint stays latest) or skip the step (stopping after "
                "20 in a row)");
-  add_device_flags(t, &c->device, &c->precision, &c->tf32, &c->threads);
+  add_device_flags(t, &c->device, &c->precision, &c->tf32, &c->threads, &c->blas_core);
   t.add("loss-scale", &c->loss_scale, "S",
         "fp16: the initial loss scale (halved on overflow, doubled after --loss-scale-window "
         "good steps)");
@@ -394,7 +403,7 @@ void add_bench_flags(FlagTable& t, BenchConfig* c) {
   t.add("peak-tflops", &c->peak_tflops, "TF", "device peak for MFU (0: estimate for the device)");
   t.add_switch("profile", &c->profile,
                "also time the ops by family (GEMM, attention, layer norm, ...) and print a table");
-  add_device_flags(t, &c->device, &c->precision, &c->tf32, &c->threads);
+  add_device_flags(t, &c->device, &c->precision, &c->tf32, &c->threads, &c->blas_core);
   t.group("Distribution (under mpirun: every rank runs its own batch of the shape)");
   add_reducer_flags(t, &c->bucket_mb, &c->overlap, &c->grad_sum, &c->transport, &c->deterministic);
 }
@@ -408,6 +417,7 @@ void add_eval_flags(FlagTable& t, EvalConfig* c) {
   t.add("max-tokens", &c->max_tokens, "T", "padded tokens per batch (0: the run's)");
   t.add("batches", &c->batches, "N", "evaluation batches (0: all)");
   t.add("threads", &c->threads, "N", "CPU threads per rank (0: the node's cores shared)");
+  add_blas_flag(t, &c->blas_core);
 }
 
 void add_generate_flags(FlagTable& t, GenerateConfig* c) {
@@ -429,6 +439,7 @@ void add_generate_flags(FlagTable& t, GenerateConfig* c) {
   t.add("temperature", &c->temperature, "T", "sampling temperature");
   t.add("seed", &c->seed, "S", "seed of the sampling");
   t.add("threads", &c->threads, "N", "CPU threads (0: all cores)");
+  add_blas_flag(t, &c->blas_core);
 }
 
 void add_classify_flags(FlagTable& t, ClassifyConfig* c) {
@@ -441,6 +452,7 @@ void add_classify_flags(FlagTable& t, ClassifyConfig* c) {
   t.add("top", &c->top, "K", "labels printed per input, best first");
   t.add("batch", &c->batch, "N", "lines scored at a time");
   t.add("threads", &c->threads, "N", "CPU threads (0: all cores)");
+  add_blas_flag(t, &c->blas_core);
 }
 
 void add_prepare_flags(FlagTable& t, PrepareConfig* c) {
@@ -797,7 +809,15 @@ void validate_optim(const OptimConfig& o) {
   require_non_negative("--clip-norm", o.clip_norm);
 }
 
-void validate_device(DeviceKind device, Precision precision, bool tf32, int threads) {
+// --threads and --blas-core, which every command that computes takes.
+void validate_cpu(int threads, const std::string& blas_core) {
+  require_at_least("--threads", threads, 0);
+  const std::string problem = blas_request_problem(blas_core);
+  if (!problem.empty()) usage_error("--blas-core", problem);
+}
+
+void validate_device(DeviceKind device, Precision precision, bool tf32, int threads,
+                     const std::string& blas_core) {
   if (device == DeviceKind::kCuda) {
     if (!cuda_backend_built()) {
       usage_error("--device",
@@ -811,7 +831,7 @@ void validate_device(DeviceKind device, Precision precision, bool tf32, int thre
   if (tf32 && (device != DeviceKind::kCuda || precision != Precision::kFp32)) {
     usage_error("--tf32", "only with --device cuda --precision fp32");
   }
-  require_at_least("--threads", threads, 0);
+  validate_cpu(threads, blas_core);
 }
 
 void validate_transport(DeviceKind device, Transport transport) {
@@ -871,7 +891,7 @@ void validate_train(const TrainConfig& c) {
   require_at_least("--eval-batches", c.eval_batches, 0);
   require_at_least("--checkpoint-every", c.checkpoint_every, 0);
   require_at_least("--keep-checkpoints", c.keep_checkpoints, 0);
-  validate_device(c.device, c.precision, c.tf32, c.threads);
+  validate_device(c.device, c.precision, c.tf32, c.threads, c.blas_core);
   validate_transport(c.device, c.transport);
   if (!(c.loss_scale >= 1.0f && std::isfinite(c.loss_scale))) {
     usage_error("--loss-scale", "must be a finite number >= 1; got " + format_number(c.loss_scale));
@@ -990,7 +1010,7 @@ void validate_bench(const BenchConfig& c) {
   require_at_least("--warmup-steps", c.warmup_steps, 0);
   require_unit_interval("--label-smoothing", c.label_smoothing);
   require_non_negative("--peak-tflops", c.peak_tflops);
-  validate_device(c.device, c.precision, c.tf32, c.threads);
+  validate_device(c.device, c.precision, c.tf32, c.threads, c.blas_core);
   validate_transport(c.device, c.transport);
 }
 
@@ -1119,7 +1139,7 @@ bool parse_eval_options(const std::vector<std::string>& args, EvalConfig* cfg, s
   require_directory("--data", cfg->data_dir);
   require_at_least("--max-tokens", cfg->max_tokens, 0);
   require_at_least("--batches", cfg->batches, 0);
-  require_at_least("--threads", cfg->threads, 0);
+  validate_cpu(cfg->threads, cfg->blas_core);
   return true;
 }
 
@@ -1139,7 +1159,7 @@ bool parse_classify_options(const std::vector<std::string>& args, ClassifyConfig
   if (!cfg->input.empty()) require_file("--input", cfg->input);
   require_at_least("--top", cfg->top, 1);
   require_at_least("--batch", cfg->batch, 1);
-  require_at_least("--threads", cfg->threads, 0);
+  validate_cpu(cfg->threads, cfg->blas_core);
   return true;
 }
 
@@ -1171,11 +1191,36 @@ bool parse_generate_options(const std::vector<std::string>& args, GenerateConfig
   require_at_least("--beam", cfg->beam, 1);
   require_at_least("--max-new-tokens", cfg->max_new_tokens, 0);
   require_at_least("--top-k", cfg->top_k, 0);
-  require_at_least("--threads", cfg->threads, 0);
+  validate_cpu(cfg->threads, cfg->blas_core);
   require_positive("--temperature", cfg->temperature);
   require_non_negative("--length-alpha", cfg->length_alpha);
   if (cfg->top_k > 0 && cfg->beam > 1) usage_error("--top-k", "sampling takes no --beam");
   return true;
+}
+
+std::string requested_blas_core(const std::vector<std::string>& args) {
+  std::string value, config_file;
+  for (size_t i = 0; i < args.size(); ++i) {
+    for (auto [flag, field] : {std::pair{"--blas-core", &value}, {"--config", &config_file}}) {
+      const std::string& arg = args[i];
+      const std::string with_equals = std::string(flag) + "=";
+      if (arg == flag && i + 1 < args.size()) *field = args[i + 1];
+      if (arg.rfind(with_equals, 0) == 0) *field = arg.substr(with_equals.size());
+    }
+  }
+  if (value.empty() && !config_file.empty()) {
+    // Only this key; parsing proper reports what else is wrong with the file.
+    po::options_description wanted;
+    wanted.add_options()("blas-core", po::value<std::string>());
+    po::variables_map vm;
+    std::ifstream in(config_file);
+    try {
+      po::store(po::parse_config_file(in, wanted, /*allow_unregistered=*/true), vm);
+      if (vm.count("blas-core")) value = vm["blas-core"].as<std::string>();
+    } catch (const po::error&) {
+    }
+  }
+  return value.empty() ? "auto" : value;
 }
 
 TrainConfig train_config_from_ini(const std::string& ini, const std::string& source) {

@@ -25,6 +25,11 @@ bool parse_classify_options(const std::vector<std::string>& args, ClassifyConfig
 bool parse_generate_options(const std::vector<std::string>& args, GenerateConfig* cfg,
                             std::ostream& out);
 
+// --blas-core's value ("auto" when not given) from a command's arguments
+// or its --config file, read before anything else (kernels/cpu/blas_kernels.h):
+// parsing proper validates it later.
+std::string requested_blas_core(const std::vector<std::string>& args);
+
 // The effective configuration as INI, re-usable with --config.
 std::string train_config_ini(const TrainConfig& cfg);
 

@@ -154,8 +154,9 @@ struct TrainConfig {
   OnDivergence on_divergence = OnDivergence::kStop;
   DeviceKind device = DeviceKind::kCpu;
   Precision precision = Precision::kFp32;
-  bool tf32 = false;  // fp32 GEMMs on TF32 tensor cores (cuda only)
-  int threads = 0;    // 0: all cores shared among local ranks
+  bool tf32 = false;               // fp32 GEMMs on TF32 tensor cores (cuda only)
+  int threads = 0;                 // 0: all cores shared among local ranks
+  std::string blas_core = "auto";  // OpenBLAS's kernel family (kernels/cpu/blas_kernels.h)
   // fp16's dynamic loss scaling (src/optim/loss_scaler.h)
   float loss_scale = 65536.0f;   // the initial scale
   int loss_scale_window = 2000;  // good steps in a row before the scale doubles
@@ -201,12 +202,13 @@ struct PrepareConfig {
 
 // `mpiformer eval`: a checkpoint on a held-out split of a data set.
 struct EvalConfig {
-  std::string checkpoint;       // --checkpoint FILE
-  std::string data_dir;         // --data DIR
-  std::string split = "valid";  // valid | test: DIR/SPLIT-NNNNN.h5
-  int max_tokens = 0;           // padded tokens per batch; 0: the checkpoint's run's
-  int batches = 0;              // evaluation batches; 0: all of them
-  int threads = 0;              // 0: all cores shared among local ranks
+  std::string checkpoint;          // --checkpoint FILE
+  std::string data_dir;            // --data DIR
+  std::string split = "valid";     // valid | test: DIR/SPLIT-NNNNN.h5
+  int max_tokens = 0;              // padded tokens per batch; 0: the checkpoint's run's
+  int batches = 0;                 // evaluation batches; 0: all of them
+  int threads = 0;                 // 0: all cores shared among local ranks
+  std::string blas_core = "auto";  // OpenBLAS's kernel family (kernels/cpu/blas_kernels.h)
 };
 
 // `mpiformer generate`: decoding with a checkpoint (rank 0 decodes).
@@ -225,6 +227,7 @@ struct GenerateConfig {
   float temperature = 1.0f;
   uint64_t seed = 1;
   int threads = 0;
+  std::string blas_core = "auto";
 };
 
 // `mpiformer classify`: label scores of text lines with a classifier checkpoint.
@@ -236,6 +239,7 @@ struct ClassifyConfig {
   int top = 5;             // labels printed per input, best first
   int batch = 64;          // lines scored at a time
   int threads = 0;
+  std::string blas_core = "auto";
 };
 
 // `mpiformer bench`: a model shape and a fixed batch, timed after warm-up.
@@ -254,6 +258,7 @@ struct BenchConfig {
   Precision precision = Precision::kFp32;
   bool tf32 = false;
   int threads = 0;
+  std::string blas_core = "auto";
   double peak_tflops = 0.0;  // 0: estimate for the device
   bool profile = false;      // time per op family
   float bucket_mb = 0.0f;    // under mpirun: the gradient reducer's buckets (0: by transport)

@@ -12,6 +12,7 @@
 #include <stdexcept>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/blas_kernels.h"
 #include "src/app/device.h"
 #include "src/app/evaluation.h"
 #include "src/app/memory_budget.h"
@@ -307,7 +308,12 @@ int Trainer::claim_directory() {
         say(stdout, "removed %d unfinished checkpoint write(s) of an earlier job\n", removed);
       }
       branch_line = run_dir_->make_head(start_);
-      write_file_atomically((rundir / "config.ini").string(), train_config_ini(cfg_));
+      // What ran is recorded beside the flags, as comments the reader skips:
+      // runs on other BLAS kernels differ in their last bits.
+      write_file_atomically((rundir / "config.ini").string(),
+                            train_config_ini(cfg_) + "\n# This run (a record; not read back)\n" +
+                                "# devices = " + std::to_string(world_) + " x " + ops_->name() +
+                                "\n# blas = " + describe_blas_kernels() + "\n");
       // Rank 0's output, start-up lines first, appended over every start.
       attach_run_log((rundir / "train.log").string());
       metrics_ = std::make_unique<MetricsLog>(
@@ -336,6 +342,7 @@ void Trainer::print_start() const {
       cfg.model.d_model, cfg.model.heads, cfg.model.d_ff, cfg.model.vocab, cfg.model.max_len,
       cfg.max_tokens, accum_, world_);
   say(stdout, "  memory: about %s per rank\n", memory_.describe().c_str());
+  if (cfg.device == DeviceKind::kCpu) say(stdout, "  BLAS: %s\n", describe_blas_kernels().c_str());
   if (cfg.precision != Precision::kFp32)
     say(stdout,
         "  precision %s: activations and GEMM inputs; fp32 master weights, Adam state "

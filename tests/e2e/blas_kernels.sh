@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# OpenBLAS's kernel family is never a silent fallback: bench and train name
+# the family that ran and why; --blas-core picks one (the program starts
+# again with OPENBLAS_CORETYPE set, on every rank under mpirun); the user's
+# OPENBLAS_CORETYPE is kept; a name OpenBLAS does not load is exit 2; on a
+# machine where OpenBLAS falls back to generic kernels on a CPU with AVX2 or
+# AVX-512, auto replaces them.
+source "$(dirname "$0")/common.sh"
+bin=$1 work=$2
+rm -rf "$work" && mkdir -p "$work" && cd "$work"
+failures=0 out=$work/out err=$work/err
+unset OPENBLAS_CORETYPE
+
+shape=(--model lm --layers 1 --d-model 32 --heads 2 --d-ff 64 --vocab 64 --batch 2 --seq 16
+  --steps 1 --warmup-steps 0 --threads 1)
+# bench ARGS...: runs bench (stdout $out, stderr $err, exit code $rc) and
+# sets $core to the family its JSON line names.
+bench() {
+  rc=0
+  "$bin" bench "${shape[@]}" "$@" >"$out" 2>"$err" || rc=$?
+  core=$(sed -n 's/.*"blas_core": "\([^"]*\)".*/\1/p' "$out")
+}
+
+# What OpenBLAS loads by itself here (inspect never starts again).
+own=$(OPENBLAS_VERBOSE=2 "$bin" --version 2>&1 | sed -n 's/^Core: //p' | head -n 1)
+echo "OpenBLAS's own choice here: ${own:-unknown}"
+
+bench
+check "bench runs (exit $rc)" test "$rc" -eq 0
+check "bench's start line names the family ($core)" grep -q "BLAS: OpenBLAS [0-9.]*, $core kernels (" "$err"
+generic=0
+case ${own,,} in prescott | core2 | penryn | dunnington | katmai | unknown) generic=1 ;; esac
+wide=$(grep -m1 -o -w -E 'avx512f|avx2' /proc/cpuinfo | sort -u | head -n 1 || true)
+if [[ $generic == 1 && -n $wide ]]; then
+  check "auto replaces the generic $own kernels on a CPU with $wide ($core)" \
+    test "$core" == "$([[ $wide == avx512f ]] && echo SkylakeX || echo Haswell)"
+  check "the start line says why" grep -q "chosen by mpiformer: OpenBLAS took its generic $own" "$err"
+else
+  check "auto keeps OpenBLAS's choice $own ($core)" test "${core,,}" == "${own,,}"
+  check "the start line says whose choice" grep -q "(OpenBLAS's choice for this CPU)" "$err"
+fi
+
+# --blas-core NAME, on the command line and from --config, on one and two ranks.
+bench --blas-core Sandybridge
+check "--blas-core Sandybridge runs it ($core)" test "$core" == Sandybridge
+check "  and says so" grep -q "Sandybridge kernels (--blas-core Sandybridge)" "$err"
+printf 'blas-core = Haswell\n' >blas.ini
+bench --config blas.ini
+check "--config's blas-core = Haswell runs it ($core)" test "$core" == Haswell
+bench --config blas.ini --blas-core=Sandybridge
+check "--blas-core on the command line wins over --config ($core)" test "$core" == Sandybridge
+rc=0
+mpirun -np 2 "$bin" bench "${shape[@]}" --blas-core Haswell >"$out" 2>"$err" || rc=$?
+check "mpirun -np 2 --blas-core Haswell (exit $rc)" grep -q '"ranks": 2, .*"blas_core": "Haswell"' "$out"
+
+# The user's OPENBLAS_CORETYPE is theirs to set.
+OPENBLAS_CORETYPE=Sandybridge bench
+check "OPENBLAS_CORETYPE=Sandybridge is kept ($core)" test "$core" == Sandybridge
+check "  and named" grep -q "Sandybridge kernels (OPENBLAS_CORETYPE=Sandybridge)" "$err"
+
+# Names OpenBLAS does not load are refused before anything runs.
+bench --blas-core NoSuchKernels
+refused "--blas-core NoSuchKernels" 2 "--blas-core" "not 'NoSuchKernels'" "OPENBLAS_VERBOSE=2"
+rc=0
+"$bin" train --model lm --synthetic copy --layers 1 --d-model 16 --heads 2 --d-ff 32 --max-len 16 \
+  --steps 1 --threads 1 --out "$work/refused" --blas-core NoSuchKernels >"$out" 2>"$err" || rc=$?
+refused "train --blas-core NoSuchKernels" 2 "--blas-core"
+check "  and leaves no run directory" test ! -e "$work/refused"
+
+# train: the start line and config.ini record the kernels.
+rc=0
+"$bin" train --model lm --synthetic copy --layers 1 --d-model 16 --heads 2 --d-ff 32 --max-len 16 \
+  --max-tokens 128 --steps 2 --threads 1 --out "$work/run" --blas-core Haswell >"$out" 2>"$err" || rc=$?
+check "train --blas-core Haswell (exit $rc)" test "$rc" -eq 0
+check "train's start line names the kernels" grep -q "^  BLAS: OpenBLAS [0-9.]*, Haswell kernels (--blas-core Haswell)" "$out"
+check "config.ini records them" grep -q "^# blas = OpenBLAS [0-9.]*, Haswell kernels" "$work/run/config.ini"
+check "config.ini keeps the flag" grep -q "^blas-core = Haswell$" "$work/run/config.ini"
+rc=0
+"$bin" train --config "$work/run/config.ini" --steps 3 --resume auto >"$out" 2>"$err" || rc=$?
+check "config.ini reads back, its record skipped (exit $rc)" test "$rc" -eq 0
+exit_on_failures
