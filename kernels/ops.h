@@ -38,6 +38,20 @@ enum class AttentionScale { kStandard, kLogLength };
 // How a classifier turns a sequence's rows into one vector: its first row
 // (a CLS token or patch) or the mean of its rows.
 enum class PoolKind { kCls, kMean };
+// Which attention kernels run (--attention): auto takes a fused library
+// kernel (cuDNN's, on a GPU) wherever it takes the case and the plain
+// kernels otherwise; cudnn makes a case it refuses an error; plain never
+// asks it.
+enum class AttentionPath { kAuto, kCudnn, kPlain };
+// Attention calls (forward and backward) so far, by the kernels that ran.
+struct AttentionCalls {
+  int64_t library = 0;    // the fused library kernel
+  int64_t plain = 0;      // the plain kernels
+  int64_t fallbacks = 0;  // of the plain ones: cases the library was asked and refused
+};
+const char* to_string(AttentionPath p);
+// "12 calls on cuDNN, 0 calls on the plain kernels (3 cuDNN did not take)".
+std::string attention_summary(const AttentionCalls& calls);
 
 // Row offsets of a ragged batch; lengths[b] = offsets[b+1] - offsets[b].
 struct Ragged {
@@ -211,6 +225,12 @@ class Ops {
   // a backend may then refuse faster algorithms whose sums depend on
   // timing (cuDNN's attention backward).
   virtual void set_deterministic(bool deterministic) { (void)deterministic; }
+  // Chooses the attention kernels (--attention). Throws
+  // std::runtime_error when the path cannot run here (cudnn without cuDNN).
+  virtual void set_attention_path(AttentionPath path);
+  // Which attention kernels run, and why, for the start line.
+  virtual std::string attention_kernels() const { return "the CPU backend's"; }
+  virtual AttentionCalls attention_calls() const { return {}; }
   // A timer for this backend's ops (bench --profile).
   virtual std::unique_ptr<OpTimer> make_timer() = 0;
 

@@ -20,6 +20,32 @@ void Ops::release_host(void* ptr) {
   std::free(ptr);
 }
 
+void Ops::set_attention_path(AttentionPath path) {
+  if (path == AttentionPath::kCudnn)
+    throw std::runtime_error("--attention cudnn: the " + name() +
+                             " backend has no cuDNN (it needs --device cuda)");
+}
+
+const char* to_string(AttentionPath p) {
+  switch (p) {
+    case AttentionPath::kAuto:
+      return "auto";
+    case AttentionPath::kCudnn:
+      return "cudnn";
+    case AttentionPath::kPlain:
+      return "plain";
+  }
+  return "?";
+}
+
+std::string attention_summary(const AttentionCalls& calls) {
+  const auto count = [](int64_t n) { return std::to_string(n) + (n == 1 ? " call" : " calls"); };
+  std::string text =
+      count(calls.library) + " on cuDNN, " + count(calls.plain) + " on the plain kernels";
+  if (calls.fallbacks > 0) text += " (" + std::to_string(calls.fallbacks) + " cuDNN did not take)";
+  return text;
+}
+
 double label_smoothing_constant(float smoothing, int V) {
   // x ln x with the limit 0 ln 0 = 0.
   const auto x_log_y = [](double x, double y) { return x > 0.0 ? x * std::log(y) : 0.0; };

@@ -52,6 +52,9 @@ class ProfiledOps : public Ops {
   size_t logits_chunk_elements() const override { return inner_.logits_chunk_elements(); }
   void* native_stream() const override { return inner_.native_stream(); }
   void set_deterministic(bool deterministic) override { inner_.set_deterministic(deterministic); }
+  void set_attention_path(AttentionPath path) override { inner_.set_attention_path(path); }
+  std::string attention_kernels() const override { return inner_.attention_kernels(); }
+  AttentionCalls attention_calls() const override { return inner_.attention_calls(); }
   size_t attention_scratch_bytes(DType dtype, size_t tokens, size_t longest,
                                  const AttentionConfig& cfg, bool backward) const override {
     return inner_.attention_scratch_bytes(dtype, tokens, longest, cfg, backward);

@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -30,6 +31,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/cuda/attention_cudnn.h"
 #include "kernels/ops.h"
 #include "src/model/model.h"
 #include "tests/test_batches.h"
@@ -417,21 +419,49 @@ TEST_P(CudaOpsTest, MatmulWithEpilogues) {
 }
 
 TEST_P(CudaOpsTest, RaggedAttention) {
-  // Small heads (the plain kernels) and a length-0 sequence.
+  // Small heads and a length-0 sequence.
   const std::vector<int32_t> small = {0, 5, 6, 19, 19, 27};
   // Heads cuDNN takes (D 64), sequences across its 64- and 128-row tiles.
   const std::vector<int32_t> large = {0, 1, 70, 200, 263, 391};
-  for (bool causal : {false, true}) {
-    for (AttentionScale scale : {AttentionScale::kStandard, AttentionScale::kLogLength}) {
-      attention_case(3, 8, small, small, false, causal, scale);
-      attention_case(2, 64, large, large, false, causal, scale);
-    }
-  }
   // Cross-attention: other lengths on the key side.
   const std::vector<int32_t> sources = {0, 9, 40, 41, 170, 300};
-  for (AttentionScale scale : {AttentionScale::kStandard, AttentionScale::kLogLength}) {
-    attention_case(2, 64, large, sources, true, false, scale);
+  // The plain kernels for every precision; bf16 and fp16 again on cuDNN,
+  // where a case it refuses is an error and every call must be its.
+  std::vector<AttentionPath> paths = {AttentionPath::kPlain};
+  if (t() != DType::kF32) {
+    if (cuda::FlashAttention::built())
+      paths.push_back(AttentionPath::kCudnn);
+    else
+      std::printf("note: this build has no cuDNN frontend; cuDNN attention not tested\n");
   }
+  for (AttentionPath path : paths) {
+    SCOPED_TRACE(std::string("--attention ") + to_string(path));
+    // D 8 on --attention auto: cuDNN may take it or leave it to the plain kernels.
+    b_->gpu->set_attention_path(path == AttentionPath::kPlain ? path : AttentionPath::kAuto);
+    for (bool causal : {false, true}) {
+      for (AttentionScale scale : {AttentionScale::kStandard, AttentionScale::kLogLength})
+        attention_case(3, 8, small, small, false, causal, scale);
+    }
+    b_->gpu->set_attention_path(path);
+    const AttentionCalls before = b_->gpu->attention_calls();
+    int calls = 0;
+    for (bool causal : {false, true}) {
+      for (AttentionScale scale : {AttentionScale::kStandard, AttentionScale::kLogLength}) {
+        attention_case(2, 64, large, large, false, causal, scale);
+        calls += 2;
+      }
+    }
+    for (AttentionScale scale : {AttentionScale::kStandard, AttentionScale::kLogLength}) {
+      attention_case(2, 64, large, sources, true, false, scale);
+      calls += 2;
+    }
+    const AttentionCalls after = b_->gpu->attention_calls();
+    const bool cudnn = path == AttentionPath::kCudnn;
+    EXPECT_EQ(after.library - before.library, cudnn ? calls : 0);
+    EXPECT_EQ(after.plain - before.plain, cudnn ? 0 : calls);
+    EXPECT_EQ(after.fallbacks, before.fallbacks);
+  }
+  b_->gpu->set_attention_path(AttentionPath::kAuto);
 }
 
 TEST_P(CudaOpsTest, CrossEntropyAdamWAndNorm) {

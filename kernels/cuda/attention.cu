@@ -6,6 +6,9 @@
 // query row's log-sum-exp. Backward recomputes the probabilities from it
 // into scratch (P and dS of one layer at a time), then a key pass sums
 // dK and dV over the queries that see each key.
+#include <algorithm>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "kernels/cuda/attention_cudnn.h"
@@ -259,21 +262,42 @@ void launch_scale_queries(Act dst, int dst_stride, Act src, int src_stride, cons
 
 }  // namespace cuda
 
+bool CudaOps::asks_cudnn(DType dtype) const {
+  return flash_ && attention_path_ != AttentionPath::kPlain && dtype != DType::kF32;
+}
+
 size_t CudaOps::attention_scratch_bytes(DType dtype, size_t tokens, size_t longest,
                                         const AttentionConfig& cfg, bool backward) const {
-  // cuDNN keeps no scores (its workspace is not counted); the plain
-  // backward keeps P and dS of every (head, query, key) pair.
-  if (!backward || (flash_ && dtype != DType::kF32)) return 0;
-  return 2 * sizeof(float) * cfg.heads * tokens * longest;
+  return cuda::attention_scratch_bytes(dtype, tokens, longest, cfg, backward, asks_cudnn(dtype));
+}
+
+void CudaOps::set_attention_path(AttentionPath path) {
+  if (path == AttentionPath::kCudnn && !flash_)
+    throw std::runtime_error("--attention cudnn: " + no_cudnn_reason_);
+  attention_path_ = path;
+}
+
+std::string CudaOps::attention_kernels() const {
+  if (attention_path_ == AttentionPath::kPlain) return "the plain CUDA kernels (--attention plain)";
+  if (!flash_) return "the plain CUDA kernels (" + no_cudnn_reason_ + ")";
+  const std::string cudnn = "cuDNN's fused flash attention (" + flash_->version() + ")";
+  if (attention_path_ == AttentionPath::kCudnn)
+    return cudnn + " for bf16 and fp16; a case it refuses is an error (--attention cudnn)";
+  return cudnn + " for bf16 and fp16, the plain CUDA kernels where it does not take a case";
 }
 
 void CudaOps::attention_forward(Act out, float* stats, Act q, int q_stride, Act k, Act v,
                                 int kv_stride, const Ragged& qs, const Ragged& ks,
                                 const AttentionConfig& cfg) {
   if (qs.total == 0) return;
-  if (flash_ && out.dtype != DType::kF32 &&
-      flash_->forward(out, stats, q, q_stride, k, v, kv_stride, qs, ks, cfg))
-    return;
+  if (asks_cudnn(out.dtype)) {
+    if (flash_->forward(out, stats, q, q_stride, k, v, kv_stride, qs, ks, cfg)) {
+      ++attention_calls_.library;
+      return;
+    }
+    refused_by_cudnn("forward");
+  }
+  ++attention_calls_.plain;
   plain_attention_forward(out, stats, q, q_stride, k, v, kv_stride, qs, ks, cfg);
 }
 
@@ -281,10 +305,23 @@ void CudaOps::attention_backward(Act dq, Act dk, Act dv, Act dout, Act out, cons
                                  Act q, int q_stride, Act k, Act v, int kv_stride, const Ragged& qs,
                                  const Ragged& ks, const AttentionConfig& cfg) {
   if (qs.total == 0) return;
-  if (flash_ && dout.dtype != DType::kF32 &&
-      flash_->backward(dq, dk, dv, dout, out, stats, q, q_stride, k, v, kv_stride, qs, ks, cfg))
-    return;
+  if (asks_cudnn(dout.dtype)) {
+    if (flash_->backward(dq, dk, dv, dout, out, stats, q, q_stride, k, v, kv_stride, qs, ks, cfg)) {
+      ++attention_calls_.library;
+      return;
+    }
+    refused_by_cudnn("backward");
+  }
+  ++attention_calls_.plain;
   plain_attention_backward(dq, dk, dv, dout, stats, q, q_stride, k, v, kv_stride, qs, ks, cfg);
+}
+
+void CudaOps::refused_by_cudnn(const char* what) {
+  if (attention_path_ == AttentionPath::kCudnn) {
+    throw std::runtime_error(std::string("--attention cudnn: cuDNN does not take this attention ") +
+                             what + ": " + flash_->refusal());
+  }
+  ++attention_calls_.fallbacks;
 }
 
 void CudaOps::plain_attention_forward(Act out, float* stats, Act q, int q_stride, Act k, Act v,
@@ -305,11 +342,9 @@ void CudaOps::plain_attention_backward(Act dq, Act dk, Act dv, Act dout, const f
                                        int q_stride, Act k, Act v, int kv_stride, const Ragged& qs,
                                        const Ragged& ks, const AttentionConfig& cfg) {
   // The probabilities and dS of this call: H * sum_b Lq_b * Lk_b each.
-  size_t pairs = 0;
-  for (int b = 0; b < qs.batch; ++b) pairs += static_cast<size_t>(qs.length(b)) * ks.length(b);
-  const size_t floats = pairs * cfg.heads;
-  auto* probs = static_cast<float*>(scratch(kAttentionProbs, sizeof(float) * (floats + 1)));
-  auto* dscores = static_cast<float*>(scratch(kAttentionGrad, sizeof(float) * (floats + 1)));
+  const size_t floats = cuda::plain_attention_scores_bytes(qs, ks, cfg.heads) / (2 * sizeof(float));
+  auto* probs = static_cast<float*>(scratch(kAttentionScores, 2 * sizeof(float) * (floats + 1)));
+  float* dscores = probs + floats + 1;
   auto* p_offsets =
       static_cast<int64_t*>(scratch(kAttentionOffsets, sizeof(int64_t) * (qs.batch + 1)));
   prob_offsets_kernel<<<1, 1, 0, stream_>>>(p_offsets, qs.device_offsets, ks.device_offsets,

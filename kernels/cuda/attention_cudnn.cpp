@@ -37,7 +37,8 @@ namespace mpiformer::cuda {
 
 #if !defined(MPIFORMER_HAVE_CUDNN_FRONTEND)
 
-std::unique_ptr<FlashAttention> FlashAttention::create(CudaOps&) {
+std::unique_ptr<FlashAttention> FlashAttention::create(CudaOps&, std::string* why_not) {
+  *why_not = "this build has no cuDNN frontend (scripts/setup fetches its headers)";
   return nullptr;
 }
 
@@ -93,17 +94,34 @@ struct GraphKey {
 struct Entry {
   std::shared_ptr<fe::graph::Graph> graph;  // null: cuDNN does not support the key
   int64_t workspace = 0;
+  std::string why;  // without a graph: what cuDNN said
 };
+
+// "backward bf16, 12 heads of 64, 8 slots, lengths 1024/1024".
+std::string describe_key(const GraphKey& key) {
+  return std::string(key.backward ? "backward " : "forward ") +
+         to_string(static_cast<DType>(key.dtype)) + ", " + std::to_string(key.heads) +
+         " heads of " + std::to_string(key.head_dim) + ", " + std::to_string(key.slots) +
+         " slots, lengths " + std::to_string(key.max_q) + "/" + std::to_string(key.max_kv);
+}
+
+std::string mib(int64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  return text;
+}
 
 // What cuDNN's flash attention covers here; the rest runs on the plain
 // kernels. Head sizes: multiples of 8 up to 256. A query that sees no key
 // (an empty source) gives NaN rows before cuDNN 9.25: refused on the host.
-bool supported(const Ragged& qs, const Ragged& ks, const AttentionConfig& cfg) {
-  if (cfg.head_dim % 8 != 0 || cfg.head_dim > 256) return false;
-  if (qs.batch != ks.batch || qs.total == 0) return false;
+// Returns why not, or "" when it does.
+std::string unsupported(const Ragged& qs, const Ragged& ks, const AttentionConfig& cfg) {
+  if (cfg.head_dim % 8 != 0 || cfg.head_dim > 256)
+    return "head size " + std::to_string(cfg.head_dim) + " (cuDNN takes multiples of 8 up to 256)";
+  if (qs.batch != ks.batch || qs.total == 0) return "an empty batch";
   for (int b = 0; b < qs.batch; ++b)
-    if (qs.length(b) > 0 && ks.length(b) == 0) return false;
-  return true;
+    if (qs.length(b) > 0 && ks.length(b) == 0) return "a query sequence with no keys";
+  return "";
 }
 
 // q's token stride in the graph: a folded log-length factor makes a dense
@@ -260,11 +278,12 @@ class CudnnAttention final : public FlashAttention {
 
   bool forward(Act out, float* stats, Act q, int q_stride, Act k, Act v, int kv_stride,
                const Ragged& qs, const Ragged& ks, const AttentionConfig& cfg) override {
-    if (!supported(qs, ks, cfg)) return false;
+    refusal_ = unsupported(qs, ks, cfg);
+    if (!refusal_.empty()) return false;
     const GraphKey key =
         key_of(false, out.dtype, q_stride_for(cfg, q_stride), kv_stride, qs, ks, cfg);
-    Entry* entry = graph_for(key);
-    if (!entry->graph) return false;
+    Entry* entry = usable_graph(key, qs, ks);
+    if (!entry) return false;
     const Act q_used = fold_queries(q, q_stride, qs, ks, cfg);
     run(*entry, pack_of(q_used, k, v, out, stats, meta_for(qs, ks, key)), "forward");
     return true;
@@ -273,12 +292,13 @@ class CudnnAttention final : public FlashAttention {
   bool backward(Act dq, Act dk, Act dv, Act dout, Act out, const float* stats, Act q, int q_stride,
                 Act k, Act v, int kv_stride, const Ragged& qs, const Ragged& ks,
                 const AttentionConfig& cfg) override {
-    if (!supported(qs, ks, cfg)) return false;
+    refusal_ = unsupported(qs, ks, cfg);
+    if (!refusal_.empty()) return false;
     const int q_layout = q_stride_for(cfg, q_stride);
     GraphKey key = key_of(true, dout.dtype, q_layout, kv_stride, qs, ks, cfg);
     key.deterministic = ops_.deterministic();
-    Entry* entry = graph_for(key);
-    if (!entry->graph) return false;
+    Entry* entry = usable_graph(key, qs, ks);
+    if (!entry) return false;
     // The forward's q (with the folded factor), and dq at it when folded.
     const Act q_used = fold_queries(q, q_stride, qs, ks, cfg);
     const bool folded = q_used.data != q.data;
@@ -296,7 +316,43 @@ class CudnnAttention final : public FlashAttention {
     return true;
   }
 
+  const std::string& refusal() const override { return refusal_; }
+
+  std::string version() const override {
+    const size_t v = cudnnGetVersion();  // major * 10000 + minor * 100 + patch since 9
+    const int f = CUDNN_FRONTEND_VERSION;
+    return "cuDNN " + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." +
+           std::to_string(v % 100) + ", frontend " + std::to_string(f / 10000) + "." +
+           std::to_string(f / 100 % 100) + "." + std::to_string(f % 100);
+  }
+
  private:
+  // The graph of a key when it exists and its workspace fits this call's
+  // budget; else null, with refusal_ saying why.
+  Entry* usable_graph(const GraphKey& key, const Ragged& qs, const Ragged& ks) {
+    Entry* entry = graph_for(key);
+    if (!entry->graph) {
+      refusal_ = entry->why;
+      return nullptr;
+    }
+    const size_t budget = attention_workspace_budget(qs, ks, key.heads);
+    if (static_cast<size_t>(entry->workspace) > budget) {
+      refusal_ = describe_key(key) + " needs " + mib(entry->workspace) + " of workspace, over " +
+                 mib(budget) + " (the plain kernels' scores for this batch, or at least " +
+                 mib(kAttentionWorkspaceFloor) + ")";
+      if (!workspace_note_said_) {
+        workspace_note_said_ = true;
+        std::fprintf(stderr,
+                     "mpiformer: cuDNN attention: %s; the plain CUDA kernels take such "
+                     "batches (counted in the attention calls)\n",
+                     refusal_.c_str());
+        std::fflush(stderr);
+      }
+      return nullptr;
+    }
+    return entry;
+  }
+
   // q, or q' = f * q (dense) when the scale depends on the query.
   Act fold_queries(Act q, int q_stride, const Ragged& qs, const Ragged& ks,
                    const AttentionConfig& cfg) {
@@ -313,21 +369,18 @@ class CudnnAttention final : public FlashAttention {
     const std::string text = key.text();
     if (const auto it = graphs_.find(text); it != graphs_.end()) return &it->second;
     Entry& entry = graphs_[text];
-    std::string why;
     try {
-      entry.graph = build(key, &entry.workspace, &why);
+      entry.graph = build(key, &entry.workspace, &entry.why);
     } catch (const std::exception& e) {
-      why = e.what();
+      entry.why = e.what();
     }
     if (!entry.graph) {
-      std::fprintf(stderr,
-                   "mpiformer: cuDNN attention does not take this case (%s %s, %d heads of %d, "
-                   "%lld slots, lengths %lld/%lld): %s; the plain CUDA kernels run instead\n",
-                   key.backward ? "backward" : "forward", to_string(static_cast<DType>(key.dtype)),
-                   key.heads, key.head_dim, static_cast<long long>(key.slots),
-                   static_cast<long long>(key.max_q), static_cast<long long>(key.max_kv),
-                   why.c_str());
-      std::fflush(stderr);
+      entry.why = "cuDNN does not take " + describe_key(key) + ": " + entry.why;
+      // Once per shape class: the calls are counted (CudaOps::attention_calls).
+      if (ops_.attention_path() == AttentionPath::kAuto) {
+        std::fprintf(stderr, "mpiformer: %s; the plain CUDA kernels run it\n", entry.why.c_str());
+        std::fflush(stderr);
+      }
     }
     return &entry;
   }
@@ -417,7 +470,7 @@ class CudnnAttention final : public FlashAttention {
   }
 
   void run(Entry& entry, Pack pack, const char* what) {
-    void* workspace = ops_.scratch(CudaOps::kAttentionWorkspace, entry.workspace + 16);
+    void* workspace = ops_.scratch(CudaOps::kAttentionScores, entry.workspace + 16);
     fe::error_t status = entry.graph->execute(handle_, pack, workspace);
     if (status.is_bad()) {
       throw std::runtime_error(std::string("cuDNN attention ") + what + ": " +
@@ -432,6 +485,8 @@ class CudnnAttention final : public FlashAttention {
   int sm_ = 90;  // the GPU's compute capability
   cudnnHandle_t handle_ = nullptr;
   std::unordered_map<std::string, Entry> graphs_;
+  std::string refusal_;               // why the last call was refused
+  bool workspace_note_said_ = false;  // the line about a workspace over budget, once
   MetaEntry metas_[kMetaEntries];
   int next_meta_ = 0;
 };
@@ -484,15 +539,13 @@ std::vector<std::string> FlashAttention::validate_graphs(int sm) {
   return failures;
 }
 
-std::unique_ptr<FlashAttention> FlashAttention::create(CudaOps& ops) {
-  const char* choice = std::getenv("MPIFORMER_CUDNN_ATTENTION");
-  if (choice && std::strcmp(choice, "0") == 0) return nullptr;
+std::unique_ptr<FlashAttention> FlashAttention::create(CudaOps& ops, std::string* why_not) {
   // Ragged statistics and offsets for backward need cuDNN 9.6 or newer.
-  if (cudnnGetVersion() < 90600) {
-    std::fprintf(stderr,
-                 "mpiformer: cuDNN %zu is older than 9.6: attention runs on the plain CUDA "
-                 "kernels\n",
-                 cudnnGetVersion());
+  const size_t version = cudnnGetVersion();
+  if (version < 90600) {
+    *why_not = "cuDNN " + std::to_string(version / 10000) + "." +
+               std::to_string(version / 100 % 100) +
+               " is older than 9.6, which ragged attention needs";
     return nullptr;
   }
   return std::make_unique<CudnnAttention>(ops);

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/attention_plan.h"
 #include "kernels/ops.h"
 
 namespace mpiformer {
@@ -24,8 +25,9 @@ namespace cuda {
 
 class FlashAttention {
  public:
-  // Null when this build has no cuDNN frontend (the plain kernels run).
-  static std::unique_ptr<FlashAttention> create(CudaOps& ops);
+  // Null when cuDNN cannot run here, with the reason in *why_not: the build
+  // has no cuDNN frontend, or the cuDNN found is too old.
+  static std::unique_ptr<FlashAttention> create(CudaOps& ops, std::string* why_not);
   // Whether this build has the cuDNN frontend.
   static bool built();
   // Describes the graphs of representative cases (causal and bidirectional
@@ -37,40 +39,20 @@ class FlashAttention {
   virtual ~FlashAttention() = default;
 
   // The ops of kernels/ops.h. Return false, having done nothing, when
-  // cuDNN cannot run the case (a head size or layout it does not support);
-  // the caller then runs the plain kernels. Throw on a cuDNN failure.
+  // cuDNN cannot run the case (a head size or layout it does not support,
+  // a workspace over attention_workspace_budget, attention_plan.h;
+  // refusal() says which); the caller then runs
+  // the plain kernels. Throw on a cuDNN failure.
   virtual bool forward(Act out, float* stats, Act q, int q_stride, Act k, Act v, int kv_stride,
                        const Ragged& qs, const Ragged& ks, const AttentionConfig& cfg) = 0;
   virtual bool backward(Act dq, Act dk, Act dv, Act dout, Act out, const float* stats, Act q,
                         int q_stride, Act k, Act v, int kv_stride, const Ragged& qs,
                         const Ragged& ks, const AttentionConfig& cfg) = 0;
+  // Why the last call returned false.
+  virtual const std::string& refusal() const = 0;
+  // "cuDNN 9.14.0, frontend 1.32.0".
+  virtual std::string version() const = 0;
 };
-
-// Per-batch metadata of a graph with `slots` sequences (slots >= B: the
-// slots past B are empty sequences, their offsets repeating the end), in one
-// device buffer of attention_meta_bytes(slots):
-//   seq_q, seq_kv: int32 (slots)   sequence lengths
-//   ro_q, ro_kv, ro_o, ro_stats: int64 (slots + 1)   ragged offsets in
-//   elements: token offsets times each tensor's token stride.
-struct AttentionMeta {
-  int32_t* seq_q;
-  int32_t* seq_kv;
-  int64_t* ro_q;
-  int64_t* ro_kv;
-  int64_t* ro_o;
-  int64_t* ro_stats;
-};
-inline size_t attention_meta_bytes(int slots) {
-  return (2 * static_cast<size_t>(slots) * 4 + 7) / 8 * 8 +
-         4 * (static_cast<size_t>(slots) + 1) * 8;
-}
-inline AttentionMeta attention_meta(void* base, int slots) {
-  auto* seq = static_cast<int32_t*>(base);
-  auto* ro = reinterpret_cast<int64_t*>(static_cast<char*>(base) +
-                                        (2 * static_cast<size_t>(slots) * 4 + 7) / 8 * 8);
-  const size_t n = static_cast<size_t>(slots) + 1;
-  return AttentionMeta{seq, seq + slots, ro, ro + n, ro + 2 * n, ro + 3 * n};
-}
 
 // Kernels the cuDNN path needs (attention.cu), on `stream`.
 

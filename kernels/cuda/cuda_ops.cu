@@ -163,11 +163,11 @@ CudaOps::CudaOps(int device, bool tf32) : device_(device) {
   cuda::check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
   gemm_ = std::make_unique<cuda::Gemm>(*this, tf32);
   try {
-    flash_ = cuda::FlashAttention::create(*this);  // null when the build has no cuDNN
+    flash_ = cuda::FlashAttention::create(*this, &no_cudnn_reason_);
   } catch (const std::exception& e) {
-    // cuDNN missing or broken on this machine: attention still runs.
-    std::fprintf(stderr, "mpiformer: %s; attention runs on the plain CUDA kernels\n", e.what());
-    std::fflush(stderr);
+    // cuDNN missing or broken on this machine: attention still runs, and
+    // the start line says why on the plain kernels.
+    no_cudnn_reason_ = e.what();
   }
 }
 

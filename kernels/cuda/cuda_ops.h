@@ -84,6 +84,10 @@ class CudaOps final : public Ops {
   void* native_stream() const override { return stream_; }
   void set_deterministic(bool deterministic) override { deterministic_ = deterministic; }
   bool deterministic() const { return deterministic_; }
+  void set_attention_path(AttentionPath path) override;
+  AttentionPath attention_path() const { return attention_path_; }
+  std::string attention_kernels() const override;
+  AttentionCalls attention_calls() const override { return attention_calls_; }
   size_t device_memory_free() const override;
   size_t logits_chunk_elements() const override { return size_t{1} << 29; }
   std::unique_ptr<OpTimer> make_timer() override;
@@ -145,12 +149,12 @@ class CudaOps final : public Ops {
   // counted in peak_allocated_bytes. Growing waits for the stream (the old
   // buffer may still be in use), so it happens on the first steps only.
   enum Slot {
-    kAttentionProbs,      // plain attention: probabilities recomputed in backward
-    kAttentionGrad,       // plain attention: dS
+    // Plain attention's probabilities (recomputed in backward) and dS, or
+    // cuDNN's workspace: one call at a time uses it.
+    kAttentionScores,
     kAttentionOffsets,    // plain attention: where each sequence's block starts
     kAttentionQuery,      // cuDNN: q with the log-length factor folded in
     kAttentionQueryGrad,  // cuDNN: the gradient at that q
-    kAttentionWorkspace,  // cuDNN: the graphs' workspace
     kColumnSums,          // partial column sums (bias and layer-norm gradients)
     kBiasGrad,            // a GEMM epilogue's bias gradient before it is added
     kRowResults,          // cross entropy's and ZLPR's per-row results
@@ -170,6 +174,8 @@ class CudaOps final : public Ops {
   void plain_attention_backward(Act dq, Act dk, Act dv, Act dout, const float* stats, Act q,
                                 int q_stride, Act k, Act v, int kv_stride, const Ragged& qs,
                                 const Ragged& ks, const AttentionConfig& cfg);
+  // A call cuDNN did not take: an error with --attention cudnn, else counted.
+  void refused_by_cudnn(const char* what);
   // Column sums of a (N, C) gradient added into fp32 sums (+=) in a fixed
   // order: bias gradients. dst: (C), src: (N, C) rows `stride` apart.
   void add_column_sums(float* dst, Act src, int N, int C, int stride);
@@ -178,8 +184,14 @@ class CudaOps final : public Ops {
   std::string name_;
   cudaStream_t stream_ = nullptr;
   bool deterministic_ = true;  // cuDNN's attention backward without atomics
+  AttentionPath attention_path_ = AttentionPath::kAuto;
+  AttentionCalls attention_calls_;
+  std::string no_cudnn_reason_;  // why flash_ is null
   std::unique_ptr<cuda::Gemm> gemm_;
-  std::unique_ptr<cuda::FlashAttention> flash_;  // null without cuDNN
+  std::unique_ptr<cuda::FlashAttention> flash_;  // null without cuDNN (no_cudnn_reason_)
+  // Whether cuDNN is asked for an attention call in `dtype` (it runs bf16
+  // and fp16).
+  bool asks_cudnn(DType dtype) const;
   void* scratch_[kSlots] = {};
   size_t scratch_bytes_[kSlots] = {};
   std::unordered_map<void*, size_t> sizes_;

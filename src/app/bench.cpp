@@ -131,9 +131,10 @@ int run_bench(const BenchConfig& cfg, Communicator& comm) {
   // The start line goes to stderr: stdout keeps its one JSON line.
   const bool on_cpu = cfg.device == DeviceKind::kCpu;
   if (comm.is_root()) {
-    std::fprintf(stderr, "mpiformer bench: %s on %s, %d rank(s) x %d thread(s)%s%s\n",
+    std::fprintf(stderr, "mpiformer bench: %s on %s, %d rank(s) x %d thread(s); %s: %s\n",
                  to_string(cfg.model.kind), backend->name().c_str(), comm.size(), threads,
-                 on_cpu ? "; BLAS: " : "", on_cpu ? describe_blas_kernels().c_str() : "");
+                 on_cpu ? "BLAS" : "attention",
+                 on_cpu ? describe_blas_kernels().c_str() : backend->attention_kernels().c_str());
     std::fflush(stderr);
   }
   std::vector<Batch> batch(1, make_bench_batch(cfg, comm.rank()));
@@ -145,6 +146,7 @@ int run_bench(const BenchConfig& cfg, Communicator& comm) {
   // On a GPU the MPI transport stages gradients through host buffers; NCCL
   // reads them in place.
   backend->set_deterministic(cfg.deterministic);
+  backend->set_attention_path(cfg.attention);
   const Transport transport = choose_transport(cfg.transport, *backend, comm);
   std::unique_ptr<GradientReducer> reducer =
       make_reducer(model.parameters(), cfg.bucket_mb, cfg.overlap, cfg.grad_sum, transport, comm);
@@ -192,10 +194,21 @@ int run_bench(const BenchConfig& cfg, Communicator& comm) {
   if (W == 1) reduce = ReduceTiming{};
   double reduce_sums[3] = {reduce.wait_s, reduce.in_flight_s, reduce.hidden_s};
   comm.allreduce_sum(reduce_sums, 3);
-  // What ran, so bench lines of two machines can be told apart.
-  const std::string kernels =
-      on_cpu ? ", \"blas\": \"" + blas_library() + "\", \"blas_core\": \"" + blas_core() + "\""
-             : "";
+  // What ran, so bench lines of two machines can be told apart, and no
+  // attention fallback passes unseen.
+  std::string kernels;
+  if (on_cpu) {
+    kernels = ", \"blas\": \"" + blas_library() + "\", \"blas_core\": \"" + blas_core() + "\"";
+  } else {
+    const AttentionCalls calls = backend->attention_calls();
+    const char* attention = calls.library == 0 ? "plain"
+                            : calls.plain == 0 ? "cudnn"
+                                               : "cudnn+plain";
+    kernels = ", \"attention\": \"" + std::string(attention) +
+              "\", \"attention_calls_cudnn\": " + std::to_string(calls.library) +
+              ", \"attention_calls_plain\": " + std::to_string(calls.plain) +
+              ", \"attention_fallbacks\": " + std::to_string(calls.fallbacks);
+  }
   if (comm.is_root()) {
     std::printf(
         "{\"model\": \"%s\", \"device\": \"%s\", \"ranks\": %d, \"threads\": %d, "

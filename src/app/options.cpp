@@ -287,7 +287,7 @@ void add_blas_flag(FlagTable& t, std::string* blas_core) {
 }
 
 void add_device_flags(FlagTable& t, DeviceKind* device, Precision* precision, bool* tf32,
-                      int* threads, std::string* blas_core) {
+                      int* threads, std::string* blas_core, AttentionPath* attention) {
   t.add_choice("device", device, {{"cpu", DeviceKind::kCpu}, {"cuda", DeviceKind::kCuda}},
                "where the model runs");
   t.add_choice("precision", precision,
@@ -298,6 +298,13 @@ void add_device_flags(FlagTable& t, DeviceKind* device, Precision* precision, bo
   t.add_switch("tf32", tf32,
                "cuda, fp32: run the GEMMs on TF32 tensor cores (10-bit mantissas; fp32 is exact "
                "without it)");
+  t.add_choice("attention", attention,
+               {{"auto", AttentionPath::kAuto},
+                {"cudnn", AttentionPath::kCudnn},
+                {"plain", AttentionPath::kPlain}},
+               "cuda, bf16/fp16: cuDNN's fused attention where it takes a case and the plain "
+               "kernels otherwise (auto), cuDNN only (a case it refuses is an error), or the "
+               "plain kernels only");
   t.add("threads", threads, "N", "CPU threads per rank (0: the node's cores shared by its ranks)");
   add_blas_flag(t, blas_core);
 }
@@ -369,7 +376,8 @@ void add_train_flags(FlagTable& t, TrainConfig* c) {
                "a step whose loss or gradient norm is not finite: stop (exit 3, nothing of it "
                "saved; the last good checkpoint stays latest) or skip the step (stopping after "
                "20 in a row)");
-  add_device_flags(t, &c->device, &c->precision, &c->tf32, &c->threads, &c->blas_core);
+  add_device_flags(t, &c->device, &c->precision, &c->tf32, &c->threads, &c->blas_core,
+                   &c->attention);
   t.add("loss-scale", &c->loss_scale, "S",
         "fp16: the initial loss scale (halved on overflow, doubled after --loss-scale-window "
         "good steps)");
@@ -403,7 +411,8 @@ void add_bench_flags(FlagTable& t, BenchConfig* c) {
   t.add("peak-tflops", &c->peak_tflops, "TF", "device peak for MFU (0: estimate for the device)");
   t.add_switch("profile", &c->profile,
                "also time the ops by family (GEMM, attention, layer norm, ...) and print a table");
-  add_device_flags(t, &c->device, &c->precision, &c->tf32, &c->threads, &c->blas_core);
+  add_device_flags(t, &c->device, &c->precision, &c->tf32, &c->threads, &c->blas_core,
+                   &c->attention);
   t.group("Distribution (under mpirun: every rank runs its own batch of the shape)");
   add_reducer_flags(t, &c->bucket_mb, &c->overlap, &c->grad_sum, &c->transport, &c->deterministic);
 }
@@ -817,7 +826,7 @@ void validate_cpu(int threads, const std::string& blas_core) {
 }
 
 void validate_device(DeviceKind device, Precision precision, bool tf32, int threads,
-                     const std::string& blas_core) {
+                     const std::string& blas_core, AttentionPath attention) {
   if (device == DeviceKind::kCuda) {
     if (!cuda_backend_built()) {
       usage_error("--device",
@@ -830,6 +839,12 @@ void validate_device(DeviceKind device, Precision precision, bool tf32, int thre
   }
   if (tf32 && (device != DeviceKind::kCuda || precision != Precision::kFp32)) {
     usage_error("--tf32", "only with --device cuda --precision fp32");
+  }
+  if (attention == AttentionPath::kCudnn) {
+    if (device != DeviceKind::kCuda) usage_error("--attention", "cudnn needs --device cuda");
+    if (precision == Precision::kFp32)
+      usage_error("--attention",
+                  "cudnn runs bf16 or fp16 (--precision); fp32 runs the plain kernels");
   }
   validate_cpu(threads, blas_core);
 }
@@ -891,7 +906,7 @@ void validate_train(const TrainConfig& c) {
   require_at_least("--eval-batches", c.eval_batches, 0);
   require_at_least("--checkpoint-every", c.checkpoint_every, 0);
   require_at_least("--keep-checkpoints", c.keep_checkpoints, 0);
-  validate_device(c.device, c.precision, c.tf32, c.threads, c.blas_core);
+  validate_device(c.device, c.precision, c.tf32, c.threads, c.blas_core, c.attention);
   validate_transport(c.device, c.transport);
   if (!(c.loss_scale >= 1.0f && std::isfinite(c.loss_scale))) {
     usage_error("--loss-scale", "must be a finite number >= 1; got " + format_number(c.loss_scale));
@@ -1010,7 +1025,7 @@ void validate_bench(const BenchConfig& c) {
   require_at_least("--warmup-steps", c.warmup_steps, 0);
   require_unit_interval("--label-smoothing", c.label_smoothing);
   require_non_negative("--peak-tflops", c.peak_tflops);
-  validate_device(c.device, c.precision, c.tf32, c.threads, c.blas_core);
+  validate_device(c.device, c.precision, c.tf32, c.threads, c.blas_core, c.attention);
   validate_transport(c.device, c.transport);
 }
 

@@ -169,7 +169,8 @@ struct TrainConfig {
   GradSum grad_sum = GradSum::kExact;
   Transport transport = Transport::kAuto;
   bool deterministic = true;  // GPU: no algorithm whose sums depend on timing
-  int check_every = 100;      // steps between replica checks (0: off)
+  AttentionPath attention = AttentionPath::kAuto;
+  int check_every = 100;  // steps between replica checks (0: off)
 };
 
 // The text of a held-out split given as files (prepare --valid, --test).
@@ -266,6 +267,7 @@ struct BenchConfig {
   GradSum grad_sum = GradSum::kExact;
   Transport transport = Transport::kAuto;
   bool deterministic = true;
+  AttentionPath attention = AttentionPath::kAuto;
 };
 
 }  // namespace mpiformer

@@ -215,6 +215,8 @@ int Trainer::build() {
   threads_ = cfg_.threads > 0 ? cfg_.threads : comm_.cores_per_local_rank();
   ops_ = make_ops(cfg_.device, threads_, comm_, cfg_.tf32);
   ops_->set_deterministic(cfg_.deterministic);
+  // --attention cudnn where cuDNN cannot run is refused before anything runs.
+  if (!agreed(comm_, [&] { ops_->set_attention_path(cfg_.attention); })) return kExitUsage;
   if (!agreed(comm_, [&] { transport_ = choose_transport(cfg_.transport, *ops_, comm_); }))
     return kExitFailure;
 
@@ -343,6 +345,8 @@ void Trainer::print_start() const {
       cfg.max_tokens, accum_, world_);
   say(stdout, "  memory: about %s per rank\n", memory_.describe().c_str());
   if (cfg.device == DeviceKind::kCpu) say(stdout, "  BLAS: %s\n", describe_blas_kernels().c_str());
+  if (cfg.device == DeviceKind::kCuda)
+    say(stdout, "  attention: %s\n", ops_->attention_kernels().c_str());
   if (cfg.precision != Precision::kFp32)
     say(stdout,
         "  precision %s: activations and GEMM inputs; fp32 master weights, Adam state "
@@ -682,6 +686,10 @@ void Trainer::log_eval_on_root(int64_t step, bool final_eval, const LossSummary&
   const std::string figures = describe_eval(eval, cfg_.model.kind);
   if (final_eval) {
     say(stdout, "final eval | %s\n", figures.c_str());
+    // Which kernels attention ran on, so no fallback passes unseen.
+    if (cfg_.device == DeviceKind::kCuda) {
+      say(stdout, "attention on rank 0: %s\n", attention_summary(ops_->attention_calls()).c_str());
+    }
   } else {
     say(stdout, "eval step %lld | %s\n", static_cast<long long>(step), figures.c_str());
   }

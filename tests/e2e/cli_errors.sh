@@ -84,6 +84,16 @@ expect_usage_error --transport "${train[@]}" --device cpu --transport nccl
 expect_usage_error --transport bench --transport nccl
 expect_usage_error --transport "${train[@]}" --transport tcp
 expect_usage_error --deterministic "${train[@]}" --deterministic maybe
+# cuDNN's attention: a GPU's, bf16 or fp16; without one it is refused at once.
+expect_usage_error --attention "${train[@]}" --device cpu --attention cudnn
+expect_usage_error --attention bench --attention cudnn
+expect_usage_error --attention "${train[@]}" --attention flash
+if ! command -v nvidia-smi >/dev/null; then
+  expect_usage_error --device bench --device cuda --precision bf16 --attention cudnn
+fi
+# OpenBLAS kernels that do not load (tests/e2e/blas_kernels.sh has the rest).
+expect_usage_error --blas-core "${train[@]}" --blas-core NoSuchKernels
+expect_usage_error --blas-core eval --checkpoint "$0" --data "$work" --blas-core NoSuchKernels
 expect_usage_error --loss-scale "${train[@]}" --precision fp16 --loss-scale 0
 expect_usage_error --loss-scale "${train[@]}" --precision fp16 --loss-scale 0.5
 expect_usage_error --loss-scale "${train[@]}" --precision fp16 --loss-scale inf
