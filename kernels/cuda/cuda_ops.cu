@@ -31,6 +31,42 @@ void check(cublasStatus_t status, const char* what) {
   }
 }
 
+// Events on the backend's stream behind the upload ring's copies, reused
+// once the ring is done with them.
+class UploadEvents final : public StreamMarkers {
+ public:
+  explicit UploadEvents(cudaStream_t stream) : stream_(stream) {}
+  ~UploadEvents() override {
+    for (cudaEvent_t e : created_) cudaEventDestroy(e);
+  }
+  Marker record() override {
+    if (spare_.empty()) {
+      cudaEvent_t e = nullptr;
+      check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+      created_.push_back(e);
+      spare_.push_back(e);
+    }
+    cudaEvent_t e = spare_.back();
+    spare_.pop_back();
+    check(cudaEventRecord(e, stream_), "cudaEventRecord (upload)");
+    return e;
+  }
+  bool completed(Marker marker) override {
+    const cudaError_t status = cudaEventQuery(static_cast<cudaEvent_t>(marker));
+    if (status == cudaErrorNotReady) return false;
+    check(status, "upload");
+    return true;
+  }
+  void wait(Marker marker) override {
+    check(cudaEventSynchronize(static_cast<cudaEvent_t>(marker)), "cudaEventSynchronize (upload)");
+  }
+  void recycle(Marker marker) override { spare_.push_back(static_cast<cudaEvent_t>(marker)); }
+
+ private:
+  cudaStream_t stream_;
+  std::vector<cudaEvent_t> created_, spare_;
+};
+
 }  // namespace cuda
 
 namespace {
@@ -161,6 +197,8 @@ CudaOps::CudaOps(int device, bool tf32) : device_(device) {
   cuda::check(cudaGetDeviceProperties(&props, device), "cudaGetDeviceProperties");
   name_ = std::string("cuda:") + std::to_string(device) + " (" + props.name + ")";
   cuda::check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  upload_events_ = std::make_unique<cuda::UploadEvents>(stream_);
+  uploads_ = std::make_unique<StagingRing>(*upload_events_);
   gemm_ = std::make_unique<cuda::Gemm>(*this, tf32);
   try {
     flash_ = cuda::FlashAttention::create(*this, &no_cudnn_reason_);
@@ -178,8 +216,8 @@ CudaOps::~CudaOps() {
   for (void* p : scratch_)
     if (p) cudaFree(p);
   for (auto& [ptr, bytes] : sizes_) cudaFree(ptr);
-  for (const Staged& s : staged_) cudaEventDestroy(s.done);
-  for (cudaEvent_t e : spare_events_) cudaEventDestroy(e);
+  uploads_.reset();
+  upload_events_.reset();
   for (cudaEvent_t e : copy_events_) cudaEventDestroy(e);
   if (ring_) cudaFreeHost(ring_);
   if (stream_) cudaStreamDestroy(stream_);
@@ -272,43 +310,25 @@ void CudaOps::copy_to_device_async(void* dst, const void* host_src, size_t bytes
 }
 
 void CudaOps::reserve_uploads(size_t bytes) {
-  if (bytes <= ring_bytes_) return;
+  if (bytes <= uploads_->size()) return;
   // Nothing staged may be lost: wait for every copy out of the old ring.
   cuda::check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
-  for (const Staged& s : staged_) spare_events_.push_back(s.done);
-  staged_.clear();
-  if (ring_) cuda::check(cudaFreeHost(ring_), "cudaFreeHost");
+  uploads_->reset(0);
+  unsigned char* old = ring_;
   ring_ = nullptr;
+  if (old) cuda::check(cudaFreeHost(old), "cudaFreeHost");
   cuda::check(cudaMallocHost(reinterpret_cast<void**>(&ring_), bytes), "cudaMallocHost (uploads)");
-  ring_bytes_ = bytes;
-  ring_head_ = 0;
+  uploads_->reset(bytes);
 }
 
 void CudaOps::upload(void* dst, const void* host_src, size_t bytes) {
   if (bytes == 0) return;
-  if (bytes > ring_bytes_) reserve_uploads(std::max(bytes, 2 * ring_bytes_));
-  size_t begin = ring_head_;
-  if (begin + bytes > ring_bytes_) begin = 0;  // wrap: a region is never split
-  const size_t end = begin + bytes;
-  // Wait for the copies still reading [begin, end): the oldest ones.
-  while (!staged_.empty() && staged_.front().begin < end && begin < staged_.front().end) {
-    cuda::check(cudaEventSynchronize(staged_.front().done), "cudaEventSynchronize");
-    spare_events_.push_back(staged_.front().done);
-    staged_.pop_front();
-  }
+  if (bytes > uploads_->size()) reserve_uploads(std::max(bytes, 2 * uploads_->size()));
+  const size_t begin = uploads_->claim(bytes);  // waits for copies still reading there
   std::memcpy(ring_ + begin, host_src, bytes);
   cuda::check(cudaMemcpyAsync(dst, ring_ + begin, bytes, cudaMemcpyHostToDevice, stream_),
               "cudaMemcpyAsync (upload)");
-  cudaEvent_t done;
-  if (spare_events_.empty()) {
-    cuda::check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
-  } else {
-    done = spare_events_.back();
-    spare_events_.pop_back();
-  }
-  cuda::check(cudaEventRecord(done, stream_), "cudaEventRecord");
-  staged_.push_back({begin, end, done});
-  ring_head_ = end;
+  uploads_->queued();
 }
 
 void CudaOps::fill_zero(void* x, size_t bytes) {

@@ -24,13 +24,13 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
-#include <deque>
 #include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "kernels/ops.h"
+#include "kernels/staging_ring.h"
 
 namespace mpiformer {
 
@@ -48,6 +48,7 @@ inline unsigned blocks_for(size_t n, unsigned threads = 256) {
 
 class Gemm;            // gemm.cu
 class FlashAttention;  // attention_cudnn.cpp
+class UploadEvents;    // cuda_ops.cu
 
 }  // namespace cuda
 
@@ -198,18 +199,12 @@ class CudaOps final : public Ops {
   size_t current_bytes_ = 0;
   size_t peak_bytes_ = 0;
 
-  // Uploads go through a ring of pinned host memory. Each upload's region
-  // is free again once its copy has run (its event); the ring is written in
-  // order, so the oldest uploads are the ones a new write may reach.
-  struct Staged {
-    size_t begin, end;
-    cudaEvent_t done;
-  };
+  // Uploads go through a ring of pinned host memory; where each goes and
+  // which copies it waits for is the ring's (kernels/staging_ring.h), each
+  // copy marked by an event on the stream.
   unsigned char* ring_ = nullptr;
-  size_t ring_bytes_ = 0;
-  size_t ring_head_ = 0;
-  std::deque<Staged> staged_;
-  std::vector<cudaEvent_t> spare_events_;
+  std::unique_ptr<cuda::UploadEvents> upload_events_;
+  std::unique_ptr<StagingRing> uploads_;  // after upload_events_, which it uses
   // The latest copy_to_host_async of each slot.
   std::vector<cudaEvent_t> copy_events_;
 };
