@@ -216,6 +216,32 @@ TEST(DataParallel, TheExactSumTurnsAnOutOfRangeGradientIntoNaNOnEveryRank) {
                           [](float g) { return std::isnan(g); }));
 }
 
+// fp16's loss scale through step_gradients: with S a power of two the exact
+// sum is S times the unscaled one, bit for bit, though the scaled gradients
+// pass the fixed point's limit 2^kExactLimitBits.
+TEST(DataParallel, TheExactSumOfScaledGradientsIsTheScaledSum) {
+  const Communicator& comm = *g_comm;
+  const ModelConfig m = shape(ModelKind::kSeq2seq);
+  const float S = 16777216.0f;  // 2^24, the loss scaler's largest
+  std::vector<float> sums[2];
+  for (float loss_scale : {1.0f, S}) {
+    Replica replica(m);
+    ParameterSet& params = replica.model->parameters();
+    MpiTransport transport;
+    GradientReducer reducer(params, params.grads(), 512, transport, true, GradSum::kExact);
+    step_gradients(*replica.model, share_of(m, comm.rank(), 2), 1, 1, 0.1f, comm, &reducer,
+                   loss_scale);
+    sums[loss_scale != 1.0f] = replica.grads();
+  }
+  float largest = 0.0f;
+  for (float g : sums[0]) largest = std::max(largest, std::fabs(g));
+  ASSERT_GT(largest * S, std::ldexp(1.0f, kExactLimitBits))
+      << "no scaled gradient passes the limit";
+  int wrong = 0;
+  for (size_t i = 0; i < sums[0].size(); ++i) wrong += sums[1][i] != sums[0][i] * S;
+  EXPECT_EQ(wrong, 0) << "of " << sums[0].size() << " elements are not S times the unscaled sum";
+}
+
 // ---- the stream transport (NCCL's logic) on the CPU -----------------------
 
 // One sequence of what a stream transport asks of the device and of the

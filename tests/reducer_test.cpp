@@ -4,8 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <memory>
+#include <random>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -251,6 +255,109 @@ TEST(GradientReducer, StagedBucketsStartInOrderOnlyAfterTheirCopiesArrive) {
                                                       params.grads() + params.count());
     }
     EXPECT_TRUE(results[0] == results[1]) << "staging with late copies changed the sum";
+  }
+}
+
+// fp16's gradients carry the loss scale S. The exact sum shifts its fixed
+// point by S's exponent: a gradient whose true value is in range counts as
+// in range, and for S a power of two the integers are those of the unscaled
+// gradient, so the sum is S times the unscaled sum, bit for bit.
+TEST(GradientReducer, TheExactSumTakesGradientsThatCarryTheLossScale) {
+  Tiny t(tiny(ModelKind::kLm));
+  ParameterSet& params = t.model->parameters();
+  const size_t n = params.count();
+  float* grads = params.grads();
+  RecordingTransport one_rank;
+  GradientReducer reducer(params, grads, 600, one_rank, true, GradSum::kExact);
+  // Two micro-batches of true values m 2^k (|m| < 2^10, k in [-30, 8]): up
+  // to 2^18, inside the limit 2^kExactLimitBits, yet far beyond it scaled.
+  std::mt19937 rng(7);
+  auto true_values = [&] {
+    std::vector<float> g(n);
+    for (float& x : g)
+      x = std::ldexp(static_cast<float>(static_cast<int>(rng() % 2047) - 1023),
+                     static_cast<int>(rng() % 39) - 30);
+    return g;
+  };
+  const std::vector<float> a = true_values(), b = true_values();
+  auto sum_scaled = [&](float S) {
+    reducer.begin_step(S);
+    for (size_t i = 0; i < n; ++i) grads[i] = a[i] * S;
+    reducer.absorb_micro_batch();
+    for (size_t i = 0; i < n; ++i) grads[i] = b[i] * S;
+    reducer.finish();
+  };
+
+  sum_scaled(65536.0f);
+  int wrong = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t fixed = std::llround(std::ldexp(static_cast<double>(a[i]), kExactFractionBits)) +
+                          std::llround(std::ldexp(static_cast<double>(b[i]), kExactFractionBits));
+    const float unscaled =
+        static_cast<float>(std::ldexp(static_cast<double>(fixed), -kExactFractionBits));
+    if (grads[i] != unscaled * 65536.0f && ++wrong <= 3)
+      ADD_FAILURE() << "element " << i << ": " << grads[i] << ", not " << unscaled * 65536.0f;
+  }
+  EXPECT_EQ(wrong, 0) << "of " << n << " elements differ from 2^16 times the unscaled sum";
+
+  // A scale that is no power of two: the sum to within fp32 rounding.
+  const float S = 3000.0f;
+  sum_scaled(S);
+  wrong = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double expected = (static_cast<double>(a[i]) + b[i]) * S;
+    const double tolerance = (std::fabs(a[i]) + std::fabs(b[i])) * S * 0x1p-22 + 0x1p-26;
+    if (!(std::fabs(grads[i] - expected) <= tolerance) && ++wrong <= 3)
+      ADD_FAILURE() << "element " << i << ": " << grads[i] << ", not " << expected;
+  }
+  EXPECT_EQ(wrong, 0) << "of " << n << " elements are off with S = " << S;
+
+  // The limit still holds for the true value: just below it the sum is
+  // exact, at it the whole step's gradient is NaN.
+  const float largest = std::nextafter(std::ldexp(1.0f, kExactLimitBits), 0.0f);
+  for (float value : {largest, std::ldexp(1.0f, kExactLimitBits)}) {
+    reducer.begin_step(65536.0f);
+    std::fill(grads, grads + n, 0.0f);
+    grads[n / 2] = value * 65536.0f;
+    reducer.finish();
+    if (value == largest) {
+      EXPECT_EQ(grads[n / 2], value * 65536.0f);
+      EXPECT_EQ(grads[0], 0.0f);
+    } else {
+      EXPECT_TRUE(std::all_of(grads, grads + n, [](float g) { return std::isnan(g); }));
+    }
+  }
+}
+
+TEST(GradientReducer, TheFixedPointShiftsByTheLeastExponentThatHoldsTheScale) {
+  EXPECT_EQ(exact_scale_exponent(1.0f), 0);
+  EXPECT_EQ(exact_scale_exponent(65536.0f), 16);
+  EXPECT_EQ(exact_scale_exponent(16777216.0f), 24);
+  EXPECT_EQ(exact_scale_exponent(3000.0f), 12);  // 2^11 < 3000 <= 2^12
+  EXPECT_EQ(exact_scale_exponent(0.5f), -1);
+  EXPECT_EQ(exact_scale_exponent(0x1p100f), kExactMaxScaleExponent);
+  EXPECT_EQ(exact_scale_exponent(0x1p-100f), -kExactMaxScaleExponent);
+  for (float S : {0.0f, -4.0f, INFINITY, NAN}) EXPECT_EQ(exact_scale_exponent(S), 0) << S;
+}
+
+// A non-finite scale (an overflow injected on one rank) makes the step's
+// gradient NaN even where the gradients themselves are finite: a rank with
+// no data this step sums zeros.
+TEST(GradientReducer, ANonFiniteLossScaleMakesTheExactSumNaN) {
+  Tiny t(tiny(ModelKind::kLm));
+  ParameterSet& params = t.model->parameters();
+  RecordingTransport one_rank;
+  GradientReducer reducer(params, params.grads(), 600, one_rank, true, GradSum::kExact);
+  for (float S : {INFINITY, -INFINITY, NAN, 1.0f}) {
+    SCOPED_TRACE("S = " + std::to_string(S));
+    reducer.begin_step(S);
+    params.zero_grads();
+    reducer.finish();
+    const float* g = params.grads();
+    if (std::isfinite(S))
+      EXPECT_TRUE(std::all_of(g, g + params.count(), [](float x) { return x == 0.0f; }));
+    else
+      EXPECT_TRUE(std::all_of(g, g + params.count(), [](float x) { return std::isnan(x); }));
   }
 }
 

@@ -71,7 +71,7 @@ StepGradients step_gradients(Model& model, const std::vector<Batch>& micro, uint
 
   ParameterSet& params = model.parameters();
   params.zero_grads();
-  if (reducer) reducer->begin_step();
+  if (reducer) reducer->begin_step(loss_scale);
   for (int k = 0; k < K; ++k) {
     // The exact sum takes each micro-batch's gradient on its own.
     if (k > 0 && reducer && reducer->absorb_micro_batch()) params.zero_grads();

@@ -1,6 +1,7 @@
 #include "src/dist/gradient_reducer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -99,20 +100,35 @@ size_t GradientReducer::bytes_per_step() const {
   return buckets_.empty() ? 0 : buckets_.front().end * sizeof(float);
 }
 
-void GradientReducer::begin_step() {
+int exact_scale_exponent(float loss_scale) {
+  if (!std::isfinite(loss_scale) || loss_scale <= 0.0f) return 0;
+  int e = 0;
+  if (std::frexp(loss_scale, &e) == 0.5f) --e;  // S = m 2^e, m in [0.5, 1)
+  return std::clamp(e, -kExactMaxScaleExponent, kExactMaxScaleExponent);
+}
+
+void GradientReducer::begin_step(float loss_scale) {
   if (active_) throw std::logic_error("GradientReducer: begin_step twice without finish");
   active_ = true;
   started_ = 0;
   sent_ = 0;
   lowest_final_ = buckets_.empty() ? 0 : buckets_.front().end;
   std::fill(done_.begin(), done_.end(), false);
-  if (fixed_) ops_.fill_zero(fixed_, (count_ + 1) * sizeof(int64_t));
+  scale_exponent_ = exact_scale_exponent(loss_scale);
+  if (fixed_) {
+    ops_.fill_zero(fixed_, (count_ + 1) * sizeof(int64_t));
+    if (!std::isfinite(loss_scale)) {  // counted out of range: the sum is NaN everywhere
+      const int64_t out_of_range = 1;
+      ops_.upload(fixed_, &out_of_range, sizeof out_of_range);
+    }
+  }
 }
 
 void GradientReducer::absorb(size_t begin, size_t end) {
   // Queued behind the backward ops that wrote these gradients.
   ops_.fixed_point_accumulate(fixed_ + 1 + begin, fixed_, grads_ + begin, end - begin,
-                              kExactFractionBits, kExactLimitBits);
+                              kExactFractionBits - scale_exponent_,
+                              kExactLimitBits + scale_exponent_);
 }
 
 bool GradientReducer::absorb_micro_batch() {
@@ -200,7 +216,7 @@ ReduceTiming GradientReducer::finish() {
   // next step's copies to the host, which are queued behind these.
   if (sum_ == GradSum::kExact && n > 0) {
     if (staged_) ops_.copy_to_device_async(fixed_, host_fixed_, (n + 1) * sizeof(int64_t));
-    ops_.fixed_point_to_float(grads_, fixed_ + 1, fixed_, n, kExactFractionBits);
+    ops_.fixed_point_to_float(grads_, fixed_ + 1, fixed_, n, kExactFractionBits - scale_exponent_);
   } else if (staged_ && n > 0) {
     ops_.copy_to_device_async(grads_, host_grads_, n * sizeof(float));
   }

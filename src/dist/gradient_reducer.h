@@ -12,8 +12,9 @@
 //   float  sums fp32 gradients in place: the result depends, in its last
 //          bits, on how micro-batches fall across ranks (summation order).
 //   exact  turns each micro-batch's gradient into 64-bit fixed point
-//          (2^-40 resolution) and sums integers, which is associative: the
-//          step's gradient is then bitwise the same for any world size and
+//          (2^-40 resolution, in units of the gradient without fp16's loss
+//          scale) and sums integers, which is associative: the step's
+//          gradient is then bitwise the same for any world size and
 //          accumulation split. Twice the bytes on the wire, one extra pass
 //          over the gradient per micro-batch. The conversions are backend
 //          ops (Ops::fixed_point_accumulate, a kernel on a GPU), so the
@@ -75,6 +76,16 @@ std::vector<GradientBucket> plan_buckets(const std::vector<ParamInfo>& tensors,
 constexpr int kExactFractionBits = 40;
 constexpr int kExactLimitBits = 20;
 
+// Gradients that carry fp16's loss scale S are converted with the fixed
+// point shifted by e = exact_scale_exponent(S), the least e with S <= 2^e:
+// kExactFractionBits - e fraction bits and the limit 2^(kExactLimitBits + e).
+// The limit then bounds the gradient without S, the integers keep their
+// range, and for S a power of two they are exactly those of the unscaled
+// gradient. e is clamped to +-kExactMaxScaleExponent, far beyond the loss
+// scaler's [1, 2^24]; a non-finite or non-positive S gives 0.
+constexpr int kExactMaxScaleExponent = 32;
+int exact_scale_exponent(float loss_scale);
+
 // Whether the reducer copies buckets through host buffers: kAuto when the
 // transport wants host memory and the backend's is a GPU's, kAlways to
 // exercise that path on any backend (tests).
@@ -103,8 +114,11 @@ class GradientReducer : public GradientListener {
   GradSum sum() const { return sum_; }
   size_t bytes_per_step() const;
 
-  // At the start of a step, before any backward pass.
-  void begin_step();
+  // At the start of a step, before any backward pass. loss_scale: what the
+  // step's gradients carry (fp16's S); with the exact sum a non-finite one
+  // makes the step's gradient NaN on every rank, as an overflow would, even
+  // where this rank's gradients are finite (no data this step).
+  void begin_step(float loss_scale = 1.0f);
   // Between micro-batches: with the exact sum, takes the gradient of the
   // micro-batch just done into the fixed-point sum; the caller then zeroes
   // the gradients. Returns whether it did (float: gradients accumulate in
@@ -139,6 +153,7 @@ class GradientReducer : public GradientListener {
   // of range and travels with the bucket that starts last (the one at
   // offset 0). Null with the float sum.
   int64_t* fixed_ = nullptr;
+  int scale_exponent_ = 0;  // exact_scale_exponent of the step's loss scale
   // Host staging: pinned copies of what the transport sends.
   bool staged_ = false;
   float* host_grads_ = nullptr;    // (count) float sum
