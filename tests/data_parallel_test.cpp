@@ -313,6 +313,7 @@ class FakeCollective final : public StreamCollective {
     log_.entries.push_back({StreamLog::kAllReduce, log_.current_slot});
     MPI_Allreduce(MPI_IN_PLACE, x, static_cast<int>(n), MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
   }
+  std::string async_error() override { return ""; }
 
  private:
   StreamLog& log_;

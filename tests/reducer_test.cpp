@@ -15,6 +15,7 @@
 #include "kernels/backend.h"
 #include "kernels/profiled_ops.h"
 #include "src/dist/gradient_reducer.h"
+#include "src/dist/stream_transport.h"
 #include "src/model/model.h"
 #include "tests/test_batches.h"
 
@@ -358,6 +359,65 @@ TEST(GradientReducer, ANonFiniteLossScaleMakesTheExactSumNaN) {
       EXPECT_TRUE(std::all_of(g, g + params.count(), [](float x) { return x == 0.0f; }));
     else
       EXPECT_TRUE(std::all_of(g, g + params.count(), [](float x) { return std::isnan(x); }));
+  }
+}
+
+// A stream transport whose collective failed (a peer died): the done events
+// never pass, and the collective reports the error after a few queries.
+// finish() must throw it rather than wait; the queue gives up (and the test
+// fails) where a reducer would have polled forever.
+class StalledQueue final : public StreamQueue {
+ public:
+  static constexpr int kGiveUp = 10000;
+  int polls = 0;
+  void comm_waits_for_compute(int) override {}
+  void record_done(int) override {}
+  bool done(int slot) override {
+    if (++polls > kGiveUp)
+      throw std::logic_error("slot " + std::to_string(slot) + " still polled after " +
+                             std::to_string(kGiveUp) + " queries: the collective's error was " +
+                             "never seen");
+    return false;
+  }
+  void compute_waits_for(int) override {}
+};
+
+class FailingCollective final : public StreamCollective {
+ public:
+  explicit FailingCollective(int queries_before_error) : queries_left_(queries_before_error) {}
+  void all_reduce(float*, size_t) override {}
+  void all_reduce(int64_t*, size_t) override {}
+  std::string async_error() override {
+    if (queries_left_ == 0) return "remote process exited";
+    --queries_left_;
+    return "";
+  }
+
+ private:
+  int queries_left_;
+};
+
+TEST(GradientReducer, AFailedStreamCollectiveMakesFinishThrowInsteadOfWaiting) {
+  for (GradSum sum : {GradSum::kFloat, GradSum::kExact}) {
+    SCOPED_TRACE(to_string(sum));
+    Tiny t(tiny(ModelKind::kLm));
+    ParameterSet& params = t.model->parameters();
+    auto queue = std::make_unique<StalledQueue>();
+    const StalledQueue& polled = *queue;
+    GradientReducer reducer(params, params.grads(), 600,
+                            std::make_unique<StreamTransport>(
+                                "fake", std::move(queue), std::make_unique<FailingCollective>(3)),
+                            true, sum);
+    reducer.begin_step();
+    try {
+      reducer.finish();
+      ADD_FAILURE() << "finish() returned though the collective failed";
+    } catch (const std::runtime_error& e) {
+      EXPECT_STREQ(e.what(), "fake transport: remote process exited");
+    } catch (const std::logic_error& e) {
+      ADD_FAILURE() << e.what();
+    }
+    EXPECT_LE(polled.polls, 10);
   }
 }
 

@@ -107,10 +107,26 @@ class NcclCollective final : public StreamCollective {
   void all_reduce(int64_t* x, size_t n) override {
     check(ncclAllReduce(x, x, n, ncclInt64, ncclSum, comm_, stream_), "ncclAllReduce");
   }
+  std::string async_error() override {
+    if (!comm_) return error_;  // aborted already
+    ncclResult_t async = ncclSuccess;
+    const ncclResult_t status = ncclCommGetAsyncError(comm_, &async);
+    const ncclResult_t failure = status != ncclSuccess ? status : async;
+    if (failure == ncclSuccess || failure == ncclInProgress) return "";
+    error_ = std::string("all-reduce failed: ") + ncclGetErrorString(failure);
+    if (const char* detail = ncclGetLastError(comm_); detail && *detail)
+      error_ += std::string(" (") + detail + ")";
+    // Its kernels would wait for the failed peer forever: aborting ends
+    // them, so the streams drain while the error unwinds.
+    ncclCommAbort(comm_);
+    comm_ = nullptr;
+    return error_;
+  }
 
  private:
   cudaStream_t stream_;
-  ncclComm_t comm_ = nullptr;
+  ncclComm_t comm_ = nullptr;  // null once aborted
+  std::string error_;          // why it was aborted
 };
 
 }  // namespace

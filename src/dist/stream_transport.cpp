@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <string>
 #include <utility>
 
 namespace mpiformer {
@@ -31,7 +32,11 @@ void StreamTransport::start(int slot, int64_t* x, size_t n) {
 
 bool StreamTransport::test(int slot) {
   if (std::find(in_flight_.begin(), in_flight_.end(), slot) == in_flight_.end()) return true;
-  return queue_->done(slot);
+  if (queue_->done(slot)) return true;
+  // A failed collective never passes its done event: the error path, not a hang.
+  const std::string error = collective_->async_error();
+  if (!error.empty()) throw std::runtime_error(name_ + " transport: " + error);
+  return false;
 }
 
 void StreamTransport::join() {

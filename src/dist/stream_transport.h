@@ -8,6 +8,9 @@
 //                stream waits on it, runs the all-reduce and records the
 //                slot's done event;
 //   test(slot)   whether that done event has passed (a query, no wait);
+//                while it has not, whether the collective failed since (a
+//                peer that died leaves the event pending forever), which
+//                throws;
 //   join()       the compute stream waits on every done event, so the
 //                optimizer runs after the sums.
 //
@@ -47,6 +50,10 @@ class StreamCollective {
   virtual ~StreamCollective() = default;
   virtual void all_reduce(float* x, size_t n) = 0;    // x: device (n)
   virtual void all_reduce(int64_t* x, size_t n) = 0;  // x: device (n)
+  // What went wrong with the collectives queued so far after they were
+  // queued (a peer died, the network failed), or "" while nothing has. A
+  // query, no wait.
+  virtual std::string async_error() = 0;
 };
 
 class StreamTransport : public ReduceTransport {

@@ -29,7 +29,8 @@ class ReduceTransport {
   virtual void start(int slot, int64_t* x, size_t n) = 0;
   // True when the reduction in `slot` has completed; also drives progress of
   // every reduction in flight. Waiting is polling this, so each bucket's
-  // completion time is seen.
+  // completion time is seen. Throws std::runtime_error when the reduction
+  // can no longer complete (a peer died).
   virtual bool test(int slot) = 0;
   // After every slot tested complete: orders the backend's later work (the
   // optimizer) after the sums. A host transport has nothing to do; a
