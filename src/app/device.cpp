@@ -3,16 +3,35 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "kernels/backend.h"
+#include "kernels/checked_ops.h"
 #include "src/core/run_log.h"
 
 namespace mpiformer {
 
+namespace {
+
+// MPIFORMER_CUDA_CHECK=1: the device is waited for and checked after every
+// op, so that a first run on a new GPU names the op that failed.
+std::unique_ptr<Ops> checked_if_asked(std::unique_ptr<Ops> ops, const Communicator& comm) {
+  const char* check = std::getenv("MPIFORMER_CUDA_CHECK");
+  if (!check || std::string(check) != "1") return ops;
+  if (comm.is_root()) {
+    say(stderr, "MPIFORMER_CUDA_CHECK=1: the device is checked after every op (slow)\n");
+    std::fflush(stderr);
+  }
+  return std::make_unique<CheckedOps>(std::move(ops));
+}
+
+}  // namespace
+
 std::unique_ptr<Ops> make_ops(DeviceKind device, int threads, const Communicator& comm, bool tf32) {
-  if (device == DeviceKind::kCpu) return make_cpu_ops(threads);
+  if (device == DeviceKind::kCpu) return checked_if_asked(make_cpu_ops(threads), comm);
   const int count = cuda_device_count();
   if (count == 0) throw std::runtime_error("--device cuda: no GPU is visible to this rank");
   const int gpu = comm.local_rank() % count;
@@ -22,7 +41,7 @@ std::unique_ptr<Ops> make_ops(DeviceKind device, int threads, const Communicator
   say(stdout, "[rank %d] %s: %s (local rank %d of %d, %d GPU(s) visible)\n", comm.rank(), host,
       ops->name().c_str(), comm.local_rank(), comm.local_size(), count);
   std::fflush(stdout);
-  return ops;
+  return checked_if_asked(std::move(ops), comm);
 }
 
 }  // namespace mpiformer
