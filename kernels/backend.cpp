@@ -4,6 +4,7 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include "kernels/checked_ops.h"
 #include "kernels/cpu/cpu_ops.h"
 
 #ifdef MPIFORMER_HAVE_CUDA
@@ -11,7 +12,10 @@
 #include "kernels/cuda/device.h"
 #endif
 
+#include <cstdlib>
 #include <stdexcept>
+#include <string>
+#include <utility>
 
 namespace mpiformer {
 
@@ -33,6 +37,14 @@ std::unique_ptr<Ops> make_cuda_ops(int device, bool tf32) {
   (void)device, (void)tf32;
   throw std::runtime_error("this build has no CUDA backend (nvcc was not found at configure time)");
 #endif
+}
+
+std::unique_ptr<Ops> checked_if_asked(std::unique_ptr<Ops> ops, bool* checking) {
+  const char* check = std::getenv("MPIFORMER_CUDA_CHECK");
+  const bool asked = check && std::string(check) == "1";
+  if (checking) *checking = asked;
+  if (!asked) return ops;
+  return std::make_unique<CheckedOps>(std::move(ops));
 }
 
 std::string cuda_device_name(int device) {

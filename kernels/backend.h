@@ -17,6 +17,11 @@ std::unique_ptr<Ops> make_cpu_ops(int threads);
 // CUDA error.
 std::unique_ptr<Ops> make_cuda_ops(int device, bool tf32 = false);
 
+// ops, or with MPIFORMER_CUDA_CHECK=1 in the environment ops behind a
+// CheckedOps (kernels/checked_ops.h): the device waited for and checked
+// after every op, so that a fault names its op. *checking: whether it is.
+std::unique_ptr<Ops> checked_if_asked(std::unique_ptr<Ops> ops, bool* checking = nullptr);
+
 // GPUs visible to this process (0 without a CUDA build).
 int cuda_device_count();
 // "OpenBLAS 0.3.21 ..." as the library describes its build.

@@ -70,7 +70,8 @@ struct IntPair {
 
 class Backends {
  public:
-  Backends() : gpu(make_cuda_ops(0)), cpu(make_cpu_ops(1)) {}
+  // MPIFORMER_CUDA_CHECK=1 (scripts/gpu-check's rerun): a fault names its op.
+  Backends() : gpu(checked_if_asked(make_cuda_ops(0))), cpu(make_cpu_ops(1)) {}
   ~Backends() {
     for (void* p : gpu_owned_) gpu->release(p);
     for (void* p : cpu_owned_) cpu->release(p);
@@ -655,7 +656,7 @@ INSTANTIATE_TEST_SUITE_P(Precisions, CudaModelTest,
 // activations (relative to the tensor's largest gradient) are expected.
 void check_model(ModelConfig m, DType t) {
   m.d_model = 128, m.heads = 2, m.d_ff = 256, m.max_len = 160, m.vocab = 200;
-  std::unique_ptr<Ops> gpu = make_cuda_ops(0), cpu = make_cpu_ops(2);
+  std::unique_ptr<Ops> gpu = checked_if_asked(make_cuda_ops(0)), cpu = make_cpu_ops(2);
   const std::vector<int> lengths = {3, 150, 64, 1, 77};
   const std::vector<int> src_lengths = {10, 120, 64, 5, 1};
   const Batch a = testing::random_batch(m, lengths, src_lengths, 5);

@@ -1,4 +1,5 @@
-// dump_step CHECKPOINT OUT.h5 [--device cpu|cuda] [--precision fp32|bf16|fp16] [--logits]:
+// dump_step CHECKPOINT OUT.h5 [--device cpu|cuda] [--precision fp32|bf16|fp16] [--logits]
+//           [--attention auto|cudnn|plain]:
 // one forward and backward pass of a checkpoint's lm or seq2seq model on a
 // fixed ragged batch (random ids, every third target pad) in that compute
 // precision, written for analysis/torch_reference.py:
@@ -66,7 +67,7 @@ void write_matrix(hid_t loc, const char* name, const float* data, hsize_t rows, 
 }
 
 int dump(const std::string& checkpoint, const std::string& out, bool cuda, DType precision,
-         bool with_logits) {
+         bool with_logits, AttentionPath attention) {
   const CheckpointState state = read_checkpoint_state(checkpoint);
   TrainConfig run = train_config_from_ini(state.config_ini, checkpoint);
   run.model.vocab = state.vocab_size;
@@ -76,7 +77,8 @@ int dump(const std::string& checkpoint, const std::string& out, bool cuda, DType
               << ": an lm or seq2seq model trained with --dropout 0 is needed\n";
     return 2;
   }
-  std::unique_ptr<Ops> ops = cuda ? make_cuda_ops(0) : make_cpu_ops(1);
+  std::unique_ptr<Ops> ops = checked_if_asked(cuda ? make_cuda_ops(0) : make_cpu_ops(1));
+  ops->set_attention_path(attention);
   const Batch batch = testing::random_batch(run.model, {7, 1, 12, 5}, {3, 9, 6, 1}, 11);
   const Batch prefixes = with_logits ? prefix_batch(batch) : Batch{};
   int rows = std::max(batch.decoder.total(), batch.encoder.total());
@@ -138,10 +140,10 @@ int dump(const std::string& checkpoint, const std::string& out, bool cuda, DType
   hdf5::write_int_attr(root, "tokens", H5T_STD_I64LE, H5T_NATIVE_INT64, &sums.tokens, faults);
   hdf5::write_int_attr(root, "correct", H5T_STD_I64LE, H5T_NATIVE_INT64, &sums.correct, faults);
   faults.check(file.close(), "the file");
-  std::printf("dump_step: %s (%s, %s): loss %.6f over %lld tokens -> %s\n", checkpoint.c_str(),
-              ops->name().c_str(), to_string(precision),
+  std::printf("dump_step: %s (%s, %s): loss %.6f over %lld tokens -> %s; attention: %s\n",
+              checkpoint.c_str(), ops->name().c_str(), to_string(precision),
               sums.loss / static_cast<double>(sums.tokens), static_cast<long long>(sums.tokens),
-              out.c_str());
+              out.c_str(), attention_summary(ops->attention_calls()).c_str());
   return 0;
 }
 
@@ -152,6 +154,7 @@ int main(int argc, char** argv) {
   const std::vector<std::string> args(argv + 1, argv + argc);
   bool cuda = false, logits = false, usage = args.size() < 2;
   mpiformer::DType precision = mpiformer::DType::kF32;
+  mpiformer::AttentionPath attention = mpiformer::AttentionPath::kAuto;
   for (size_t i = 2; !usage && i < args.size(); ++i) {
     const std::string& flag = args[i];
     if (flag == "--logits") {
@@ -171,17 +174,23 @@ int main(int argc, char** argv) {
       precision = mpiformer::DType::kBF16;
     } else if (flag == "--precision" && value == "fp16") {
       precision = mpiformer::DType::kF16;
+    } else if (flag == "--attention" && value == "auto") {
+      attention = mpiformer::AttentionPath::kAuto;
+    } else if (flag == "--attention" && value == "cudnn") {
+      attention = mpiformer::AttentionPath::kCudnn;
+    } else if (flag == "--attention" && value == "plain") {
+      attention = mpiformer::AttentionPath::kPlain;
     } else {
       usage = true;
     }
   }
   if (usage) {
     std::cerr << "usage: dump_step CHECKPOINT OUT.h5 [--device cpu|cuda] "
-                 "[--precision fp32|bf16|fp16] [--logits]\n";
+                 "[--precision fp32|bf16|fp16] [--logits] [--attention auto|cudnn|plain]\n";
     return 2;
   }
   try {
-    return mpiformer::dump(args[0], args[1], cuda, precision, logits);
+    return mpiformer::dump(args[0], args[1], cuda, precision, logits, attention);
   } catch (const std::exception& e) {
     std::cerr << "dump_step: " << e.what() << "\n";
     return 1;

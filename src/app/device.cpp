@@ -3,29 +3,26 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <utility>
 
 #include "kernels/backend.h"
-#include "kernels/checked_ops.h"
 #include "src/core/run_log.h"
 
 namespace mpiformer {
 
 namespace {
 
-// MPIFORMER_CUDA_CHECK=1: the device is waited for and checked after every
-// op, so that a first run on a new GPU names the op that failed.
+// MPIFORMER_CUDA_CHECK=1: a first run on a new GPU names the op that failed.
 std::unique_ptr<Ops> checked_if_asked(std::unique_ptr<Ops> ops, const Communicator& comm) {
-  const char* check = std::getenv("MPIFORMER_CUDA_CHECK");
-  if (!check || std::string(check) != "1") return ops;
-  if (comm.is_root()) {
+  bool checking = false;
+  ops = checked_if_asked(std::move(ops), &checking);
+  if (checking && comm.is_root()) {
     say(stderr, "MPIFORMER_CUDA_CHECK=1: the device is checked after every op (slow)\n");
     std::fflush(stderr);
   }
-  return std::make_unique<CheckedOps>(std::move(ops));
+  return ops;
 }
 
 }  // namespace

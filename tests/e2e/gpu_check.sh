@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# scripts/gpu-check where there is no GPU: its arguments are checked before
+# any device time is spent, a missing bundle is one clear line, and, on a
+# stand-in bundle whose op test fails, a failed stage runs again once with
+# MPIFORMER_CUDA_CHECK=1, the failing tests go to compute-sanitizer, and a
+# device command ($OUT set) gets the summary and every log back.
+source "$(dirname "$0")/common.sh"
+root=$(cd "$(dirname "$0")/../.." && pwd)
+work=$2
+rm -rf "$work" && mkdir -p "$work"
+failures=0 out=$work/out err=$work/err
+
+# A copy of the script in a tree of its own, where device-bundle/ is ours.
+tree=$work/tree
+mkdir -p "$tree/scripts" && cp "$root/scripts/gpu-check" "$tree/scripts/"
+gpu_check() {
+  rc=0
+  "$tree/scripts/gpu-check" "$@" >"$out" 2>"$err" || rc=$?
+}
+
+gpu_check
+check "no stage: exit 2 ($rc) with the usage" test "$rc" -eq 2
+check "  the usage names the stages" grep -q "determinism" "$err"
+gpu_check --help
+check "--help: exit 0 ($rc)" test "$rc" -eq 0
+gpu_check ops bogus
+refused "an unknown stage" 2 "unknown stage 'bogus'"
+gpu_check kjv
+refused "kjv without its shards" 2 "kjv needs the directory of its shards"
+gpu_check ops
+refused "no bundle" 2 "device-bundle/run is missing: run scripts/device-bundle first"
+
+# The stand-in bundle: its op test fails one test, and says whether the
+# check switch was on; compute-sanitizer stands in on PATH.
+mkdir -p "$tree/device-bundle" "$work/bin"
+cat >"$tree/device-bundle/run" <<'SH'
+#!/usr/bin/env bash
+echo "run $* MPIFORMER_CUDA_CHECK=${MPIFORMER_CUDA_CHECK:-}" >>"$CALLS"
+echo "[==========] 2 tests ran."
+echo "[  PASSED  ] 1 test."
+echo "[  FAILED  ] Precisions/CudaOpsTest.RaggedAttention/bf16, where GetParam() = 1"
+[[ -n ${MPIFORMER_CUDA_CHECK:-} ]] && echo "after attention_backward (bf16; B 5): an illegal memory access"
+exit 1
+SH
+cat >"$work/bin/compute-sanitizer" <<'SH'
+#!/usr/bin/env bash
+echo "sanitizer $*" >>"$CALLS"
+echo "========= ERROR SUMMARY: 1 error"
+SH
+chmod +x "$tree/device-bundle/run" "$work/bin/compute-sanitizer"
+export CALLS=$work/calls
+mkdir -p "$work/device-out"
+PATH=$work/bin:$PATH OUT=$work/device-out gpu_check ops
+summary=$work/device-out/summary.txt
+check "a failed stage: the script still ends 0 ($rc)" test "$rc" -eq 0
+check "the summary comes back" test -s "$summary"
+check "  with the failure" grep -q "^ops: exit 1; \[  PASSED  \] 1 test. \[  FAILED  \]" "$summary"
+check "  the failing test under compute-sanitizer" \
+  grep -q "^ops: compute-sanitizer on Precisions/CudaOpsTest.RaggedAttention/bf16: exit 0; =* ERROR SUMMARY: 1 error" "$summary"
+check "  and the rerun with the check switch" grep -q "^ops: failed; again with MPIFORMER_CUDA_CHECK=1" "$summary"
+check "  whose line is marked" grep -q "^  (checked) ops: exit 1" "$summary"
+check "the op test ran twice, the second time checked" \
+  test "$(grep -c '^run tests/cuda_ops_test' "$CALLS")" -eq 2 -a \
+  "$(grep -c '^run tests/cuda_ops_test.*MPIFORMER_CUDA_CHECK=1$' "$CALLS")" -eq 1
+check "compute-sanitizer ran only the failing test" \
+  grep -q "^sanitizer --tool memcheck --target-processes all .*/run tests/cuda_ops_test --gtest_filter=Precisions/CudaOpsTest.RaggedAttention/bf16$" "$CALLS"
+tar tzf "$work/device-out/logs.tar.gz" >"$work/logs.txt"
+for log in ops.log ops.check.log ops.sanitizer.log summary.txt; do
+  check "logs.tar.gz holds $log" grep -q "^./$log$" "$work/logs.txt"
+done
+check "the checked log names the op" \
+  bash -c "tar xzOf '$work/device-out/logs.tar.gz' ./ops.check.log | grep -q 'after attention_backward (bf16'"
+check "nothing else in \$OUT" test "$(ls "$work/device-out" | tr '\n' ' ')" == "logs.tar.gz summary.txt "
+exit_on_failures
