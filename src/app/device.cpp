@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/blas_kernels.h"
 #include "src/core/run_log.h"
 
 namespace mpiformer {
@@ -25,10 +26,30 @@ std::unique_ptr<Ops> checked_if_asked(std::unique_ptr<Ops> ops, const Communicat
   return ops;
 }
 
+// Ranks on nodes of other CPU models may run other OpenBLAS kernel
+// families: their gradients then round differently (the replicas stay
+// identical, as every rank applies one all-reduced sum), and a rerun on
+// other nodes differs in its last bits. Each such rank says so.
+void note_blas_kernels_across_ranks(const Communicator& comm) {
+  std::string root_core = blas_core();
+  comm.broadcast(&root_core, 0);
+  if (blas_core() == root_core) return;
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  say(stderr,
+      "[rank %d] %s: BLAS %s kernels, rank 0 runs %s: this run's gradients round as on these "
+      "nodes, and a rerun on other nodes differs in its last bits\n",
+      comm.rank(), host, blas_core().c_str(), root_core.c_str());
+  std::fflush(stderr);
+}
+
 }  // namespace
 
 std::unique_ptr<Ops> make_ops(DeviceKind device, int threads, const Communicator& comm, bool tf32) {
-  if (device == DeviceKind::kCpu) return checked_if_asked(make_cpu_ops(threads), comm);
+  if (device == DeviceKind::kCpu) {
+    if (comm.size() > 1) note_blas_kernels_across_ranks(comm);
+    return checked_if_asked(make_cpu_ops(threads), comm);
+  }
   const int count = cuda_device_count();
   if (count == 0) throw std::runtime_error("--device cuda: no GPU is visible to this rank");
   const int gpu = comm.local_rank() % count;

@@ -26,6 +26,7 @@ own=$(OPENBLAS_VERBOSE=2 "$bin" --version 2>&1 | sed -n 's/^Core: //p' | head -n
 echo "OpenBLAS's own choice here: ${own:-unknown}"
 
 bench
+auto_core=$core
 check "bench runs (exit $rc)" test "$rc" -eq 0
 check "bench's start line names the family ($core)" grep -q "BLAS: OpenBLAS [0-9.]*, $core kernels (" "$err"
 generic=0
@@ -52,6 +53,14 @@ check "--blas-core on the command line wins over --config ($core)" test "$core" 
 rc=0
 mpirun -np 2 "$bin" bench "${shape[@]}" --blas-core Haswell >"$out" 2>"$err" || rc=$?
 check "mpirun -np 2 --blas-core Haswell (exit $rc)" grep -q '"ranks": 2, .*"blas_core": "Haswell"' "$out"
+
+# Ranks on other kernel families (nodes of another CPU model) say so.
+rc=0
+mpirun -np 2 sh -c 'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then export OPENBLAS_CORETYPE=Sandybridge; fi
+  exec "$0" "$@"' "$bin" bench "${shape[@]}" >"$out" 2>"$err" || rc=$?
+check "ranks on two kernel families run (exit $rc)" test "$rc" -eq 0
+check "  and the one that differs says so" \
+  grep -q "^\[rank 1\] .*: BLAS Sandybridge kernels, rank 0 runs $auto_core" "$err"
 
 # The user's OPENBLAS_CORETYPE is theirs to set.
 OPENBLAS_CORETYPE=Sandybridge bench
