@@ -20,6 +20,9 @@ field() { sed -n "s/.*\\b$1 \\([-+.e0-9]*\\).*/\\1/p" <<<"$2"; }
 # within A B TOL: |A - B| <= TOL * |B|
 within() { awk -v a="$1" -v b="$2" -v t="$3" \
   'BEGIN { d = a - b; if (d < 0) d = -d; m = b < 0 ? -b : b; exit !(a != "" && d <= t * m) }'; }
+# relative A B: |A - B| / |B|, for the PASS line.
+relative() { awk -v a="$1" -v b="$2" \
+  'BEGIN { d = a - b; printf "%.1e", (d < 0 ? -d : d) / (b < 0 ? -b : b) }'; }
 
 grep -v '^[[:space:]]*$' /usr/share/common-licenses/GPL-3 >text.txt
 "$bin" prepare --kind lm --input text.txt --out shards --shards 2 --vocab-size 300 \
@@ -41,7 +44,10 @@ if [[ $rc -eq 0 ]] && within "$ppl" "$(field ppl "$reference")" 1e-4 &&
   within "$nll" "$(field nll "$reference")" 2e-5 &&
   within "$(field bits "$line")" "$(field bits "$reference")" 2e-5 &&
   [[ $(sed -n 's/.*| \([0-9]*\) tokens$/\1/p' <<<"$line") == "$(field tokens "$reference")" ]]; then
-  echo "PASS: eval prints ppl $ppl, nll $nll; PyTorch float64: $reference"
+  echo "PASS: eval prints ppl $ppl, nll $nll; PyTorch float64: $reference; relative" \
+    "differences: ppl $(relative "$ppl" "$(field ppl "$reference")") (<= 1e-4)," \
+    "nll $(relative "$nll" "$(field nll "$reference")") (<= 2e-5)," \
+    "bits $(relative "$(field bits "$line")" "$(field bits "$reference")") (<= 2e-5)"
 else
   fail "eval printed '$line' (exit $rc); the reference gives '$reference'"
 fi
@@ -62,7 +68,9 @@ reference = float(sys.argv[2])
 assert abs(nll - reference) <= 1e-6 * reference, (nll, reference)
 assert abs(ppl - math.exp(nll)) <= 1e-12 * ppl, (ppl, nll)
 assert len(train_nll) == 2 and all(train_nll > train_loss), (train_nll, train_loss)
-print(f"PASS: metrics.h5 /eval/nll {nll:.8f}, perplexity exp(nll); /train/nll beside the smoothed loss")
+relative = abs(nll - reference) / reference
+print(f"PASS: metrics.h5 /eval/nll {nll:.8f} (relative difference {relative:.1e} <= 1e-6), "
+      "perplexity exp(nll); /train/nll beside the smoothed loss")
 PY
 
 # Without --label-smoothing an lm's objective is its nll.

@@ -35,7 +35,8 @@ check_run() {
   first=$(eval_losses "$work/$name.log" | head -n 1)
   last=$(eval_losses "$work/$name.log" | tail -n 1)
   if awk -v a="$first" -v b="$last" 'BEGIN { exit !(a != "" && b != "" && b + 0 < a - 0.2) }'; then
-    echo "PASS: $name validation loss falls: $first -> $last"
+    echo "PASS: $name validation loss falls: $first -> $last" \
+      "(by $(awk -v a="$first" -v b="$last" 'BEGIN { printf "%.4f", a - b }'), at least 0.2)"
   else
     echo "FAIL: $name validation loss did not fall by 0.2: '$first' -> '$last'" >&2
     exit 1
