@@ -12,11 +12,18 @@ mpirun=("${MPIEXEC:-mpirun}" -q)
 failures=0 out=$work/out.txt err=$work/err.txt
 
 # ---- learning in every precision
+# The learning rate decays to 0 (cosine) so that each run ends on a settled
+# model: with the default inverse-sqrt, still at 1.2e-3 at step 400, the
+# final accuracy moved over 92.89-99.92% across the 13 OpenBLAS kernel
+# families (OPENBLAS_CORETYPE), whose roundings send a run different ways.
+# Cosine gives 99.98-100.00% in every precision, in every kernel family and
+# for seeds 1-6.
 for precision in fp32 bf16 fp16; do
   run_logged "learn-$precision.log" "$bin" train --model seq2seq --synthetic reverse \
     --out "learn-$precision" --enc-layers 2 --dec-layers 2 --d-model 64 --heads 4 --d-ff 256 \
     --vocab 24 --max-len 16 --max-tokens 1024 --steps 400 --lr 3e-3 --warmup 60 --dropout 0 \
-    --log-every 100 --eval-batches 16 --seed 1 --threads 1 --precision "$precision" >/dev/null
+    --schedule cosine --log-every 100 --eval-batches 16 --seed 1 --threads 1 \
+    --precision "$precision" >/dev/null
   expect_at_least "seq2seq reverse accuracy in $precision (%)" \
     "$(final_accuracy "learn-$precision.log")" 90
 done
