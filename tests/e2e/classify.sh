@@ -7,7 +7,7 @@
 #     -np 3 x 1 against -np 1 x 3 leave bitwise-equal parameters and Adam
 #     moments after 3 steps; the ranks' batches hold different numbers of
 #     examples (length buckets under a token budget);
-#   - learning: digits above 95% accuracy on the held-out test images; the
+#   - learning: digits above 94% accuracy on the held-out images; the
 #     debtags classifier's micro-F1 on held-out packages above the best
 #     baseline that predicts the K most frequent tags (analysis/label_baseline.py);
 #   - classify --input prints the top labels with their scores;
@@ -105,14 +105,30 @@ mpirun 2 "$bin" train "${digit_flags[@]}" --pool mean --max-tokens 544 --steps 1
   --warmup 30 --schedule cosine --dropout 0.1 --weight-decay 0.01 --log-every 200 \
   --out "$work/digits-run" >"$work/digits-run.log" 2>&1 ||
   { cat "$work/digits-run.log" >&2; echo "FAIL: digits training" >&2; exit 1; }
-mpirun 2 "$bin" eval --checkpoint "$work/digits-run/checkpoints/step_00001200.h5" \
-  --data "$work/digits" --split test >"$work/digits-test.log" 2>&1
-line=$(grep "^eval |" "$work/digits-test.log")
-acc=$(sed -n 's/.*| acc \([0-9.]*\)% |.*/\1/p' <<<"$line")
-if awk -v a="$acc" 'BEGIN { exit !(a >= 95) }'; then
-  echo "PASS: digits held out: $line"
+# Held out: the validation and the test images together (358; prepare keeps
+# each split to a tenth of the set), so that one image weighs 0.28 points.
+# The rounding of the BLAS kernels, which OpenBLAS picks per CPU
+# (OPENBLAS_CORETYPE), sends the run different ways: over 13 kernel families
+# the accuracy on the 358 spans 96.37-98.88% (sd 0.7; the 179 test images
+# alone gave 95.53-98.88%, sd 1.0), seeds 1-12 96.09-98.88%. 94% stands 2.4
+# points (8 images) under the worst kernel family.
+digit_evals=()
+for split in valid test; do
+  mpirun 2 "$bin" eval --checkpoint "$work/digits-run/checkpoints/step_00001200.h5" \
+    --data "$work/digits" --split "$split" >"$work/digits-$split.log" 2>&1
+  line=$(grep "^eval |" "$work/digits-$split.log")
+  digit_evals+=("$split: ${line#eval | }")
+done
+# Correct images: each split's accuracy times its examples.
+held=$(printf '%s\n' "${digit_evals[@]}" |
+  sed -n 's/.*| acc \([0-9.]*\)% | \([0-9]*\) examples$/\1 \2/p' |
+  awk '{ c += int($1 * $2 / 100 + 0.5); n += $2 } END { if (n) printf "%.2f %d", 100 * c / n, n }')
+acc=${held% *} held_out=${held#* }
+if awk -v a="$acc" 'BEGIN { exit !(a != "" && a >= 94) }'; then
+  echo "PASS: digits held out: accuracy $acc% of $held_out images (>= 94%):" \
+    "${digit_evals[0]}; ${digit_evals[1]}"
 else
-  echo "FAIL: digits held-out accuracy $acc% < 95%: $line" >&2
+  echo "FAIL: digits held-out accuracy '$acc'%, expected >= 94%: ${digit_evals[*]}" >&2
   failures=$((failures + 1))
 fi
 
