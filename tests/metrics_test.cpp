@@ -96,12 +96,27 @@ TEST_F(MetricsTest, RowsAndAttributesReadBackExactly) {
   EXPECT_EQ(t.attrs.config, attrs(4).config);
   EXPECT_EQ(t.attrs.git_commit, "abc123");
   EXPECT_TRUE(t.resumed_at_steps.empty());
-  EXPECT_EQ(t.train_columns, (std::vector<std::string>{
-                                 "step", "loss", "tokens", "accuracy", "lr", "grad_norm",
-                                 "tokens_per_s", "step_ms", "padding_efficiency", "loss_scale",
-                                 "nll", "elapsed_s", "epoch", "comm_wait_ms", "hidden_share",
-                                 "micro_precision", "micro_recall", "micro_f1", "macro_precision",
-                                 "macro_recall", "macro_f1"}));
+  EXPECT_EQ(t.train_columns, (std::vector<std::string>{"step",
+                                                       "loss",
+                                                       "tokens",
+                                                       "accuracy",
+                                                       "lr",
+                                                       "grad_norm",
+                                                       "tokens_per_s",
+                                                       "step_ms",
+                                                       "padding_efficiency",
+                                                       "loss_scale",
+                                                       "nll",
+                                                       "elapsed_s",
+                                                       "epoch",
+                                                       "comm_wait_ms",
+                                                       "hidden_share",
+                                                       "micro_precision",
+                                                       "micro_recall",
+                                                       "micro_f1",
+                                                       "macro_precision",
+                                                       "macro_recall",
+                                                       "macro_f1"}));
   ASSERT_EQ(t.train_rows.size(), 4u);
   const TrainRow r = train_row(20);
   std::vector<double> row = t.train_rows[1];
@@ -109,8 +124,10 @@ TEST_F(MetricsTest, RowsAndAttributesReadBackExactly) {
   EXPECT_EQ(row[17], 0.75);  // micro_f1
   for (int nan_column : {15, 16, 18, 19, 20}) EXPECT_TRUE(std::isnan(row[nan_column]));
   row.resize(15);
-  EXPECT_EQ(row, (std::vector<double>{20, r.loss, 1020, r.accuracy, r.lr, r.grad_norm,
-                                      r.tokens_per_s, r.step_ms, 0.9, 1.0, r.nll, 40, 2.5, 5, 0.5}));
+  const std::vector<double> expected_row = {
+      20,  r.loss, 1020, r.accuracy, r.lr, r.grad_norm, r.tokens_per_s, r.step_ms, 0.9,
+      1.0, r.nll,  40,   2.5,        5,    0.5};
+  EXPECT_EQ(row, expected_row);
   EXPECT_TRUE(std::isnan(t.train_rows[3][12]));
   EXPECT_EQ(t.eval_columns,
             (std::vector<std::string>{"step", "loss", "perplexity", "accuracy", "tokens", "nll",
@@ -131,10 +148,10 @@ TEST_F(MetricsTest, RowsAndAttributesReadBackExactly) {
                            0),
             0u)
       << lines[1];
-  EXPECT_NE(lines[1].find("\"epoch\": 2.5, \"comm_wait_ms\": 5, \"hidden_share\": 0.5, "
-                          "\"micro_precision\": null, \"micro_recall\": null, \"micro_f1\": 0.75, "),
-            std::string::npos)
-      << lines[1];
+  const std::string train_tail =
+      "\"epoch\": 2.5, \"comm_wait_ms\": 5, \"hidden_share\": 0.5, "
+      "\"micro_precision\": null, \"micro_recall\": null, \"micro_f1\": 0.75, ";
+  EXPECT_NE(lines[1].find(train_tail), std::string::npos) << lines[1];
   EXPECT_NE(lines[3].find("\"epoch\": null"), std::string::npos) << lines[3];
   EXPECT_EQ(lines[4],
             "{\"group\": \"eval\", \"step\": 20, \"loss\": 2.5, \"perplexity\": "

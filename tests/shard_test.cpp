@@ -351,7 +351,8 @@ std::vector<FaultCase> fault_cases() {
          ts::Fault::kTokenOutOfRange,
          {"token id 64 at position 5 of " + side + "tokens is not below vocab_size 64"}});
     cases.push_back({kind, ts::Fault::kEmpty, {"empty shard (0 sequences)"}});
-    cases.push_back({kind, ts::Fault::kBadKind, {"kind 'xyz' is not lm, seq2seq, classify or image"}});
+    cases.push_back(
+        {kind, ts::Fault::kBadKind, {"kind 'xyz' is not lm, seq2seq, classify or image"}});
     cases.push_back(
         {kind,
          ts::Fault::kBadChecksum,
