@@ -32,7 +32,7 @@ expect_at_least "generate: prompts copied (of 4)" "$copied" 4
 # At temperature 2 the end token is among the 5 and a draw may stop at
 # once (printing nothing): so three seeds, each repeating itself, and not
 # all of them empty.
-sampled=()
+sampled=() printed=0
 for seed in 1 2 3; do
   a=$("$bin" generate --checkpoint "$checkpoint" --prompt "7 8 9 5" --top-k 5 --temperature 2 \
     --seed "$seed" --threads 1)
@@ -40,7 +40,7 @@ for seed in 1 2 3; do
     --seed "$seed" --threads 1)
   [[ $a == "$b" ]] || { echo "FAIL: seed $seed sampled '$a' and then '$b'" >&2; exit 1; }
   sampled+=("'$a'")
+  [[ -n $a ]] && printed=$((printed + 1))
 done
-[[ ${sampled[*]} != "'' '' ''" ]] ||
-  { echo "FAIL: top-k sampling printed nothing for seeds 1-3" >&2; exit 1; }
+((printed > 0)) || { echo "FAIL: top-k sampling printed nothing for seeds 1-3" >&2; exit 1; }
 echo "PASS: top-k sampling repeats with its seed: seeds 1-3 gave ${sampled[*]}"
