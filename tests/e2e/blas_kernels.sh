@@ -30,7 +30,12 @@ auto_core=$core
 check "bench runs (exit $rc)" test "$rc" -eq 0
 check "bench's start line names the family ($core)" grep -q "BLAS: OpenBLAS [0-9.]*, $core kernels (" "$err"
 generic=0
-case ${own,,} in prescott | core2 | penryn | dunnington | katmai | unknown) generic=1 ;; esac
+# The generic families, as is_generic_blas_core (kernels/cpu/blas_kernels.cpp) lists them.
+case ${own,,} in
+  prescott | core2 | penryn | dunnington | katmai | coppermine | northwood | banias | unknown)
+    generic=1
+    ;;
+esac
 # What the CPU runs, as kernels/cpu/blas_kernels.cpp reads it.
 flags=" $(grep -m 1 '^flags' /proc/cpuinfo | cut -d: -f2) "
 has() { for f in "$@"; do [[ $flags == *" $f "* ]] || return 1; done; }
