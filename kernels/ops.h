@@ -163,6 +163,9 @@ class OpTimer {
   virtual void end(OpFamily family) = 0;
   // Milliseconds per family since the last reset; waits for the device.
   virtual std::vector<double> milliseconds() = 0;
+  // Milliseconds of each begin/end span since the last reset, in order;
+  // waits for the device.
+  virtual std::vector<double> span_milliseconds() = 0;
   virtual void reset() = 0;
 };
 

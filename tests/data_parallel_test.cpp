@@ -271,6 +271,7 @@ class LoggingTimer final : public OpTimer {
   void begin(OpFamily) override { log_.entries.push_back({StreamLog::kComputeOp, -1}); }
   void end(OpFamily) override {}
   std::vector<double> milliseconds() override { return {}; }
+  std::vector<double> span_milliseconds() override { return {}; }
   void reset() override {}
 
  private:

@@ -26,16 +26,22 @@ class WallClockTimer final : public OpTimer {
  public:
   void begin(OpFamily) override { start_ = Clock::now(); }
   void end(OpFamily family) override {
-    ms_[static_cast<int>(family)] +=
-        std::chrono::duration<double, std::milli>(Clock::now() - start_).count();
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start_).count();
+    ms_[static_cast<int>(family)] += ms;
+    spans_.push_back(ms);
   }
   std::vector<double> milliseconds() override { return ms_; }
-  void reset() override { std::fill(ms_.begin(), ms_.end(), 0.0); }
+  std::vector<double> span_milliseconds() override { return spans_; }
+  void reset() override {
+    std::fill(ms_.begin(), ms_.end(), 0.0);
+    spans_.clear();
+  }
 
  private:
   using Clock = std::chrono::steady_clock;
   Clock::time_point start_;
   std::vector<double> ms_ = std::vector<double>(static_cast<int>(OpFamily::kCount), 0.0);
+  std::vector<double> spans_;
 };
 
 }  // namespace

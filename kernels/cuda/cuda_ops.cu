@@ -104,6 +104,16 @@ class EventTimer final : public OpTimer {
     }
     return ms;
   }
+  std::vector<double> span_milliseconds() override {
+    std::vector<double> ms;
+    cuda::check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    for (const Span& s : spans_) {
+      float elapsed = 0.0f;
+      cuda::check(cudaEventElapsedTime(&elapsed, s.begin, s.end), "cudaEventElapsedTime");
+      ms.push_back(elapsed);
+    }
+    return ms;
+  }
   void reset() override {
     spans_.clear();
     used_ = 0;

@@ -107,7 +107,8 @@ std::string profile_json(const std::vector<double>& ms) {
 
 // A table of the step's time by op family on stderr (stdout keeps its one
 // JSON line).
-void print_profile(const std::vector<double>& ms, double step_ms) {
+void print_profile(const std::vector<double>& ms, const std::vector<ProfiledOps::CallTotal>& calls,
+                   int steps, double step_ms) {
   double ops_ms = 0.0;
   for (double m : ms) ops_ms += m;
   std::fprintf(stderr, "time per step by op family (device time, %.2f ms per step):\n", step_ms);
@@ -117,6 +118,14 @@ void print_profile(const std::vector<double>& ms, double step_ms) {
   }
   std::fprintf(stderr, "  %-12s %9.3f ms  %5.1f%%  (host work, waits, all-reduce)\n", "other",
                step_ms - ops_ms, step_ms > 0 ? 100.0 * (step_ms - ops_ms) / step_ms : 0.0);
+  // Where a family's time goes: its costliest calls by sizes.
+  constexpr size_t kTopCalls = 16;
+  std::fprintf(stderr, "costliest op calls (per step: ms, calls, share):\n");
+  for (size_t i = 0; i < calls.size() && i < kTopCalls; ++i) {
+    const double per_step = calls[i].ms / steps;
+    std::fprintf(stderr, "  %9.3f ms %4lld  %5.1f%%  %s\n", per_step, calls[i].count / steps,
+                 step_ms > 0 ? 100.0 * per_step / step_ms : 0.0, calls[i].call.c_str());
+  }
 }
 
 }  // namespace
@@ -185,9 +194,11 @@ int run_bench(const BenchConfig& cfg, Communicator& comm) {
   // Per step and family, and what the step spent outside every op (the
   // device idle, waiting for the host or the all-reduce).
   std::vector<double> profile_ms;
+  std::vector<ProfiledOps::CallTotal> top_calls;
   if (profiled) {
     profile_ms = profiled->milliseconds();
     for (double& ms : profile_ms) ms /= cfg.steps;
+    top_calls = profiled->call_totals();
   }
   const double mfu = model.training_flops(batch[0]) / step_s / peak;  // per rank
   // One rank moves nothing; its exact sum's conversions are in step_ms.
@@ -226,7 +237,7 @@ int run_bench(const BenchConfig& cfg, Communicator& comm) {
         reducer ? reducer->transport().name().c_str() : "none", kernels.c_str(),
         profile_json(profile_ms).c_str());
     std::fflush(stdout);
-    if (profiled) print_profile(profile_ms, 1000.0 * step_s);
+    if (profiled) print_profile(profile_ms, top_calls, cfg.steps, 1000.0 * step_s);
   }
   return 0;
 }
