@@ -35,6 +35,36 @@ __device__ __forceinline__ void store(__half* p, size_t i, float v) {
   p[i] = __float2half_rn(v);
 }
 
+// 16 bytes of T in one load or store (8 bf16/fp16, 4 fp32), widened to
+// and rounded from fp32. p must be 16-byte aligned.
+template <typename T>
+constexpr int kVecSize = 16 / sizeof(T);
+template <typename T>
+__device__ __forceinline__ void load_vec(const T* p, float* out) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+  for (int k = 0; k < kVecSize<T>; ++k) out[k] = load(e, k);
+}
+template <typename T>
+__device__ __forceinline__ void store_vec(T* p, const float* v) {
+  uint4 raw;
+  T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+  for (int k = 0; k < kVecSize<T>; ++k) store(e, k, v[k]);
+  *reinterpret_cast<uint4*>(p) = raw;
+}
+// Elements [0, vectorized_prefix(p, n)) of p may go through load_vec and
+// store_vec: all of them but a tail of fewer than a vector, or none when p
+// is not 16-byte aligned.
+__device__ __forceinline__ bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+template <typename T>
+__device__ __forceinline__ int vectorized_prefix(const T* p, int n) {
+  return aligned16(p) ? n / kVecSize<T> * kVecSize<T> : 0;
+}
+
 // The element type of an Act, as a typed pointer.
 template <typename T>
 T* typed(Act a) {

@@ -1,8 +1,11 @@
 // Layer norm over the last dimension (biased variance, rstd = 1/sqrt(var +
-// eps)), one block per row, the CPU backend's formulas; the residual add
-// (with dropout) fused in front of it; and a backward whose gamma and beta
-// gradients are summed per block of rows and then across blocks in a fixed
-// order: no float atomics, the same sums every run.
+// eps)), the CPU backend's formulas: forward one block per row, with the
+// residual add (and dropout) fused in front of it; backward one warp per
+// row, its gamma and beta gradients summed per warp, per block of rows and
+// then across blocks in a fixed order: no float atomics, the same sums
+// every run.
+#include <algorithm>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/reduce.cuh"
@@ -16,8 +19,6 @@ using cuda::store;
 using cuda::typed;
 
 constexpr int kThreads = 256;
-// Rows per backward block: gamma and beta partial sums are kept per block.
-constexpr int kRowBlock = 32;
 
 // out = LN(x) of one row, given x's row already in memory (it may be the
 // row the same threads just wrote: each thread reads back only its own
@@ -69,54 +70,119 @@ __global__ void residual_layernorm_kernel(T* sum, T* out, float* mean, float* rs
   layernorm_row(out + row * C, mean + row, rstd + row, sum + row * C, gamma, beta, C, eps, shared);
 }
 
-// Rows [block * kRowBlock, ...) of the backward: dx per row, and this
-// block's partial dgamma and dbeta, (2, C), each column owned by one
-// thread. dx (= or +=), dout, x: (N, C); partial: (blocks, 2, C)
+// The backward: each warp takes whole rows (warp shuffles, no block
+// barriers per row; 16-byte loads where the rows allow) and adds its rows'
+// dgamma and dbeta into accumulators of its own in shared memory; the
+// block then sums its warps in order into its partial. Rows of a block:
+// warp w takes rows w, w + warps, ... of them.
+// dx (= or +=), dout, x: (N, C); partial: (blocks, 2, C)
 template <typename T>
 __global__ void layernorm_backward_kernel(T* dx, float* partial, const T* dout, const T* x,
                                           const T* gamma, const float* mean, const float* rstd,
-                                          int N, int C, bool accumulate) {
-  __shared__ float shared[32];
-  float* block_dgamma = partial + static_cast<size_t>(blockIdx.x) * 2 * C;
-  float* block_dbeta = block_dgamma + C;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) block_dgamma[c] = block_dbeta[c] = 0.0f;
-  const int end = min(N, static_cast<int>(blockIdx.x + 1) * kRowBlock);
-  for (int r = blockIdx.x * kRowBlock; r < end; ++r) {
+                                          int N, int C, int rows_per_block, bool accumulate) {
+  constexpr int kVec = cuda::kVecSize<T>;
+  extern __shared__ float accumulators[];  // (warps, 2, C)
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  float* warp_dgamma = accumulators + static_cast<size_t>(warp) * 2 * C;
+  float* warp_dbeta = warp_dgamma + C;
+  for (int c = lane; c < C; c += 32) warp_dgamma[c] = warp_dbeta[c] = 0.0f;
+  __syncwarp();
+  const int first = blockIdx.x * rows_per_block, end = min(N, first + rows_per_block);
+  for (int r = first + warp; r < end; r += warps) {
     const size_t base = static_cast<size_t>(r) * C;
+    const T *xr = x + base, *dr = dout + base;
+    T* dxr = dx + base;
     const float m = mean[r], s = rstd[r];
+    // (C % 4: the accumulators' float4 accesses stay aligned too)
+    const bool aligned = C % 4 == 0 && cuda::aligned16(xr) && cuda::aligned16(dr) &&
+                         cuda::aligned16(dxr) && cuda::aligned16(gamma);
+    const int vectorized = aligned ? C / kVec * kVec : 0;
     // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dout * gamma
     float g_sum = 0.0f, g_xhat_sum = 0.0f;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
-      const float g = load(dout, base + c) * load(gamma, c);
+    for (int c0 = lane * kVec; c0 < vectorized; c0 += 32 * kVec) {
+      float xv[kVec], dv[kVec], gv[kVec];
+      cuda::load_vec(xr + c0, xv);
+      cuda::load_vec(dr + c0, dv);
+      cuda::load_vec(gamma + c0, gv);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        const float g = dv[k] * gv[k];
+        g_sum += g;
+        g_xhat_sum += g * (xv[k] - m) * s;
+      }
+    }
+    for (int c = vectorized + lane; c < C; c += 32) {
+      const float g = load(dr, c) * load(gamma, c);
       g_sum += g;
-      g_xhat_sum += g * (load(x, base + c) - m) * s;
+      g_xhat_sum += g * (load(xr, c) - m) * s;
     }
-    const float g_mean = cuda::block_sum(g_sum, shared) / C;
-    const float g_xhat_mean = cuda::block_sum(g_xhat_sum, shared) / C;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
-      const float xhat = (load(x, base + c) - m) * s;
-      const float dy = load(dout, base + c);
+    const float g_mean = cuda::warp_sum(g_sum) / C;
+    const float g_xhat_mean = cuda::warp_sum(g_xhat_sum) / C;
+    for (int c0 = lane * kVec; c0 < vectorized; c0 += 32 * kVec) {
+      float xv[kVec], dv[kVec], gv[kVec], out[kVec];
+      cuda::load_vec(xr + c0, xv);
+      cuda::load_vec(dr + c0, dv);
+      cuda::load_vec(gamma + c0, gv);
+      if (accumulate) cuda::load_vec(dxr + c0, out);
+      float dgamma[kVec];
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        const float xhat = (xv[k] - m) * s;
+        const float d = s * (dv[k] * gv[k] - g_mean - xhat * g_xhat_mean);
+        out[k] = accumulate ? out[k] + d : d;
+        dgamma[k] = dv[k] * xhat;
+      }
+      cuda::store_vec(dxr + c0, out);
+      // 16-byte read-modify-writes of the accumulators (c0 is a multiple of 4)
+#pragma unroll
+      for (int k = 0; k < kVec; k += 4) {
+        auto* g4 = reinterpret_cast<float4*>(warp_dgamma + c0 + k);
+        auto* b4 = reinterpret_cast<float4*>(warp_dbeta + c0 + k);
+        float4 g = *g4, b = *b4;
+        g.x += dgamma[k], g.y += dgamma[k + 1], g.z += dgamma[k + 2], g.w += dgamma[k + 3];
+        b.x += dv[k], b.y += dv[k + 1], b.z += dv[k + 2], b.w += dv[k + 3];
+        *g4 = g, *b4 = b;
+      }
+    }
+    for (int c = vectorized + lane; c < C; c += 32) {
+      const float xhat = (load(xr, c) - m) * s;
+      const float dy = load(dr, c);
       const float d = s * (dy * load(gamma, c) - g_mean - xhat * g_xhat_mean);
-      store(dx, base + c, accumulate ? load(dx, base + c) + d : d);
-      block_dgamma[c] += dy * xhat;
-      block_dbeta[c] += dy;
+      store(dxr, c, accumulate ? load(dxr, c) + d : d);
+      warp_dgamma[c] += dy * xhat;
+      warp_dbeta[c] += dy;
     }
+  }
+  __syncthreads();
+  float* block_partial = partial + static_cast<size_t>(blockIdx.x) * 2 * C;
+  for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) {
+    float sum = 0.0f;
+    for (int w = 0; w < warps; ++w) sum += accumulators[static_cast<size_t>(w) * 2 * C + c];
+    block_partial[c] = sum;
   }
 }
 
-// dgamma[c] += sum over blocks of partial[b][0][c], dbeta likewise, in block
-// order.  partial: (blocks, 2, C)
+// dgamma[c] += sum over blocks of partial[b][0][c], dbeta likewise. Each
+// block takes 32 columns; its 8 rows of threads sum every 8th partial in
+// order, then row 0 sums the 8 in order: a fixed order for any timing.
+// partial: (blocks, 2, C); threads (32, 8), grid (ceil(2C / 32))
 __global__ void layernorm_param_grads_kernel(float* dgamma, float* dbeta, const float* partial,
                                              int blocks, int C) {
-  MPIFORMER_FOR_EACH(c, static_cast<size_t>(C)) {
-    float g = 0.0f, b = 0.0f;
-    for (int k = 0; k < blocks; ++k) {
-      g += partial[static_cast<size_t>(k) * 2 * C + c];
-      b += partial[static_cast<size_t>(k) * 2 * C + C + c];
-    }
-    dgamma[c] += g;
-    dbeta[c] += b;
-  }
+  __shared__ float sums[8][33];
+  const int c = blockIdx.x * 32 + threadIdx.x;
+  float sum = 0.0f;
+  if (c < 2 * C)
+    for (int b = threadIdx.y; b < blocks; b += 8)
+      sum += partial[static_cast<size_t>(b) * 2 * C + c];
+  sums[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= 2 * C) return;
+  float total = 0.0f;
+  for (int y = 0; y < 8; ++y) total += sums[y][threadIdx.x];
+  if (c < C)
+    dgamma[c] += total;
+  else
+    dbeta[c - C] += total;
 }
 
 }  // namespace
@@ -149,18 +215,31 @@ void CudaOps::layernorm_backward(Act dx, float* dgamma, float* dbeta, Act dout, 
                                  const float* mean, const float* rstd, int N, int C,
                                  bool accumulate) {
   if (N == 0) return;
-  const int blocks = (N + kRowBlock - 1) / kRowBlock;
+  // 8 warps of two rows each, fewer where their accumulators would pass
+  // the 48 KiB of shared memory a block gets without asking.
+  constexpr size_t kSharedBytes = size_t{48} << 10;
+  const size_t per_warp = sizeof(float) * 2 * static_cast<size_t>(C);
+  const int warps = static_cast<int>(std::clamp<size_t>(kSharedBytes / per_warp, 1, 8));
+  const size_t shared = per_warp * warps;
+  const int rows_per_block = 2 * warps;
+  const int blocks = (N + rows_per_block - 1) / rows_per_block;
   auto* partial = static_cast<float*>(
       scratch(kColumnSums, sizeof(float) * 2 * static_cast<size_t>(blocks) * C));
   cuda::dispatch(dx.dtype, [&](auto t) {
     using T = decltype(t);
-    layernorm_backward_kernel<<<blocks, kThreads, 0, stream_>>>(
+    if (shared > kSharedBytes) {
+      cuda::check(cudaFuncSetAttribute(layernorm_backward_kernel<T>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(shared)),
+                  "cudaFuncSetAttribute (layernorm_backward)");
+    }
+    layernorm_backward_kernel<<<blocks, 32 * warps, shared, stream_>>>(
         typed<T>(dx), partial, typed<T>(dout), typed<T>(x), typed<T>(gamma), mean, rstd, N, C,
-        accumulate);
+        rows_per_block, accumulate);
   });
   cuda::check(cudaGetLastError(), "layernorm_backward");
-  layernorm_param_grads_kernel<<<cuda::blocks_for(C), kThreads, 0, stream_>>>(dgamma, dbeta,
-                                                                              partial, blocks, C);
+  layernorm_param_grads_kernel<<<(2 * C + 31) / 32, dim3(32, 8), 0, stream_>>>(dgamma, dbeta,
+                                                                               partial, blocks, C);
   cuda::check(cudaGetLastError(), "layernorm_backward (gamma, beta)");
 }
 

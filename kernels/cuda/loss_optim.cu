@@ -3,6 +3,7 @@
 // gradient norm, and AdamW over every range of the flat buffers in one
 // launch with the clip decided on the device. Sums are reduced in a fixed
 // order in device memory: no host copy, and the same result every run.
+#include <climits>
 #include <cmath>
 
 #include "kernels/cuda/common.cuh"
@@ -26,15 +27,67 @@ struct RowResult {
   int correct;  // argmax == target (first index among ties)
 };
 
+// A thread's (then the block's) view of a row of logits: the largest, the
+// sum of exp(x - top) over the elements seen, their plain sum, and the first
+// index holding the largest. Merged in a fixed tree, so the row's figures
+// are the same every run.
+struct RowState {
+  float top, sum_exp, sum;
+  int first;
+};
+
+__device__ __forceinline__ void absorb(RowState& s, float x, int j) {
+  if (x > s.top) {
+    s.sum_exp = s.sum_exp * expf(s.top - x) + 1.0f;
+    s.top = x;
+    s.first = j;
+  } else {
+    s.sum_exp += expf(x - s.top);  // a tie keeps the earlier index
+  }
+  s.sum += x;
+}
+
+// Symmetric in a and b (exactly, in floating point), so every lane of a
+// butterfly ends with the same result.
+__device__ __forceinline__ RowState merge(const RowState& a, const RowState& b) {
+  const float top = fmaxf(a.top, b.top);
+  const float ea = a.top == -INFINITY ? 0.0f : a.sum_exp * expf(a.top - top);
+  const float eb = b.top == -INFINITY ? 0.0f : b.sum_exp * expf(b.top - top);
+  const int first = a.top > b.top ? a.first : b.top > a.top ? b.first : min(a.first, b.first);
+  return RowState{top, ea + eb, a.sum + b.sum, first};
+}
+
+__device__ RowState block_merge(RowState s, RowState* shared) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int warps = (blockDim.x + 31) / 32;
+  for (int round = 0; round < 2; ++round) {
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      const RowState other{__shfl_xor_sync(0xffffffffu, s.top, offset),
+                           __shfl_xor_sync(0xffffffffu, s.sum_exp, offset),
+                           __shfl_xor_sync(0xffffffffu, s.sum, offset),
+                           __shfl_xor_sync(0xffffffffu, s.first, offset)};
+      s = merge(s, other);
+    }
+    if (round == 1) break;
+    __syncthreads();  // shared may still be read from an earlier call
+    if (lane == 0) shared[warp] = s;
+    __syncthreads();
+    s = lane < warps ? shared[lane] : RowState{-INFINITY, 0.0f, 0.0f, INT_MAX};
+  }
+  return s;
+}
+
 // loss = logsumexp(x) - (1-e) x_t - e/(V-1) (sum(x) - x_t) - constant; with
 // compute_grad the row becomes (softmax(x) - q) * grad_scale (0 on pad rows).
-// logits: (N, V) rows `stride` apart, targets: (N), rows: (N)
+// One pass reads the row (16-byte loads, an online softmax), a second
+// writes the gradient: the fewest bytes a row that does not fit on chip
+// allows. logits: (N, V) rows `stride` apart, targets: (N), rows: (N)
 template <typename T>
 __global__ void cross_entropy_kernel(T* logits, const int32_t* targets, RowResult* rows, int V,
                                      int stride, float on_target, float off_target, double constant,
                                      int pad_id, float grad_scale, bool compute_grad) {
-  __shared__ float shared[32];
-  __shared__ int first_max;
+  constexpr int kVec = cuda::kVecSize<T>;
+  __shared__ RowState shared[32];
   const size_t row = blockIdx.x;
   T* x = logits + row * stride;
   const int target = targets[row];
@@ -44,40 +97,38 @@ __global__ void cross_entropy_kernel(T* logits, const int32_t* targets, RowResul
     if (threadIdx.x == 0) rows[row] = RowResult{0.0, 0.0, 0, 0};
     return;
   }
-  float top = -INFINITY, sum = 0.0f;
-  for (int j = threadIdx.x; j < V; j += blockDim.x) {
-    const float xj = load(x, j);
-    top = fmaxf(top, xj);
-    sum += xj;
+  const int vectorized = cuda::vectorized_prefix(x, V);
+  RowState state{-INFINITY, 0.0f, 0.0f, INT_MAX};
+  for (int j0 = threadIdx.x * kVec; j0 < vectorized; j0 += blockDim.x * kVec) {
+    float v[kVec];
+    cuda::load_vec(x + j0, v);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) absorb(state, v[k], j0 + k);
   }
-  top = cuda::block_max(top, shared);
-  const float sum_logits = cuda::block_sum(sum, shared);
-  if (threadIdx.x == 0) first_max = V - 1;
-  __syncthreads();
-  for (int j = threadIdx.x; j < V; j += blockDim.x) {
-    if (load(x, j) == top) {
-      atomicMin(&first_max, j);
-      break;  // later j of this thread are larger
-    }
-  }
-  float sum_exp = 0.0f;
-  for (int j = threadIdx.x; j < V; j += blockDim.x) sum_exp += expf(load(x, j) - top);
-  sum_exp = cuda::block_sum(sum_exp, shared);  // its barriers also publish first_max
+  for (int j = vectorized + threadIdx.x; j < V; j += blockDim.x) absorb(state, load(x, j), j);
+  state = block_merge(state, shared);
   const float target_logit = load(x, target);
   if (threadIdx.x == 0) {
-    const double log_sum_exp = top + log(static_cast<double>(sum_exp));
+    const double log_sum_exp = state.top + log(static_cast<double>(state.sum_exp));
     rows[row] =
         RowResult{log_sum_exp - static_cast<double>(on_target) * target_logit -
-                      static_cast<double>(off_target) * (sum_logits - target_logit) - constant,
-                  log_sum_exp - target_logit, 1, first_max == target ? 1 : 0};
+                      static_cast<double>(off_target) * (state.sum - target_logit) - constant,
+                  log_sum_exp - target_logit, 1, state.first == target ? 1 : 0};
   }
   if (compute_grad) {
     __syncthreads();  // every thread has read x[target]
-    const float prob_scale = grad_scale / sum_exp;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) {
-      const float q = j == target ? on_target : off_target;
-      store(x, j, expf(load(x, j) - top) * prob_scale - q * grad_scale);
+    const float top = state.top, prob_scale = grad_scale / state.sum_exp;
+    const float off = off_target * grad_scale, on = on_target * grad_scale;
+    for (int j0 = threadIdx.x * kVec; j0 < vectorized; j0 += blockDim.x * kVec) {
+      float v[kVec];
+      cuda::load_vec(x + j0, v);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k)
+        v[k] = expf(v[k] - top) * prob_scale - (j0 + k == target ? on : off);
+      cuda::store_vec(x + j0, v);
     }
+    for (int j = vectorized + threadIdx.x; j < V; j += blockDim.x)
+      store(x, j, expf(load(x, j) - top) * prob_scale - (j == target ? on : off));
   }
 }
 
