@@ -24,7 +24,7 @@ class LmModel(nn.Module):
     def __init__(self, a):
         super().__init__()
         self.tokens = nn.Embedding(a.vocab, a.d_model)
-        self.positions = nn.Embedding(a.seq, a.d_model)
+        self.positions = nn.Embedding(max(a.seq, a.max_len), a.d_model)
         layer = nn.TransformerEncoderLayer(a.d_model, a.heads, a.d_ff, dropout=0.0,
                                            activation="gelu", batch_first=True, norm_first=True)
         self.blocks = nn.TransformerEncoder(layer, a.layers)
@@ -45,7 +45,7 @@ class Seq2seqModel(nn.Module):
     def __init__(self, a):
         super().__init__()
         self.tokens = nn.Embedding(a.vocab, a.d_model)
-        self.positions = nn.Embedding(max(a.seq, a.src_seq), a.d_model)
+        self.positions = nn.Embedding(max(a.seq, a.src_seq, a.max_len), a.d_model)
         self.transformer = nn.Transformer(a.d_model, a.heads, a.enc_layers, a.dec_layers, a.d_ff,
                                           dropout=0.0, activation="gelu", batch_first=True,
                                           norm_first=True)
@@ -84,6 +84,8 @@ def main():
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=256)
     p.add_argument("--min-seq", type=int, default=0)
+    p.add_argument("--max-len", type=int, default=0,
+                   help="rows of the position table (default: the longest sequence)")
     p.add_argument("--src-seq", type=int, default=0)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup-steps", type=int, default=2)

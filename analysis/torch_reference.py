@@ -421,8 +421,8 @@ def main(argv):
     (total / tokens).backward()
 
     failures = 0
-    loss_rel = abs(float(total) - ours_loss) / max(abs(float(total)), 1e-30)
-    print(f"loss: torch {float(total) / tokens:.9f}, mpiformer {ours_loss / ours_tokens:.9f} "
+    loss_rel = abs(float(total.detach()) - ours_loss) / max(abs(float(total.detach())), 1e-30)
+    print(f"loss: torch {float(total.detach()) / tokens:.9f}, mpiformer {ours_loss / ours_tokens:.9f} "
           f"({tokens} tokens, relative difference {loss_rel:.2e})")
     failures += loss_rel > args.tolerance or tokens != ours_tokens
     worst = (0.0, "")

@@ -27,6 +27,8 @@ gpu_check ops bogus
 refused "an unknown stage" 2 "unknown stage 'bogus'"
 gpu_check kjv
 refused "kjv without its shards" 2 "kjv needs the directory of its shards"
+gpu_check digits "$work/none"
+refused "digits without its shards" 2 "digits needs the directory of its image shards"
 gpu_check ops
 refused "no bundle" 2 "device-bundle/run is missing: run scripts/device-bundle first"
 
