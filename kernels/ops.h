@@ -155,14 +155,12 @@ enum class OpFamily {
 };
 const char* to_string(OpFamily f);
 
-// Times ops by family on the backend's own clock (CUDA events on a GPU).
+// Times spans of ops on the backend's own clock (CUDA events on a GPU).
 class OpTimer {
  public:
   virtual ~OpTimer() = default;
-  virtual void begin(OpFamily family) = 0;
-  virtual void end(OpFamily family) = 0;
-  // Milliseconds per family since the last reset; waits for the device.
-  virtual std::vector<double> milliseconds() = 0;
+  virtual void begin() = 0;
+  virtual void end() = 0;
   // Milliseconds of each begin/end span since the last reset, in order;
   // waits for the device.
   virtual std::vector<double> span_milliseconds() = 0;

@@ -1,7 +1,7 @@
-// An Ops that times every op of another by family on that backend's clock
-// (CUDA events on a GPU, so the figures are device time, queued ops
-// included) and forwards the call unchanged. `bench --profile` runs the
-// model on it; the next bottleneck then shows without a profiler.
+// An Ops that times every op of another on that backend's clock (CUDA
+// events on a GPU, so the figures are device time, queued ops included),
+// by family and by call, and forwards the call unchanged. `bench --profile`
+// runs the model on it; the next bottleneck then shows without a profiler.
 #pragma once
 
 #include <algorithm>
@@ -23,7 +23,13 @@ class ProfiledOps : public ObservedOps {
       : ObservedOps(inner), timer_(std::move(timer)) {}
 
   // Milliseconds per OpFamily since the last reset (waits for the device).
-  std::vector<double> milliseconds() { return timer_->milliseconds(); }
+  std::vector<double> milliseconds() {
+    const std::vector<double> spans = timer_->span_milliseconds();
+    std::vector<double> ms(static_cast<int>(OpFamily::kCount), 0.0);
+    for (size_t i = 0; i < spans.size() && i < calls_.size(); ++i)
+      ms[static_cast<int>(calls_[i].family)] += spans[i];
+    return ms;
+  }
   void reset() {
     timer_->reset();
     calls_.clear();
@@ -41,8 +47,8 @@ class ProfiledOps : public ObservedOps {
     const std::vector<double> spans = timer_->span_milliseconds();
     std::map<std::string, CallTotal> by_call;
     for (size_t i = 0; i < spans.size() && i < calls_.size(); ++i) {
-      CallTotal& total = by_call[calls_[i]];
-      total.call = calls_[i];
+      CallTotal& total = by_call[calls_[i].description];
+      total.call = calls_[i].description;
       total.ms += spans[i];
       ++total.count;
     }
@@ -54,15 +60,19 @@ class ProfiledOps : public ObservedOps {
   }
 
  protected:
-  void begin(const OpCall& call) override { timer_->begin(call.family); }
+  void begin(const OpCall&) override { timer_->begin(); }
   void end(const OpCall& call) override {
-    timer_->end(call.family);
-    calls_.push_back(describe(call));
+    timer_->end();
+    calls_.push_back({call.family, describe(call)});
   }
 
  private:
+  struct TimedCall {
+    OpFamily family;
+    std::string description;
+  };
   std::unique_ptr<OpTimer> timer_;
-  std::vector<std::string> calls_;  // each timed span's call, in order
+  std::vector<TimedCall> calls_;  // each timed span's call, in order
 };
 
 }  // namespace mpiformer

@@ -268,9 +268,8 @@ struct StreamLog {
 class LoggingTimer final : public OpTimer {
  public:
   explicit LoggingTimer(StreamLog& log) : log_(log) {}
-  void begin(OpFamily) override { log_.entries.push_back({StreamLog::kComputeOp, -1}); }
-  void end(OpFamily) override {}
-  std::vector<double> milliseconds() override { return {}; }
+  void begin() override { log_.entries.push_back({StreamLog::kComputeOp, -1}); }
+  void end() override {}
   std::vector<double> span_milliseconds() override { return {}; }
   void reset() override {}
 

@@ -21,26 +21,19 @@ constexpr size_t kHeader = kAlignment;
 // also spreads the pages over the threads that use them).
 constexpr size_t kZeroChunk = size_t{1} << 20;
 
-// Op families timed by the wall clock: the CPU runs each op to completion.
+// Spans of ops timed by the wall clock: the CPU runs each op to completion.
 class WallClockTimer final : public OpTimer {
  public:
-  void begin(OpFamily) override { start_ = Clock::now(); }
-  void end(OpFamily family) override {
-    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start_).count();
-    ms_[static_cast<int>(family)] += ms;
-    spans_.push_back(ms);
+  void begin() override { start_ = Clock::now(); }
+  void end() override {
+    spans_.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start_).count());
   }
-  std::vector<double> milliseconds() override { return ms_; }
   std::vector<double> span_milliseconds() override { return spans_; }
-  void reset() override {
-    std::fill(ms_.begin(), ms_.end(), 0.0);
-    spans_.clear();
-  }
+  void reset() override { spans_.clear(); }
 
  private:
   using Clock = std::chrono::steady_clock;
   Clock::time_point start_;
-  std::vector<double> ms_ = std::vector<double>(static_cast<int>(OpFamily::kCount), 0.0);
   std::vector<double> spans_;
 };
 

@@ -54,12 +54,12 @@ __device__ __forceinline__ void store_vec(T* p, const float* v) {
   for (int k = 0; k < kVecSize<T>; ++k) store(e, k, v[k]);
   *reinterpret_cast<uint4*>(p) = raw;
 }
-// Elements [0, vectorized_prefix(p, n)) of p may go through load_vec and
-// store_vec: all of them but a tail of fewer than a vector, or none when p
-// is not 16-byte aligned.
 __device__ __forceinline__ bool aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
+// Elements [0, vectorized_prefix(p, n)) of p may go through load_vec and
+// store_vec: all of them but a tail of fewer than a vector, or none when p
+// is not 16-byte aligned.
 template <typename T>
 __device__ __forceinline__ int vectorized_prefix(const T* p, int n) {
   return aligned16(p) ? n / kVecSize<T> * kVecSize<T> : 0;

@@ -76,7 +76,7 @@ using cuda::load;
 using cuda::store;
 using cuda::typed;
 
-// Op families timed by CUDA events on the stream: device time, which is
+// Spans of ops timed by CUDA events on the stream: device time, which is
 // what a queued, asynchronous step spends.
 class EventTimer final : public OpTimer {
  public:
@@ -84,25 +84,14 @@ class EventTimer final : public OpTimer {
   ~EventTimer() override {
     for (cudaEvent_t e : events_) cudaEventDestroy(e);
   }
-  void begin(OpFamily family) override {
+  void begin() override {
     open_ = next_event();
     cuda::check(cudaEventRecord(open_, stream_), "cudaEventRecord");
-    (void)family;
   }
-  void end(OpFamily family) override {
+  void end() override {
     cudaEvent_t done = next_event();
     cuda::check(cudaEventRecord(done, stream_), "cudaEventRecord");
-    spans_.push_back({family, open_, done});
-  }
-  std::vector<double> milliseconds() override {
-    std::vector<double> ms(static_cast<int>(OpFamily::kCount), 0.0);
-    cuda::check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
-    for (const Span& s : spans_) {
-      float elapsed = 0.0f;
-      cuda::check(cudaEventElapsedTime(&elapsed, s.begin, s.end), "cudaEventElapsedTime");
-      ms[static_cast<int>(s.family)] += elapsed;
-    }
-    return ms;
+    spans_.push_back({open_, done});
   }
   std::vector<double> span_milliseconds() override {
     std::vector<double> ms;
@@ -121,7 +110,6 @@ class EventTimer final : public OpTimer {
 
  private:
   struct Span {
-    OpFamily family;
     cudaEvent_t begin, end;
   };
   cudaEvent_t next_event() {
