@@ -358,7 +358,7 @@ class Ops {
                          bool compute_grad, LossSums* sums, int64_t* label_counts,
                          int stride = 0) = 0;
 
-  // ---- exact gradient sum (src/dist/gradient_reducer.h) -------------------
+  // ---- exact gradient sum (src/parallel/gradient_reducer.h) -------------------
   // fixed[i] += round(grads[i] * 2^fraction_bits) for every i with
   // |grads[i]| < 2^limit_bits; each other element (NaN too) adds 1 to
   // *out_of_range instead. Integer sums: any order gives the same result.

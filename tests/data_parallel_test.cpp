@@ -2,7 +2,7 @@
 // the step each rank holds -- many short sequences, a few long ones, or
 // nothing -- every rank ends with the single-process gradient of the mean
 // loss over all target tokens, and the naive per-rank mean does not.
-#include "src/dist/data_parallel.h"
+#include "src/parallel/data_parallel.h"
 
 #include <gtest/gtest.h>
 
@@ -16,9 +16,9 @@
 
 #include "kernels/backend.h"
 #include "kernels/profiled_ops.h"
-#include "src/dist/mpi_transport.h"
-#include "src/dist/replica_check.h"
-#include "src/dist/stream_transport.h"
+#include "src/parallel/mpi_transport.h"
+#include "src/parallel/replica_check.h"
+#include "src/parallel/stream_transport.h"
 #include "tests/test_batches.h"
 
 namespace mpiformer {

@@ -14,8 +14,8 @@
 
 #include "kernels/backend.h"
 #include "kernels/profiled_ops.h"
-#include "src/dist/gradient_reducer.h"
-#include "src/dist/stream_transport.h"
+#include "src/parallel/gradient_reducer.h"
+#include "src/parallel/stream_transport.h"
 #include "src/model/model.h"
 #include "tests/test_batches.h"
 

@@ -2,7 +2,7 @@
 #pragma once
 
 #include "src/core/config.h"
-#include "src/dist/communicator.h"
+#include "src/parallel/communicator.h"
 
 namespace mpiformer {
 

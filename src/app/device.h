@@ -6,7 +6,7 @@
 
 #include "kernels/ops.h"
 #include "src/core/config.h"
-#include "src/dist/communicator.h"
+#include "src/parallel/communicator.h"
 
 namespace mpiformer {
 

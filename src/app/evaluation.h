@@ -9,7 +9,7 @@
 #include "src/core/config.h"
 #include "src/data/batch.h"
 #include "src/data/batch_source.h"
-#include "src/dist/communicator.h"
+#include "src/parallel/communicator.h"
 #include "src/loss/cross_entropy.h"
 #include "src/model/model.h"
 

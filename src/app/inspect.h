@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "src/dist/communicator.h"
+#include "src/parallel/communicator.h"
 
 namespace mpiformer {
 

@@ -13,7 +13,7 @@
 #include "src/core/error.h"
 #include "src/core/run_log.h"
 #include "src/core/version.h"
-#include "src/dist/communicator.h"
+#include "src/parallel/communicator.h"
 #include "src/io/hdf5_file.h"
 
 namespace {

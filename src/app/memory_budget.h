@@ -16,7 +16,7 @@
 
 #include "kernels/ops.h"
 #include "src/core/config.h"
-#include "src/dist/communicator.h"
+#include "src/parallel/communicator.h"
 #include "src/model/model.h"
 
 namespace mpiformer {

@@ -24,7 +24,7 @@
 #include "kernels/cpu/blas_kernels.h"
 #include "src/core/error.h"
 #include "src/data/synthetic.h"
-#include "src/dist/nccl_transport.h"
+#include "src/parallel/nccl_transport.h"
 
 namespace mpiformer {
 namespace {

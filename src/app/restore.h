@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "src/core/run_log.h"
-#include "src/dist/communicator.h"
+#include "src/parallel/communicator.h"
 #include "src/io/checkpoint.h"
 #include "src/model/parameters.h"
 

@@ -26,9 +26,9 @@ enum class TooLong { kAuto, kSkip, kTruncate };
 enum class Sharding { kData, kFile };
 // How the peak LR follows the global token budget per step (docs/DESIGN.md section 6).
 enum class LrScaling { kNone, kLinear, kSqrt };
-// How gradients are summed over micro-batches and ranks (src/dist/gradient_reducer.h).
+// How gradients are summed over micro-batches and ranks (src/parallel/gradient_reducer.h).
 enum class GradSum { kExact, kFloat };
-// Which transport carries the gradient all-reduce (src/dist/data_parallel.h):
+// Which transport carries the gradient all-reduce (src/parallel/data_parallel.h):
 // auto is NCCL when every rank has a GPU of its own, MPI otherwise.
 enum class Transport { kAuto, kNccl, kMpi };
 // What a step with a non-finite loss or gradient norm does (src/train/divergence_guard.h).

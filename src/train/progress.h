@@ -10,8 +10,8 @@
 
 #include "kernels/ops.h"
 #include "src/data/batch.h"
-#include "src/dist/communicator.h"
-#include "src/dist/gradient_reducer.h"
+#include "src/parallel/communicator.h"
+#include "src/parallel/gradient_reducer.h"
 #include "src/io/metrics.h"
 
 namespace mpiformer {

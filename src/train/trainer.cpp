@@ -21,8 +21,8 @@
 #include "src/core/run_log.h"
 #include "src/core/version.h"
 #include "src/data/make_source.h"
-#include "src/dist/data_parallel.h"
-#include "src/dist/replica_check.h"
+#include "src/parallel/data_parallel.h"
+#include "src/parallel/replica_check.h"
 #include "src/io/atomic_file.h"
 #include "src/io/hdf5_file.h"
 #include "src/io/shard.h"
@@ -504,7 +504,7 @@ int Trainer::train_step(int64_t step) {
   // 2. The gradient of the mean loss over the step's target tokens on all
   //    ranks, times the loss scale: N by MPI_Allreduce first, then
   //    backward, then the bucketed gradient all-reduce
-  //    (src/dist/data_parallel.h).
+  //    (src/parallel/data_parallel.h).
   const float loss_scale = scaler_->scale();
   float pass_scale = loss_scale;
   if (rank_ == world_ - 1) {

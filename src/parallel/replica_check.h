@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "src/dist/communicator.h"
+#include "src/parallel/communicator.h"
 #include "src/model/parameters.h"
 
 namespace mpiformer {

@@ -1,6 +1,6 @@
 // How the gradient reducer moves bytes: an in-place, non-blocking SUM over
 // every rank. MPI (host buffers, MPI_Iallreduce) is one transport; NCCL
-// (device buffers, its own stream; src/dist/stream_transport.h) goes beside
+// (device buffers, its own stream; src/parallel/stream_transport.h) goes beside
 // it with the same calls. Which memory a transport reads is its own
 // property: the reducer stages through the host only for one that wants
 // host memory while the backend's is a GPU's.

@@ -1,4 +1,4 @@
-#include "src/dist/communicator.h"
+#include "src/parallel/communicator.h"
 
 #include <algorithm>
 #include <climits>

@@ -1,4 +1,4 @@
-// NCCL as a stream transport (src/dist/stream_transport.h): the
+// NCCL as a stream transport (src/parallel/stream_transport.h): the
 // communicator is created from an ncclUniqueId that rank 0 makes and
 // broadcasts over MPI; each bucket's all-reduce (float or int64 SUM) runs on
 // a communication stream of the rank's GPU that waits on an event of the
@@ -9,8 +9,8 @@
 #include <string>
 
 #include "kernels/ops.h"
-#include "src/dist/communicator.h"
-#include "src/dist/transport.h"
+#include "src/parallel/communicator.h"
+#include "src/parallel/transport.h"
 
 namespace mpiformer {
 

@@ -1,12 +1,12 @@
-#include "src/dist/data_parallel.h"
+#include "src/parallel/data_parallel.h"
 
 #include <stdexcept>
 #include <string>
 #include <utility>
 
 #include "kernels/backend.h"
-#include "src/dist/mpi_transport.h"
-#include "src/dist/nccl_transport.h"
+#include "src/parallel/mpi_transport.h"
+#include "src/parallel/nccl_transport.h"
 
 namespace mpiformer {
 

@@ -1,4 +1,4 @@
-#include "src/dist/mpi_transport.h"
+#include "src/parallel/mpi_transport.h"
 
 #include <algorithm>
 #include <climits>

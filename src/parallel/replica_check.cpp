@@ -1,4 +1,4 @@
-#include "src/dist/replica_check.h"
+#include "src/parallel/replica_check.h"
 
 #include <climits>
 #include <cstring>

@@ -7,7 +7,7 @@
 
 #include <vector>
 
-#include "src/dist/transport.h"
+#include "src/parallel/transport.h"
 
 namespace mpiformer {
 

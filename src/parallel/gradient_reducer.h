@@ -36,7 +36,7 @@
 #include <vector>
 
 #include "src/core/config.h"
-#include "src/dist/transport.h"
+#include "src/parallel/transport.h"
 #include "src/model/gradient_listener.h"
 #include "src/model/parameters.h"
 

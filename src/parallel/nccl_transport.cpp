@@ -1,11 +1,11 @@
-#include "src/dist/nccl_transport.h"
+#include "src/parallel/nccl_transport.h"
 
 #include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
-#include "src/dist/stream_transport.h"
+#include "src/parallel/stream_transport.h"
 
 #ifdef MPIFORMER_HAVE_NCCL
 #include <cuda_runtime.h>

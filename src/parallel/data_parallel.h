@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "src/data/batch.h"
-#include "src/dist/communicator.h"
-#include "src/dist/gradient_reducer.h"
+#include "src/parallel/communicator.h"
+#include "src/parallel/gradient_reducer.h"
 #include "src/loss/cross_entropy.h"
 #include "src/model/model.h"
 

@@ -1,4 +1,4 @@
-#include "src/dist/gradient_reducer.h"
+#include "src/parallel/gradient_reducer.h"
 
 #include <algorithm>
 #include <cmath>

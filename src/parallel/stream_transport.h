@@ -15,7 +15,7 @@
 //                optimizer runs after the sums.
 //
 // The streams and the collective are interfaces: CUDA + NCCL in
-// src/dist/nccl_transport.cpp, and a fake in the tests that checks the
+// src/parallel/nccl_transport.cpp, and a fake in the tests that checks the
 // order of these calls on the CPU.
 #pragma once
 
@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "src/dist/transport.h"
+#include "src/parallel/transport.h"
 
 namespace mpiformer {
 

@@ -1,4 +1,4 @@
-#include "src/dist/stream_transport.h"
+#include "src/parallel/stream_transport.h"
 
 #include <algorithm>
 #include <stdexcept>
