@@ -2,7 +2,7 @@
 // checks it, so that a fault (an illegal address, a library error) names
 // the op that caused it, with its shapes and element type, instead of
 // surfacing ops later. Slow: a first run on a new GPU turns it on with
-// MPIFORMER_CUDA_CHECK=1 (src/app/device.cpp).
+// MPIFORMER_CUDA_CHECK=1 (src/parallel/rank_device.cpp).
 #pragma once
 
 #include <exception>

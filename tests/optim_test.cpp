@@ -11,7 +11,7 @@
 
 #include "kernels/backend.h"
 #include "src/core/config.h"
-#include "src/model/parameters.h"
+#include "src/core/parameters.h"
 #include "src/optim/adamw.h"
 #include "src/optim/schedule.h"
 

@@ -12,11 +12,11 @@
 #include <vector>
 
 #include "kernels/backend.h"
-#include "src/app/memory_budget.h"
 #include "src/io/checkpoint.h"
 #include "src/model/model.h"
 #include "src/optim/adamw.h"
 #include "src/train/divergence_guard.h"
+#include "src/train/memory_budget.h"
 #include "src/train/run_directory.h"
 #include "tests/test_batches.h"
 

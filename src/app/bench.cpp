@@ -18,10 +18,10 @@
 #include "kernels/dropout_mask.h"
 #include "kernels/profiled_ops.h"
 #include "src/app/commands.h"
-#include "src/app/device.h"
-#include "src/parallel/data_parallel.h"
 #include "src/model/model.h"
 #include "src/optim/adamw.h"
+#include "src/parallel/data_parallel.h"
+#include "src/parallel/rank_device.h"
 
 namespace mpiformer {
 

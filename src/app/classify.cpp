@@ -19,6 +19,7 @@
 #include "src/data/tokenizer.h"
 #include "src/io/checkpoint.h"
 #include "src/model/model.h"
+#include "src/parallel/agreement.h"
 
 namespace mpiformer {
 namespace {
@@ -134,19 +135,8 @@ int classify_on_root(const ClassifyConfig& cfg) {
 }  // namespace
 
 int run_classify(const ClassifyConfig& cfg, Communicator& comm) {
-  int code = 0;
-  if (comm.is_root()) {
-    try {
-      code = classify_on_root(cfg);
-    } catch (const UsageError& e) {
-      std::cerr << "mpiformer classify: " << e.what() << std::endl;
-      code = kExitUsage;
-    } catch (const std::exception& e) {
-      std::cerr << "[rank 0] " << e.what() << std::endl;
-      code = kExitFailure;
-    }
-  }
-  return comm.max(code);
+  return agree_on_root(
+      comm, [&] { return classify_on_root(cfg); }, Faults::kByType, "classify");
 }
 
 }  // namespace mpiformer

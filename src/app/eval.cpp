@@ -10,15 +10,16 @@
 
 #include "kernels/backend.h"
 #include "src/app/commands.h"
-#include "src/app/evaluation.h"
-#include "src/app/memory_budget.h"
 #include "src/app/options.h"
-#include "src/app/restore.h"
 #include "src/core/error.h"
 #include "src/data/make_source.h"
 #include "src/io/checkpoint.h"
 #include "src/io/shard.h"
 #include "src/model/model.h"
+#include "src/parallel/agreement.h"
+#include "src/parallel/checkpoint_broadcast.h"
+#include "src/train/held_out.h"
+#include "src/train/memory_budget.h"
 
 namespace mpiformer {
 namespace {

@@ -16,7 +16,6 @@
 
 #include "kernels/backend.h"
 #include "src/app/commands.h"
-#include "src/app/memory_budget.h"
 #include "src/app/options.h"
 #include "src/core/error.h"
 #include "src/data/tokenizer.h"
@@ -24,6 +23,8 @@
 #include "src/io/shard.h"
 #include "src/model/decoding.h"
 #include "src/model/model.h"
+#include "src/parallel/agreement.h"
+#include "src/train/memory_budget.h"
 
 namespace mpiformer {
 
@@ -31,10 +32,10 @@ namespace {
 
 // The output could not be written: "generate: cannot write the output
 // (WHERE: reason)", exit 1.
-class OutputError : public std::runtime_error {
+class OutputError : public CommandError {
  public:
   explicit OutputError(const std::string& detail)
-      : std::runtime_error("generate: cannot write the output (" + detail + ")") {}
+      : CommandError("generate: cannot write the output (" + detail + ")") {}
 };
 
 // Text to ids through the tokenizer, or, for a checkpoint of a synthetic
@@ -286,22 +287,8 @@ int generate_on_root(const GenerateConfig& cfg) {
 }  // namespace
 
 int run_generate(const GenerateConfig& cfg, Communicator& comm) {
-  int code = 0;
-  if (comm.is_root()) {
-    try {
-      code = generate_on_root(cfg);
-    } catch (const UsageError& e) {
-      std::cerr << "mpiformer generate: " << e.what() << std::endl;
-      code = kExitUsage;
-    } catch (const OutputError& e) {
-      std::cerr << "mpiformer " << e.what() << std::endl;
-      code = kExitFailure;
-    } catch (const std::exception& e) {
-      std::cerr << "[rank 0] " << e.what() << std::endl;
-      code = kExitFailure;
-    }
-  }
-  return comm.max(code);
+  return agree_on_root(
+      comm, [&] { return generate_on_root(cfg); }, Faults::kByType, "generate");
 }
 
 }  // namespace mpiformer

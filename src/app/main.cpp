@@ -13,8 +13,8 @@
 #include "src/core/error.h"
 #include "src/core/run_log.h"
 #include "src/core/version.h"
-#include "src/parallel/communicator.h"
 #include "src/io/hdf5_file.h"
+#include "src/parallel/communicator.h"
 
 namespace {
 
@@ -95,13 +95,12 @@ int inspect(Communicator& comm, const std::vector<std::string>& args) {
 // Under srun every task must be a rank of one MPI world. A world smaller
 // than SLURM_NTASKS means the MPI library did not reach srun's process
 // manager (a --mpi plugin mismatch), and each task would train the same run
-// on its own. mpirun inside an allocation sets OMPI_COMM_WORLD_SIZE and
-// checks its own world.
+// on its own. mpirun inside an allocation checks its own world.
 int check_srun_world(const Communicator& comm) {
   const char* ntasks = std::getenv("SLURM_NTASKS");
   const char* procid = std::getenv("SLURM_PROCID");
   if (!ntasks || !procid || !std::getenv("SLURM_STEP_NUM_TASKS") ||
-      std::getenv("OMPI_COMM_WORLD_SIZE")) {
+      Communicator::started_by_mpirun()) {
     return 0;
   }
   const int expected = std::atoi(ntasks);

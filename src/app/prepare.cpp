@@ -50,6 +50,7 @@
 #include "src/io/atomic_file.h"
 #include "src/io/dir_lock.h"
 #include "src/io/shard.h"
+#include "src/parallel/agreement.h"
 
 namespace mpiformer {
 namespace {
@@ -159,61 +160,6 @@ class Heartbeat {
   bool stop_ = false;
   std::thread thread_;  // last: starts once the members above exist
 };
-
-// ---- agreement ---------------------------------------------------------------
-
-// Runs `step` on rank 0 only; every rank learns whether it failed. Rank 0
-// prints the fault as a usage line: these are faults of the given files and
-// values, found before any work.
-bool root_validates(const Communicator& comm, const std::function<void()>& step) {
-  bool failed = false;
-  if (comm.is_root()) {
-    try {
-      step();
-    } catch (const std::exception& e) {
-      std::cerr << "mpiformer prepare: " << e.what() << std::endl;
-      failed = true;
-    }
-  }
-  return !comm.any(failed);
-}
-
-// Runs `step` on every rank; every rank learns whether any rank failed. A
-// failing rank prints "[rank r] message".
-bool all_succeed(const Communicator& comm, const std::function<void()>& step) {
-  bool failed = false;
-  try {
-    step();
-  } catch (const std::exception& e) {
-    std::cerr << "[rank " << comm.rank() << "] " << e.what() << std::endl;
-    failed = true;
-  }
-  return !comm.any(failed);
-}
-
-// A barrier that sleeps instead of spinning: while rank 0 trains the
-// tokenizer alone, the waiting ranks leave their cores to its threads.
-void barrier_without_spinning() {
-  MPI_Request request;
-  MPI_Ibarrier(MPI_COMM_WORLD, &request);
-  int done = 0;
-  for (MPI_Test(&request, &done, MPI_STATUS_IGNORE); !done;
-       MPI_Test(&request, &done, MPI_STATUS_IGNORE)) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-}
-
-// Rank 0's string on every rank (MPI_Bcast of the size, then the bytes).
-void broadcast_from_root(std::string* bytes) {
-  uint64_t size = bytes->size();
-  MPI_Bcast(&size, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
-  bytes->resize(size);
-  constexpr uint64_t kChunk = uint64_t{1} << 30;  // MPI counts are int
-  for (uint64_t at = 0; at < size; at += kChunk) {
-    const int n = static_cast<int>(std::min(kChunk, size - at));
-    MPI_Bcast(bytes->data() + at, n, MPI_CHAR, 0, MPI_COMM_WORLD);
-  }
-}
 
 // ---- validation (rank 0) -----------------------------------------------------
 
@@ -748,42 +694,48 @@ Shard image_shard(const ImageSet& set, size_t begin, size_t end, const char* spl
 // agree on the outcome. Held-out images come from the end of the set.
 int run_prepare_images(const PrepareConfig& cfg, Communicator& comm) {
   const auto start = Clock::now();
-  if (!root_validates(comm, [&] {
-        if (cfg.valid.given() || cfg.test.given()) {
-          usage_error(cfg.valid.given() ? "--valid" : "--test",
-                      "--kind image holds out the last images: use --valid-lines and "
-                      "--test-lines");
-        }
-        require_readable_file("--input", cfg.input);
-        require_fresh_output(cfg.out_dir);
-      })) {
+  if (agree_on_root(
+          comm,
+          [&] {
+            if (cfg.valid.given() || cfg.test.given()) {
+              usage_error(cfg.valid.given() ? "--valid" : "--test",
+                          "--kind image holds out the last images: use --valid-lines and "
+                          "--test-lines");
+            }
+            require_readable_file("--input", cfg.input);
+            require_fresh_output(cfg.out_dir);
+          },
+          Faults::kOfInput, "prepare") != 0) {
     return kExitUsage;
   }
   ImageSet set;
   size_t valid = 0, test = 0, train = 0;
-  if (!root_validates(comm, [&] {
-        set = read_image_set(cfg.input);
-        const size_t most = set.count() / kHoldOut;
-        valid = std::min(static_cast<size_t>(cfg.valid_lines), most);
-        test = std::min(static_cast<size_t>(cfg.test_lines), most);
-        train = set.count() - valid - test;
-        if (valid == 0) {
-          usage_error("--input", cfg.input + " has " + std::to_string(set.count()) +
-                                     " images; at least " + std::to_string(kHoldOut) +
-                                     " are needed to hold one out for validation");
-        }
-        if (static_cast<size_t>(cfg.shards) > train) {
-          usage_error("--shards", std::to_string(cfg.shards) + " shards but only " +
-                                      std::to_string(train) + " training images");
-        }
-      })) {
+  if (agree_on_root(
+          comm,
+          [&] {
+            set = read_image_set(cfg.input);
+            const size_t most = set.count() / kHoldOut;
+            valid = std::min(static_cast<size_t>(cfg.valid_lines), most);
+            test = std::min(static_cast<size_t>(cfg.test_lines), most);
+            train = set.count() - valid - test;
+            if (valid == 0) {
+              usage_error("--input", cfg.input + " has " + std::to_string(set.count()) +
+                                         " images; at least " + std::to_string(kHoldOut) +
+                                         " are needed to hold one out for validation");
+            }
+            if (static_cast<size_t>(cfg.shards) > train) {
+              usage_error("--shards", std::to_string(cfg.shards) + " shards but only " +
+                                          std::to_string(train) + " training images");
+            }
+          },
+          Faults::kOfInput, "prepare") != 0) {
     return kExitUsage;
   }
   const fs::path out_dir(cfg.out_dir);
   DirLock lock;
   PendingFiles pending(out_dir);
   bool created_out_dir = false;
-  const bool ok = all_succeed(comm, [&] {
+  const bool ok = agreed(comm, [&] {
     if (!comm.is_root()) return;
     std::error_code ec;
     created_out_dir = fs::create_directories(out_dir, ec);
@@ -848,17 +800,21 @@ int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
 
   // 1. The files, the output directory and --tokenizer, before any work.
   std::string model_bytes;
-  if (!root_validates(comm, [&] {
-        require_text_file("--input", cfg.input);
-        if (seq2seq) require_text_file("--target", cfg.target);
-        for (const auto& [flag, files] : {std::pair{"--valid", cfg.valid}, {"--test", cfg.test}}) {
-          if (!files.given()) continue;
-          require_readable_file(flag, files.input);
-          if (seq2seq) require_readable_file(flag, files.target);
-        }
-        require_fresh_output(cfg.out_dir);
-        if (!cfg.tokenizer.empty()) model_bytes = load_given_tokenizer(cfg);
-      })) {
+  if (agree_on_root(
+          comm,
+          [&] {
+            require_text_file("--input", cfg.input);
+            if (seq2seq) require_text_file("--target", cfg.target);
+            for (const auto& [flag, files] :
+                 {std::pair{"--valid", cfg.valid}, {"--test", cfg.test}}) {
+              if (!files.given()) continue;
+              require_readable_file(flag, files.input);
+              if (seq2seq) require_readable_file(flag, files.target);
+            }
+            require_fresh_output(cfg.out_dir);
+            if (!cfg.tokenizer.empty()) model_bytes = load_given_tokenizer(cfg);
+          },
+          Faults::kOfInput, "prepare") != 0) {
     return kExitUsage;
   }
 
@@ -869,7 +825,7 @@ int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
   corpus.main = text_of(cfg, {cfg.input, cfg.kind == "classify" ? cfg.labels : cfg.target});
   if (cfg.valid.given()) corpus.valid_file = text_of(cfg, cfg.valid);
   if (cfg.test.given()) corpus.test_file = text_of(cfg, cfg.test);
-  if (!all_succeed(comm, [&] {
+  if (!agreed(comm, [&] {
         read_text(&corpus.main);
         carve(cfg, &corpus);
         if (!comm.is_root()) return;
@@ -879,7 +835,9 @@ int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
     return kExitFailure;
   }
   std::vector<std::string> warnings;
-  if (!root_validates(comm, [&] { warnings = validate_corpus(cfg, corpus); })) return kExitUsage;
+  if (agree_on_root(
+          comm, [&] { warnings = validate_corpus(cfg, corpus); }, Faults::kOfInput, "prepare") != 0)
+    return kExitUsage;
   // classify: the label vocabulary of the training lines, the same on every
   // rank (each read the whole text).
   LabelVocabulary vocabulary;
@@ -889,10 +847,13 @@ int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
       vocabulary.count(parse_label_line(corpus.main.labels[corpus.main.sequences[s]]));
     }
     vocabulary.finish();
-    if (!root_validates(comm, [&] {
-          if (vocabulary.names().empty())
-            usage_error("--labels", cfg.labels + ": the training lines have no label at all");
-        })) {
+    if (agree_on_root(
+            comm,
+            [&] {
+              if (vocabulary.names().empty())
+                usage_error("--labels", cfg.labels + ": the training lines have no label at all");
+            },
+            Faults::kOfInput, "prepare") != 0) {
       return kExitUsage;
     }
   }
@@ -928,7 +889,7 @@ int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
     }
     return code;
   };
-  if (!all_succeed(comm, [&] {
+  if (!agreed(comm, [&] {
         if (!comm.is_root()) return;
         std::error_code ec;
         created_out_dir = fs::create_directories(out_dir, ec);
@@ -936,11 +897,14 @@ int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
       })) {
     return kExitFailure;
   }
-  if (!root_validates(comm, [&] {
-        const std::string refused = lock.try_acquire(cfg.out_dir);
-        if (!refused.empty()) usage_error("--out", refused);
-        require_fresh_output(cfg.out_dir);
-      })) {
+  if (agree_on_root(
+          comm,
+          [&] {
+            const std::string refused = lock.try_acquire(cfg.out_dir);
+            if (!refused.empty()) usage_error("--out", refused);
+            require_fresh_output(cfg.out_dir);
+          },
+          Faults::kOfInput, "prepare") != 0) {
     return give_up(kExitUsage);
   }
 
@@ -982,20 +946,23 @@ int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
         failure = text ? text->as_given(e.what()) : e.what();
       }
     }
-    barrier_without_spinning();
+    comm.barrier_without_spinning();
     // More pieces than the text can fill, or fewer than its characters, is
     // a bad --vocab-size (exit 2); SentencePiece's message says which.
     const bool bad_vocab_size = failure.find("Vocabulary size") != std::string::npos;
-    if (!root_validates(comm, [&] {
-          if (bad_vocab_size) usage_error("--vocab-size", failure);
-          if (!failure.empty()) throw std::runtime_error(failure);
-        })) {
+    if (agree_on_root(
+            comm,
+            [&] {
+              if (bad_vocab_size) usage_error("--vocab-size", failure);
+              if (!failure.empty()) throw std::runtime_error(failure);
+            },
+            Faults::kOfInput, "prepare") != 0) {
       return give_up(comm.any(bad_vocab_size) ? kExitUsage : kExitFailure);
     }
   }
-  broadcast_from_root(&model_bytes);
+  comm.broadcast(&model_bytes, 0);
   std::unique_ptr<Tokenizer> tokenizer;
-  if (!all_succeed(comm, [&] { tokenizer = Tokenizer::from_bytes(model_bytes); })) {
+  if (!agreed(comm, [&] { tokenizer = Tokenizer::from_bytes(model_bytes); })) {
     return give_up(kExitFailure);
   }
   const double tokenizer_seconds = seconds_since(tokenizer_start);
@@ -1034,7 +1001,7 @@ int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
   for (int64_t first = 0; first < shards && ok; first += W) {
     const int64_t mine = first + rank;
     ShardFigures figures;
-    ok = all_succeed(comm, [&] {
+    ok = agreed(comm, [&] {
       if (mine >= shards) return;
       const Span block{&corpus.main, static_cast<size_t>(mine * train_sequences / shards),
                        static_cast<size_t>((mine + 1) * train_sequences / shards)};
@@ -1084,7 +1051,7 @@ int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
   ShardFigures held_out[2];     // valid, test
   int64_t test_sequences = -1;  // -1: no test split
   if (ok) {
-    ok = all_succeed(comm, [&] {
+    ok = agreed(comm, [&] {
       if (!comm.is_root()) return;
       const std::pair<const char*, Span> splits[] = {{kValidPrefix, corpus.valid()},
                                                      {kTestPrefix, corpus.test()}};
@@ -1112,7 +1079,7 @@ int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
   }
 
   // 5. All or nothing: rename only when every rank succeeded.
-  if (ok) ok = all_succeed(comm, [&] { pending.commit(); });
+  if (ok) ok = agreed(comm, [&] { pending.commit(); });
   if (!ok) return give_up(kExitFailure);
 
   if (comm.is_root()) {

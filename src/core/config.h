@@ -10,6 +10,13 @@
 
 namespace mpiformer {
 
+// The range of fp16's dynamic loss scale: never below 1 (a gradient that
+// overflows unscaled is a diverged run, not a scaling problem) nor above
+// 2^24 (fp32 gradient sums would then lose the small values the scale is
+// meant to keep). A checkpoint holding a scale outside it is refused.
+constexpr float kMinLossScale = 1.0f;
+constexpr float kMaxLossScale = 16777216.0f;
+
 enum class ModelKind { kLm, kSeq2seq, kMlm, kClassify };
 // The loss of a classifier: one label per example (softmax), or any number
 // of labels, hard or soft (ZLPR, kernels/ops.h).

@@ -24,6 +24,13 @@ class UsageError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A failure of the command as a whole rather than of one rank (an output
+// that cannot be written): one line "mpiformer WHAT", exit code 1.
+class CommandError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 // Throws UsageError("--flag: message").
 [[noreturn]] void usage_error(const std::string& flag, const std::string& message);
 

@@ -41,22 +41,6 @@ std::vector<LabelWeight> parse_label_line(const std::string& line) {
   return labels;
 }
 
-std::string join_label_names(const std::vector<std::string>& names) {
-  std::string bytes;
-  for (const std::string& n : names) bytes += n + "\n";
-  return bytes;
-}
-
-std::vector<std::string> split_label_names(const std::string& bytes) {
-  std::vector<std::string> names;
-  for (size_t at = 0; at < bytes.size();) {
-    const size_t end = std::min(bytes.find('\n', at), bytes.size());
-    names.push_back(bytes.substr(at, end - at));
-    at = end + 1;
-  }
-  return names;
-}
-
 void LabelVocabulary::count(const std::vector<LabelWeight>& labels) {
   for (const LabelWeight& l : labels) ++counts_[l.name];
 }

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "src/io/label_names.h"
+
 namespace mpiformer {
 
 struct LabelWeight {
@@ -20,10 +22,6 @@ struct LabelWeight {
 // saying what is wrong ("weight 1.5 of 'x' is not in [0, 1]", "label 'a'
 // given twice").
 std::vector<LabelWeight> parse_label_line(const std::string& line);
-
-// Label names as stored in shards and checkpoints: one name a line.
-std::string join_label_names(const std::vector<std::string>& names);
-std::vector<std::string> split_label_names(const std::string& bytes);
 
 // The label vocabulary of a data set: the names seen in the training lines,
 // most frequent first (ties by name), so id 0 is the commonest label.

@@ -19,10 +19,9 @@
 #include <map>
 #include <utility>
 
-#include "src/data/labels.h"
 #include "src/io/atomic_file.h"
 #include "src/io/hdf5_file.h"
-#include "src/optim/loss_scaler.h"
+#include "src/io/label_names.h"
 
 namespace mpiformer {
 
@@ -135,7 +134,7 @@ std::string state_fault(const CheckpointState& state) {
   if (state.sharding != "data" && state.sharding != "file") {
     return refuse("data_sharding", "'" + state.sharding + "'", "'data' or 'file'");
   }
-  if (!(state.loss_scale >= LossScaler::kMinScale && state.loss_scale <= LossScaler::kMaxScale)) {
+  if (!(state.loss_scale >= kMinLossScale && state.loss_scale <= kMaxLossScale)) {
     char value[32];
     std::snprintf(value, sizeof value, "%g", state.loss_scale);
     return refuse("loss_scale", value, "a number from 1 to 2^24");

@@ -30,7 +30,7 @@
 #include <vector>
 
 #include "src/core/config.h"
-#include "src/model/parameters.h"
+#include "src/core/parameters.h"
 
 namespace mpiformer {
 

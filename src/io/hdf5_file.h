@@ -59,10 +59,10 @@ class Hid {
   herr_t (*close_)(hid_t) = nullptr;
 };
 
-// Starts the HDF5 library for the whole process; call before MPI_Init.
+// Starts the HDF5 library for the whole process; call before MPI starts.
 // HDF5 1.10 crashes when it shuts down holding a file whose close failed
 // (a full disk), and it shuts down at exit and, when started after MPI, in
-// MPI_Finalize. Started first and told not to shut down at exit, it never
+// MPI's finalisation. Started first and told not to shut down at exit, it never
 // does: every file that matters is closed explicitly, and a failed one is
 // left to the operating system.
 void initialize_library();

@@ -32,7 +32,7 @@
 #include <string>
 #include <vector>
 
-#include "src/loss/label_figures.h"
+#include "src/io/label_figures.h"
 
 namespace mpiformer {
 

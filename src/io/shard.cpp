@@ -8,8 +8,8 @@
 #include <algorithm>
 #include <filesystem>
 
-#include "src/data/labels.h"
 #include "src/io/hdf5_file.h"
+#include "src/io/label_names.h"
 
 namespace mpiformer {
 

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "kernels/ops.h"
-#include "src/loss/label_figures.h"
+#include "src/io/label_figures.h"
 
 namespace mpiformer {
 

@@ -15,7 +15,7 @@
 
 #include "kernels/ops.h"
 #include "src/core/config.h"
-#include "src/model/parameters.h"
+#include "src/core/parameters.h"
 
 namespace mpiformer {
 

@@ -10,9 +10,9 @@
 
 #include "kernels/ops.h"
 #include "src/core/config.h"
+#include "src/core/parameters.h"
 #include "src/data/batch.h"
 #include "src/model/gradient_listener.h"
-#include "src/model/parameters.h"
 
 namespace mpiformer {
 
@@ -51,7 +51,7 @@ class Model {
   void init_parameters(uint64_t seed);
 
   // What Model(ops, config, capacity, compute) would allocate, before doing
-  // so: the buffers are counted, not allocated (src/app/memory_budget.h).
+  // so: the buffers are counted, not allocated (src/train/memory_budget.h).
   static ModelMemory measure(Ops& ops, const ModelConfig& config, const ModelCapacity& capacity,
                              DType compute = DType::kF32);
 

@@ -12,15 +12,15 @@
 
 #include <cstdint>
 
+#include "src/core/config.h"
+
 namespace mpiformer {
 
 class LossScaler {
  public:
-  // The scale never falls below 1 (a gradient that overflows unscaled is a
-  // diverged run, not a scaling problem) nor rises above 2^24 (fp32 gradient
-  // sums would then lose the small values the scale is meant to keep).
-  static constexpr float kMinScale = 1.0f;
-  static constexpr float kMaxScale = 16777216.0f;
+  // The scale stays within [1, 2^24] (src/core/config.h says why).
+  static constexpr float kMinScale = kMinLossScale;
+  static constexpr float kMaxScale = kMaxLossScale;
 
   // dynamic: fp16; otherwise the scale stays 1. window: good steps before doubling.
   LossScaler(bool dynamic, float initial_scale, int64_t window);

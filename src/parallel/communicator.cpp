@@ -1,6 +1,7 @@
 #include "src/parallel/communicator.h"
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -135,6 +136,20 @@ void Communicator::broadcast(float* x, size_t n, int root) const {
 
 void Communicator::barrier() const {
   MPI_Barrier(MPI_COMM_WORLD);
+}
+
+bool Communicator::started_by_mpirun() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr;
+}
+
+void Communicator::barrier_without_spinning() const {
+  MPI_Request request;
+  MPI_Ibarrier(MPI_COMM_WORLD, &request);
+  int done = 0;
+  for (MPI_Test(&request, &done, MPI_STATUS_IGNORE); !done;
+       MPI_Test(&request, &done, MPI_STATUS_IGNORE)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
 }
 
 void Communicator::abort(const std::string& message, int code) const {

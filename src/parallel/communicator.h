@@ -46,6 +46,13 @@ class Communicator {
   // x: host (n), root's values to every rank; n may pass 2^31.
   void broadcast(float* x, size_t n, int root) const;
   void barrier() const;
+  // A barrier that sleeps instead of spinning: while one rank works alone
+  // (rank 0 training a tokenizer), the waiting ranks leave their cores to it.
+  void barrier_without_spinning() const;
+
+  // Open MPI's mpirun started this process (it names the world's size in
+  // the environment); false under srun or run on its own.
+  static bool started_by_mpirun();
 
   // The first line of MPI_Get_library_version ("Open MPI v4.1.4, ...").
   static std::string library_version();

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "src/core/parameters.h"
 #include "src/parallel/communicator.h"
-#include "src/model/parameters.h"
 
 namespace mpiformer {
 

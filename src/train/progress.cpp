@@ -4,8 +4,8 @@
 #include <cmath>
 #include <cstdio>
 
-#include "src/app/evaluation.h"
 #include "src/loss/cross_entropy.h"
+#include "src/train/held_out.h"
 
 namespace mpiformer {
 

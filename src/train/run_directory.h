@@ -13,9 +13,9 @@
 
 #include <string>
 
-#include "src/app/restore.h"
 #include "src/io/checkpoint.h"
 #include "src/io/dir_lock.h"
+#include "src/parallel/agreement.h"
 
 namespace mpiformer {
 

@@ -7,6 +7,8 @@
 #include <csignal>
 #include <cstdlib>
 
+#include "src/parallel/communicator.h"
+
 namespace mpiformer {
 
 namespace {
@@ -24,7 +26,7 @@ constexpr int kOutputs[2] = {STDOUT_FILENO, STDERR_FILENO};
 int unblock_flags[2] = {-1, -1};  // the fd's flags to restore; -1: leave the fd alone
 
 void choose_outputs_to_unblock() {
-  const bool under_mpirun = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr;
+  const bool under_mpirun = Communicator::started_by_mpirun();
   for (int i = 0; i < 2; ++i) {
     struct stat info {};
     unblock_flags[i] = -1;

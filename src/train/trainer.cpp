@@ -13,20 +13,20 @@
 
 #include "kernels/backend.h"
 #include "kernels/cpu/blas_kernels.h"
-#include "src/app/device.h"
-#include "src/app/evaluation.h"
-#include "src/app/memory_budget.h"
-#include "src/app/options.h"
 #include "src/core/error.h"
 #include "src/core/run_log.h"
 #include "src/core/version.h"
 #include "src/data/make_source.h"
-#include "src/parallel/data_parallel.h"
-#include "src/parallel/replica_check.h"
 #include "src/io/atomic_file.h"
 #include "src/io/hdf5_file.h"
 #include "src/io/shard.h"
 #include "src/loss/cross_entropy.h"
+#include "src/parallel/checkpoint_broadcast.h"
+#include "src/parallel/data_parallel.h"
+#include "src/parallel/rank_device.h"
+#include "src/parallel/replica_check.h"
+#include "src/train/held_out.h"
+#include "src/train/memory_budget.h"
 #include "src/train/stop_signals.h"
 
 namespace mpiformer {
@@ -106,10 +106,11 @@ void broadcast_start(const Communicator& comm, StartPoint* start) {
 
 // The batching flags of this run that differ from the checkpoint's run
 // ("--max-tokens 512 (was 256)"), "" when none does or its config is unreadable.
-std::string changed_batching(const TrainConfig& cfg, const std::string& checkpoint_ini) {
+std::string changed_batching(const TrainConfig& cfg, const ConfigText& config_text,
+                             const std::string& checkpoint_ini) {
   TrainConfig old;
   try {
-    old = train_config_from_ini(checkpoint_ini, "the checkpoint's config");
+    old = config_text.read(checkpoint_ini, "the checkpoint's config");
   } catch (const std::exception&) {
     return "";
   }
@@ -133,9 +134,10 @@ std::string changed_batching(const TrainConfig& cfg, const std::string& checkpoi
 }
 
 // The run's description in metrics.h5.
-RunAttributes run_attributes(const TrainConfig& cfg, const Ops& ops, int world_size, int threads) {
+RunAttributes run_attributes(const TrainConfig& cfg, const std::string& config_ini, const Ops& ops,
+                             int world_size, int threads) {
   RunAttributes a;
-  a.config = train_config_ini(cfg);
+  a.config = config_ini;
   a.model = to_string(cfg.model.kind);
   a.world_size = world_size;
   a.devices = std::to_string(world_size) + " x " + ops.name() + " (" + std::to_string(threads) +
@@ -149,8 +151,9 @@ RunAttributes run_attributes(const TrainConfig& cfg, const Ops& ops, int world_s
 
 }  // namespace
 
-Trainer::Trainer(const TrainConfig& cfg, Communicator& comm)
+Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, ConfigText config_text)
     : cfg_(cfg),
+      config_text_(std::move(config_text)),
       comm_(comm),
       world_(comm.size()),
       rank_(comm.rank()),
@@ -313,13 +316,14 @@ int Trainer::claim_directory() {
       // What ran is recorded beside the flags, as comments the reader skips:
       // runs on other BLAS kernels differ in their last bits.
       write_file_atomically((rundir / "config.ini").string(),
-                            train_config_ini(cfg_) + "\n# This run (a record; not read back)\n" +
+                            config_text_.write(cfg_) + "\n# This run (a record; not read back)\n" +
                                 "# devices = " + std::to_string(world_) + " x " + ops_->name() +
                                 "\n# blas = " + describe_blas_kernels() + "\n");
       // Rank 0's output, start-up lines first, appended over every start.
       attach_run_log((rundir / "train.log").string());
       metrics_ = std::make_unique<MetricsLog>(
-          (rundir / "metrics.h5").string(), run_attributes(cfg_, *ops_, world_, threads_),
+          (rundir / "metrics.h5").string(),
+          run_attributes(cfg_, config_text_.write(cfg_), *ops_, world_, threads_),
           cfg_.resume == "none" ? -1 : (start_.resumed ? start_.state.step : 0));
     } catch (const std::exception& e) {
       verdict = {kExitUsage, std::string("mpiformer train: --out: ") + e.what()};
@@ -386,7 +390,7 @@ void Trainer::print_start() const {
           static_cast<long long>(batches_per_step_),
           static_cast<long long>(resumed.batches_per_step));
     }
-    const std::string changed = changed_batching(cfg, resumed.config_ini);
+    const std::string changed = changed_batching(cfg, config_text_, resumed.config_ini);
     if (!changed.empty()) {
       say(stdout,
           "  note: %s: batches are cut anew, so the examples from here on come in another order "
@@ -502,7 +506,7 @@ int Trainer::train_step(int64_t step) {
   }
 
   // 2. The gradient of the mean loss over the step's target tokens on all
-  //    ranks, times the loss scale: N by MPI_Allreduce first, then
+  //    ranks, times the loss scale: N all-reduced first, then
   //    backward, then the bucketed gradient all-reduce
   //    (src/parallel/data_parallel.h).
   const float loss_scale = scaler_->scale();
@@ -655,7 +659,7 @@ void Trainer::write_checkpoint_on_root(int64_t step) {
   CheckpointState state;
   state.step = step;
   state.world_size = world_;
-  state.config_ini = train_config_ini(cfg_);
+  state.config_ini = config_text_.write(cfg_);
   state.optimizer_steps = optimizer_->steps_taken();
   state.next_batch = next_batch_after(step);
   const uint64_t per_epoch = source_->batches_per_epoch();

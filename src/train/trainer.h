@@ -3,7 +3,7 @@
 // One optimizer step on W ranks with K micro-batches each takes the global
 // micro-batches [(s-1) W K, s W K); rank r takes every W-th of them, so the
 // global batch does not depend on W. The loss of every micro-batch is divided
-// by N, the step's global count of target tokens (MPI_Allreduce before any
+// by N, the step's global count of target tokens (all-reduced before any
 // backward), and gradients are summed over ranks: the update is the gradient
 // of the mean loss over every target token of the step (docs/DESIGN.md section 1).
 //
@@ -17,33 +17,42 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "kernels/ops.h"
-#include "src/app/memory_budget.h"
 #include "src/core/config.h"
 #include "src/data/batch.h"
 #include "src/data/batch_source.h"
-#include "src/parallel/communicator.h"
-#include "src/parallel/gradient_reducer.h"
 #include "src/io/metrics.h"
 #include "src/loss/cross_entropy.h"
 #include "src/model/model.h"
 #include "src/optim/adamw.h"
 #include "src/optim/loss_scaler.h"
 #include "src/optim/schedule.h"
+#include "src/parallel/communicator.h"
+#include "src/parallel/gradient_reducer.h"
 #include "src/train/divergence_guard.h"
+#include "src/train/memory_budget.h"
 #include "src/train/progress.h"
 #include "src/train/run_directory.h"
 
 namespace mpiformer {
 
+// A run's flags as config.ini's text, and back: the train command's flag
+// table knows both (src/app/options.h), so the command hands them down.
+struct ConfigText {
+  std::function<std::string(const TrainConfig&)> write;
+  // Throws UsageError naming `source` for text that is not a run's config.
+  std::function<TrainConfig(const std::string& ini, const std::string& source)> read;
+};
+
 class Trainer {
  public:
-  Trainer(const TrainConfig& cfg, Communicator& comm);
+  Trainer(const TrainConfig& cfg, Communicator& comm, ConfigText config_text);
   ~Trainer();
 
   // The whole run; returns the exit code (0, kExitStopped, kExitDiverged, or
@@ -83,6 +92,7 @@ class Trainer {
   int diverged(int64_t step, const std::string& why);
 
   TrainConfig cfg_;
+  ConfigText config_text_;
   Communicator& comm_;
   const int world_, rank_, accum_;
   std::string tokenizer_;  // rank 0: the shards' SentencePiece model, kept in checkpoints

@@ -1,4 +1,4 @@
-#include "src/app/device.h"
+#include "src/parallel/rank_device.h"
 
 #include <unistd.h>
 

@@ -1,4 +1,4 @@
-#include "src/app/evaluation.h"
+#include "src/train/held_out.h"
 
 #include <algorithm>
 #include <cmath>

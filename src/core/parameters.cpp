@@ -1,4 +1,4 @@
-#include "src/model/parameters.h"
+#include "src/core/parameters.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "src/app/memory_budget.h"
+#include "src/train/memory_budget.h"
 
 #include <algorithm>
 #include <cstdio>

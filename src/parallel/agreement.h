@@ -1,0 +1,83 @@
+// How ranks agree on an error: the one idiom every command uses. A step runs
+// (on every rank, or on rank 0 alone), a fault it throws becomes a Verdict
+// (an exit code and the line that explains it), each rank prints its own
+// line, and one collective tells every rank the largest code. So no rank
+// ever waits in a later collective for a rank that has given up, and every
+// rank leaves with the same exit code.
+#pragma once
+
+#include <exception>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "src/core/error.h"
+#include "src/parallel/communicator.h"
+
+namespace mpiformer {
+
+// An exit code (0: go on) and the line that explains it.
+struct Verdict {
+  int code = 0;
+  std::string message;
+};
+
+// The collective: prints this rank's message on stderr, and returns on every
+// rank the largest code of all ranks' verdicts.
+int agree(const Communicator& comm, const Verdict& mine);
+
+// Rank 0's verdict, for every rank (the other ranks' verdicts are ignored).
+int agree_on(const Communicator& comm, const Verdict& verdict);
+
+// How a step's exception reads.
+enum class Faults {
+  kOfRank,   // any: "[rank r] what", exit 1
+  kOfInput,  // any: "mpiformer COMMAND: what", exit 2 (checking the given flags and files)
+  kByType,   // UsageError as kOfInput; CommandError "mpiformer what", exit 1; others as kOfRank
+};
+
+// Runs `step` here and turns what it throws into a verdict. A step that
+// returns an int gives its code (0 without a fault).
+template <class Fn>
+Verdict attempt(const Communicator& comm, Fn&& step, Faults faults = Faults::kOfRank,
+                const std::string& command = "") {
+  const std::string rank = "[rank " + std::to_string(comm.rank()) + "] ";
+  const std::string input = "mpiformer " + command + ": ";
+  try {
+    if constexpr (std::is_same_v<decltype(step()), int>) {
+      return {step(), ""};
+    } else {
+      step();
+      return {};
+    }
+  } catch (const UsageError& e) {
+    if (faults == Faults::kOfRank) return {kExitFailure, rank + e.what()};
+    return {kExitUsage, input + e.what()};
+  } catch (const CommandError& e) {
+    if (faults == Faults::kByType) return {kExitFailure, std::string("mpiformer ") + e.what()};
+    if (faults == Faults::kOfInput) return {kExitUsage, input + e.what()};
+    return {kExitFailure, rank + e.what()};
+  } catch (const std::exception& e) {
+    const std::string what = *e.what() ? e.what() : "unknown error";
+    if (faults == Faults::kOfInput) return {kExitUsage, input + what};
+    return {kExitFailure, rank + what};
+  }
+}
+
+// Runs `what` on every rank; true on every rank when it succeeded on all. A
+// rank that failed prints "[rank r] message".
+template <class Fn>
+bool agreed(const Communicator& comm, Fn&& what) {
+  return agree(comm, attempt(comm, std::forward<Fn>(what))) == 0;
+}
+
+// Runs `step` on rank 0 alone; every rank learns the exit code (0: go on).
+template <class Fn>
+int agree_on_root(const Communicator& comm, Fn&& step, Faults faults,
+                  const std::string& command) {
+  Verdict verdict;
+  if (comm.is_root()) verdict = attempt(comm, std::forward<Fn>(step), faults, command);
+  return agree(comm, verdict);
+}
+
+}  // namespace mpiformer

@@ -1,0 +1,23 @@
+// Checkpoint tensors read by rank 0 put into every rank's memory (`train
+// --resume`, `eval`).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "src/core/parameters.h"
+#include "src/io/checkpoint.h"
+#include "src/parallel/communicator.h"
+
+namespace mpiformer {
+
+// Copies one group of a checkpoint, held by rank 0 (`tensors`; ignored
+// elsewhere), into `dest` on every rank. Rank 0 throws CheckpointMismatch
+// when the names or shapes differ from params (check first with
+// unpack_checkpoint_tensors to agree on it).
+// dest: backend (params.count()), laid out like params.params()
+void broadcast_tensors(const Communicator& comm, const std::string& path,
+                       const std::vector<CheckpointTensor>& tensors, const ParameterSet& params,
+                       float* dest);
+
+}  // namespace mpiformer
