@@ -30,19 +30,10 @@
 
 #include "kernels/dropout_mask.h"
 #include "kernels/dtype.h"
+#include "kernels/op_choices.h"
 
 namespace mpiformer {
 
-enum class Activation { kGelu, kRelu };
-enum class AttentionScale { kStandard, kLogLength };
-// How a classifier turns a sequence's rows into one vector: its first row
-// (a CLS token or patch) or the mean of its rows.
-enum class PoolKind { kCls, kMean };
-// Which attention kernels run (--attention): auto takes a fused library
-// kernel (cuDNN's, on a GPU) wherever it takes the case and the plain
-// kernels otherwise; cudnn makes a case it refuses an error; plain never
-// asks it.
-enum class AttentionPath { kAuto, kCudnn, kPlain };
 // Attention calls (forward and backward) so far, by the kernels that ran.
 struct AttentionCalls {
   int64_t library = 0;    // the fused library kernel

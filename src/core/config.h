@@ -6,7 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/ops.h"
+#include "kernels/dtype.h"
+#include "kernels/op_choices.h"
 
 namespace mpiformer {
 
