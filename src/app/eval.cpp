@@ -75,18 +75,15 @@ int run_eval(const EvalConfig& cfg, Communicator& comm) {
   // 1. Rank 0 reads the checkpoint; every rank learns the run's flags.
   CheckpointState state;
   std::vector<CheckpointTensor> tensors;  // rank 0
-  {
-    Verdict verdict;
-    if (comm.is_root()) {
-      try {
-        state = read_checkpoint_state(cfg.checkpoint);
-        tensors = read_checkpoint_tensors(cfg.checkpoint, "params");
-        require_finite(cfg.checkpoint, tensors, "params");
-      } catch (const CheckpointError& e) {
-        verdict = {kExitFailure, std::string("[rank 0] ") + e.what()};
-      }
-    }
-    if (const int code = agree_on(comm, verdict)) return code;
+  if (const int code = agree_on_root(
+          comm,
+          [&] {
+            state = read_checkpoint_state(cfg.checkpoint);
+            tensors = read_checkpoint_tensors(cfg.checkpoint, "params");
+            require_finite(cfg.checkpoint, tensors, "params");
+          },
+          Faults::kOfRank, "eval")) {
+    return code;
   }
   std::string ini = state.config_ini;
   comm.broadcast(&ini, 0);

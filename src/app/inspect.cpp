@@ -14,6 +14,7 @@
 #include "src/io/checkpoint.h"
 #include "src/io/metrics.h"
 #include "src/io/shard.h"
+#include "src/parallel/agreement.h"
 
 namespace mpiformer {
 
@@ -196,26 +197,22 @@ void print_metrics(std::ostream& os, const std::string& path) {
 }  // namespace
 
 int run_inspect(const std::string& path, Communicator& comm) {
-  bool failed = false;
-  if (comm.is_root()) {
-    // Build the text first so a fault never leaves half a summary on stdout.
-    std::ostringstream out;
-    try {
-      if (is_checkpoint(path)) {
-        print_checkpoint(out, path);
-      } else if (is_metrics_file(path)) {
-        print_metrics(out, path);
-      } else {
-        print_summary(out, path, read_shard(path));
-      }
-    } catch (const std::exception& e) {
-      std::cerr << "mpiformer inspect: " << e.what() << std::endl;
-      failed = true;
-    }
-    if (!failed) std::cout << out.str() << std::flush;
-  }
-  // Every rank returns the same code.
-  return comm.any(failed) ? 1 : 0;
+  // Build the text first so a fault never leaves half a summary on stdout.
+  std::ostringstream out;
+  const int code = agree_on_root(
+      comm,
+      [&] {
+        if (is_checkpoint(path)) {
+          print_checkpoint(out, path);
+        } else if (is_metrics_file(path)) {
+          print_metrics(out, path);
+        } else {
+          print_summary(out, path, read_shard(path));
+        }
+      },
+      Faults::kOfCommand, "inspect");
+  if (code == 0 && comm.is_root()) std::cout << out.str() << std::flush;
+  return code;
 }
 
 }  // namespace mpiformer

@@ -31,9 +31,10 @@ int agree_on(const Communicator& comm, const Verdict& verdict);
 
 // How a step's exception reads.
 enum class Faults {
-  kOfRank,   // any: "[rank r] what", exit 1
-  kOfInput,  // any: "mpiformer COMMAND: what", exit 2 (checking the given flags and files)
-  kByType,   // UsageError as kOfInput; CommandError "mpiformer what", exit 1; others as kOfRank
+  kOfRank,     // any: "[rank r] what", exit 1
+  kOfInput,    // any: "mpiformer COMMAND: what", exit 2 (checking the given flags and files)
+  kOfCommand,  // any: "mpiformer COMMAND: what", exit 1 (the command's one job failed)
+  kByType,     // UsageError as kOfInput; CommandError "mpiformer what", exit 1; others as kOfRank
 };
 
 // Runs `step` here and turns what it throws into a verdict. A step that
@@ -52,14 +53,17 @@ Verdict attempt(const Communicator& comm, Fn&& step, Faults faults = Faults::kOf
     }
   } catch (const UsageError& e) {
     if (faults == Faults::kOfRank) return {kExitFailure, rank + e.what()};
+    if (faults == Faults::kOfCommand) return {kExitFailure, input + e.what()};
     return {kExitUsage, input + e.what()};
   } catch (const CommandError& e) {
     if (faults == Faults::kByType) return {kExitFailure, std::string("mpiformer ") + e.what()};
     if (faults == Faults::kOfInput) return {kExitUsage, input + e.what()};
+    if (faults == Faults::kOfCommand) return {kExitFailure, input + e.what()};
     return {kExitFailure, rank + e.what()};
   } catch (const std::exception& e) {
     const std::string what = *e.what() ? e.what() : "unknown error";
     if (faults == Faults::kOfInput) return {kExitUsage, input + what};
+    if (faults == Faults::kOfCommand) return {kExitFailure, input + what};
     return {kExitFailure, rank + what};
   }
 }

@@ -8,6 +8,7 @@
 
 #include "src/core/error.h"
 #include "src/core/run_log.h"
+#include "src/parallel/agreement.h"
 
 namespace mpiformer {
 
@@ -70,13 +71,16 @@ size_t cgroup_available() {
 
 int refuse_on_shortfall(const Communicator& comm, const std::string& shortfall,
                         const std::string& prefix) {
-  if (!comm.any(!shortfall.empty())) return 0;
-  if (!shortfall.empty() && comm.local_rank() == 0) {
-    const std::string rank = comm.size() > 1 ? "[rank " + std::to_string(comm.rank()) + "] " : "";
-    say(stderr, "%s%sthe model %s\n", rank.c_str(), prefix.c_str(), shortfall.c_str());
-    std::fflush(stderr);
+  Verdict mine;
+  if (!shortfall.empty()) {
+    mine.code = kExitUsage;
+    // One line a node: its ranks share the memory that falls short.
+    if (comm.local_rank() == 0) {
+      const std::string rank = comm.size() > 1 ? "[rank " + std::to_string(comm.rank()) + "] " : "";
+      mine.message = rank + prefix + "the model " + shortfall;
+    }
   }
-  return kExitUsage;
+  return agree(comm, mine);
 }
 
 std::string format_bytes(double bytes) {
