@@ -14,9 +14,9 @@
 
 #include "kernels/backend.h"
 #include "kernels/profiled_ops.h"
+#include "src/model/model.h"
 #include "src/parallel/gradient_reducer.h"
 #include "src/parallel/stream_transport.h"
-#include "src/model/model.h"
 #include "tests/test_batches.h"
 
 namespace mpiformer {

@@ -19,9 +19,9 @@
 #include "kernels/profiled_ops.h"
 #include "src/app/commands.h"
 #include "src/app/device.h"
-#include "src/parallel/data_parallel.h"
 #include "src/model/model.h"
 #include "src/optim/adamw.h"
+#include "src/parallel/data_parallel.h"
 
 namespace mpiformer {
 

@@ -13,8 +13,8 @@
 #include "src/core/error.h"
 #include "src/core/run_log.h"
 #include "src/core/version.h"
-#include "src/parallel/communicator.h"
 #include "src/io/hdf5_file.h"
+#include "src/parallel/communicator.h"
 
 namespace {
 

@@ -16,8 +16,8 @@
 
 #include "kernels/ops.h"
 #include "src/core/config.h"
-#include "src/parallel/communicator.h"
 #include "src/model/model.h"
+#include "src/parallel/communicator.h"
 
 namespace mpiformer {
 

@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "src/core/run_log.h"
-#include "src/parallel/communicator.h"
 #include "src/io/checkpoint.h"
 #include "src/model/parameters.h"
+#include "src/parallel/communicator.h"
 
 namespace mpiformer {
 

@@ -12,10 +12,10 @@
 #include <vector>
 
 #include "src/data/batch.h"
-#include "src/parallel/communicator.h"
-#include "src/parallel/gradient_reducer.h"
 #include "src/loss/cross_entropy.h"
 #include "src/model/model.h"
+#include "src/parallel/communicator.h"
+#include "src/parallel/gradient_reducer.h"
 
 namespace mpiformer {
 

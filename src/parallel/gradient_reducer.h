@@ -36,9 +36,9 @@
 #include <vector>
 
 #include "src/core/config.h"
-#include "src/parallel/transport.h"
 #include "src/model/gradient_listener.h"
 #include "src/model/parameters.h"
+#include "src/parallel/transport.h"
 
 namespace mpiformer {
 

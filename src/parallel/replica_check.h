@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "src/parallel/communicator.h"
 #include "src/model/parameters.h"
+#include "src/parallel/communicator.h"
 
 namespace mpiformer {
 

@@ -10,9 +10,9 @@
 
 #include "kernels/ops.h"
 #include "src/data/batch.h"
+#include "src/io/metrics.h"
 #include "src/parallel/communicator.h"
 #include "src/parallel/gradient_reducer.h"
-#include "src/io/metrics.h"
 
 namespace mpiformer {
 

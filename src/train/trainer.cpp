@@ -21,12 +21,12 @@
 #include "src/core/run_log.h"
 #include "src/core/version.h"
 #include "src/data/make_source.h"
-#include "src/parallel/data_parallel.h"
-#include "src/parallel/replica_check.h"
 #include "src/io/atomic_file.h"
 #include "src/io/hdf5_file.h"
 #include "src/io/shard.h"
 #include "src/loss/cross_entropy.h"
+#include "src/parallel/data_parallel.h"
+#include "src/parallel/replica_check.h"
 #include "src/train/stop_signals.h"
 
 namespace mpiformer {
