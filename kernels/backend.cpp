@@ -5,11 +5,11 @@
 #include <omp.h>
 
 #include "kernels/checked_ops.h"
-#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/ops.h"
 
 #ifdef MPIFORMER_HAVE_CUDA
-#include "kernels/cuda/cuda_ops.h"
-#include "kernels/cuda/device.h"
+#include "kernels/cuda/discovery.h"
+#include "kernels/cuda/ops.h"
 #endif
 
 #include <cstdlib>

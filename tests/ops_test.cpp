@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
-#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/cpu/softmax_row.h"
 #include "kernels/cpu/vec_math.h"
 

@@ -27,7 +27,7 @@
 #include <unordered_map>
 #include <utility>
 
-#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/ops.h"
 
 #if defined(MPIFORMER_HAVE_CUDNN_FRONTEND)
 #include <cudnn_frontend.h>

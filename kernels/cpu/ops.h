@@ -52,7 +52,7 @@ class CpuOps final : public Ops {
 
   std::string name() const override { return "cpu"; }
 
-  // ---- memory (cpu_ops.cpp) ----------------------------------------------
+  // ---- memory (ops.cpp) --------------------------------------------------
   void* allocate(size_t bytes) override;
   void release(void* ptr) override;
   void copy_to_device(void* dst, const void* host_src, size_t bytes) override;
@@ -62,9 +62,9 @@ class CpuOps final : public Ops {
   void synchronize() override {}
   size_t peak_allocated_bytes() const override { return peak_bytes_; }
   std::unique_ptr<OpTimer> make_timer() override;
-  void convert(Act dst, const float* src, size_t n) override;
 
   // ---- elementwise, embeddings (elementwise.cpp, embedding.cpp) ------------
+  void convert(Act dst, const float* src, size_t n) override;
   void dropout(Act out, Act x, size_t n, const Dropout& d) override;
   void activation_backward(Act dx, Act dout, Act pre, size_t n, Activation act) override;
   void embedding_forward(Act out, const int32_t* ids, Act tokens, const int32_t* pos, Act positions,
@@ -108,11 +108,13 @@ class CpuOps final : public Ops {
   void zlpr_loss(Act logits, const float* targets, int B, int K, float grad_scale,
                  bool compute_grad, LossSums* sums, int64_t* label_counts, int stride) override;
 
-  // ---- optimizer (adamw.cpp) -----------------------------------------------
+  // ---- exact gradient sum (fixed_point.cpp) --------------------------------
   void fixed_point_accumulate(int64_t* fixed, int64_t* out_of_range, const float* grads, size_t n,
                               int fraction_bits, int limit_bits) override;
   void fixed_point_to_float(float* out, const int64_t* fixed, const int64_t* out_of_range, size_t n,
                             int fraction_bits) override;
+
+  // ---- optimizer (adamw.cpp) -----------------------------------------------
   void sum_squares(double* out, const float* x, size_t n) override;
   void adamw_update(float* params, const float* grads, float* m, float* v, Act compute, size_t n,
                     const AdamWRange* ranges, int range_count, const AdamWConfig& cfg,

@@ -1,7 +1,7 @@
 // CpuOps memory: host buffers, 64-byte aligned (a cache line, one AVX-512
 // vector) and zero filled, with the running and peak byte counts; the fp32
 // views of other precisions; the wall-clock op timer.
-#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/ops.h"
 
 #include <algorithm>
 #include <chrono>
@@ -84,10 +84,6 @@ void CpuOps::fill_zero(void* x, size_t bytes) {
 
 std::unique_ptr<OpTimer> CpuOps::make_timer() {
   return std::make_unique<WallClockTimer>();
-}
-
-void CpuOps::convert(Act dst, const float* src, size_t n) {
-  narrow(dst.data, dst.dtype, src, n);
 }
 
 // ---- fp32 views -----------------------------------------------------------

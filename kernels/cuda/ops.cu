@@ -1,17 +1,13 @@
-// The CUDA backend's memory (allocations, scratch, the pinned upload ring),
-// its op timer, and the elementwise and embedding ops.
+// The CUDA backend's set-up, memory (allocations, scratch, the pinned upload
+// ring) and op timer.
 #include <algorithm>
-#include <cmath>
-#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 #include <string>
 
 #include "kernels/cuda/attention_cudnn.h"
-#include "kernels/cuda/common.cuh"
-#include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/gemm.h"
-#include "kernels/dropout_mask.h"
+#include "kernels/cuda/ops.h"
 
 namespace mpiformer {
 
@@ -71,11 +67,6 @@ class UploadEvents final : public StreamMarkers {
 
 namespace {
 
-using cuda::blocks_for;
-using cuda::load;
-using cuda::store;
-using cuda::typed;
-
 // Spans of ops timed by CUDA events on the stream: device time, which is
 // what a queued, asynchronous step spends.
 class EventTimer final : public OpTimer {
@@ -126,64 +117,6 @@ class EventTimer final : public OpTimer {
   cudaEvent_t open_ = nullptr;
   std::vector<Span> spans_;
 };
-
-// dst = src rounded to T.  dst, src: (n)
-template <typename T>
-__global__ void convert_kernel(T* dst, const float* src, size_t n) {
-  MPIFORMER_FOR_EACH(i, n) store(dst, i, src[i]);
-}
-
-// out = x * keep / (1 - p), the mask of dropout_keep (the CPU backend's).
-template <typename T>
-__global__ void dropout_kernel(T* out, const T* x, size_t n, float p, uint64_t seed,
-                               uint64_t stream) {
-  const float keep_scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
-  MPIFORMER_FOR_EACH(i, n) {
-    store(out, i, dropout_keep(seed, stream, i, p) ? load(x, i) * keep_scale : 0.0f);
-  }
-}
-
-// dx = act'(pre) * dout.  dx, dout, pre: (n)
-template <typename T>
-__global__ void activation_backward_kernel(T* dx, const T* dout, const T* pre, size_t n,
-                                           bool gelu) {
-  MPIFORMER_FOR_EACH(i, n) {
-    const float x = load(pre, i);
-    const float d = gelu ? cuda::gelu_grad(x) : (x > 0.0f ? 1.0f : 0.0f);
-    store(dx, i, d * load(dout, i));
-  }
-}
-
-// out[i] = tokens[ids[i]] * scale + positions[pos[i]].
-// out: (N, C), ids, pos: (N), tokens: (V, C), positions: (L, C)
-template <typename T>
-__global__ void embedding_forward_kernel(T* out, const int32_t* ids, const T* tokens,
-                                         const int32_t* pos, const T* positions, int N, int C,
-                                         float scale) {
-  MPIFORMER_FOR_EACH(i, static_cast<size_t>(N) * C) {
-    const size_t row = i / C, col = i % C;
-    const float t = load(tokens, static_cast<size_t>(ids[row]) * C + col);
-    const float p = load(positions, static_cast<size_t>(pos[row]) * C + col);
-    store(out, i, t * scale + p);
-  }
-}
-
-// One block per group: table row keys[g] gains its rows' sum, added in
-// ascending row order, so no two blocks touch one row and no float atomics
-// decide the order. dtable: (K, C) fp32, dout: (N, C)
-template <typename T>
-__global__ void embedding_backward_kernel(float* dtable, const T* dout, RowGroups groups, int C,
-                                          float scale) {
-  const int g = blockIdx.x;
-  const int first = groups.starts[g], last = groups.starts[g + 1];
-  float* dst = dtable + static_cast<size_t>(groups.keys[g]) * C;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    float sum = 0.0f;
-    for (int r = first; r < last; ++r)
-      sum += load(dout, static_cast<size_t>(groups.rows[r]) * C + c);
-    dst[c] += sum * scale;
-  }
-}
 
 }  // namespace
 
@@ -355,76 +288,6 @@ void* CudaOps::scratch(Slot slot, size_t bytes) {
 
 std::unique_ptr<OpTimer> CudaOps::make_timer() {
   return std::make_unique<EventTimer>(stream_);
-}
-
-void CudaOps::convert(Act dst, const float* src, size_t n) {
-  if (n == 0) return;
-  cuda::dispatch(dst.dtype, [&](auto t) {
-    using T = decltype(t);
-    convert_kernel<<<blocks_for(n), 256, 0, stream_>>>(typed<T>(dst), src, n);
-  });
-  cuda::check(cudaGetLastError(), "convert");
-}
-
-// ---- elementwise ----------------------------------------------------------
-
-void CudaOps::dropout(Act out, Act x, size_t n, const Dropout& d) {
-  if (n == 0) return;
-  if (!(d.p > 0.0f)) {
-    if (out.data != x.data) {
-      cuda::check(cudaMemcpyAsync(out.data, x.data, n * dtype_bytes(x.dtype),
-                                  cudaMemcpyDeviceToDevice, stream_),
-                  "dropout (copy)");
-    }
-    return;
-  }
-  cuda::dispatch(out.dtype, [&](auto t) {
-    using T = decltype(t);
-    dropout_kernel<<<blocks_for(n), 256, 0, stream_>>>(typed<T>(out), typed<T>(x), n, d.p, d.seed,
-                                                       d.stream);
-  });
-  cuda::check(cudaGetLastError(), "dropout");
-}
-
-void CudaOps::activation_backward(Act dx, Act dout, Act pre, size_t n, Activation act) {
-  if (n == 0) return;
-  cuda::dispatch(dx.dtype, [&](auto t) {
-    using T = decltype(t);
-    activation_backward_kernel<<<blocks_for(n), 256, 0, stream_>>>(
-        typed<T>(dx), typed<T>(dout), typed<T>(pre), n, act == Activation::kGelu);
-  });
-  cuda::check(cudaGetLastError(), "activation_backward");
-}
-
-// ---- embeddings -----------------------------------------------------------
-
-void CudaOps::embedding_forward(Act out, const int32_t* ids, Act tokens, const int32_t* pos,
-                                Act positions, int N, int C, float scale) {
-  if (N == 0) return;
-  cuda::dispatch(out.dtype, [&](auto t) {
-    using T = decltype(t);
-    embedding_forward_kernel<<<blocks_for(static_cast<size_t>(N) * C), 256, 0, stream_>>>(
-        typed<T>(out), ids, typed<T>(tokens), pos, typed<T>(positions), N, C, scale);
-  });
-  cuda::check(cudaGetLastError(), "embedding_forward");
-}
-
-void CudaOps::embedding_backward(float* dtokens, float* dpositions, Act dout,
-                                 const RowGroups& by_id, const RowGroups& by_pos, int N, int C,
-                                 float scale) {
-  if (N == 0) return;
-  cuda::dispatch(dout.dtype, [&](auto t) {
-    using T = decltype(t);
-    if (dpositions && by_pos.groups > 0) {
-      embedding_backward_kernel<<<by_pos.groups, 256, 0, stream_>>>(dpositions, typed<T>(dout),
-                                                                    by_pos, C, 1.0f);
-    }
-    if (by_id.groups > 0) {
-      embedding_backward_kernel<<<by_id.groups, 256, 0, stream_>>>(dtokens, typed<T>(dout), by_id,
-                                                                   C, scale);
-    }
-  });
-  cuda::check(cudaGetLastError(), "embedding_backward");
 }
 
 }  // namespace mpiformer

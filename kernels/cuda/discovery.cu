@@ -2,7 +2,7 @@
 // is reported as "no device": the CPU backend then runs instead.
 #include <cuda_runtime.h>
 
-#include "kernels/cuda/device.h"
+#include "kernels/cuda/discovery.h"
 
 namespace mpiformer::cuda {
 

@@ -2,7 +2,7 @@
 // fp16, checked against the CPU reference by tests/cuda_ops_test.cpp (label
 // gpu).
 //
-// - GEMMs through cuBLASLt (gemm.cu): bf16/fp16 inputs with fp32
+// - GEMMs through cuBLASLt (gemm.cu, matmul.cu): bf16/fp16 inputs with fp32
 //   accumulation, fused epilogues (bias; GELU keeping its pre-activation;
 //   GELU backward; bias gradient), fp32 weight gradients accumulated in
 //   place. fp32 GEMMs stay fp32 unless the backend was made with tf32.
@@ -48,7 +48,7 @@ inline unsigned blocks_for(size_t n, unsigned threads = 256) {
 
 class Gemm;            // gemm.cu
 class FlashAttention;  // attention_cudnn.cpp
-class UploadEvents;    // cuda_ops.cu
+class UploadEvents;    // ops.cu
 
 }  // namespace cuda
 
@@ -66,7 +66,7 @@ class CudaOps final : public Ops {
   int device() const { return device_; }
   cudaStream_t stream() const { return stream_; }
 
-  // ---- memory (cuda_ops.cu) -------------------------------------------------
+  // ---- memory (ops.cu) ------------------------------------------------------
   void* allocate(size_t bytes) override;
   void release(void* ptr) override;
   void copy_to_device(void* dst, const void* host_src, size_t bytes) override;
@@ -92,9 +92,9 @@ class CudaOps final : public Ops {
   size_t device_memory_free() const override;
   size_t logits_chunk_elements() const override { return size_t{1} << 29; }
   std::unique_ptr<OpTimer> make_timer() override;
-  void convert(Act dst, const float* src, size_t n) override;
 
-  // ---- elementwise, embeddings (cuda_ops.cu) --------------------------------
+  // ---- elementwise, embeddings (elementwise.cu, embedding.cu) --------------
+  void convert(Act dst, const float* src, size_t n) override;
   void dropout(Act out, Act x, size_t n, const Dropout& d) override;
   void activation_backward(Act dx, Act dout, Act pre, size_t n, Activation act) override;
   void embedding_forward(Act out, const int32_t* ids, Act tokens, const int32_t* pos, Act positions,
@@ -112,7 +112,7 @@ class CudaOps final : public Ops {
                           const float* mean, const float* rstd, int N, int C,
                           bool accumulate) override;
 
-  // ---- GEMM (gemm.cu) -------------------------------------------------------
+  // ---- GEMM (matmul.cu, on gemm.cu's cuBLASLt) ------------------------------
   void matmul_forward(Act out, Act x, Act weight, Act bias, int N, int IC, int OC,
                       const FusedActivation& fused, int out_stride) override;
   void matmul_backward(Act dx, float* dweight, float* dbias, Act dout, Act x, Act weight, int N,
@@ -128,13 +128,17 @@ class CudaOps final : public Ops {
   size_t attention_scratch_bytes(DType dtype, size_t tokens, size_t longest,
                                  const AttentionConfig& cfg, bool backward) const override;
 
-  // ---- loss and optimizer (loss_optim.cu) -----------------------------------
+  // ---- loss (cross_entropy.cu) ----------------------------------------------
   void cross_entropy(Act logits, const int32_t* targets, int N, int V, float smoothing, int pad_id,
                      float grad_scale, bool compute_grad, LossSums* sums, int stride) override;
+
+  // ---- exact gradient sum (fixed_point.cu) ----------------------------------
   void fixed_point_accumulate(int64_t* fixed, int64_t* out_of_range, const float* grads, size_t n,
                               int fraction_bits, int limit_bits) override;
   void fixed_point_to_float(float* out, const int64_t* fixed, const int64_t* out_of_range, size_t n,
                             int fraction_bits) override;
+
+  // ---- optimizer (adamw.cu) -------------------------------------------------
   void sum_squares(double* out, const float* x, size_t n) override;
   void adamw_update(float* params, const float* grads, float* m, float* v, Act compute, size_t n,
                     const AdamWRange* ranges, int range_count, const AdamWConfig& cfg,
