@@ -5,11 +5,13 @@
 #include <omp.h>
 
 #include "kernels/checked_ops.h"
-#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/device.h"
+#include "kernels/cpu/ops.h"
 
 #ifdef MPIFORMER_HAVE_CUDA
-#include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/discovery.h"
+#include "kernels/cuda/ops.h"
 #endif
 
 #include <cstdlib>
@@ -27,12 +29,12 @@ std::unique_ptr<Ops> make_cpu_ops(int threads) {
   // ours is set after it.
   openblas_set_num_threads(1);
   omp_set_num_threads(pool);
-  return std::make_unique<CpuOps>();
+  return std::make_unique<CpuOps>(std::make_unique<CpuDevice>());
 }
 
 std::unique_ptr<Ops> make_cuda_ops(int device, bool tf32) {
 #ifdef MPIFORMER_HAVE_CUDA
-  return std::make_unique<CudaOps>(device, tf32);
+  return std::make_unique<CudaOps>(std::make_unique<CudaDevice>(device), tf32);
 #else
   (void)device, (void)tf32;
   throw std::runtime_error("this build has no CUDA backend (nvcc was not found at configure time)");

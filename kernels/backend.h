@@ -9,12 +9,16 @@
 
 namespace mpiformer {
 
-// threads: CPU threads for the kernels and BLAS (0: OpenMP's default).
+// Each backend is a Device and the Ops on it; the Ops returned own their
+// Device (ops->device()).
+
+// The CPU backend: a CpuDevice and the CpuOps on it. threads: CPU threads
+// for the kernels and BLAS (0: OpenMP's default).
 std::unique_ptr<Ops> make_cpu_ops(int threads);
 
-// The CUDA backend on GPU `device` (cudaSetDevice); tf32: fp32 GEMMs on
-// TF32 tensor cores. Throws std::runtime_error without a CUDA build or on a
-// CUDA error.
+// The CUDA backend on GPU `device`: a CudaDevice (cudaSetDevice, its
+// stream) and the CudaOps on it. tf32: fp32 GEMMs on TF32 tensor cores.
+// Throws std::runtime_error without a CUDA build or on a CUDA error.
 std::unique_ptr<Ops> make_cuda_ops(int device, bool tf32 = false);
 
 // ops, or with MPIFORMER_CUDA_CHECK=1 in the environment ops behind a

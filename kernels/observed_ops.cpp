@@ -21,7 +21,7 @@ std::string describe(const OpCall& call) {
 
 void CheckedOps::end(const OpCall& call) {
   try {
-    inner().synchronize();
+    device().synchronize();
   } catch (const std::exception& e) {
     throw std::runtime_error("after " + describe(call) + ": " + e.what());
   }

@@ -2,7 +2,9 @@
 // compute op, named with its shapes and element type, to hooks of its
 // subclasses: ProfiledOps (kernels/profiled_ops.h) times ops by family;
 // CheckedOps (kernels/checked_ops.h) waits for the device after each op so
-// that a fault names the op that caused it.
+// that a fault names the op that caused it. It wraps the math only: memory,
+// copies and the stream are the Device's (kernels/device.h), which it
+// shares with the ops it wraps and does not observe.
 #pragma once
 
 #include <exception>
@@ -33,36 +35,13 @@ std::string describe(const OpCall& call);
 
 class ObservedOps : public Ops {
  public:
-  explicit ObservedOps(Ops& inner) : inner_(inner) {}
+  // inner's ops, on inner's device.
+  explicit ObservedOps(Ops& inner) : ObservedOps(inner, inner.device()) {}
+  // inner's ops, reporting `device` as theirs: one that forwards to inner's
+  // (tests slow its copies down or make it fault).
+  ObservedOps(Ops& inner, Device& device) : Ops(device), inner_(inner) {}
   Ops& inner() { return inner_; }
 
-  std::string name() const override { return inner_.name(); }
-  void* allocate(size_t bytes) override { return inner_.allocate(bytes); }
-  void release(void* ptr) override { inner_.release(ptr); }
-  void copy_to_device(void* dst, const void* src, size_t bytes) override {
-    inner_.copy_to_device(dst, src, bytes);
-  }
-  void copy_to_host(void* dst, const void* src, size_t bytes) override {
-    inner_.copy_to_host(dst, src, bytes);
-  }
-  void upload(void* dst, const void* src, size_t bytes) override { inner_.upload(dst, src, bytes); }
-  void reserve_uploads(size_t bytes) override { inner_.reserve_uploads(bytes); }
-  void fill_zero(void* x, size_t bytes) override { inner_.fill_zero(x, bytes); }
-  void synchronize() override { inner_.synchronize(); }
-  void* allocate_host(size_t bytes) override { return inner_.allocate_host(bytes); }
-  void release_host(void* ptr) override { inner_.release_host(ptr); }
-  void copy_to_host_async(int slot, void* dst, const void* src, size_t bytes) override {
-    inner_.copy_to_host_async(slot, dst, src, bytes);
-  }
-  bool host_copy_done(int slot) override { return inner_.host_copy_done(slot); }
-  void copy_to_device_async(void* dst, const void* src, size_t bytes) override {
-    inner_.copy_to_device_async(dst, src, bytes);
-  }
-  size_t peak_allocated_bytes() const override { return inner_.peak_allocated_bytes(); }
-  bool host_accessible() const override { return inner_.host_accessible(); }
-  size_t device_memory_free() const override { return inner_.device_memory_free(); }
-  size_t logits_chunk_elements() const override { return inner_.logits_chunk_elements(); }
-  void* native_stream() const override { return inner_.native_stream(); }
   void set_deterministic(bool deterministic) override { inner_.set_deterministic(deterministic); }
   void set_attention_path(AttentionPath path) override { inner_.set_attention_path(path); }
   std::string attention_kernels() const override { return inner_.attention_kernels(); }
@@ -71,7 +50,6 @@ class ObservedOps : public Ops {
                                  const AttentionConfig& cfg, bool backward) const override {
     return inner_.attention_scratch_bytes(dtype, tokens, longest, cfg, backward);
   }
-  std::unique_ptr<OpTimer> make_timer() override { return inner_.make_timer(); }
 
   void convert(Act dst, const float* src, size_t n) override {
     observe({"convert", OpFamily::kElementwise, dst.dtype, {{"n", n}}},

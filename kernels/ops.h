@@ -1,20 +1,26 @@
 // The op interface: every numerical operation the model performs, with one
 // implementation per backend (kernels/cpu is the reference, kernels/cuda the
-// fast GPU path). Model code calls only this interface.
+// fast GPU path). Model code calls only this interface and its Device's.
+//
+// An Ops does math only. It runs on a Device (kernels/device.h), which owns
+// the memory every pointer below lives in, the copies to and from the host
+// and the stream the ops are queued on: code that holds an Ops reaches
+// them through ops.device(). Wrappers of the math (kernels/observed_ops.h)
+// wrap an Ops and leave its Device alone.
 //
 // Conventions
 // - Sequences are packed without padding ("ragged"): token i of sequence b is
 //   row offsets[b] + i of a (N, C) tensor, N = offsets[B]. Padding never costs
 //   a FLOP; per-sequence lengths are honoured by construction.
-// - Every pointer is backend memory (host memory for the CPU backend) except
-//   where a comment says "host".
+// - Every pointer is the device's memory (host memory for the CPU backend)
+//   except where a comment says "host".
 // - Precision (kernels/dtype.h): activations, their gradients and the compute
 //   copy of the weights are `Act` (fp32, bf16 or fp16); master weights,
 //   parameter gradients, optimizer state, layer-norm statistics and loss sums
 //   are fp32 or wider. Ops compute in fp32 and round what they store.
-// - Stream order: ops are queued on the backend's stream and return at once;
-//   nothing in a training step waits for the device. Only copy_to_host,
-//   copy_to_device and synchronize wait.
+// - Stream order: ops are queued on the device's stream and return at once;
+//   nothing in a training step waits for the device. Only the device's
+//   copy_to_host, copy_to_device and synchronize wait.
 // - Parameter gradients are always accumulated (+=), so micro-batches of one
 //   step add up. Input gradients are written (=) unless the op takes an
 //   `accumulate` flag.
@@ -28,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/device.h"
 #include "kernels/dropout_mask.h"
 #include "kernels/dtype.h"
 #include "kernels/op_choices.h"
@@ -146,73 +153,20 @@ enum class OpFamily {
 };
 const char* to_string(OpFamily f);
 
-// Times spans of ops on the backend's own clock (CUDA events on a GPU).
-class OpTimer {
- public:
-  virtual ~OpTimer() = default;
-  virtual void begin() = 0;
-  virtual void end() = 0;
-  // Milliseconds of each begin/end span since the last reset, in order;
-  // waits for the device.
-  virtual std::vector<double> span_milliseconds() = 0;
-  virtual void reset() = 0;
-};
-
 class Ops {
  public:
+  // The ops run on `device`, which outlives them.
+  explicit Ops(Device& device) : device_(device) {}
   virtual ~Ops() = default;
-  virtual std::string name() const = 0;
+  Ops(const Ops&) = delete;
+  Ops& operator=(const Ops&) = delete;
 
-  // ---- memory -----------------------------------------------------------
-  virtual void* allocate(size_t bytes) = 0;  // zero-filled, 64-byte aligned
-  virtual void release(void* ptr) = 0;
-  // Synchronous copies: they return when the data has arrived.
-  virtual void copy_to_device(void* dst, const void* host_src, size_t bytes) = 0;
-  virtual void copy_to_host(void* host_dst, const void* src, size_t bytes) = 0;
-  // A stream-ordered copy from the host: queued behind the ops before it and
-  // staged (through pinned memory on a GPU), so host_src may change as soon
-  // as it returns. For the per-batch data of a step.
-  virtual void upload(void* dst, const void* host_src, size_t bytes) = 0;
-  // Staging memory for uploads of up to `bytes` in flight, allocated now so
-  // that a step allocates nothing.
-  virtual void reserve_uploads(size_t bytes) {}
-  virtual void fill_zero(void* x, size_t bytes) = 0;
-  virtual void synchronize() = 0;
-  // Host memory for copies that overlap the backend's work (pinned on a
-  // GPU); the CPU's is plain memory.
-  virtual void* allocate_host(size_t bytes);
-  virtual void release_host(void* ptr);
-  // A stream-ordered copy into allocate_host memory: queued behind the ops
-  // before it, it returns at once; host_copy_done(slot) says whether the
-  // latest copy of `slot` has arrived. The CPU copies at once.
-  virtual void copy_to_host_async(int slot, void* host_dst, const void* src, size_t bytes) {
-    (void)slot;
-    copy_to_host(host_dst, src, bytes);
-  }
-  virtual bool host_copy_done(int slot) {
-    (void)slot;
-    return true;
-  }
-  // A stream-ordered copy from allocate_host memory, which must not change
-  // before the ops queued after it have run.
-  virtual void copy_to_device_async(void* dst, const void* host_src, size_t bytes) {
-    copy_to_device(dst, host_src, bytes);
-  }
-  // Peak of the backend's own device memory so far (buffers, scratch and
-  // library workspaces), in bytes.
-  virtual size_t peak_allocated_bytes() const = 0;
-  // Whether the host may read and write this backend's memory directly
-  // (CPU: yes; a GPU's: no, copy_to_host and copy_to_device).
-  virtual bool host_accessible() const { return true; }
-  // Free memory of the device that is not the host's (cudaMemGetInfo); 0
-  // where the backend's memory is the host's.
-  virtual size_t device_memory_free() const { return 0; }
-  // How many logits the vocabulary projection may hold at a time: a CPU
-  // wants its chunks in cache, a GPU wants GEMMs with many rows.
-  virtual size_t logits_chunk_elements() const { return size_t{1} << 22; }
-  // The stream every op is queued on (a cudaStream_t on a GPU), for a
-  // transport that orders its own stream after it; null on the CPU.
-  virtual void* native_stream() const { return nullptr; }
+  // The memory, copies and stream of these ops.
+  Device& device() const { return device_; }
+
+  // ---- configuration ----------------------------------------------------
+  // These choose among the kernels of the math below, so they are the ops'
+  // (a wrapper passes them on) and not the device's, which does no math.
   // Whether results must be reproducible bit for bit (--deterministic):
   // a backend may then refuse faster algorithms whose sums depend on
   // timing (cuDNN's attention backward).
@@ -223,8 +177,6 @@ class Ops {
   // Which attention kernels run, and why, for the start line.
   virtual std::string attention_kernels() const { return "the CPU backend's"; }
   virtual AttentionCalls attention_calls() const { return {}; }
-  // A timer for this backend's ops (bench --profile).
-  virtual std::unique_ptr<OpTimer> make_timer() = 0;
 
   // ---- precision --------------------------------------------------------
   // dst = src rounded to dst's type (the compute copy of the weights).
@@ -349,7 +301,9 @@ class Ops {
                          bool compute_grad, LossSums* sums, int64_t* label_counts,
                          int stride = 0) = 0;
 
-  // ---- exact gradient sum (src/parallel/gradient_reducer.h) -------------------
+  // ---- exact gradient sum (src/parallel/gradient_reducer.h) -------------
+  // Math on the device's memory, so ops like the rest (and timed with
+  // them), though the reducer, not the model, calls them.
   // fixed[i] += round(grads[i] * 2^fraction_bits) for every i with
   // |grads[i]| < 2^limit_bits; each other element (NaN too) adds 1 to
   // *out_of_range instead. Integer sums: any order gives the same result.
@@ -375,6 +329,9 @@ class Ops {
   virtual void adamw_update(float* params, const float* grads, float* m, float* v, Act compute,
                             size_t n, const AdamWRange* ranges, int range_count,
                             const AdamWConfig& cfg, const double* grad_norm_sq) = 0;
+
+ private:
+  Device& device_;
 };
 
 // Per-query attention scale for the query that sees `visible_keys` keys;

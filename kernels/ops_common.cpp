@@ -1,4 +1,4 @@
-// Backend-independent helpers declared in kernels/ops.h.
+// Backend-independent helpers declared in kernels/ops.h and kernels/device.h.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -9,20 +9,20 @@
 
 namespace mpiformer {
 
-void* Ops::allocate_host(size_t bytes) {
+void* Device::allocate_host(size_t bytes) {
   if (bytes == 0) return nullptr;
   void* p = std::malloc(bytes);
   if (p == nullptr) throw std::bad_alloc();
   return p;
 }
 
-void Ops::release_host(void* ptr) {
+void Device::release_host(void* ptr) {
   std::free(ptr);
 }
 
 void Ops::set_attention_path(AttentionPath path) {
   if (path == AttentionPath::kCudnn)
-    throw std::runtime_error("--attention cudnn: the " + name() +
+    throw std::runtime_error("--attention cudnn: the " + device().name() +
                              " backend has no cuDNN (it needs --device cuda)");
 }
 

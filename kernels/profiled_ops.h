@@ -1,7 +1,8 @@
-// An Ops that times every op of another on that backend's clock (CUDA
+// An Ops that times every op of another on its device's clock (CUDA
 // events on a GPU, so the figures are device time, queued ops included),
 // by family and by call, and forwards the call unchanged. `bench --profile`
 // runs the model on it; the next bottleneck then shows without a profiler.
+// Memory and copies are the device's and are not timed.
 #pragma once
 
 #include <algorithm>
@@ -17,7 +18,7 @@ namespace mpiformer {
 
 class ProfiledOps : public ObservedOps {
  public:
-  explicit ProfiledOps(Ops& inner) : ProfiledOps(inner, inner.make_timer()) {}
+  explicit ProfiledOps(Ops& inner) : ProfiledOps(inner, inner.device().make_timer()) {}
   // With a timer of the caller's (tests log the order of ops through it).
   ProfiledOps(Ops& inner, std::unique_ptr<OpTimer> timer)
       : ObservedOps(inner), timer_(std::move(timer)) {}

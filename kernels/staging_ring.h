@@ -1,5 +1,5 @@
 // Where each upload is staged in a ring of host memory that its copy to the
-// device reads later (pinned memory on a GPU: CudaOps::upload), and what the
+// device reads later (pinned memory on a GPU: CudaDevice::upload), and what the
 // host must wait for before it writes there. Free of CUDA, so the placement
 // is tested on the CPU against a stream whose copies run late
 // (tests/staging_ring_test.cpp).

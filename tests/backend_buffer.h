@@ -14,17 +14,17 @@ template <typename T>
 class Buffer {
  public:
   Buffer(Ops& ops, const std::vector<T>& host) : ops_(ops), n_(host.size()) {
-    ptr_ = static_cast<T*>(ops_.allocate(std::max<size_t>(n_, 1) * sizeof(T)));
-    ops_.copy_to_device(ptr_, host.data(), n_ * sizeof(T));
+    ptr_ = static_cast<T*>(ops_.device().allocate(std::max<size_t>(n_, 1) * sizeof(T)));
+    ops_.device().copy_to_device(ptr_, host.data(), n_ * sizeof(T));
   }
-  ~Buffer() { ops_.release(ptr_); }
+  ~Buffer() { ops_.device().release(ptr_); }
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
   T* get() { return ptr_; }
   // The backend's copy, back on the host.
   std::vector<T> read() {
     std::vector<T> host(n_);
-    ops_.copy_to_host(host.data(), ptr_, n_ * sizeof(T));
+    ops_.device().copy_to_host(host.data(), ptr_, n_ * sizeof(T));
     return host;
   }
 

@@ -15,32 +15,43 @@
 
 #include "kernels/backend.h"
 #include "tests/backend_buffer.h"
+#include "tests/forwarding_device.h"
 
 namespace mpiformer {
 namespace {
 
-class FaultyDevice final : public ObservedOps {
+class FaultyDevice final : public ForwardingDevice {
  public:
-  FaultyDevice() : FaultyDevice(make_cpu_ops(1)) {}
+  explicit FaultyDevice(Device& inner) : ForwardingDevice(inner) {}
   // The next wait fails, as after a kernel's illegal address.
   bool faulted = false;
-  // layernorm_forward throws at once, as on a launch error.
-  bool launch_fails = false;
 
   void synchronize() override {
     if (faulted)
       throw std::runtime_error(
           "CUDA error in cudaStreamSynchronize: an illegal memory access was encountered");
   }
+};
+
+// What FaultyOps runs on, made before its ObservedOps base.
+struct FaultyParts {
+  std::unique_ptr<Ops> cpu = make_cpu_ops(1);
+  FaultyDevice faulty{cpu->device()};
+};
+
+// The CPU backend's ops on a FaultyDevice.
+class FaultyOps final : private FaultyParts, public ObservedOps {
+ public:
+  FaultyOps() : ObservedOps(*cpu, faulty) {}
+  FaultyDevice& faulty_device() { return faulty; }
+  // layernorm_forward throws at once, as on a launch error.
+  bool launch_fails = false;
+
   void layernorm_forward(Act out, float* mean, float* rstd, Act x, Act gamma, Act beta, int N,
                          int C, float eps) override {
     if (launch_fails) throw std::runtime_error("CUDA error in layernorm_forward: invalid argument");
     ObservedOps::layernorm_forward(out, mean, rstd, x, gamma, beta, N, C, eps);
   }
-
- private:
-  explicit FaultyDevice(std::unique_ptr<Ops> cpu) : ObservedOps(*cpu), cpu_(std::move(cpu)) {}
-  std::unique_ptr<Ops> cpu_;
 };
 
 std::string message_of(const std::function<void()>& op) {
@@ -53,8 +64,8 @@ std::string message_of(const std::function<void()>& op) {
 }
 
 TEST(CheckedOps, AFaultIsReportedByTheOpThatCausedIt) {
-  auto owned = std::make_unique<FaultyDevice>();
-  FaultyDevice& device = *owned;
+  auto owned = std::make_unique<FaultyOps>();
+  FaultyDevice& device = owned->faulty_device();
   CheckedOps ops(std::move(owned));
   const int N = 5, IC = 7, OC = 3;
   Buffer<float> x(ops, std::vector<float>(N * IC, 0.5f)),
@@ -76,7 +87,7 @@ TEST(CheckedOps, AFaultIsReportedByTheOpThatCausedIt) {
 }
 
 TEST(CheckedOps, AnOpThatThrowsIsNamedWithItsShapes) {
-  auto owned = std::make_unique<FaultyDevice>();
+  auto owned = std::make_unique<FaultyOps>();
   owned->launch_fails = true;
   CheckedOps ops(std::move(owned));
   Buffer<float> x(ops, std::vector<float>(8)), stats(ops, std::vector<float>(2));

@@ -73,18 +73,18 @@ class Backends {
   // MPIFORMER_CUDA_CHECK=1 (scripts/gpu-check's rerun): a fault names its op.
   Backends() : gpu(checked_if_asked(make_cuda_ops(0))), cpu(make_cpu_ops(1)) {}
   ~Backends() {
-    for (void* p : gpu_owned_) gpu->release(p);
-    for (void* p : cpu_owned_) cpu->release(p);
+    for (void* p : gpu_owned_) gpu->device().release(p);
+    for (void* p : cpu_owned_) cpu->device().release(p);
   }
 
   // values rounded to t, on both backends.  values: host (n)
   Pair acts(const std::vector<float>& values, DType t) {
     std::vector<unsigned char> stored(std::max<size_t>(values.size(), 1) * dtype_bytes(t));
     narrow(stored.data(), t, values.data(), values.size());
-    void* g = gpu->allocate(stored.size());
-    void* c = cpu->allocate(stored.size());
-    gpu->copy_to_device(g, stored.data(), stored.size());
-    cpu->copy_to_device(c, stored.data(), stored.size());
+    void* g = gpu->device().allocate(stored.size());
+    void* c = cpu->device().allocate(stored.size());
+    gpu->device().copy_to_device(g, stored.data(), stored.size());
+    cpu->device().copy_to_device(c, stored.data(), stored.size());
     gpu_owned_.push_back(g);
     cpu_owned_.push_back(c);
     return Pair{Act(g, t), Act(c, t)};
@@ -95,10 +95,10 @@ class Backends {
   }
   IntPair ints(const std::vector<int32_t>& values) {
     const size_t bytes = std::max<size_t>(values.size(), 1) * sizeof(int32_t);
-    void* g = gpu->allocate(bytes);
-    void* c = cpu->allocate(bytes);
-    gpu->copy_to_device(g, values.data(), values.size() * sizeof(int32_t));
-    cpu->copy_to_device(c, values.data(), values.size() * sizeof(int32_t));
+    void* g = gpu->device().allocate(bytes);
+    void* c = cpu->device().allocate(bytes);
+    gpu->device().copy_to_device(g, values.data(), values.size() * sizeof(int32_t));
+    cpu->device().copy_to_device(c, values.data(), values.size() * sizeof(int32_t));
     gpu_owned_.push_back(g);
     cpu_owned_.push_back(c);
     return IntPair{static_cast<int32_t*>(g), static_cast<int32_t*>(c)};
@@ -112,7 +112,7 @@ class Backends {
  private:
   static std::vector<float> read(Ops& ops, Act a, size_t n) {
     std::vector<unsigned char> stored(n * dtype_bytes(a.dtype));
-    ops.copy_to_host(stored.data(), a.data, stored.size());
+    ops.device().copy_to_host(stored.data(), a.data, stored.size());
     std::vector<float> out(n);
     widen(out.data(), stored.data(), a.dtype, n);
     return out;
@@ -123,7 +123,7 @@ class Backends {
 // The n elements of a, as the backend stores them.
 std::vector<unsigned char> stored_bytes(Ops& ops, Act a, size_t n) {
   std::vector<unsigned char> bytes(n * dtype_bytes(a.dtype));
-  ops.copy_to_host(bytes.data(), a.data, bytes.size());
+  ops.device().copy_to_host(bytes.data(), a.data, bytes.size());
   return bytes;
 }
 
@@ -258,19 +258,19 @@ TEST_P(CudaOpsTest, ConvertDropoutAndActivationBackward) {
 TEST_P(CudaOpsTest, UploadsAreStreamOrderedAndStaged) {
   // Far more staged bytes than the ring holds, each host buffer overwritten
   // right after its upload: every device copy must hold what was uploaded.
-  b_->gpu->reserve_uploads(1 << 12);
+  b_->gpu->device().reserve_uploads(1 << 12);
   const int copies = 64, n = 300;
   std::vector<int32_t*> dst;
   for (int c = 0; c < copies; ++c) dst.push_back(b_->ints(std::vector<int32_t>(n)).gpu);
   std::vector<int32_t> host(n);
   for (int c = 0; c < copies; ++c) {
     for (int i = 0; i < n; ++i) host[i] = c * 1000 + i;
-    b_->gpu->upload(dst[c], host.data(), n * sizeof(int32_t));
+    b_->gpu->device().upload(dst[c], host.data(), n * sizeof(int32_t));
     std::fill(host.begin(), host.end(), -1);
   }
   for (int c = 0; c < copies; ++c) {
     std::vector<int32_t> got(n);
-    b_->gpu->copy_to_host(got.data(), dst[c], n * sizeof(int32_t));
+    b_->gpu->device().copy_to_host(got.data(), dst[c], n * sizeof(int32_t));
     for (int i = 0; i < n; ++i) ASSERT_EQ(got[i], c * 1000 + i) << "copy " << c << " element " << i;
   }
 }
@@ -407,8 +407,8 @@ TEST_P(CudaOpsTest, MatmulWithEpilogues) {
     // by far more than the fp32 accumulation it checks.
     const std::vector<unsigned char> y_cpu = stored_bytes(*b_->cpu, y.cpu, no),
                                      pre_cpu = stored_bytes(*b_->cpu, pre.cpu, no);
-    b_->gpu->copy_to_device(y.gpu.data, y_cpu.data(), y_cpu.size());
-    b_->gpu->copy_to_device(pre.gpu.data, pre_cpu.data(), pre_cpu.size());
+    b_->gpu->device().copy_to_device(y.gpu.data, y_cpu.data(), y_cpu.size());
+    b_->gpu->device().copy_to_device(pre.gpu.data, pre_cpu.data(), pre_cpu.size());
     const Pair dout = b_->acts(random(static_cast<size_t>(N) * IC), t());
     const Pair w2 = b_->acts(random(static_cast<size_t>(IC) * OC, 0.2f), t());
     const Pair dx = b_->acts(std::vector<float>(no), t());
@@ -530,8 +530,8 @@ TEST_P(CudaOpsTest, CrossEntropyAdamWAndNorm) {
     b_->cpu->cross_entropy(x.cpu, tg.cpu, N, V, 0.1f, 0, 0.01f, pass == 0, sums_cpu, stride);
   }
   LossSums got, want;
-  b_->gpu->copy_to_host(&got, sums_gpu, sizeof got);
-  b_->cpu->copy_to_host(&want, sums_cpu, sizeof want);
+  b_->gpu->device().copy_to_host(&got, sums_gpu, sizeof got);
+  b_->cpu->device().copy_to_host(&want, sums_cpu, sizeof want);
   EXPECT_NEAR(got.loss, want.loss, reduction_tolerance(t()) * std::abs(want.loss));
   EXPECT_EQ(got.tokens, want.tokens);
   if (t() == DType::kF32) {
@@ -548,8 +548,8 @@ TEST_P(CudaOpsTest, CrossEntropyAdamWAndNorm) {
     auto* fresh_cpu = static_cast<LossSums*>(fresh.cpu.data);
     b_->gpu->cross_entropy(packed.gpu, tg.gpu, N, V, 0.1f, 0, 0.01f, true, fresh_gpu, V);
     b_->cpu->cross_entropy(packed.cpu, tg.cpu, N, V, 0.1f, 0, 0.01f, true, fresh_cpu, V);
-    b_->gpu->copy_to_host(&got, fresh_gpu, sizeof got);
-    b_->cpu->copy_to_host(&want, fresh_cpu, sizeof want);
+    b_->gpu->device().copy_to_host(&got, fresh_gpu, sizeof got);
+    b_->cpu->device().copy_to_host(&want, fresh_cpu, sizeof want);
     EXPECT_NEAR(got.loss, want.loss, reduction_tolerance(t()) * std::abs(want.loss));
     EXPECT_EQ(got.tokens, want.tokens);
     compare(packed, static_cast<size_t>(N) * V, elementwise_tolerance(t()),
@@ -567,14 +567,16 @@ TEST_P(CudaOpsTest, CrossEntropyAdamWAndNorm) {
   const std::vector<AdamWRange> ranges = {{0, 1000, 0.01f}, {1000, 1300, 0.0f}, {1300, n, 0.1f}};
   const Pair range_bytes =
       b_->acts(std::vector<float>(ranges.size() * sizeof(AdamWRange) / 4), DType::kF32);
-  b_->gpu->copy_to_device(range_bytes.gpu.data, ranges.data(), ranges.size() * sizeof(AdamWRange));
-  b_->cpu->copy_to_device(range_bytes.cpu.data, ranges.data(), ranges.size() * sizeof(AdamWRange));
+  b_->gpu->device().copy_to_device(range_bytes.gpu.data, ranges.data(),
+                                   ranges.size() * sizeof(AdamWRange));
+  b_->cpu->device().copy_to_device(range_bytes.cpu.data, ranges.data(),
+                                   ranges.size() * sizeof(AdamWRange));
   const Pair norm = b_->acts(std::vector<float>(2), DType::kF32);  // one double
   b_->gpu->sum_squares(static_cast<double*>(norm.gpu.data), grads.gpu, n);
   b_->cpu->sum_squares(static_cast<double*>(norm.cpu.data), grads.cpu, n);
   double norm_gpu = 0, norm_cpu = 0;
-  b_->gpu->copy_to_host(&norm_gpu, norm.gpu.data, sizeof norm_gpu);
-  b_->cpu->copy_to_host(&norm_cpu, norm.cpu.data, sizeof norm_cpu);
+  b_->gpu->device().copy_to_host(&norm_gpu, norm.gpu.data, sizeof norm_gpu);
+  b_->cpu->device().copy_to_host(&norm_cpu, norm.cpu.data, sizeof norm_cpu);
   EXPECT_NEAR(norm_gpu, norm_cpu, 1e-12 * norm_cpu);
   AdamWConfig cfg;
   cfg.lr = 1e-3f, cfg.beta1 = 0.9f, cfg.beta2 = 0.999f, cfg.eps = 1e-8f, cfg.step = 3;
@@ -647,16 +649,16 @@ TEST_P(CudaOpsTest, ClassifierPoolingAndZlpr) {
       b_->cpu->zlpr_loss(s.cpu, tg.cpu, rows, K, 0.25f, grad, sums_cpu, counts_cpu, stride);
     }
     LossSums want;
-    b_->gpu->copy_to_host(&got[run], sums_gpu, sizeof(LossSums));
-    b_->cpu->copy_to_host(&want, sums_cpu, sizeof want);
+    b_->gpu->device().copy_to_host(&got[run], sums_gpu, sizeof(LossSums));
+    b_->cpu->device().copy_to_host(&want, sums_cpu, sizeof want);
     EXPECT_TRUE(std::isfinite(got[run].loss));
     EXPECT_NEAR(got[run].loss, want.loss, 1e-9 * std::abs(want.loss));
     EXPECT_NEAR(got[run].nll, want.nll, 1e-9 * std::abs(want.nll));
     EXPECT_EQ(got[run].tokens, want.tokens);
     EXPECT_EQ(got[run].correct, want.correct);
     std::vector<int64_t> counted_gpu(3 * K), counted_cpu(3 * K);
-    b_->gpu->copy_to_host(counted_gpu.data(), counts_gpu, 3 * K * sizeof(int64_t));
-    b_->cpu->copy_to_host(counted_cpu.data(), counts_cpu, 3 * K * sizeof(int64_t));
+    b_->gpu->device().copy_to_host(counted_gpu.data(), counts_gpu, 3 * K * sizeof(int64_t));
+    b_->cpu->device().copy_to_host(counted_cpu.data(), counts_cpu, 3 * K * sizeof(int64_t));
     EXPECT_EQ(counted_gpu, counted_cpu) << "zlpr label counts";
     compare(s, n, elementwise_tolerance(t()), "zlpr gradient in place (padding kept)");
   }
@@ -672,8 +674,8 @@ TEST(CudaFixedPoint, BitwiseTheCpuReference) {
   const size_t n = 300007;
   std::mt19937 rng(7);
   std::normal_distribution<float> normal(0.0f, 1e-3f);
-  auto* fixed_gpu = static_cast<int64_t*>(b.gpu->allocate((n + 1) * sizeof(int64_t)));
-  auto* fixed_cpu = static_cast<int64_t*>(b.cpu->allocate((n + 1) * sizeof(int64_t)));
+  auto* fixed_gpu = static_cast<int64_t*>(b.gpu->device().allocate((n + 1) * sizeof(int64_t)));
+  auto* fixed_cpu = static_cast<int64_t*>(b.cpu->device().allocate((n + 1) * sizeof(int64_t)));
   for (int pass = 0; pass < 3; ++pass) {
     std::vector<float> g(n);
     for (float& x : g) x = normal(rng);
@@ -684,23 +686,23 @@ TEST(CudaFixedPoint, BitwiseTheCpuReference) {
     b.gpu->fixed_point_accumulate(fixed_gpu + 1, fixed_gpu, grads.gpu, n, 40, 20);
     b.cpu->fixed_point_accumulate(fixed_cpu + 1, fixed_cpu, grads.cpu, n, 40, 20);
     std::vector<int64_t> got(n + 1), want(n + 1);
-    b.gpu->copy_to_host(got.data(), fixed_gpu, got.size() * sizeof(int64_t));
-    b.cpu->copy_to_host(want.data(), fixed_cpu, want.size() * sizeof(int64_t));
+    b.gpu->device().copy_to_host(got.data(), fixed_gpu, got.size() * sizeof(int64_t));
+    b.cpu->device().copy_to_host(want.data(), fixed_cpu, want.size() * sizeof(int64_t));
     EXPECT_TRUE(got == want) << "pass " << pass;
     EXPECT_EQ(got[0], pass == 2 ? 1 : 0);
     const FloatPair out = b.floats(std::vector<float>(n, 7.0f));
     b.gpu->fixed_point_to_float(out.gpu, fixed_gpu + 1, fixed_gpu, n, 40);
     b.cpu->fixed_point_to_float(out.cpu, fixed_cpu + 1, fixed_cpu, n, 40);
     std::vector<float> out_gpu(n), out_cpu(n);
-    b.gpu->copy_to_host(out_gpu.data(), out.gpu, n * sizeof(float));
-    b.cpu->copy_to_host(out_cpu.data(), out.cpu, n * sizeof(float));
+    b.gpu->device().copy_to_host(out_gpu.data(), out.gpu, n * sizeof(float));
+    b.cpu->device().copy_to_host(out_cpu.data(), out.cpu, n * sizeof(float));
     EXPECT_EQ(std::memcmp(out_gpu.data(), out_cpu.data(), n * sizeof(float)), 0) << "pass " << pass;
     if (pass == 2) {
       EXPECT_TRUE(std::isnan(out_gpu[0]));
     }
   }
-  b.gpu->release(fixed_gpu);
-  b.cpu->release(fixed_cpu);
+  b.gpu->device().release(fixed_gpu);
+  b.cpu->device().release(fixed_cpu);
 }
 
 // ---- whole models ---------------------------------------------------------
@@ -734,7 +736,7 @@ std::vector<float> step_gradients(Ops& ops, const ModelConfig& m, DType t, const
   model.forward_backward(b, 0.1f, scale, PassId{1, 1, 1});
   *sums = model.take_train_sums();
   std::vector<float> grads(model.parameters().count());
-  ops.copy_to_host(grads.data(), model.parameters().grads(), grads.size() * sizeof(float));
+  ops.device().copy_to_host(grads.data(), model.parameters().grads(), grads.size() * sizeof(float));
   return grads;
 }
 

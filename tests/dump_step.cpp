@@ -91,7 +91,7 @@ int dump(const std::string& checkpoint, const std::string& out, bool cuda, DType
   std::vector<float> host(params.count());  // (count)
   unpack_checkpoint_tensors(checkpoint, read_checkpoint_tensors(checkpoint, "params"), params,
                             host.data());
-  ops->copy_to_device(params.params(), host.data(), host.size() * sizeof(float));
+  ops->device().copy_to_device(params.params(), host.data(), host.size() * sizeof(float));
   params.refresh_compute();
   params.zero_grads();
   const int64_t N = batch.target_tokens(run.model.special.pad);
@@ -101,7 +101,7 @@ int dump(const std::string& checkpoint, const std::string& out, bool cuda, DType
   model.forward_backward(batch, run.label_smoothing, loss_scale / static_cast<float>(N),
                          PassId{1, 1, 0});
   const LossSums sums = model.take_train_sums();
-  ops->copy_to_host(host.data(), params.grads(), host.size() * sizeof(float));
+  ops->device().copy_to_host(host.data(), params.grads(), host.size() * sizeof(float));
   for (float& g : host) g /= loss_scale;
   const int V = run.model.vocab;
   std::vector<float> logits;  // (batch.decoder.total(), V)
@@ -141,7 +141,7 @@ int dump(const std::string& checkpoint, const std::string& out, bool cuda, DType
   hdf5::write_int_attr(root, "correct", H5T_STD_I64LE, H5T_NATIVE_INT64, &sums.correct, faults);
   faults.check(file.close(), "the file");
   std::printf("dump_step: %s (%s, %s): loss %.6f over %lld tokens -> %s; attention: %s\n",
-              checkpoint.c_str(), ops->name().c_str(), to_string(precision),
+              checkpoint.c_str(), ops->device().name().c_str(), to_string(precision),
               sums.loss / static_cast<double>(sums.tokens), static_cast<long long>(sums.tokens),
               out.c_str(), attention_summary(ops->attention_calls()).c_str());
   return 0;

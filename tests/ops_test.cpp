@@ -25,7 +25,8 @@
 #include <vector>
 
 #include "kernels/backend.h"
-#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/device.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/cpu/softmax_row.h"
 #include "kernels/cpu/vec_math.h"
 
@@ -235,34 +236,36 @@ TEST(BackendTest, CudaDiscoveryNeverFails) {
     EXPECT_EQ(devices, 0);
   }
   EXPECT_NE(make_cpu_ops(0), nullptr);
+  EXPECT_EQ(make_cpu_ops(0)->device().name(), "cpu");
 }
 
-// ---- memory ---------------------------------------------------------------
+// ---- device memory --------------------------------------------------------
 
-TEST_F(OpsTest, AllocateIsAlignedZeroedAndTracked) {
-  EXPECT_EQ(ops->name(), "cpu");
-  void* a = ops->allocate(1000);
-  void* b = ops->allocate(2001);
+TEST(CpuDeviceTest, AllocateIsAlignedZeroedAndTracked) {
+  CpuDevice cpu_device;
+  EXPECT_EQ(cpu_device.name(), "cpu");
+  void* a = cpu_device.allocate(1000);
+  void* b = cpu_device.allocate(2001);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(a) % 64, 0u);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(b) % 64, 0u);
   const auto* bytes = static_cast<const unsigned char*>(b);
   EXPECT_TRUE(std::all_of(bytes, bytes + 2001, [](unsigned char c) { return c == 0; }));
-  ops->release(a);
-  void* c = ops->allocate(500);
-  EXPECT_EQ(ops->peak_allocated_bytes(), 3001u);
-  ops->release(b);
-  ops->release(c);
-  ops->release(nullptr);
-  EXPECT_EQ(ops->peak_allocated_bytes(), 3001u);
+  cpu_device.release(a);
+  void* c = cpu_device.allocate(500);
+  EXPECT_EQ(cpu_device.peak_allocated_bytes(), 3001u);
+  cpu_device.release(b);
+  cpu_device.release(c);
+  cpu_device.release(nullptr);
+  EXPECT_EQ(cpu_device.peak_allocated_bytes(), 3001u);
 
   Vec src = random_vec(10, 1), dst(10);
-  float* device = static_cast<float*>(ops->allocate(10 * sizeof(float)));
-  ops->copy_to_device(device, src.data(), 10 * sizeof(float));
-  ops->copy_to_host(dst.data(), device, 10 * sizeof(float));
+  float* device = static_cast<float*>(cpu_device.allocate(10 * sizeof(float)));
+  cpu_device.copy_to_device(device, src.data(), 10 * sizeof(float));
+  cpu_device.copy_to_host(dst.data(), device, 10 * sizeof(float));
   EXPECT_EQ(src, dst);
-  ops->fill_zero(device, 10 * sizeof(float));
+  cpu_device.fill_zero(device, 10 * sizeof(float));
   EXPECT_TRUE(std::all_of(device, device + 10, [](float x) { return x == 0.0f; }));
-  ops->release(device);
+  cpu_device.release(device);
 }
 
 // ---- elementwise ----------------------------------------------------------

@@ -121,11 +121,11 @@ class OptimTest : public ::testing::Test {
  protected:
   std::vector<float> read(const float* x, size_t n) {
     std::vector<float> host(n);
-    ops_->copy_to_host(host.data(), x, n * sizeof(float));
+    ops_->device().copy_to_host(host.data(), x, n * sizeof(float));
     return host;
   }
   void write(float* x, const std::vector<float>& host) {
-    ops_->copy_to_device(x, host.data(), host.size() * sizeof(float));
+    ops_->device().copy_to_device(x, host.data(), host.size() * sizeof(float));
   }
   // "w" (2, 2) decays; "b" (2) and "gamma" (2) do not.  8 floats in all.
   void add_tiny(ParameterSet& p) {

@@ -13,10 +13,11 @@
 #include <vector>
 
 #include "kernels/backend.h"
-#include "kernels/profiled_ops.h"
+#include "kernels/observed_ops.h"
 #include "src/model/model.h"
 #include "src/parallel/gradient_reducer.h"
 #include "src/parallel/stream_transport.h"
+#include "tests/forwarding_device.h"
 #include "tests/test_batches.h"
 
 namespace mpiformer {
@@ -200,9 +201,9 @@ TEST(GradientReducer, EarlierMicroBatchesAndEmptyPassesStartNothingEarly) {
 // A GPU's copies to the host, slowed down: a copy is carried out only when
 // its slot has been asked about three times, so a reducer that reads the
 // host buffer (or copies it back) before the copy arrived sees stale bits.
-class SlowCopies final : public ProfiledOps {
+class SlowCopies final : public ForwardingDevice {
  public:
-  explicit SlowCopies(Ops& inner) : ProfiledOps(inner) {}
+  explicit SlowCopies(Device& inner) : ForwardingDevice(inner) {}
   void copy_to_host_async(int slot, void* dst, const void* src, size_t bytes) override {
     if (static_cast<size_t>(slot) >= pending_.size()) pending_.resize(slot + 1);
     pending_[slot] = {dst,
@@ -235,7 +236,8 @@ TEST(GradientReducer, StagedBucketsStartInOrderOnlyAfterTheirCopiesArrive) {
     std::vector<float> results[2];
     for (HostStaging staging : {HostStaging::kAuto, HostStaging::kAlways}) {
       std::unique_ptr<Ops> cpu = make_cpu_ops(1);
-      SlowCopies ops(*cpu);
+      SlowCopies slow(cpu->device());
+      ObservedOps ops(*cpu, slow);
       const ModelConfig m = tiny(ModelKind::kLm);
       Model model(ops, m, ModelCapacity{64, m.max_len});
       model.init_parameters(5);

@@ -75,7 +75,7 @@ class LateStream final : public StreamMarkers {
   long queries_ = 0;
 };
 
-// The host side of CudaOps::upload, with the ring's memory on the host: each
+// The host side of CudaDevice::upload, with the ring's memory on the host: each
 // upload has a destination of its own, checked once every copy has run.
 struct Uploads {
   LateStream stream;
@@ -86,7 +86,7 @@ struct Uploads {
   Uploads(size_t ring_bytes, int queries_to_run) : stream(queries_to_run) { grow(ring_bytes); }
 
   void grow(size_t bytes) {
-    stream.run_all();  // CudaOps::reserve_uploads synchronizes first
+    stream.run_all();  // CudaDevice::reserve_uploads synchronizes first
     memory.assign(bytes, 0);
     ring.reset(bytes);
   }

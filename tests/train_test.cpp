@@ -202,13 +202,13 @@ TEST(MemoryEstimate, CountsWhatTheModelAllocates) {
       const ModelCapacity capacity{96, c.max_len};
       std::unique_ptr<Ops> ops = make_cpu_ops(1);
       const ModelMemory measured = Model::measure(*ops, c, capacity, compute);
-      EXPECT_EQ(ops->peak_allocated_bytes(), 0u) << "measuring allocates nothing";
+      EXPECT_EQ(ops->device().peak_allocated_bytes(), 0u) << "measuring allocates nothing";
 
       Model model(*ops, c, capacity, compute);
-      const size_t activations = ops->peak_allocated_bytes();
+      const size_t activations = ops->device().peak_allocated_bytes();
       model.init_parameters(1);
       AdamW adam(model.parameters(), OptimConfig{});
-      const size_t total = ops->peak_allocated_bytes();
+      const size_t total = ops->device().peak_allocated_bytes();
       EXPECT_EQ(measured.parameters, model.parameters().count());
       // The arena rounds each buffer to 64 bytes, as the backends align.
       EXPECT_GE(measured.activation_bytes, activations);

@@ -12,7 +12,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/cpu/softmax_row.h"
 
 namespace mpiformer {

@@ -1,10 +1,10 @@
-// Elementwise ops: activations (GELU tanh approximation as in GPT-2,
-// ReLU) and counter-based inverted dropout.
+// Elementwise ops: the compute copy of the weights, activations (GELU tanh
+// approximation as in GPT-2, ReLU) and counter-based inverted dropout.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
-#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/cpu/vec_math.h"
 
 namespace mpiformer {
@@ -108,6 +108,10 @@ void activation_backward(float* dx, const float* dout, const float* x, size_t n,
 }
 
 }  // namespace cpu
+
+void CpuOps::convert(Act dst, const float* src, size_t n) {
+  narrow(dst.data, dst.dtype, src, n);
+}
 
 void CpuOps::dropout(Act out, Act x, size_t n, const Dropout& d) {
   Fp32 f(*this);

@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/ops.h"
 
 namespace mpiformer {
 namespace {

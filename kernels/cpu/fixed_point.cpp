@@ -5,7 +5,7 @@
 #include <cmath>
 #include <limits>
 
-#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/ops.h"
 
 namespace mpiformer {
 

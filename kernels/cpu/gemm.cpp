@@ -11,7 +11,7 @@
 
 #include <algorithm>
 
-#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/ops.h"
 
 namespace mpiformer::cpu {
 namespace {

@@ -2,7 +2,7 @@
 // stored (OC, IC) as in nn.Linear, so the forward pass multiplies by the transposed weight.
 #include <algorithm>
 
-#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/ops.h"
 
 namespace mpiformer {
 namespace {

@@ -13,7 +13,7 @@
 
 #include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/ops.h"
 #include "kernels/cuda/reduce.cuh"
 
 namespace mpiformer {

@@ -27,7 +27,7 @@
 #include <unordered_map>
 #include <utility>
 
-#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/ops.h"
 
 #if defined(MPIFORMER_HAVE_CUDNN_FRONTEND)
 #include <cudnn_frontend.h>
@@ -266,7 +266,7 @@ class CudnnAttention final : public FlashAttention {
     if (cudnnSetStream(handle_, ops_.stream()) != CUDNN_STATUS_SUCCESS)
       throw std::runtime_error("cudnnSetStream failed");
     cudaDeviceProp props{};
-    check(cudaGetDeviceProperties(&props, ops_.device()), "cudaGetDeviceProperties");
+    check(cudaGetDeviceProperties(&props, ops_.cuda_device().ordinal()), "cudaGetDeviceProperties");
     sm_ = props.major * 10 + props.minor;
   }
   ~CudnnAttention() override {

@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/ops.h"
 
 namespace mpiformer {
 namespace {

@@ -1,22 +1,13 @@
-// The CUDA backend's dense layers on cuBLASLt (gemm.h), with the row-major
-// to column-major mapping of every GEMM, and the kernels that stand in for
-// an epilogue cuBLASLt cannot fuse.
-//
-// Row-major x (N, IC) is column-major IC x N (ld IC), W (OC, IC) is IC x OC
-// (ld IC), out (N, OC) is OC x N (ld OC, or the padded stride). So
-//   out^T (OC x N) = W^T x^T:   A = W (transposed), B = x,      m OC, n N, k IC
-//   dx^T  (IC x N) = W dout^T:  A = W,              B = dout,   m IC, n N, k OC
-//   dW^T  (IC x OC) += x^T dout: A = x,             B = dout^T, m IC, n OC, k N
-// and the bias gradient of the dW GEMM (BGRADB) sums B over k: over tokens.
+// cuBLASLt with fused epilogues for the CUDA backend (gemm.h): algorithms
+// chosen once per shape and cached, cublasGemmEx where cuBLASLt has none.
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
 
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/gemm.h"
-#include "kernels/cuda/reduce.cuh"
+#include "kernels/cuda/ops.h"
 
 namespace mpiformer {
 
@@ -26,6 +17,17 @@ namespace {
 
 // Hopper's kernels want up to 32 MiB (NVIDIA's recommendation for sm_90).
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
+// The largest power of two up to 256 that divides the address: what
+// cuBLASLt may assume of a pointer.
+int alignment_of(const void* p) {
+  const auto address = reinterpret_cast<uintptr_t>(p);
+  int a = 256;
+  while (a > 1 && address % a != 0) a /= 2;
+  return a;
+}
+
+}  // namespace
 
 cudaDataType_t cuda_type(DType t) {
   switch (t) {
@@ -38,17 +40,6 @@ cudaDataType_t cuda_type(DType t) {
   }
   return CUDA_R_32F;
 }
-
-// The largest power of two up to 256 that divides the address: what
-// cuBLASLt may assume of a pointer.
-int alignment_of(const void* p) {
-  const auto address = reinterpret_cast<uintptr_t>(p);
-  int a = 256;
-  while (a > 1 && address % a != 0) a /= 2;
-  return a;
-}
-
-}  // namespace
 
 // What decides the algorithm: everything but the pointers themselves.
 struct PlanKey {
@@ -221,224 +212,5 @@ void Gemm::plain(const GemmCall& call) {
 }
 
 }  // namespace cuda
-
-// ---- the backend's GEMM ops -------------------------------------------------
-
-namespace {
-
-using cuda::load;
-using cuda::store;
-using cuda::typed;
-
-constexpr int kThreads = 256;
-// Rows per block of the column sums (bias gradients): partial sums per block
-// of rows, then across blocks in order, so the sum never depends on timing.
-constexpr int kRowBlock = 64;
-
-// out[r, c] += bias[c] (rows `ld` apart).  out: (N, OC), bias: (OC)
-template <typename T>
-__global__ void add_bias_kernel(T* out, const T* bias, int N, int OC, int ld) {
-  MPIFORMER_FOR_EACH(i, static_cast<size_t>(N) * OC) {
-    const size_t r = i / OC, c = i % OC;
-    store(out, r * ld + c, load(out, r * ld + c) + load(bias, c));
-  }
-}
-
-// out = act(pre).  pre: (N, OC) dense, out: (N, OC) rows ldo apart
-template <typename T>
-__global__ void activation_kernel(T* out, const T* pre, int N, int OC, int ldo, bool gelu) {
-  MPIFORMER_FOR_EACH(i, static_cast<size_t>(N) * OC) {
-    const float x = load(pre, i);
-    const size_t r = i / OC, c = i % OC;
-    store(out, r * ldo + c, gelu ? cuda::gelu(x) : fmaxf(x, 0.0f));
-  }
-}
-
-// dx = act'(pre) * dx in place.  dx, pre: (n)
-template <typename T>
-__global__ void activation_grad_kernel(T* dx, const T* pre, size_t n, bool gelu) {
-  MPIFORMER_FOR_EACH(i, n) {
-    const float x = load(pre, i);
-    store(dx, i, (gelu ? cuda::gelu_grad(x) : (x > 0.0f ? 1.0f : 0.0f)) * load(dx, i));
-  }
-}
-
-// partial[b][c] = sum of src[r][c] over block b's rows.  src: (N, C) rows
-// ld apart, partial: (blocks, C)
-template <typename T>
-__global__ void column_partial_kernel(float* partial, const T* src, int N, int C, int ld) {
-  const int r0 = blockIdx.y * kRowBlock, r1 = min(N, r0 + kRowBlock);
-  for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < C; c += gridDim.x * blockDim.x) {
-    float sum = 0.0f;
-    for (int r = r0; r < r1; ++r) sum += load(src, static_cast<size_t>(r) * ld + c);
-    partial[static_cast<size_t>(blockIdx.y) * C + c] = sum;
-  }
-}
-
-// dst[c] += sum over blocks of partial[b][c], in block order.
-__global__ void column_total_kernel(float* dst, const float* partial, int blocks, int C) {
-  MPIFORMER_FOR_EACH(c, static_cast<size_t>(C)) {
-    float sum = 0.0f;
-    for (int b = 0; b < blocks; ++b) sum += partial[static_cast<size_t>(b) * C + c];
-    dst[c] += sum;
-  }
-}
-
-// dst += src.  dst, src: (n)
-__global__ void add_kernel(float* dst, const float* src, size_t n) {
-  MPIFORMER_FOR_EACH(i, n) dst[i] += src[i];
-}
-
-// The output features of a wide layer whose count is not a multiple of 8
-// run as an aligned part and a tail of fewer than 8: with an odd OC (GPT-2's
-// 50257 tokens) every contiguous extent of the logits and of their
-// gradient is odd, and cuBLASLt then picks kernels 3 to 7 times slower on
-// an H100 than for 50256 (the vocabulary GEMMs ran at 93 and 197 TFLOP/s).
-// returns: the aligned part's OC (OC itself when no split pays)
-int aligned_features(int OC) {
-  constexpr int kSplitFrom = 256;
-  return OC >= kSplitFrom && OC % 8 != 0 ? OC / 8 * 8 : OC;
-}
-
-}  // namespace
-
-void CudaOps::add_column_sums(float* dst, Act src, int N, int C, int stride) {
-  if (N == 0 || C == 0) return;
-  const int blocks = (N + kRowBlock - 1) / kRowBlock;
-  auto* partial =
-      static_cast<float*>(scratch(kColumnSums, sizeof(float) * static_cast<size_t>(blocks) * C));
-  const dim3 grid((C + kThreads - 1) / kThreads, blocks);
-  cuda::dispatch(src.dtype, [&](auto t) {
-    using T = decltype(t);
-    column_partial_kernel<<<grid, kThreads, 0, stream_>>>(partial, typed<T>(src), N, C, stride);
-  });
-  column_total_kernel<<<cuda::blocks_for(C), kThreads, 0, stream_>>>(dst, partial, blocks, C);
-  cuda::check(cudaGetLastError(), "column sums");
-}
-
-void CudaOps::matmul_forward(Act out, Act x, Act weight, Act bias, int N, int IC, int OC,
-                             const FusedActivation& fused, int out_stride) {
-  if (N == 0 || OC == 0) return;
-  const int ldo = out_stride > 0 ? out_stride : OC;
-  if (const int head = aligned_features(OC); head < OC && !fused.pre) {
-    matmul_forward(out, x, weight, bias, N, IC, head, {}, ldo);
-    matmul_forward(out + head, x, weight + static_cast<size_t>(head) * IC,
-                   bias ? bias + head : bias, N, IC, OC - head, {}, ldo);
-    return;
-  }
-  const cudaDataType_t type = cuda::cuda_type(out.dtype);
-  // out^T (OC x N) = W^T x^T
-  cuda::GemmCall call;
-  call.trans_a = true;
-  call.m = OC, call.n = N, call.k = IC;
-  call.a = weight.data, call.lda = IC;
-  call.b = x.data, call.ldb = IC;
-  call.ab_type = call.d_type = type;
-  const bool gelu = fused.pre && fused.act == Activation::kGelu;
-  if (gelu) {
-    // act(x W^T + b) into out, x W^T + b into pre (ld OC)
-    call.d = out.data, call.ldd = ldo;
-    call.epilogue = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
-    call.bias = bias.data;
-    call.aux = fused.pre.data, call.aux_ld = OC;
-    if (gemm_->fused(call)) return;
-  } else if (!fused.pre) {
-    call.d = out.data, call.ldd = ldo;
-    if (bias) {
-      call.epilogue = CUBLASLT_EPILOGUE_BIAS;
-      call.bias = bias.data;
-    }
-    if (gemm_->fused(call)) return;
-  }
-  // Unfused: the GEMM into pre (or out), then the bias and the activation.
-  const Act target = fused.pre ? fused.pre : out;
-  const int ld = fused.pre ? OC : ldo;
-  call.d = target.data, call.ldd = ld;
-  gemm_->plain(call);
-  cuda::dispatch(out.dtype, [&](auto t) {
-    using T = decltype(t);
-    if (bias) {
-      add_bias_kernel<<<cuda::blocks_for(static_cast<size_t>(N) * OC), kThreads, 0, stream_>>>(
-          typed<T>(target), typed<T>(bias), N, OC, ld);
-    }
-    if (fused.pre) {
-      const size_t n = static_cast<size_t>(N) * OC;
-      activation_kernel<<<cuda::blocks_for(n), kThreads, 0, stream_>>>(
-          typed<T>(out), typed<T>(fused.pre), N, OC, ldo, fused.act == Activation::kGelu);
-    }
-  });
-  cuda::check(cudaGetLastError(), "matmul_forward (epilogue)");
-}
-
-void CudaOps::matmul_backward(Act dx, float* dweight, float* dbias, Act dout, Act x, Act weight,
-                              int N, int IC, int OC, bool accumulate, const FusedActivation& fused,
-                              int dout_stride) {
-  if (N == 0) return;
-  const int ldd = dout_stride > 0 ? dout_stride : OC;
-  if (const int head = aligned_features(OC); head < OC && !fused.pre) {
-    // dx sums over the features: the tail's share is added to the head's.
-    matmul_backward(dx, dweight, dbias, dout, x, weight, N, IC, head, accumulate, {}, ldd);
-    matmul_backward(dx, dweight + static_cast<size_t>(head) * IC, dbias ? dbias + head : nullptr,
-                    dout + head, x, weight + static_cast<size_t>(head) * IC, N, IC, OC - head, true,
-                    {}, ldd);
-    return;
-  }
-  const cudaDataType_t type = cuda::cuda_type(dout.dtype);
-  if (dx) {
-    // dx^T (IC x N) = W dout^T
-    cuda::GemmCall call;
-    call.m = IC, call.n = N, call.k = OC;
-    call.a = weight.data, call.lda = IC;
-    call.b = dout.data, call.ldb = ldd;
-    call.d = dx.data, call.ldd = IC;
-    call.ab_type = call.d_type = type;
-    call.beta = accumulate ? 1.0f : 0.0f;
-    bool done = false;
-    if (fused.pre && fused.act == Activation::kGelu && !accumulate) {
-      call.epilogue = CUBLASLT_EPILOGUE_DGELU;
-      call.aux = fused.pre.data, call.aux_ld = IC;
-      done = gemm_->fused(call);
-    } else if (!fused.pre) {
-      done = gemm_->fused(call);
-    }
-    if (!done) {
-      gemm_->plain(call);
-      if (fused.pre) {
-        const size_t n = static_cast<size_t>(N) * IC;
-        cuda::dispatch(dx.dtype, [&](auto t) {
-          using T = decltype(t);
-          activation_grad_kernel<<<cuda::blocks_for(n), kThreads, 0, stream_>>>(
-              typed<T>(dx), typed<T>(fused.pre), n, fused.act == Activation::kGelu);
-        });
-        cuda::check(cudaGetLastError(), "matmul_backward (activation)");
-      }
-    }
-  }
-  if (OC == 0 || IC == 0) return;
-  // dW^T (IC x OC) += x^T dout, fp32, with the bias gradient (a sum over
-  // tokens of dout) from the same pass when cuBLASLt can fuse it.
-  cuda::GemmCall call;
-  call.trans_b = true;
-  call.m = IC, call.n = OC, call.k = N;
-  call.a = x.data, call.lda = IC;
-  call.b = dout.data, call.ldb = ldd;
-  call.d = dweight, call.ldd = IC;
-  call.ab_type = type;
-  call.d_type = CUDA_R_32F;
-  call.beta = 1.0f;
-  if (dbias) {
-    // BGRADB writes (=) the bias gradient: to scratch, then added.
-    auto* grad = static_cast<float*>(scratch(kBiasGrad, sizeof(float) * OC));
-    call.epilogue = CUBLASLT_EPILOGUE_BGRADB;
-    call.bias = grad;
-    if (gemm_->fused(call)) {
-      add_kernel<<<cuda::blocks_for(OC), kThreads, 0, stream_>>>(dbias, grad, OC);
-      cuda::check(cudaGetLastError(), "matmul_backward (bias gradient)");
-      return;
-    }
-  }
-  gemm_->plain(call);
-  if (dbias) add_column_sums(dbias, dout, N, OC, ldd);
-}
 
 }  // namespace mpiformer

@@ -6,7 +6,7 @@
 //
 // Column-major, as cuBLAS sees memory: a row-major (R, C) buffer is a
 // column-major (C, R) matrix with leading dimension C. The backend's row-
-// major GEMMs are written in those terms in gemm.cu.
+// major GEMMs are written in those terms in matmul.cu.
 #pragma once
 
 #include <cublasLt.h>
@@ -17,11 +17,16 @@
 #include <string>
 #include <unordered_map>
 
+#include "kernels/dtype.h"
+
 namespace mpiformer {
 
 class CudaOps;
 
 namespace cuda {
+
+// The CUDA element type of t.
+cudaDataType_t cuda_type(DType t);
 
 // D (m x n, ld ldd) = op(A) op(B) + beta * D, A (ld lda) and B (ld ldb) in
 // ab_type, D in d_type, fp32 accumulation; with an epilogue, also bias

@@ -7,7 +7,7 @@
 #include <algorithm>
 
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/ops.h"
 #include "kernels/cuda/reduce.cuh"
 
 namespace mpiformer {

@@ -141,7 +141,7 @@ int run_bench(const BenchConfig& cfg, Communicator& comm) {
   const bool on_cpu = cfg.device == DeviceKind::kCpu;
   if (comm.is_root()) {
     std::fprintf(stderr, "mpiformer bench: %s on %s, %d rank(s) x %d thread(s); %s: %s\n",
-                 to_string(cfg.model.kind), backend->name().c_str(), comm.size(), threads,
+                 to_string(cfg.model.kind), backend->device().name().c_str(), comm.size(), threads,
                  on_cpu ? "BLAS" : "attention",
                  on_cpu ? describe_blas_kernels().c_str() : backend->attention_kernels().c_str());
     std::fflush(stderr);
@@ -171,14 +171,14 @@ int run_bench(const BenchConfig& cfg, Communicator& comm) {
     optimizer.step(cfg.optim.lr, 1.0f / loss_scale);
   };
   for (int s = 0; s < cfg.warmup_steps; ++s) train_step(s + 1);
-  ops->synchronize();
+  ops->device().synchronize();
   model.take_train_sums();
   if (profiled) profiled->reset();
   reduce = ReduceTiming{};
   comm.barrier();
   const auto t0 = std::chrono::steady_clock::now();
   for (int s = 0; s < cfg.steps; ++s) train_step(cfg.warmup_steps + s + 1);
-  ops->synchronize();
+  ops->device().synchronize();
   comm.barrier();
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -228,10 +228,10 @@ int run_bench(const BenchConfig& cfg, Communicator& comm) {
         "\"mfu\": %.4f, \"peak_flops\": %.4g, \"peak_mem_bytes\": %zu, \"allocated_bytes\": %zu, "
         "\"allreduce_bytes\": %zu, \"buckets\": %zu, \"comm_wait_ms\": %.3f, "
         "\"hidden_share\": %.3f, \"transport\": \"%s\"%s%s}\n",
-        to_string(cfg.model.kind), backend->name().c_str(), W, threads, cfg.batch, cfg.seq, tokens,
-        static_cast<long long>(batch[0].padded_tokens()) * W, to_string(cfg.precision),
+        to_string(cfg.model.kind), backend->device().name().c_str(), W, threads, cfg.batch, cfg.seq,
+        tokens, static_cast<long long>(batch[0].padded_tokens()) * W, to_string(cfg.precision),
         model.parameters().count(), tokens / step_s, 1000.0 * step_s, mfu, peak, peak_rss_bytes(),
-        backend->peak_allocated_bytes(), W > 1 && reducer ? reducer->bytes_per_step() : 0,
+        backend->device().peak_allocated_bytes(), W > 1 && reducer ? reducer->bytes_per_step() : 0,
         W > 1 && reducer ? reducer->buckets().size() : 0, 1000.0 * reduce_sums[0] / (W * cfg.steps),
         reduce_sums[1] > 0 ? reduce_sums[2] / reduce_sums[1] : 0.0,
         reducer ? reducer->transport().name().c_str() : "none", kernels.c_str(),

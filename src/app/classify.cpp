@@ -102,7 +102,8 @@ int classify_on_root(const ClassifyConfig& cfg) {
   model.init_parameters(run.seed);  // allocates; the checkpoint's values replace these
   std::vector<float> host(model.parameters().count());  // (count)
   unpack_checkpoint_tensors(cfg.checkpoint, tensors, model.parameters(), host.data());
-  ops->copy_to_device(model.parameters().params(), host.data(), host.size() * sizeof(float));
+  ops->device().copy_to_device(model.parameters().params(), host.data(),
+                               host.size() * sizeof(float));
 
   std::ofstream file;
   if (!cfg.output.empty()) {

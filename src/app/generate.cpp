@@ -209,7 +209,8 @@ int generate_on_root(const GenerateConfig& cfg) {
   model.init_parameters(run.seed);  // allocates; the checkpoint's values replace these
   std::vector<float> host(model.parameters().count());  // (count)
   unpack_checkpoint_tensors(cfg.checkpoint, tensors, model.parameters(), host.data());
-  ops->copy_to_device(model.parameters().params(), host.data(), host.size() * sizeof(float));
+  ops->device().copy_to_device(model.parameters().params(), host.data(),
+                               host.size() * sizeof(float));
 
   DecodeOptions options;
   options.beam = cfg.beam;

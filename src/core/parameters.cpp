@@ -43,9 +43,9 @@ void fill_normal(float* x, size_t n, uint64_t key, float stddev) {
 }  // namespace
 
 ParameterSet::~ParameterSet() {
-  if (params_) ops_.release(params_);
-  if (grads_) ops_.release(grads_);
-  if (compute_) ops_.release(compute_);
+  if (params_) ops_.device().release(params_);
+  if (grads_) ops_.device().release(grads_);
+  if (compute_) ops_.device().release(compute_);
 }
 
 int ParameterSet::add(const std::string& name, std::vector<int> shape, bool decay, Init init,
@@ -77,9 +77,10 @@ void ParameterSet::allocate(uint64_t seed) {
   if (params_) throw std::runtime_error("ParameterSet::allocate called twice");
   if (total_ == 0) throw std::runtime_error("ParameterSet::allocate with no parameters");
   const size_t bytes = total_ * sizeof(float);
-  params_ = static_cast<float*>(ops_.allocate(bytes));
-  grads_ = static_cast<float*>(ops_.allocate(bytes));
-  if (compute_dtype_ != DType::kF32) compute_ = ops_.allocate(total_ * dtype_bytes(compute_dtype_));
+  params_ = static_cast<float*>(ops_.device().allocate(bytes));
+  grads_ = static_cast<float*>(ops_.device().allocate(bytes));
+  if (compute_dtype_ != DType::kF32)
+    compute_ = ops_.device().allocate(total_ * dtype_bytes(compute_dtype_));
 
   const uint64_t seed_key = mix64(seed);
   std::vector<float> host;  // reused across tensors: (largest tensor)
@@ -91,7 +92,7 @@ void ParameterSet::allocate(uint64_t seed) {
     } else {
       fill_normal(host.data(), t.size, mix64(seed_key ^ hash_name(t.name)), t.init_std);
     }
-    ops_.copy_to_device(params_ + t.offset, host.data(), t.size * sizeof(float));
+    ops_.device().copy_to_device(params_ + t.offset, host.data(), t.size * sizeof(float));
   }
   refresh_compute();
 }
@@ -108,7 +109,7 @@ int ParameterSet::find(const std::string& name) const {
 }
 
 void ParameterSet::zero_grads() {
-  if (grads_) ops_.fill_zero(grads_, total_ * sizeof(float));
+  if (grads_) ops_.device().fill_zero(grads_, total_ * sizeof(float));
 }
 
 }  // namespace mpiformer

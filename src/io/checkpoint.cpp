@@ -169,7 +169,7 @@ void validate_for_write(const Faults& faults, const ParameterSet& params, const 
 void write_checkpoint_file(const std::string& tmp, const Faults& faults, const ParameterSet& params,
                            const float* adam_m, const float* adam_v, const CheckpointState& state) {
   Ops& ops = params.ops();
-  ops.synchronize();  // the last update must have landed before it is copied
+  ops.device().synchronize();  // the last update must have landed before it is copied
 
   hdf5::Session session;
   // File format 1.8 or later: the config attribute may outgrow the 64 KiB
@@ -231,7 +231,7 @@ void write_checkpoint_file(const std::string& tmp, const Faults& faults, const P
     const auto [group, base] = target;  // base: backend (params.count())
     for (const ParamInfo& info : params.info()) {
       host.resize(info.size);
-      ops.copy_to_host(host.data(), base + info.offset, info.size * sizeof(float));
+      ops.device().copy_to_host(host.data(), base + info.offset, info.size * sizeof(float));
       write_tensor(group, info.name, info.shape, host.data(), faults,
                    "dataset " + std::string(prefix) + info.name);
     }

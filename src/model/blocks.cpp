@@ -11,13 +11,13 @@ namespace mpiformer {
 // ---- arena ----------------------------------------------------------------
 
 ActivationArena::~ActivationArena() {
-  for (void* p : blocks_) ops_.release(p);
+  for (void* p : blocks_) ops_.device().release(p);
 }
 
 void* ActivationArena::bytes(size_t n) {
   total_bytes_ += (n + 63) / 64 * 64;  // backends align to 64 bytes
   if (measure_only_) return reinterpret_cast<void*>(uintptr_t{64});
-  void* p = ops_.allocate(n);
+  void* p = ops_.device().allocate(n);
   blocks_.push_back(p);
   return p;
 }

@@ -36,9 +36,9 @@ struct DeviceGroups {
   void upload(Ops& ops, const std::vector<int32_t>& by) {
     const int N = static_cast<int>(by.size());
     const int groups = group_rows_by_key(by.data(), N, &host_keys, &host_starts, &host_rows);
-    ops.upload(keys, host_keys.data(), groups * sizeof(int32_t));
-    ops.upload(starts, host_starts.data(), (groups + 1) * sizeof(int32_t));
-    ops.upload(rows, host_rows.data(), N * sizeof(int32_t));
+    ops.device().upload(keys, host_keys.data(), groups * sizeof(int32_t));
+    ops.device().upload(starts, host_starts.data(), (groups + 1) * sizeof(int32_t));
+    ops.device().upload(rows, host_rows.data(), N * sizeof(int32_t));
     view = RowGroups{keys, starts, rows, groups};
   }
   // Bytes one upload may stage.
@@ -64,9 +64,9 @@ struct DeviceSequences {
   }
   void upload(Ops& ops, const PackedSequences& s) {
     const size_t n = s.tokens.size() * sizeof(int32_t);
-    ops.upload(ids, s.tokens.data(), n);
-    ops.upload(positions, s.positions.data(), n);
-    ops.upload(offsets, s.offsets.data(), s.offsets.size() * sizeof(int32_t));
+    ops.device().upload(ids, s.tokens.data(), n);
+    ops.device().upload(positions, s.positions.data(), n);
+    ops.device().upload(offsets, s.offsets.data(), s.offsets.size() * sizeof(int32_t));
     by_id.upload(ops, s.tokens);
     by_pos.upload(ops, s.positions);
     rows.host_offsets = s.offsets.data();
@@ -320,7 +320,8 @@ struct Model::Impl {
       // The vocabulary projection runs in row chunks so logits never need
       // (N, V) elements: as many as the backend likes at a time.
       logits_stride = (V + 63) / 64 * 64;
-      const size_t chunk = ops.logits_chunk_elements() / static_cast<size_t>(logits_stride);
+      const size_t chunk =
+          ops.device().logits_chunk_elements() / static_cast<size_t>(logits_stride);
       chunk_rows = static_cast<int>(std::clamp<size_t>(chunk, 16, std::max(N, 16)));
       logits = arena.acts(static_cast<size_t>(chunk_rows) * logits_stride);
     }
@@ -334,7 +335,7 @@ struct Model::Impl {
       batch_upload += size_t(N) * config.patch_features() * dtype_bytes(compute_dtype);
     }
     upload_bytes = 2 * batch_upload;
-    if (!measuring) ops.reserve_uploads(upload_bytes);
+    if (!measuring) ops.device().reserve_uploads(upload_bytes);
   }
 
   // The head of --model classify, registered after the stack so that its
@@ -363,7 +364,7 @@ struct Model::Impl {
     sinusoid_table(table.data(), L, C);
     std::vector<unsigned char> stored(table.size() * dtype_bytes(sinusoids.dtype));
     narrow(stored.data(), sinusoids.dtype, table.data(), table.size());
-    ops.copy_to_device(sinusoids.data, stored.data(), stored.size());
+    ops.device().copy_to_device(sinusoids.data, stored.data(), stored.size());
   }
 
   void check(const PackedSequences& s, const char* side) const {
@@ -439,7 +440,7 @@ struct Model::Impl {
       // logits buffer holds chunk_rows rows.
       const Act x = h + static_cast<size_t>(batch.decoder.offsets[b + 1] - 1) * C;
       ops.matmul_forward(logits, x, params.weight(output_weight), head_bias(), 1, C, V);
-      ops.copy_to_host(stored.data(), logits.data, stored.size());
+      ops.device().copy_to_host(stored.data(), logits.data, stored.size());
       widen(out + static_cast<size_t>(b) * V, stored.data(), logits.dtype, V);
     }
   }
@@ -457,7 +458,7 @@ struct Model::Impl {
     }
     patch_staging.resize(n * dtype_bytes(compute_dtype));
     narrow(patch_staging.data(), compute_dtype, batch.patches.data(), n);
-    ops.upload(main.patches.data, patch_staging.data(), patch_staging.size());
+    ops.device().upload(main.patches.data, patch_staging.data(), patch_staging.size());
   }
 
   void upload_labels(const Batch& batch) {
@@ -470,7 +471,7 @@ struct Model::Impl {
         if (t < 0 || t >= K)
           throw std::runtime_error("label " + std::to_string(t) + " outside [0, " +
                                    std::to_string(K) + ")");
-      ops.upload(targets, batch.targets.data(), batch.targets.size() * sizeof(int32_t));
+      ops.device().upload(targets, batch.targets.data(), batch.targets.size() * sizeof(int32_t));
       return;
     }
     if (batch.label_targets.size() != static_cast<size_t>(B) * K)
@@ -478,7 +479,7 @@ struct Model::Impl {
                                std::to_string(batch.label_targets.size()) + " label targets for " +
                                std::to_string(B) + " sequences of " + std::to_string(K) +
                                " labels");
-    ops.upload(label_targets, batch.label_targets.data(), batch.label_targets.size() * 4);
+    ops.device().upload(label_targets, batch.label_targets.data(), batch.label_targets.size() * 4);
   }
 
   // Forward to the scores: class_logits (B, K).
@@ -524,7 +525,7 @@ struct Model::Impl {
     if (B == 0) return;
     classify_forward(batch, /*training=*/false);
     std::vector<unsigned char> stored(static_cast<size_t>(B) * K * dtype_bytes(class_logits.dtype));
-    ops.copy_to_host(stored.data(), class_logits.data, stored.size());
+    ops.device().copy_to_host(stored.data(), class_logits.data, stored.size());
     widen(scores, stored.data(), class_logits.dtype, static_cast<size_t>(B) * K);
   }
 
@@ -545,7 +546,7 @@ struct Model::Impl {
         throw std::runtime_error("batch target id " + std::to_string(t) +
                                  " outside the vocabulary");
     if (batch.decoder.total() == 0) return;
-    ops.upload(targets, batch.targets.data(), batch.targets.size() * sizeof(int32_t));
+    ops.device().upload(targets, batch.targets.data(), batch.targets.size() * sizeof(int32_t));
 
     // ---- forward ----
     Act h = forward(batch, training);
@@ -576,8 +577,8 @@ struct Model::Impl {
       if (listener) listener->gradients_final(params.info()[mlm_dense_w].offset);
     }
     if (has_encoder)
-      ops.fill_zero(dmemory.data,
-                    static_cast<size_t>(memory_rows.total) * C * dtype_bytes(dmemory.dtype));
+      ops.device().fill_zero(
+          dmemory.data, static_cast<size_t>(memory_rows.total) * C * dtype_bytes(dmemory.dtype));
     main.backward(ctx, scratch, dstream, spare, dec_seq, memory, dmemory, memory_rows, listener);
     if (has_encoder) {
       // d(encoder output) becomes the encoder's incoming gradient; the three
@@ -591,15 +592,15 @@ struct Model::Impl {
   std::vector<int64_t> take_counts(int64_t* counts) {
     if (!counts) return {};
     std::vector<int64_t> host(3 * static_cast<size_t>(config.num_labels));
-    ops.copy_to_host(host.data(), counts, host.size() * sizeof(int64_t));
-    ops.fill_zero(counts, host.size() * sizeof(int64_t));
+    ops.device().copy_to_host(host.data(), counts, host.size() * sizeof(int64_t));
+    ops.device().fill_zero(counts, host.size() * sizeof(int64_t));
     return host;
   }
 
   LossSums take(LossSums* sums) {
     LossSums host;
-    ops.copy_to_host(&host, sums, sizeof host);
-    ops.fill_zero(sums, sizeof host);
+    ops.device().copy_to_host(&host, sums, sizeof host);
+    ops.device().fill_zero(sums, sizeof host);
     return host;
   }
 };

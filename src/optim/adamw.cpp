@@ -9,10 +9,10 @@ namespace mpiformer {
 AdamW::AdamW(ParameterSet& params, const OptimConfig& config) : params_(params), config_(config) {
   Ops& ops = params_.ops();
   const size_t bytes = params_.count() * sizeof(float);
-  m_ = static_cast<float*>(ops.allocate(bytes));  // zero-filled
-  v_ = static_cast<float*>(ops.allocate(bytes));
-  norm_sq_ = static_cast<double*>(ops.allocate(sizeof(double)));
-  check_sq_ = static_cast<double*>(ops.allocate(sizeof(double)));
+  m_ = static_cast<float*>(ops.device().allocate(bytes));  // zero-filled
+  v_ = static_cast<float*>(ops.device().allocate(bytes));
+  norm_sq_ = static_cast<double*>(ops.device().allocate(sizeof(double)));
+  check_sq_ = static_cast<double*>(ops.device().allocate(sizeof(double)));
 
   // Tensors are packed back to back, so a run of neighbours with the same
   // weight decay is one contiguous range; long runs are cut into pieces of
@@ -36,17 +36,19 @@ AdamW::AdamW(ParameterSet& params, const OptimConfig& config) : params_(params),
     }
     i = j;
   }
-  ranges_ = static_cast<AdamWRange*>(ops.allocate(host_ranges_.size() * sizeof(AdamWRange)));
-  ops.copy_to_device(ranges_, host_ranges_.data(), host_ranges_.size() * sizeof(AdamWRange));
+  ranges_ =
+      static_cast<AdamWRange*>(ops.device().allocate(host_ranges_.size() * sizeof(AdamWRange)));
+  ops.device().copy_to_device(ranges_, host_ranges_.data(),
+                              host_ranges_.size() * sizeof(AdamWRange));
 }
 
 AdamW::~AdamW() {
   Ops& ops = params_.ops();
-  ops.release(m_);
-  ops.release(v_);
-  ops.release(ranges_);
-  ops.release(norm_sq_);
-  ops.release(check_sq_);
+  ops.device().release(m_);
+  ops.device().release(v_);
+  ops.device().release(ranges_);
+  ops.device().release(norm_sq_);
+  ops.device().release(check_sq_);
 }
 
 const char* AdamW::non_finite_state() {
@@ -57,7 +59,7 @@ const char* AdamW::non_finite_state() {
   for (const auto& [name, data] : groups) {
     params_.ops().sum_squares(check_sq_, data, params_.count());
     double sum_sq = 0.0;
-    params_.ops().copy_to_host(&sum_sq, check_sq_, sizeof sum_sq);
+    params_.ops().device().copy_to_host(&sum_sq, check_sq_, sizeof sum_sq);
     if (!std::isfinite(sum_sq)) return name;
   }
   return nullptr;
@@ -69,7 +71,7 @@ void AdamW::measure_gradients() {
 
 double AdamW::measured_norm() {
   double norm_sq = 0.0;
-  params_.ops().copy_to_host(&norm_sq, norm_sq_, sizeof norm_sq);
+  params_.ops().device().copy_to_host(&norm_sq, norm_sq_, sizeof norm_sq);
   return std::sqrt(norm_sq);
 }
 

@@ -8,7 +8,7 @@ void broadcast_tensors(const Communicator& comm, const std::string& path,
   std::vector<float> host(params.count());  // (params.count())
   if (comm.is_root()) unpack_checkpoint_tensors(path, tensors, params, host.data());
   comm.broadcast(host.data(), host.size(), 0);
-  params.ops().copy_to_device(dest, host.data(), host.size() * sizeof(float));
+  params.ops().device().copy_to_device(dest, host.data(), host.size() * sizeof(float));
 }
 
 }  // namespace mpiformer

@@ -12,7 +12,7 @@ namespace mpiformer {
 
 Transport choose_transport(Transport asked, const Ops& ops, const Communicator& comm) {
   if (asked == Transport::kMpi) return Transport::kMpi;
-  const bool gpu = ops.native_stream() != nullptr;
+  const bool gpu = ops.device().native_stream() != nullptr;
   if (asked == Transport::kAuto && (!gpu || !nccl_built() || comm.size() == 1))
     return Transport::kMpi;
   // NCCL refuses two ranks on one GPU: every rank must have its own.

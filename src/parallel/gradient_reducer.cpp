@@ -65,13 +65,14 @@ GradientReducer::GradientReducer(const ParameterSet& params, float* grads, size_
       done_time_(buckets_.size()),
       done_(buckets_.size(), false) {
   staged_ = staging == HostStaging::kAlways ||
-            (!transport_.takes_device_memory() && !ops_.host_accessible());
+            (!transport_.takes_device_memory() && !ops_.device().host_accessible());
   if (sum_ == GradSum::kExact) {
-    fixed_ = static_cast<int64_t*>(ops_.allocate((count_ + 1) * sizeof(int64_t)));
+    fixed_ = static_cast<int64_t*>(ops_.device().allocate((count_ + 1) * sizeof(int64_t)));
     if (staged_)
-      host_fixed_ = static_cast<int64_t*>(ops_.allocate_host((count_ + 1) * sizeof(int64_t)));
+      host_fixed_ =
+          static_cast<int64_t*>(ops_.device().allocate_host((count_ + 1) * sizeof(int64_t)));
   } else if (staged_) {
-    host_grads_ = static_cast<float*>(ops_.allocate_host(count_ * sizeof(float)));
+    host_grads_ = static_cast<float*>(ops_.device().allocate_host(count_ * sizeof(float)));
   }
 }
 
@@ -87,12 +88,12 @@ GradientReducer::~GradientReducer() {
   // error (the reason this is unwinding, perhaps) must not end the process
   // from a destructor.
   try {
-    ops_.synchronize();
+    ops_.device().synchronize();
   } catch (const std::exception&) {
   }
-  ops_.release(fixed_);
-  ops_.release_host(host_fixed_);
-  ops_.release_host(host_grads_);
+  ops_.device().release(fixed_);
+  ops_.device().release_host(host_fixed_);
+  ops_.device().release_host(host_grads_);
 }
 
 size_t GradientReducer::bytes_per_step() const {
@@ -116,10 +117,10 @@ void GradientReducer::begin_step(float loss_scale) {
   std::fill(done_.begin(), done_.end(), false);
   scale_exponent_ = exact_scale_exponent(loss_scale);
   if (fixed_) {
-    ops_.fill_zero(fixed_, (count_ + 1) * sizeof(int64_t));
+    ops_.device().fill_zero(fixed_, (count_ + 1) * sizeof(int64_t));
     if (!std::isfinite(loss_scale)) {  // counted out of range: the sum is NaN everywhere
       const int64_t out_of_range = 1;
-      ops_.upload(fixed_, &out_of_range, sizeof out_of_range);
+      ops_.device().upload(fixed_, &out_of_range, sizeof out_of_range);
     }
   }
 }
@@ -158,9 +159,11 @@ void GradientReducer::start_next() {
     size_t first = 0, n = 0;
     bucket_span(started_, &first, &n);
     if (sum_ == GradSum::kExact)
-      ops_.copy_to_host_async(started_, host_fixed_ + first, fixed_ + first, n * sizeof(int64_t));
+      ops_.device().copy_to_host_async(started_, host_fixed_ + first, fixed_ + first,
+                                       n * sizeof(int64_t));
     else
-      ops_.copy_to_host_async(started_, host_grads_ + first, grads_ + first, n * sizeof(float));
+      ops_.device().copy_to_host_async(started_, host_grads_ + first, grads_ + first,
+                                       n * sizeof(float));
   }
   ++started_;
   send_ready();
@@ -168,7 +171,7 @@ void GradientReducer::start_next() {
 
 void GradientReducer::send_ready() {
   // In bucket order: every rank starts the same collectives in the same order.
-  while (sent_ < started_ && (!staged_ || ops_.host_copy_done(sent_))) {
+  while (sent_ < started_ && (!staged_ || ops_.device().host_copy_done(sent_))) {
     size_t first = 0, n = 0;
     bucket_span(sent_, &first, &n);
     if (sum_ == GradSum::kExact)
@@ -215,10 +218,10 @@ ReduceTiming GradientReducer::finish() {
   // Queued, not waited for: the host buffers change again only after the
   // next step's copies to the host, which are queued behind these.
   if (sum_ == GradSum::kExact && n > 0) {
-    if (staged_) ops_.copy_to_device_async(fixed_, host_fixed_, (n + 1) * sizeof(int64_t));
+    if (staged_) ops_.device().copy_to_device_async(fixed_, host_fixed_, (n + 1) * sizeof(int64_t));
     ops_.fixed_point_to_float(grads_, fixed_ + 1, fixed_, n, kExactFractionBits - scale_exponent_);
   } else if (staged_ && n > 0) {
-    ops_.copy_to_device_async(grads_, host_grads_, n * sizeof(float));
+    ops_.device().copy_to_device_async(grads_, host_grads_, n * sizeof(float));
   }
   const Clock::time_point end = Clock::now();
   active_ = false;

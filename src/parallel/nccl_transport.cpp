@@ -144,9 +144,9 @@ std::string nccl_version() {
 }
 
 std::unique_ptr<ReduceTransport> make_nccl_transport(const Communicator& comm, Ops& ops) {
-  auto* compute = static_cast<cudaStream_t>(ops.native_stream());
+  auto* compute = static_cast<cudaStream_t>(ops.device().native_stream());
   if (compute == nullptr)
-    throw std::invalid_argument("--transport nccl needs --device cuda (the " + ops.name() +
+    throw std::invalid_argument("--transport nccl needs --device cuda (the " + ops.device().name() +
                                 " backend has no stream)");
   // Every rank learns whether every rank has its streams before any waits
   // in NCCL's set-up.

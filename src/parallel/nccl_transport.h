@@ -18,7 +18,7 @@ namespace mpiformer {
 bool nccl_built();
 // NCCL's version ("2.28.3"), empty without it.
 std::string nccl_version();
-// A transport over every rank of comm on ops' GPU (ops.native_stream()).
+// A transport over every rank of comm on ops' GPU (ops.device().native_stream()).
 // Collective. Throws (the same on every rank where it can) when the build
 // has no NCCL or ops has no stream.
 std::unique_ptr<ReduceTransport> make_nccl_transport(const Communicator& comm, Ops& ops);

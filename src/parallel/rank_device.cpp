@@ -57,7 +57,7 @@ std::unique_ptr<Ops> make_ops(DeviceKind device, int threads, const Communicator
   char host[256] = {};
   gethostname(host, sizeof host - 1);
   say(stdout, "[rank %d] %s: %s (local rank %d of %d, %d GPU(s) visible)\n", comm.rank(), host,
-      ops->name().c_str(), comm.local_rank(), comm.local_size(), count);
+      ops->device().name().c_str(), comm.local_rank(), comm.local_size(), count);
   std::fflush(stdout);
   return checked_if_asked(std::move(ops), comm);
 }

@@ -12,7 +12,8 @@ std::vector<uint64_t> tensor_digests(ParameterSet& params) {
   std::vector<float> host;  // (largest tensor)
   for (const ParamInfo& t : params.info()) {
     host.resize(t.size);
-    params.ops().copy_to_host(host.data(), params.params() + t.offset, t.size * sizeof(float));
+    params.ops().device().copy_to_host(host.data(), params.params() + t.offset,
+                                       t.size * sizeof(float));
     // Bits, not values: -0 vs +0 or two NaN payloads are a divergence too.
     uint64_t h = mix64(t.size);
     for (float x : host) {

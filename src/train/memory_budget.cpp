@@ -130,7 +130,7 @@ MemoryEstimate estimate_memory(Ops& ops, const ModelConfig& model, const ModelCa
     if (reducer_exact_sum) e.reducer_bytes = (P + 1) * sizeof(int64_t);
     if (reducer_staged) e.host_bytes = reducer_exact_sum ? e.reducer_bytes : P * sizeof(float);
   }
-  e.device_is_host = ops.host_accessible();
+  e.device_is_host = ops.device().host_accessible();
   return e;
 }
 
@@ -149,10 +149,10 @@ std::string memory_shortfall(const MemoryEstimate& e, const Ops& ops, int local_
            std::to_string(std::max(local_ranks, 1)) + " rank(s) on this node; lower " + sized_by;
   }
   if (!e.device_is_host) {
-    const size_t device_free = ops.device_memory_free();
+    const size_t device_free = ops.device().device_memory_free();
     if (e.device_total() > device_free) {
       return "needs about " + e.describe() + ", more than the " +
-             format_bytes(static_cast<double>(device_free)) + " free on " + ops.name() +
+             format_bytes(static_cast<double>(device_free)) + " free on " + ops.device().name() +
              "; lower " + sized_by;
     }
   }

@@ -140,8 +140,8 @@ RunAttributes run_attributes(const TrainConfig& cfg, const std::string& config_i
   a.config = config_ini;
   a.model = to_string(cfg.model.kind);
   a.world_size = world_size;
-  a.devices = std::to_string(world_size) + " x " + ops.name() + " (" + std::to_string(threads) +
-              " thread(s) each)";
+  a.devices = std::to_string(world_size) + " x " + ops.device().name() + " (" +
+              std::to_string(threads) + " thread(s) each)";
   a.versions = std::string("mpiformer ") + MPIFORMER_VERSION + "; " +
                Communicator::library_version() + "; " + hdf5::library_version() + "; " +
                blas_version();
@@ -230,7 +230,7 @@ int Trainer::build() {
   const bool reducer_exact = cfg_.grad_sum == GradSum::kExact;
   // The MPI transport reads host memory: a GPU's gradients are staged.
   const bool reducer_staged =
-      world_ > 1 && transport_ == Transport::kMpi && !ops_->host_accessible();
+      world_ > 1 && transport_ == Transport::kMpi && !ops_->device().host_accessible();
   std::string shortfall;
   if (!agreed(comm_, [&] {
         memory_ = estimate_memory(*ops_, cfg_.model, capacity, compute, true, reducer_exact,
@@ -254,8 +254,8 @@ int Trainer::build() {
   schedule_ = std::make_unique<LrSchedule>(optim_, cfg_.steps);
   scaler_ = std::make_unique<LossScaler>(cfg_.precision == Precision::kFp16, cfg_.loss_scale,
                                          cfg_.loss_scale_window);
-  check_each_step_ = (ops_->host_accessible() && !deferred_check_test_) || scaler_->dynamic() ||
-                     cfg_.on_divergence == OnDivergence::kSkip;
+  check_each_step_ = (ops_->device().host_accessible() && !deferred_check_test_) ||
+                     scaler_->dynamic() || cfg_.on_divergence == OnDivergence::kSkip;
 
   // The data cursor. Global indexing: the step after micro-batch index
   // `cursor` reads [cursor, cursor + W K), rank r the micro-batches
@@ -317,8 +317,9 @@ int Trainer::claim_directory() {
       // runs on other BLAS kernels differ in their last bits.
       write_file_atomically((rundir / "config.ini").string(),
                             config_text_.write(cfg_) + "\n# This run (a record; not read back)\n" +
-                                "# devices = " + std::to_string(world_) + " x " + ops_->name() +
-                                "\n# blas = " + describe_blas_kernels() + "\n");
+                                "# devices = " + std::to_string(world_) + " x " +
+                                ops_->device().name() + "\n# blas = " + describe_blas_kernels() +
+                                "\n");
       // Rank 0's output, start-up lines first, appended over every start.
       attach_run_log((rundir / "train.log").string());
       metrics_ = std::make_unique<MetricsLog>(
@@ -338,8 +339,8 @@ void Trainer::print_start() const {
   const TrainConfig& cfg = cfg_;
   say(stdout, "mpiformer train: %s on %s (%s), %d rank(s) x %d thread(s), %zu parameters\n",
       to_string(cfg.model.kind),
-      cfg.data_dir.empty() ? to_string(cfg.synthetic) : cfg.data_dir.c_str(), ops_->name().c_str(),
-      world_, threads_, model_->parameters().count());
+      cfg.data_dir.empty() ? to_string(cfg.synthetic) : cfg.data_dir.c_str(),
+      ops_->device().name().c_str(), world_, threads_, model_->parameters().count());
   say(stdout,
       "  %d layer(s), d-model %d, %d heads, d-ff %d, vocab %d, max-len %d; "
       "max-tokens %d x %d micro-batch(es) x %d rank(s) per step\n",
@@ -368,7 +369,7 @@ void Trainer::print_start() const {
         cfg.overlap ? "overlapped with backward" : "after backward");
   if (!cfg.deterministic) {
     say(stdout, "  --deterministic false: %s\n",
-        ops_->host_accessible()
+        ops_->device().host_accessible()
             ? "nothing changes on the CPU, whose results never depend on timing"
             : "cuDNN's attention backward may add with atomics; runs are not bitwise "
               "reproducible");

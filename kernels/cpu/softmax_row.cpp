@@ -1,9 +1,10 @@
 // Row softmax over a count of valid columns, with its log-sum-exp.
+#include "kernels/cpu/softmax_row.h"
+
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/cpu/cpu_ops.h"
-#include "kernels/cpu/softmax_row.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/cpu/vec_math.h"
 
 namespace mpiformer::cpu {

@@ -1,6 +1,7 @@
-// The CPU backend: the reference implementation of every op in kernels/ops.h,
-// made fast with OpenBLAS SGEMM for the matmuls, OpenMP across rows or
-// (sequence, head) pairs elsewhere, and AVX2 clones of the hot row loops.
+// The CPU backend's ops: the reference implementation of every op in
+// kernels/ops.h, on a CpuDevice (kernels/cpu/device.h), made fast with
+// OpenBLAS SGEMM for the matmuls, OpenMP across rows or (sequence, head)
+// pairs elsewhere, and AVX2 clones of the hot row loops.
 // Member definitions are split by op family over kernels/cpu/*.cpp.
 //
 // The kernels compute in fp32. Data in another compute precision (bf16,
@@ -11,8 +12,10 @@
 
 #include <cstddef>
 #include <memory>
+#include <utility>
 #include <vector>
 
+#include "kernels/cpu/device.h"
 #include "kernels/ops.h"
 
 namespace mpiformer {
@@ -47,24 +50,13 @@ void sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const f
 
 class CpuOps final : public Ops {
  public:
-  CpuOps() = default;
+  // The ops on `device`, which they own.
+  explicit CpuOps(std::unique_ptr<CpuDevice> device)
+      : Ops(*device), owned_device_(std::move(device)) {}
   ~CpuOps() override = default;
 
-  std::string name() const override { return "cpu"; }
-
-  // ---- memory (cpu_ops.cpp) ----------------------------------------------
-  void* allocate(size_t bytes) override;
-  void release(void* ptr) override;
-  void copy_to_device(void* dst, const void* host_src, size_t bytes) override;
-  void copy_to_host(void* host_dst, const void* src, size_t bytes) override;
-  void upload(void* dst, const void* host_src, size_t bytes) override;
-  void fill_zero(void* x, size_t bytes) override;
-  void synchronize() override {}
-  size_t peak_allocated_bytes() const override { return peak_bytes_; }
-  std::unique_ptr<OpTimer> make_timer() override;
-  void convert(Act dst, const float* src, size_t n) override;
-
   // ---- elementwise, embeddings (elementwise.cpp, embedding.cpp) ------------
+  void convert(Act dst, const float* src, size_t n) override;
   void dropout(Act out, Act x, size_t n, const Dropout& d) override;
   void activation_backward(Act dx, Act dout, Act pre, size_t n, Activation act) override;
   void embedding_forward(Act out, const int32_t* ids, Act tokens, const int32_t* pos, Act positions,
@@ -108,11 +100,13 @@ class CpuOps final : public Ops {
   void zlpr_loss(Act logits, const float* targets, int B, int K, float grad_scale,
                  bool compute_grad, LossSums* sums, int64_t* label_counts, int stride) override;
 
-  // ---- optimizer (adamw.cpp) -----------------------------------------------
+  // ---- exact gradient sum (fixed_point.cpp) --------------------------------
   void fixed_point_accumulate(int64_t* fixed, int64_t* out_of_range, const float* grads, size_t n,
                               int fraction_bits, int limit_bits) override;
   void fixed_point_to_float(float* out, const int64_t* fixed, const int64_t* out_of_range, size_t n,
                             int fraction_bits) override;
+
+  // ---- optimizer (adamw.cpp) -----------------------------------------------
   void sum_squares(double* out, const float* x, size_t n) override;
   void adamw_update(float* params, const float* grads, float* m, float* v, Act compute, size_t n,
                     const AdamWRange* ranges, int range_count, const AdamWConfig& cfg,
@@ -167,7 +161,7 @@ class CpuOps final : public Ops {
 
   // Scratch that grows to the largest request and is then reused, so the
   // step loop does not allocate once the first step has run. Not counted in
-  // peak_allocated_bytes (that reports the model's own buffers).
+  // the device's peak_allocated_bytes (that reports the model's own buffers).
   template <typename T>
   static T* grow(std::vector<T>& buffer, size_t count) {
     if (buffer.size() < count) buffer.resize(count);
@@ -182,12 +176,10 @@ class CpuOps final : public Ops {
                            int dout_stride, const float* x, const float* weight, int N, int IC,
                            int OC, bool accumulate);
 
+  std::unique_ptr<CpuDevice> owned_device_;
   std::vector<std::vector<float>> widened_;  // Fp32 views' scratch, slot by slot
   std::vector<float> float_scratch_;    // attention P and dS per thread; layer-norm partial sums
   std::vector<double> double_scratch_;  // per-row / per-chunk partial sums (deterministic order)
-
-  size_t current_bytes_ = 0;
-  size_t peak_bytes_ = 0;
 };
 
 }  // namespace mpiformer

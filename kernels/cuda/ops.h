@@ -1,8 +1,8 @@
-// The CUDA backend: every op of kernels/ops.h on one GPU, in fp32, bf16 or
-// fp16, checked against the CPU reference by tests/cuda_ops_test.cpp (label
-// gpu).
+// The CUDA backend's ops: every op of kernels/ops.h on one GPU (a
+// CudaDevice, kernels/cuda/device.h), in fp32, bf16 or fp16, checked
+// against the CPU reference by tests/cuda_ops_test.cpp (label gpu).
 //
-// - GEMMs through cuBLASLt (gemm.cu): bf16/fp16 inputs with fp32
+// - GEMMs through cuBLASLt (gemm.cu, matmul.cu): bf16/fp16 inputs with fp32
 //   accumulation, fused epilogues (bias; GELU keeping its pre-activation;
 //   GELU backward; bias gradient), fp32 weight gradients accumulated in
 //   place. fp32 GEMMs stay fp32 unless the backend was made with tf32.
@@ -13,11 +13,11 @@
 //   cross entropy, the classifier's pooling and ZLPR loss (classify.cu) and
 //   AdamW over the whole flat buffer with the clip taken on the device.
 //
-// Stream order: every op is queued on the backend's stream; per-batch data
-// comes through upload(), staged in a pinned ring. Nothing in a step waits
-// for the device except what the caller reads back (loss sums, the norm).
-// Scratch and library workspaces grow to the largest request, so once the
-// shapes of a run have been seen nothing is allocated.
+// Stream order: every op is queued on the device's stream. Nothing in a
+// step waits for the device except what the caller reads back (loss sums,
+// the norm). Scratch and library workspaces grow to the largest request
+// and count in the device's peak, so once the shapes of a run have been
+// seen nothing is allocated.
 #pragma once
 
 #include <cublasLt.h>
@@ -26,18 +26,16 @@
 #include <cstddef>
 #include <memory>
 #include <string>
-#include <unordered_map>
-#include <vector>
 
+#include "kernels/cuda/device.h"
 #include "kernels/ops.h"
-#include "kernels/staging_ring.h"
 
 namespace mpiformer {
 
 namespace cuda {
 
-// Throws std::runtime_error "CUDA error in WHAT: reason" on failure.
-void check(cudaError_t status, const char* what);
+// Throws std::runtime_error "cuBLAS error in WHAT: status" on failure (the
+// CUDA runtime's check is kernels/cuda/device.h's).
 void check(cublasStatus_t status, const char* what);
 
 // Blocks of `threads` covering n items (at least one block, a bounded grid).
@@ -48,53 +46,29 @@ inline unsigned blocks_for(size_t n, unsigned threads = 256) {
 
 class Gemm;            // gemm.cu
 class FlashAttention;  // attention_cudnn.cpp
-class UploadEvents;    // cuda_ops.cu
 
 }  // namespace cuda
 
 class CudaOps final : public Ops {
  public:
-  // Binds this process to `device` (cudaSetDevice) and creates its stream
-  // and library handles. tf32: fp32 GEMMs on TF32 tensor cores. Throws
+  // The ops on `device`, which they own, with their library handles on its
+  // stream. tf32: fp32 GEMMs on TF32 tensor cores. Throws
   // std::runtime_error.
-  CudaOps(int device, bool tf32 = false);
+  explicit CudaOps(std::unique_ptr<CudaDevice> device, bool tf32 = false);
   ~CudaOps() override;
-  CudaOps(const CudaOps&) = delete;
-  CudaOps& operator=(const CudaOps&) = delete;
 
-  std::string name() const override { return name_; }
-  int device() const { return device_; }
+  CudaDevice& cuda_device() const { return *gpu_; }
   cudaStream_t stream() const { return stream_; }
 
-  // ---- memory (cuda_ops.cu) -------------------------------------------------
-  void* allocate(size_t bytes) override;
-  void release(void* ptr) override;
-  void copy_to_device(void* dst, const void* host_src, size_t bytes) override;
-  void copy_to_host(void* host_dst, const void* src, size_t bytes) override;
-  void upload(void* dst, const void* host_src, size_t bytes) override;
-  void reserve_uploads(size_t bytes) override;
-  void fill_zero(void* x, size_t bytes) override;
-  void synchronize() override;
-  void* allocate_host(size_t bytes) override;  // pinned
-  void release_host(void* ptr) override;
-  void copy_to_host_async(int slot, void* host_dst, const void* src, size_t bytes) override;
-  bool host_copy_done(int slot) override;
-  void copy_to_device_async(void* dst, const void* host_src, size_t bytes) override;
-  size_t peak_allocated_bytes() const override { return peak_bytes_; }
-  bool host_accessible() const override { return false; }
-  void* native_stream() const override { return stream_; }
   void set_deterministic(bool deterministic) override { deterministic_ = deterministic; }
   bool deterministic() const { return deterministic_; }
   void set_attention_path(AttentionPath path) override;
   AttentionPath attention_path() const { return attention_path_; }
   std::string attention_kernels() const override;
   AttentionCalls attention_calls() const override { return attention_calls_; }
-  size_t device_memory_free() const override;
-  size_t logits_chunk_elements() const override { return size_t{1} << 29; }
-  std::unique_ptr<OpTimer> make_timer() override;
-  void convert(Act dst, const float* src, size_t n) override;
 
-  // ---- elementwise, embeddings (cuda_ops.cu) --------------------------------
+  // ---- elementwise, embeddings (elementwise.cu, embedding.cu) --------------
+  void convert(Act dst, const float* src, size_t n) override;
   void dropout(Act out, Act x, size_t n, const Dropout& d) override;
   void activation_backward(Act dx, Act dout, Act pre, size_t n, Activation act) override;
   void embedding_forward(Act out, const int32_t* ids, Act tokens, const int32_t* pos, Act positions,
@@ -112,7 +86,7 @@ class CudaOps final : public Ops {
                           const float* mean, const float* rstd, int N, int C,
                           bool accumulate) override;
 
-  // ---- GEMM (gemm.cu) -------------------------------------------------------
+  // ---- GEMM (matmul.cu, on gemm.cu's cuBLASLt) ------------------------------
   void matmul_forward(Act out, Act x, Act weight, Act bias, int N, int IC, int OC,
                       const FusedActivation& fused, int out_stride) override;
   void matmul_backward(Act dx, float* dweight, float* dbias, Act dout, Act x, Act weight, int N,
@@ -128,13 +102,17 @@ class CudaOps final : public Ops {
   size_t attention_scratch_bytes(DType dtype, size_t tokens, size_t longest,
                                  const AttentionConfig& cfg, bool backward) const override;
 
-  // ---- loss and optimizer (loss_optim.cu) -----------------------------------
+  // ---- loss (cross_entropy.cu) ----------------------------------------------
   void cross_entropy(Act logits, const int32_t* targets, int N, int V, float smoothing, int pad_id,
                      float grad_scale, bool compute_grad, LossSums* sums, int stride) override;
+
+  // ---- exact gradient sum (fixed_point.cu) ----------------------------------
   void fixed_point_accumulate(int64_t* fixed, int64_t* out_of_range, const float* grads, size_t n,
                               int fraction_bits, int limit_bits) override;
   void fixed_point_to_float(float* out, const int64_t* fixed, const int64_t* out_of_range, size_t n,
                             int fraction_bits) override;
+
+  // ---- optimizer (adamw.cu) -------------------------------------------------
   void sum_squares(double* out, const float* x, size_t n) override;
   void adamw_update(float* params, const float* grads, float* m, float* v, Act compute, size_t n,
                     const AdamWRange* ranges, int range_count, const AdamWConfig& cfg,
@@ -147,7 +125,7 @@ class CudaOps final : public Ops {
                  bool compute_grad, LossSums* sums, int64_t* label_counts, int stride) override;
 
   // Device scratch that grows to the largest request and is then reused;
-  // counted in peak_allocated_bytes. Growing waits for the stream (the old
+  // counted in the device's peak_allocated_bytes. Growing waits for the stream (the old
   // buffer may still be in use), so it happens on the first steps only.
   enum Slot {
     // Plain attention's probabilities (recomputed in backward) and dS, or
@@ -163,8 +141,8 @@ class CudaOps final : public Ops {
     kSlots
   };
   void* scratch(Slot slot, size_t bytes);
-  // Counts a library's workspace in the peak figure.
-  void count_workspace(size_t bytes);
+  // Counts a library's workspace in the device's peak figure.
+  void count_workspace(size_t bytes) { gpu_->count_workspace(bytes); }
 
  private:
   // The plain attention kernels (attention.cu), for fp32 and where cuDNN
@@ -181,10 +159,9 @@ class CudaOps final : public Ops {
   // order: bias gradients. dst: (C), src: (N, C) rows `stride` apart.
   void add_column_sums(float* dst, Act src, int N, int C, int stride);
 
-  int device_ = 0;
-  std::string name_;
-  cudaStream_t stream_ = nullptr;
-  bool deterministic_ = true;  // cuDNN's attention backward without atomics
+  std::unique_ptr<CudaDevice> gpu_;  // first: the members below release into it
+  cudaStream_t stream_ = nullptr;    // gpu_'s
+  bool deterministic_ = true;        // cuDNN's attention backward without atomics
   AttentionPath attention_path_ = AttentionPath::kAuto;
   AttentionCalls attention_calls_;
   std::string no_cudnn_reason_;  // why flash_ is null
@@ -195,18 +172,6 @@ class CudaOps final : public Ops {
   bool asks_cudnn(DType dtype) const;
   void* scratch_[kSlots] = {};
   size_t scratch_bytes_[kSlots] = {};
-  std::unordered_map<void*, size_t> sizes_;
-  size_t current_bytes_ = 0;
-  size_t peak_bytes_ = 0;
-
-  // Uploads go through a ring of pinned host memory; where each goes and
-  // which copies it waits for is the ring's (kernels/staging_ring.h), each
-  // copy marked by an event on the stream.
-  unsigned char* ring_ = nullptr;
-  std::unique_ptr<cuda::UploadEvents> upload_events_;
-  std::unique_ptr<StagingRing> uploads_;  // after upload_events_, which it uses
-  // The latest copy_to_host_async of each slot.
-  std::vector<cudaEvent_t> copy_events_;
 };
 
 }  // namespace mpiformer

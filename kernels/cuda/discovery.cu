@@ -1,0 +1,27 @@
+// Device discovery through the CUDA runtime. Every error (no driver, no GPU)
+// is reported as "no device": the CPU backend then runs instead.
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/discovery.h"
+
+namespace mpiformer::cuda {
+
+int device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // reset the (non-sticky) error so later calls start clean
+    return 0;
+  }
+  return count;
+}
+
+std::string device_name(int device) {
+  cudaDeviceProp props{};
+  if (cudaGetDeviceProperties(&props, device) != cudaSuccess) {
+    cudaGetLastError();
+    return "";
+  }
+  return props.name;
+}
+
+}  // namespace mpiformer::cuda

@@ -1,0 +1,62 @@
+// The CUDA backend's set-up (its library handles on the device's stream)
+// and the scratch its ops share.
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include "kernels/cuda/attention_cudnn.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/ops.h"
+
+namespace mpiformer {
+
+namespace cuda {
+
+void check(cublasStatus_t status, const char* what) {
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    throw std::runtime_error(std::string("cuBLAS error in ") + what + ": status " +
+                             std::to_string(static_cast<int>(status)));
+  }
+}
+
+}  // namespace cuda
+
+// ---- set-up ---------------------------------------------------------------
+
+CudaOps::CudaOps(std::unique_ptr<CudaDevice> device, bool tf32)
+    : Ops(*device), gpu_(std::move(device)), stream_(gpu_->stream()) {
+  gemm_ = std::make_unique<cuda::Gemm>(*this, tf32);
+  try {
+    flash_ = cuda::FlashAttention::create(*this, &no_cudnn_reason_);
+  } catch (const std::exception& e) {
+    // cuDNN missing or broken on this machine: attention still runs, and
+    // the start line says why on the plain kernels.
+    no_cudnn_reason_ = e.what();
+  }
+}
+
+CudaOps::~CudaOps() {
+  cudaStreamSynchronize(stream_);
+  flash_.reset();
+  gemm_.reset();
+  for (void* p : scratch_)
+    if (p) cudaFree(p);
+}
+
+void* CudaOps::scratch(Slot slot, size_t bytes) {
+  if (scratch_bytes_[slot] < bytes) {
+    if (scratch_[slot]) {
+      cuda::check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+      cuda::check(cudaFree(scratch_[slot]), "cudaFree");
+      gpu_->uncount_workspace(scratch_bytes_[slot]);
+    }
+    scratch_[slot] = nullptr;
+    scratch_bytes_[slot] = 0;
+    cuda::check(cudaMalloc(&scratch_[slot], bytes), "cudaMalloc (scratch)");
+    scratch_bytes_[slot] = bytes;
+    count_workspace(bytes);
+  }
+  return scratch_[slot];
+}
+
+}  // namespace mpiformer
