@@ -26,8 +26,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -36,13 +34,12 @@
 #include <functional>
 #include <iostream>
 #include <memory>
-#include <mutex>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "src/app/commands.h"
+#include "src/app/prepare/progress.h"
 #include "src/core/error.h"
 #include "src/data/labels.h"
 #include "src/data/tokenizer.h"
@@ -56,39 +53,17 @@ namespace mpiformer {
 namespace {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
+using namespace prepare;
 
 constexpr const char* kTrainPrefix = "train";
 constexpr const char* kValidPrefix = "valid";
 constexpr const char* kTestPrefix = "test";
 constexpr const char* kTokenizerFile = "tokenizer.model";
-constexpr double kProgressSeconds = 5.0;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-// "12.3 s"
-std::string format_seconds(double seconds) {
-  char text[32];
-  std::snprintf(text, sizeof(text), "%.1f s", seconds);
-  return text;
-}
 
 std::string shard_name(const char* prefix, int64_t index) {
   char name[64];
   std::snprintf(name, sizeof(name), "%s-%05lld.h5", prefix, static_cast<long long>(index));
   return name;
-}
-
-// 1234567 -> "1,234,567": the summary's figures are read by people.
-std::string grouped(int64_t n) {
-  std::string digits = std::to_string(n < 0 ? -n : n), out;
-  for (size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
-    out += digits[i];
-  }
-  return (n < 0 ? "-" : "") + out;
 }
 
 bool is_blank(const std::string& line) {
@@ -108,58 +83,6 @@ std::vector<std::string> read_lines(const std::string& path) {
   if (in.bad()) throw std::runtime_error(path + ": read error");
   return lines;
 }
-
-// ---- progress ----------------------------------------------------------------
-
-// True at most once per kProgressSeconds: a long phase reports as it goes,
-// a short one not at all.
-class Throttle {
- public:
-  bool due() {
-    const auto now = Clock::now();
-    if (std::chrono::duration<double>(now - last_).count() < kProgressSeconds) return false;
-    last_ = now;
-    return true;
-  }
-
- private:
-  Clock::time_point last_ = Clock::now();
-};
-
-// Calls say(seconds) every kProgressSeconds from a thread of its own until
-// destroyed: SentencePiece trains without a word, for minutes on a large
-// corpus.
-class Heartbeat {
- public:
-  explicit Heartbeat(std::function<void(double)> say)
-      : say_(std::move(say)), thread_([this] { run(); }) {}
-  ~Heartbeat() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stop_ = true;
-    }
-    changed_.notify_all();
-    thread_.join();
-  }
-  Heartbeat(const Heartbeat&) = delete;
-  Heartbeat& operator=(const Heartbeat&) = delete;
-
- private:
-  void run() {
-    const auto start = Clock::now();
-    std::unique_lock<std::mutex> lock(mutex_);
-    while (!changed_.wait_for(lock, std::chrono::duration<double>(kProgressSeconds),
-                              [this] { return stop_; })) {
-      say_(seconds_since(start));
-    }
-  }
-
-  std::function<void(double)> say_;
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  bool stop_ = false;
-  std::thread thread_;  // last: starts once the members above exist
-};
 
 // ---- validation (rank 0) -----------------------------------------------------
 
