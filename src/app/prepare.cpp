@@ -39,13 +39,12 @@
 #include <vector>
 
 #include "src/app/commands.h"
+#include "src/app/prepare/output.h"
 #include "src/app/prepare/progress.h"
 #include "src/core/error.h"
 #include "src/data/labels.h"
 #include "src/data/tokenizer.h"
 #include "src/io/array_file.h"
-#include "src/io/atomic_file.h"
-#include "src/io/dir_lock.h"
 #include "src/io/shard.h"
 #include "src/parallel/agreement.h"
 
@@ -54,17 +53,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using namespace prepare;
-
-constexpr const char* kTrainPrefix = "train";
-constexpr const char* kValidPrefix = "valid";
-constexpr const char* kTestPrefix = "test";
-constexpr const char* kTokenizerFile = "tokenizer.model";
-
-std::string shard_name(const char* prefix, int64_t index) {
-  char name[64];
-  std::snprintf(name, sizeof(name), "%s-%05lld.h5", prefix, static_cast<long long>(index));
-  return name;
-}
 
 bool is_blank(const std::string& line) {
   return line.find_first_not_of(" \t\r\v\f") == std::string::npos;
@@ -411,66 +399,6 @@ Shard encode_block(const Span& span, const Tokenizer& tokenizer, const ShardHead
   return shard;
 }
 
-// Files this rank has written under temporary names, and their final names.
-class PendingFiles {
- public:
-  explicit PendingFiles(fs::path dir) : dir_(std::move(dir)) {}
-
-  // Where to write `name` for now.
-  std::string add(const std::string& name) {
-    const fs::path final_path = dir_ / name;
-    fs::path temporary = final_path;
-    temporary += ".tmp-" + std::to_string(::getpid());
-    files_.push_back({temporary, final_path, false});
-    return temporary.string();
-  }
-
-  // A fault message naming the file as the user will know it.
-  std::string final_name_in(std::string message) const {
-    for (const auto& f : files_) {
-      const std::string t = f.temporary.string();
-      if (const size_t at = message.find(t); at != std::string::npos) {
-        message.replace(at, t.size(), f.final_path.string());
-      }
-    }
-    return message;
-  }
-
-  // Durably: a crash after prepare's success line leaves the whole set.
-  void commit() {
-    for (auto& f : files_) {
-      fsync_file(f.temporary.string());
-      commit_file(f.temporary.string(), f.final_path.string());
-      f.renamed = true;
-    }
-  }
-
-  // Removes whatever this rank wrote, renamed or not.
-  void remove_all() {
-    for (const auto& f : files_) {
-      std::error_code ec;
-      fs::remove(f.temporary, ec);
-      if (f.renamed) fs::remove(f.final_path, ec);
-    }
-    files_.clear();
-  }
-
- private:
-  struct File {
-    fs::path temporary, final_path;
-    bool renamed;
-  };
-  fs::path dir_;
-  std::vector<File> files_;
-};
-
-void write_file_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  out.close();
-  if (!out) throw std::runtime_error(path + ": cannot write");
-}
-
 // The training lines alone, for SentencePiece, when held-out lines were cut
 // from the input (it reads files): written beside the shards under
 // temporary names and removed once the tokenizer is trained or has failed.
@@ -654,45 +582,30 @@ int run_prepare_images(const PrepareConfig& cfg, Communicator& comm) {
           Faults::kOfInput, "prepare") != 0) {
     return kExitUsage;
   }
-  const fs::path out_dir(cfg.out_dir);
-  DirLock lock;
-  PendingFiles pending(out_dir);
-  bool created_out_dir = false;
+  OutputDir out(cfg.out_dir);
   const bool ok = agreed(comm, [&] {
     if (!comm.is_root()) return;
-    std::error_code ec;
-    created_out_dir = fs::create_directories(out_dir, ec);
-    if (ec) throw std::runtime_error(cfg.out_dir + ": cannot create (" + ec.message() + ")");
-    const std::string refused = lock.try_acquire(cfg.out_dir);
+    out.create();
+    const std::string refused = out.lock();
     if (!refused.empty()) throw std::runtime_error(refused);
     const std::string origin = fs::path(cfg.input).filename().string();
-    const auto write = [&](const std::string& name, const Shard& shard) {
-      try {
-        write_shard(pending.add(name), shard);
-      } catch (const std::runtime_error& e) {
-        throw std::runtime_error(pending.final_name_in(e.what()));
-      }
-    };
     for (int64_t k = 0; k < cfg.shards; ++k) {
-      write(shard_name(kTrainPrefix, k),
-            image_shard(set, static_cast<size_t>(k) * train / cfg.shards,
-                        static_cast<size_t>(k + 1) * train / cfg.shards, kTrainPrefix, origin));
+      out.write_shard(
+          shard_name(kTrainPrefix, k),
+          image_shard(set, static_cast<size_t>(k) * train / cfg.shards,
+                      static_cast<size_t>(k + 1) * train / cfg.shards, kTrainPrefix, origin));
     }
-    write(shard_name(kValidPrefix, 0),
-          image_shard(set, train, train + valid, kValidPrefix, origin));
+    out.write_shard(shard_name(kValidPrefix, 0),
+                    image_shard(set, train, train + valid, kValidPrefix, origin));
     if (test > 0) {
-      write(shard_name(kTestPrefix, 0),
-            image_shard(set, train + valid, train + valid + test, kTestPrefix, origin));
+      out.write_shard(shard_name(kTestPrefix, 0),
+                      image_shard(set, train + valid, train + valid + test, kTestPrefix, origin));
     }
-    pending.commit();
+    out.commit();
   });
   if (!ok) {
-    pending.remove_all();
-    lock.release();
-    if (created_out_dir) {
-      std::error_code ec;
-      fs::remove(out_dir, ec);
-    }
+    out.remove_written();
+    out.let_go();
     return kExitFailure;
   }
   if (comm.is_root()) {
@@ -796,34 +709,24 @@ int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
   // good, and locked until the end, so a second prepare into it is refused
   // rather than mixing its files with ours. Step 1 saw it free of shards
   // before the lock; only a check under the lock can be trusted.
-  const fs::path out_dir(cfg.out_dir);
-  bool created_out_dir = false;
-  DirLock lock;
-  PendingFiles pending(out_dir);
+  OutputDir out(cfg.out_dir);
   // Every rank removes what it wrote; then rank 0 lets the directory go,
   // removing it if it made it (only if empty: never another's files).
   const auto give_up = [&](int code) {
-    pending.remove_all();
+    out.remove_written();
     comm.barrier();
-    lock.release();
-    if (created_out_dir) {
-      std::error_code ec;
-      fs::remove(out_dir, ec);
-    }
+    out.let_go();
     return code;
   };
   if (!agreed(comm, [&] {
-        if (!comm.is_root()) return;
-        std::error_code ec;
-        created_out_dir = fs::create_directories(out_dir, ec);
-        if (ec) throw std::runtime_error(cfg.out_dir + ": cannot create (" + ec.message() + ")");
+        if (comm.is_root()) out.create();
       })) {
     return kExitFailure;
   }
   if (agree_on_root(
           comm,
           [&] {
-            const std::string refused = lock.try_acquire(cfg.out_dir);
+            const std::string refused = out.lock();
             if (!refused.empty()) usage_error("--out", refused);
             require_fresh_output(cfg.out_dir);
           },
@@ -856,7 +759,7 @@ int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
         std::vector<std::string> files{cfg.input};
         if (seq2seq) files.push_back(cfg.target);
         if (corpus.carved()) {
-          text = std::make_unique<TrainingText>(out_dir, train);
+          text = std::make_unique<TrainingText>(out.path(), train);
           files = text->paths();
         }
         const Heartbeat heartbeat([&](double seconds) {
@@ -936,12 +839,7 @@ int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
       const Shard shard =
           encode_block(block, *tokenizer, train_header, vocabulary, &figures,
                        comm.is_root() ? count_encoded(name, block.size()) : nullptr);
-      const std::string path = pending.add(name);
-      try {
-        write_shard(path, shard);
-      } catch (const std::runtime_error& e) {
-        throw std::runtime_error(pending.final_name_in(e.what()));
-      }
+      out.write_shard(name, shard);
     });
     if (!ok) break;
     // Every rank's figures for this round, so rank 0 can report each shard.
@@ -986,23 +884,18 @@ int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
         const std::string name = shard_name(prefix, 0);
         const Shard shard = encode_block(span, *tokenizer, split_header, vocabulary, &held_out[k],
                                          count_encoded(name, span.size()));
-        const std::string path = pending.add(name);
-        try {
-          write_shard(path, shard);
-        } catch (const std::runtime_error& e) {
-          throw std::runtime_error(pending.final_name_in(e.what()));
-        }
+        out.write_shard(name, shard);
         say("  " + name + ": " + grouped(held_out[k].sequences) + " sequences, " +
             grouped(held_out[k].tokens) + " tokens (" +
             format_seconds(seconds_since(encode_start)) + ")");
         if (k == 1) test_sequences = held_out[k].sequences;
       }
-      write_file_bytes(pending.add(kTokenizerFile), model_bytes);
+      out.write_bytes(kTokenizerFile, model_bytes);
     });
   }
 
   // 5. All or nothing: rename only when every rank succeeded.
-  if (ok) ok = agreed(comm, [&] { pending.commit(); });
+  if (ok) ok = agreed(comm, [&] { out.commit(); });
   if (!ok) return give_up(kExitFailure);
 
   if (comm.is_root()) {
