@@ -39,6 +39,8 @@
 #include <vector>
 
 #include "src/app/commands.h"
+#include "src/app/prepare/corpus.h"
+#include "src/app/prepare/inputs.h"
 #include "src/app/prepare/output.h"
 #include "src/app/prepare/progress.h"
 #include "src/core/error.h"
@@ -53,274 +55,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using namespace prepare;
-
-bool is_blank(const std::string& line) {
-  return line.find_first_not_of(" \t\r\v\f") == std::string::npos;
-}
-
-// Every line of a text file, without its line ending (LF or CRLF).
-std::vector<std::string> read_lines(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error(path + ": cannot read");
-  std::vector<std::string> lines;
-  std::string line;
-  while (std::getline(in, line)) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    lines.push_back(std::move(line));
-  }
-  if (in.bad()) throw std::runtime_error(path + ": read error");
-  return lines;
-}
-
-// ---- validation (rank 0) -----------------------------------------------------
-
-// A pipe or device is refused before it is opened: opening a pipe blocks
-// until it has a writer, and what it gives is gone once read. `why`, when
-// given, says who reads the file twice.
-void require_readable_file(const std::string& flag, const std::string& path,
-                           const std::string& why = "") {
-  std::error_code ec;
-  if (!fs::exists(path, ec)) usage_error(flag, path + ": no such file");
-  if (fs::is_directory(path, ec)) usage_error(flag, path + ": is a directory, not a file");
-  if (!fs::is_regular_file(path, ec)) {
-    usage_error(flag, path + " is not a regular file" + (why.empty() ? "" : " (" + why + ")"));
-  }
-  if (!std::ifstream(path, std::ios::binary)) usage_error(flag, path + ": cannot read");
-}
-
-// Every rank reads the text, and SentencePiece reads it again.
-void require_text_file(const std::string& flag, const std::string& path) {
-  require_readable_file(flag, path, "SentencePiece reads it more than once");
-}
-
-void require_fresh_output(const std::string& dir) {
-  std::error_code ec;
-  if (!fs::exists(dir, ec)) return;
-  if (!fs::is_directory(dir, ec)) usage_error("--out", dir + ": exists and is not a directory");
-  if (!list_shards(dir, kTrainPrefix).empty() || !list_shards(dir, kValidPrefix).empty() ||
-      !list_shards(dir, kTestPrefix).empty() || fs::exists(fs::path(dir) / kTokenizerFile, ec)) {
-    usage_error("--out", dir + " already holds shards; choose another directory");
-  }
-}
-
-// The --tokenizer model's bytes, after checking it keeps mpiformer's ids.
-std::string load_given_tokenizer(const PrepareConfig& cfg) {
-  require_readable_file("--tokenizer", cfg.tokenizer);
-  std::unique_ptr<Tokenizer> tokenizer;
-  try {
-    tokenizer = Tokenizer::from_file(cfg.tokenizer);
-  } catch (const std::runtime_error& e) {
-    usage_error("--tokenizer", e.what());
-  }
-  const std::string mismatch = tokenizer->special_ids_mismatch();
-  if (!mismatch.empty()) {
-    usage_error("--tokenizer", cfg.tokenizer + ": its special ids differ from mpiformer's (" +
-                                   mismatch + "); train one with `mpiformer prepare`");
-  }
-  if (cfg.vocab_size != 0 && cfg.vocab_size != tokenizer->vocab_size()) {
-    usage_error("--vocab-size", std::to_string(cfg.vocab_size) + ", but --tokenizer " +
-                                    cfg.tokenizer + " has " +
-                                    std::to_string(tokenizer->vocab_size()) + " pieces");
-  }
-  return tokenizer->model_bytes();
-}
-
-// ---- the corpus --------------------------------------------------------------
-
-// A carved split is at most one line (pair) in kHoldOut of the input's.
-constexpr size_t kHoldOut = 10;
-
-// SentencePiece trains only on lines up to this many bytes (its
-// max_sentence_length) and skips longer ones; they are still encoded. A
-// longer limit would let one huge line stall training for minutes.
-constexpr size_t kLongestTrainedLine = kTrainedLineLimit;
-
-// One text: --input (and --target), or the files of --valid or --test.
-struct Text {
-  std::string input_path, target_path;     // target: seq2seq only
-  std::vector<std::string> input, target;  // every line
-  std::string labels_path;                 // classify only
-  std::vector<std::string> labels;         // every line
-  std::vector<size_t> sequences;           // line numbers (0-based) of the usable lines/pairs
-  size_t blank = 0;                        // lines (pairs) skipped because a side was blank
-  bool seq2seq() const { return !target_path.empty(); }
-  // "kjv.txt", "a.en and a.de"
-  std::string name() const { return seq2seq() ? input_path + " and " + target_path : input_path; }
-  std::string units(size_t n) const {
-    return std::string(seq2seq() ? "line pair" : "line") + (n == 1 ? "" : "s");
-  }
-};
-
-// A split: sequences [begin, end) of a text's usable ones.
-struct Span {
-  const Text* text = nullptr;  // null: no such split
-  size_t begin = 0, end = 0;
-  size_t size() const { return end - begin; }
-  // Where it comes from, for the shards' `origin` attribute and the report:
-  // "kjv.txt lines 29103-30102".
-  std::string origin() const {
-    if (size() == 0) return text->name();
-    return text->name() + " lines " + std::to_string(text->sequences[begin] + 1) + "-" +
-           std::to_string(text->sequences[end - 1] + 1);
-  }
-};
-
-struct Corpus {
-  Text main;                   // --input (and --target)
-  Text valid_file, test_file;  // --valid, --test (read on rank 0 only)
-  // Carved from the end of main: the test lines last, the validation lines
-  // before them.
-  size_t valid_carved = 0, test_carved = 0;
-
-  size_t train_count() const { return main.sequences.size() - valid_carved - test_carved; }
-  Span train() const { return {&main, 0, train_count()}; }
-  Span valid() const {
-    if (!valid_file.input_path.empty()) return {&valid_file, 0, valid_file.sequences.size()};
-    return {&main, train_count(), train_count() + valid_carved};
-  }
-  Span test() const {
-    if (!test_file.input_path.empty()) return {&test_file, 0, test_file.sequences.size()};
-    if (test_carved == 0) return {};
-    return {&main, main.sequences.size() - test_carved, main.sequences.size()};
-  }
-  bool carved() const { return valid_carved + test_carved > 0; }
-};
-
-// files.target: seq2seq's targets, or classify's labels.
-Text text_of(const PrepareConfig& cfg, const SplitFiles& files) {
-  Text t;
-  t.input_path = files.input;
-  if (cfg.kind == "seq2seq") t.target_path = files.target;
-  if (cfg.kind == "classify") t.labels_path = files.target;
-  return t;
-}
-
-// Reads a text; its usable sequences are found when both sides have the
-// same number of lines (a mismatch is refused by validate_text).
-void read_text(Text* t) {
-  t->input = read_lines(t->input_path);
-  if (t->seq2seq()) t->target = read_lines(t->target_path);
-  if (!t->labels_path.empty()) t->labels = read_lines(t->labels_path);
-  if (t->seq2seq() && t->target.size() != t->input.size()) return;
-  for (size_t i = 0; i < t->input.size(); ++i) {
-    if (!is_blank(t->input[i]) && !(t->seq2seq() && is_blank(t->target[i]))) {
-      t->sequences.push_back(i);
-    } else {
-      ++t->blank;
-    }
-  }
-}
-
-// How many usable lines each split not given as files takes from the end of
-// the input: as many as asked, but at most a tenth, so training always keeps
-// most of them.
-void carve(const PrepareConfig& cfg, Corpus* c) {
-  const size_t most = c->main.sequences.size() / kHoldOut;
-  if (!cfg.valid.given()) c->valid_carved = std::min(static_cast<size_t>(cfg.valid_lines), most);
-  if (!cfg.test.given()) c->test_carved = std::min(static_cast<size_t>(cfg.test_lines), most);
-}
-
-// The faults of one text. `flag` names the text (--input, --valid, --test).
-void validate_text(const std::string& flag, const Text& t) {
-  const auto all_blank = [](const std::vector<std::string>& lines) {
-    return std::all_of(lines.begin(), lines.end(), is_blank);
-  };
-  if (all_blank(t.input))
-    throw std::runtime_error(t.input_path + ": empty input (no non-blank lines)");
-  if (!t.labels_path.empty()) {
-    if (t.labels.size() != t.input.size()) {
-      usage_error(flag == "--input" ? "--labels" : flag,
-                  t.labels_path + " has " + std::to_string(t.labels.size()) + " lines but " +
-                      t.input_path + " has " + std::to_string(t.input.size()));
-    }
-    for (size_t line = 0; line < t.labels.size(); ++line) {
-      try {
-        parse_label_line(t.labels[line]);
-      } catch (const std::invalid_argument& e) {
-        usage_error(flag == "--input" ? "--labels" : flag,
-                    t.labels_path + ":" + std::to_string(line + 1) + ": " + e.what());
-      }
-    }
-  }
-  if (!t.seq2seq()) return;
-  if (all_blank(t.target)) {
-    throw std::runtime_error(t.target_path + ": empty input (no non-blank lines)");
-  }
-  if (t.target.size() != t.input.size()) {
-    const std::string input_flag = flag == "--input" ? "--input " : "";
-    usage_error(flag == "--input" ? "--target" : flag,
-                t.target_path + " has " + std::to_string(t.target.size()) + " lines but " +
-                    input_flag + t.input_path + " has " + std::to_string(t.input.size()));
-  }
-  if (t.sequences.empty()) {
-    throw std::runtime_error(t.input_path + " and " + t.target_path +
-                             ": no line pair has both sides non-blank");
-  }
-}
-
-// Usable training sequences with a side longer than kLongestTrainedLine.
-size_t too_long_to_train(const Span& train) {
-  const Text& t = *train.text;
-  size_t n = 0;
-  for (size_t s = train.begin; s < train.end; ++s) {
-    const size_t line = t.sequences[s];
-    n += t.input[line].size() > kLongestTrainedLine ||
-         (t.seq2seq() && t.target[line].size() > kLongestTrainedLine);
-  }
-  return n;
-}
-
-// The refusals; returns the warnings to print once every check has passed.
-std::vector<std::string> validate_corpus(const PrepareConfig& cfg, const Corpus& c) {
-  const Text& t = c.main;
-  validate_text("--input", t);
-  if (cfg.valid.given()) validate_text("--valid", c.valid_file);
-  if (cfg.test.given()) validate_text("--test", c.test_file);
-  const size_t n = t.sequences.size();
-  const std::string usable = std::string(t.seq2seq() ? "have " : "has ") + std::to_string(n) +
-                             " usable " + t.units(n) + "; at least " + std::to_string(kHoldOut) +
-                             " are needed to hold one out for ";
-  // train --data refuses a set without a validation shard, so one is needed.
-  if (!cfg.valid.given() && c.valid_carved == 0) {
-    usage_error("--input", t.name() + " " + usable + "validation");
-  }
-  if (!cfg.test.given() && cfg.test_lines > 0 && c.test_carved == 0) {
-    usage_error("--test-lines", t.name() + " " + usable + "a test split");
-  }
-  if (cfg.tokenizer.empty() && too_long_to_train(c.train()) == c.train_count()) {
-    const bool all = too_long_to_train({&t, 0, n}) == n;
-    usage_error("--input", t.name() + ": every " + (all ? "" : "training ") +
-                               "line is longer than the " + std::to_string(kLongestTrainedLine) +
-                               " bytes a tokenizer trains on; put one sentence (or paragraph) "
-                               "per line");
-  }
-  if (static_cast<size_t>(cfg.shards) > c.train_count()) {
-    usage_error("--shards", std::to_string(cfg.shards) + " shards but only " +
-                                std::to_string(c.train_count()) +
-                                " training sequences; each shard needs at least one");
-  }
-  // The default --valid-lines is capped on every small corpus: only a
-  // number the user chose is worth a word.
-  std::vector<std::string> warnings;
-  const auto capped = [&](const char* flag, int wanted, size_t got) {
-    warnings.push_back("warning: " + std::string(flag) + " " + std::to_string(wanted) +
-                       ": holding out " + std::to_string(got) + " " + t.units(got) +
-                       ", a tenth of the " + std::to_string(n) + " usable " + t.units(n) + " of " +
-                       t.name());
-  };
-  if (cfg.valid_lines_given && c.valid_carved < static_cast<size_t>(cfg.valid_lines)) {
-    capped("--valid-lines", cfg.valid_lines, c.valid_carved);
-  }
-  if (c.test_carved > 0 && c.test_carved < static_cast<size_t>(cfg.test_lines)) {
-    capped("--test-lines", cfg.test_lines, c.test_carved);
-  }
-  return warnings;
-}
-
-// "1,000 (kjv.txt lines 29103-30102)"
-std::string describe_span(const Span& span) {
-  return grouped(static_cast<int64_t>(span.size())) + " (" + span.origin() + ")";
-}
 
 // ---- encoding ----------------------------------------------------------------
 
@@ -546,17 +280,7 @@ Shard image_shard(const ImageSet& set, size_t begin, size_t end, const char* spl
 int run_prepare_images(const PrepareConfig& cfg, Communicator& comm) {
   const auto start = Clock::now();
   if (agree_on_root(
-          comm,
-          [&] {
-            if (cfg.valid.given() || cfg.test.given()) {
-              usage_error(cfg.valid.given() ? "--valid" : "--test",
-                          "--kind image holds out the last images: use --valid-lines and "
-                          "--test-lines");
-            }
-            require_readable_file("--input", cfg.input);
-            require_fresh_output(cfg.out_dir);
-          },
-          Faults::kOfInput, "prepare") != 0) {
+          comm, [&] { check_image_inputs(cfg); }, Faults::kOfInput, "prepare") != 0) {
     return kExitUsage;
   }
   ImageSet set;
@@ -637,72 +361,31 @@ int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
   // 1. The files, the output directory and --tokenizer, before any work.
   std::string model_bytes;
   if (agree_on_root(
-          comm,
-          [&] {
-            require_text_file("--input", cfg.input);
-            if (seq2seq) require_text_file("--target", cfg.target);
-            for (const auto& [flag, files] :
-                 {std::pair{"--valid", cfg.valid}, {"--test", cfg.test}}) {
-              if (!files.given()) continue;
-              require_readable_file(flag, files.input);
-              if (seq2seq) require_readable_file(flag, files.target);
-            }
-            require_fresh_output(cfg.out_dir);
-            if (!cfg.tokenizer.empty()) model_bytes = load_given_tokenizer(cfg);
-          },
-          Faults::kOfInput, "prepare") != 0) {
+          comm, [&] { model_bytes = check_text_inputs(cfg); }, Faults::kOfInput, "prepare") != 0) {
     return kExitUsage;
   }
 
   // 2. Every rank reads the text (it is small next to its tokens) and finds
   // the same splits; only rank 0 writes the held-out shards, so only it
   // reads --valid and --test. Rank 0 judges it all.
-  Corpus corpus;
-  corpus.main = text_of(cfg, {cfg.input, cfg.kind == "classify" ? cfg.labels : cfg.target});
-  if (cfg.valid.given()) corpus.valid_file = text_of(cfg, cfg.valid);
-  if (cfg.test.given()) corpus.test_file = text_of(cfg, cfg.test);
-  if (!agreed(comm, [&] {
-        read_text(&corpus.main);
-        carve(cfg, &corpus);
-        if (!comm.is_root()) return;
-        if (cfg.valid.given()) read_text(&corpus.valid_file);
-        if (cfg.test.given()) read_text(&corpus.test_file);
-      })) {
-    return kExitFailure;
-  }
+  Corpus corpus = corpus_of(cfg);
+  if (!agreed(comm, [&] { read_corpus(cfg, comm.is_root(), &corpus); })) return kExitFailure;
   std::vector<std::string> warnings;
   if (agree_on_root(
           comm, [&] { warnings = validate_corpus(cfg, corpus); }, Faults::kOfInput, "prepare") != 0)
     return kExitUsage;
-  // classify: the label vocabulary of the training lines, the same on every
-  // rank (each read the whole text).
   LabelVocabulary vocabulary;
   if (cfg.kind == "classify") {
-    const Span train = corpus.train();
-    for (size_t s = train.begin; s < train.end; ++s) {
-      vocabulary.count(parse_label_line(corpus.main.labels[corpus.main.sequences[s]]));
-    }
-    vocabulary.finish();
+    vocabulary = training_labels(corpus);
     if (agree_on_root(
-            comm,
-            [&] {
-              if (vocabulary.names().empty())
-                usage_error("--labels", cfg.labels + ": the training lines have no label at all");
-            },
-            Faults::kOfInput, "prepare") != 0) {
+            comm, [&] { require_training_labels(cfg, vocabulary); }, Faults::kOfInput, "prepare") !=
+        0) {
       return kExitUsage;
     }
   }
   if (comm.is_root()) {
     for (const std::string& w : warnings) std::cerr << "mpiformer prepare: " << w << std::endl;
-    const Text& t = corpus.main;
-    std::string splits = "  splits: train " + describe_span(corpus.train()) + ", valid " +
-                         describe_span(corpus.valid());
-    if (corpus.test().text) splits += ", test " + describe_span(corpus.test());
-    say("read " + t.name() + ": " + grouped(static_cast<int64_t>(t.input.size())) + " " +
-        t.units(t.input.size()) + ", " + grouped(static_cast<int64_t>(t.sequences.size())) +
-        " usable (" + format_seconds(seconds_since(start)) + ")");
-    say(splits);
+    report_corpus(corpus, start, say);
   }
 
   // The output directory: created by rank 0 now that the inputs are known
