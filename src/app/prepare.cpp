@@ -21,886 +21,95 @@
 // Rank 0 reports each phase on stdout, and every kProgressSeconds within a
 // long one (tokenizer training, encoding), so a large corpus is never silent
 // for long while a small one gets only the phase lines.
-#include <mpi.h>
-#include <unistd.h>
-
-#include <algorithm>
-#include <cerrno>
-#include <chrono>
-#include <condition_variable>
-#include <cstdint>
-#include <cstdio>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <functional>
+//
+// This file is the command, phase by phase, each agreed by every rank; the
+// phases' work is in src/app/prepare/: the checks of the inputs (inputs.h),
+// the text and its splits (corpus.h), the tokenizer's training
+// (tokenizer.h), the shards (shards.h), the output directory and its
+// rollback (output.h), the progress lines (progress.h), and --kind image
+// (images.h).
 #include <iostream>
 #include <memory>
-#include <mutex>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "src/app/commands.h"
+#include "src/app/prepare/corpus.h"
+#include "src/app/prepare/images.h"
+#include "src/app/prepare/inputs.h"
+#include "src/app/prepare/output.h"
+#include "src/app/prepare/progress.h"
+#include "src/app/prepare/shards.h"
+#include "src/app/prepare/tokenizer.h"
 #include "src/core/error.h"
 #include "src/data/labels.h"
 #include "src/data/tokenizer.h"
-#include "src/io/array_file.h"
-#include "src/io/atomic_file.h"
-#include "src/io/dir_lock.h"
-#include "src/io/shard.h"
 #include "src/parallel/agreement.h"
 
 namespace mpiformer {
-namespace {
-
-namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
-
-constexpr const char* kTrainPrefix = "train";
-constexpr const char* kValidPrefix = "valid";
-constexpr const char* kTestPrefix = "test";
-constexpr const char* kTokenizerFile = "tokenizer.model";
-constexpr double kProgressSeconds = 5.0;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-// "12.3 s"
-std::string format_seconds(double seconds) {
-  char text[32];
-  std::snprintf(text, sizeof(text), "%.1f s", seconds);
-  return text;
-}
-
-std::string shard_name(const char* prefix, int64_t index) {
-  char name[64];
-  std::snprintf(name, sizeof(name), "%s-%05lld.h5", prefix, static_cast<long long>(index));
-  return name;
-}
-
-// 1234567 -> "1,234,567": the summary's figures are read by people.
-std::string grouped(int64_t n) {
-  std::string digits = std::to_string(n < 0 ? -n : n), out;
-  for (size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
-    out += digits[i];
-  }
-  return (n < 0 ? "-" : "") + out;
-}
-
-bool is_blank(const std::string& line) {
-  return line.find_first_not_of(" \t\r\v\f") == std::string::npos;
-}
-
-// Every line of a text file, without its line ending (LF or CRLF).
-std::vector<std::string> read_lines(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error(path + ": cannot read");
-  std::vector<std::string> lines;
-  std::string line;
-  while (std::getline(in, line)) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    lines.push_back(std::move(line));
-  }
-  if (in.bad()) throw std::runtime_error(path + ": read error");
-  return lines;
-}
-
-// ---- progress ----------------------------------------------------------------
-
-// True at most once per kProgressSeconds: a long phase reports as it goes,
-// a short one not at all.
-class Throttle {
- public:
-  bool due() {
-    const auto now = Clock::now();
-    if (std::chrono::duration<double>(now - last_).count() < kProgressSeconds) return false;
-    last_ = now;
-    return true;
-  }
-
- private:
-  Clock::time_point last_ = Clock::now();
-};
-
-// Calls say(seconds) every kProgressSeconds from a thread of its own until
-// destroyed: SentencePiece trains without a word, for minutes on a large
-// corpus.
-class Heartbeat {
- public:
-  explicit Heartbeat(std::function<void(double)> say)
-      : say_(std::move(say)), thread_([this] { run(); }) {}
-  ~Heartbeat() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stop_ = true;
-    }
-    changed_.notify_all();
-    thread_.join();
-  }
-  Heartbeat(const Heartbeat&) = delete;
-  Heartbeat& operator=(const Heartbeat&) = delete;
-
- private:
-  void run() {
-    const auto start = Clock::now();
-    std::unique_lock<std::mutex> lock(mutex_);
-    while (!changed_.wait_for(lock, std::chrono::duration<double>(kProgressSeconds),
-                              [this] { return stop_; })) {
-      say_(seconds_since(start));
-    }
-  }
-
-  std::function<void(double)> say_;
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  bool stop_ = false;
-  std::thread thread_;  // last: starts once the members above exist
-};
-
-// ---- validation (rank 0) -----------------------------------------------------
-
-// A pipe or device is refused before it is opened: opening a pipe blocks
-// until it has a writer, and what it gives is gone once read. `why`, when
-// given, says who reads the file twice.
-void require_readable_file(const std::string& flag, const std::string& path,
-                           const std::string& why = "") {
-  std::error_code ec;
-  if (!fs::exists(path, ec)) usage_error(flag, path + ": no such file");
-  if (fs::is_directory(path, ec)) usage_error(flag, path + ": is a directory, not a file");
-  if (!fs::is_regular_file(path, ec)) {
-    usage_error(flag, path + " is not a regular file" + (why.empty() ? "" : " (" + why + ")"));
-  }
-  if (!std::ifstream(path, std::ios::binary)) usage_error(flag, path + ": cannot read");
-}
-
-// Every rank reads the text, and SentencePiece reads it again.
-void require_text_file(const std::string& flag, const std::string& path) {
-  require_readable_file(flag, path, "SentencePiece reads it more than once");
-}
-
-void require_fresh_output(const std::string& dir) {
-  std::error_code ec;
-  if (!fs::exists(dir, ec)) return;
-  if (!fs::is_directory(dir, ec)) usage_error("--out", dir + ": exists and is not a directory");
-  if (!list_shards(dir, kTrainPrefix).empty() || !list_shards(dir, kValidPrefix).empty() ||
-      !list_shards(dir, kTestPrefix).empty() || fs::exists(fs::path(dir) / kTokenizerFile, ec)) {
-    usage_error("--out", dir + " already holds shards; choose another directory");
-  }
-}
-
-// The --tokenizer model's bytes, after checking it keeps mpiformer's ids.
-std::string load_given_tokenizer(const PrepareConfig& cfg) {
-  require_readable_file("--tokenizer", cfg.tokenizer);
-  std::unique_ptr<Tokenizer> tokenizer;
-  try {
-    tokenizer = Tokenizer::from_file(cfg.tokenizer);
-  } catch (const std::runtime_error& e) {
-    usage_error("--tokenizer", e.what());
-  }
-  const std::string mismatch = tokenizer->special_ids_mismatch();
-  if (!mismatch.empty()) {
-    usage_error("--tokenizer", cfg.tokenizer + ": its special ids differ from mpiformer's (" +
-                                   mismatch + "); train one with `mpiformer prepare`");
-  }
-  if (cfg.vocab_size != 0 && cfg.vocab_size != tokenizer->vocab_size()) {
-    usage_error("--vocab-size", std::to_string(cfg.vocab_size) + ", but --tokenizer " +
-                                    cfg.tokenizer + " has " +
-                                    std::to_string(tokenizer->vocab_size()) + " pieces");
-  }
-  return tokenizer->model_bytes();
-}
-
-// ---- the corpus --------------------------------------------------------------
-
-// A carved split is at most one line (pair) in kHoldOut of the input's.
-constexpr size_t kHoldOut = 10;
-
-// SentencePiece trains only on lines up to this many bytes (its
-// max_sentence_length) and skips longer ones; they are still encoded. A
-// longer limit would let one huge line stall training for minutes.
-constexpr size_t kLongestTrainedLine = kTrainedLineLimit;
-
-// One text: --input (and --target), or the files of --valid or --test.
-struct Text {
-  std::string input_path, target_path;     // target: seq2seq only
-  std::vector<std::string> input, target;  // every line
-  std::string labels_path;                 // classify only
-  std::vector<std::string> labels;         // every line
-  std::vector<size_t> sequences;           // line numbers (0-based) of the usable lines/pairs
-  size_t blank = 0;                        // lines (pairs) skipped because a side was blank
-  bool seq2seq() const { return !target_path.empty(); }
-  // "kjv.txt", "a.en and a.de"
-  std::string name() const { return seq2seq() ? input_path + " and " + target_path : input_path; }
-  std::string units(size_t n) const {
-    return std::string(seq2seq() ? "line pair" : "line") + (n == 1 ? "" : "s");
-  }
-};
-
-// A split: sequences [begin, end) of a text's usable ones.
-struct Span {
-  const Text* text = nullptr;  // null: no such split
-  size_t begin = 0, end = 0;
-  size_t size() const { return end - begin; }
-  // Where it comes from, for the shards' `origin` attribute and the report:
-  // "kjv.txt lines 29103-30102".
-  std::string origin() const {
-    if (size() == 0) return text->name();
-    return text->name() + " lines " + std::to_string(text->sequences[begin] + 1) + "-" +
-           std::to_string(text->sequences[end - 1] + 1);
-  }
-};
-
-struct Corpus {
-  Text main;                   // --input (and --target)
-  Text valid_file, test_file;  // --valid, --test (read on rank 0 only)
-  // Carved from the end of main: the test lines last, the validation lines
-  // before them.
-  size_t valid_carved = 0, test_carved = 0;
-
-  size_t train_count() const { return main.sequences.size() - valid_carved - test_carved; }
-  Span train() const { return {&main, 0, train_count()}; }
-  Span valid() const {
-    if (!valid_file.input_path.empty()) return {&valid_file, 0, valid_file.sequences.size()};
-    return {&main, train_count(), train_count() + valid_carved};
-  }
-  Span test() const {
-    if (!test_file.input_path.empty()) return {&test_file, 0, test_file.sequences.size()};
-    if (test_carved == 0) return {};
-    return {&main, main.sequences.size() - test_carved, main.sequences.size()};
-  }
-  bool carved() const { return valid_carved + test_carved > 0; }
-};
-
-// files.target: seq2seq's targets, or classify's labels.
-Text text_of(const PrepareConfig& cfg, const SplitFiles& files) {
-  Text t;
-  t.input_path = files.input;
-  if (cfg.kind == "seq2seq") t.target_path = files.target;
-  if (cfg.kind == "classify") t.labels_path = files.target;
-  return t;
-}
-
-// Reads a text; its usable sequences are found when both sides have the
-// same number of lines (a mismatch is refused by validate_text).
-void read_text(Text* t) {
-  t->input = read_lines(t->input_path);
-  if (t->seq2seq()) t->target = read_lines(t->target_path);
-  if (!t->labels_path.empty()) t->labels = read_lines(t->labels_path);
-  if (t->seq2seq() && t->target.size() != t->input.size()) return;
-  for (size_t i = 0; i < t->input.size(); ++i) {
-    if (!is_blank(t->input[i]) && !(t->seq2seq() && is_blank(t->target[i]))) {
-      t->sequences.push_back(i);
-    } else {
-      ++t->blank;
-    }
-  }
-}
-
-// How many usable lines each split not given as files takes from the end of
-// the input: as many as asked, but at most a tenth, so training always keeps
-// most of them.
-void carve(const PrepareConfig& cfg, Corpus* c) {
-  const size_t most = c->main.sequences.size() / kHoldOut;
-  if (!cfg.valid.given()) c->valid_carved = std::min(static_cast<size_t>(cfg.valid_lines), most);
-  if (!cfg.test.given()) c->test_carved = std::min(static_cast<size_t>(cfg.test_lines), most);
-}
-
-// The faults of one text. `flag` names the text (--input, --valid, --test).
-void validate_text(const std::string& flag, const Text& t) {
-  const auto all_blank = [](const std::vector<std::string>& lines) {
-    return std::all_of(lines.begin(), lines.end(), is_blank);
-  };
-  if (all_blank(t.input))
-    throw std::runtime_error(t.input_path + ": empty input (no non-blank lines)");
-  if (!t.labels_path.empty()) {
-    if (t.labels.size() != t.input.size()) {
-      usage_error(flag == "--input" ? "--labels" : flag,
-                  t.labels_path + " has " + std::to_string(t.labels.size()) + " lines but " +
-                      t.input_path + " has " + std::to_string(t.input.size()));
-    }
-    for (size_t line = 0; line < t.labels.size(); ++line) {
-      try {
-        parse_label_line(t.labels[line]);
-      } catch (const std::invalid_argument& e) {
-        usage_error(flag == "--input" ? "--labels" : flag,
-                    t.labels_path + ":" + std::to_string(line + 1) + ": " + e.what());
-      }
-    }
-  }
-  if (!t.seq2seq()) return;
-  if (all_blank(t.target)) {
-    throw std::runtime_error(t.target_path + ": empty input (no non-blank lines)");
-  }
-  if (t.target.size() != t.input.size()) {
-    const std::string input_flag = flag == "--input" ? "--input " : "";
-    usage_error(flag == "--input" ? "--target" : flag,
-                t.target_path + " has " + std::to_string(t.target.size()) + " lines but " +
-                    input_flag + t.input_path + " has " + std::to_string(t.input.size()));
-  }
-  if (t.sequences.empty()) {
-    throw std::runtime_error(t.input_path + " and " + t.target_path +
-                             ": no line pair has both sides non-blank");
-  }
-}
-
-// Usable training sequences with a side longer than kLongestTrainedLine.
-size_t too_long_to_train(const Span& train) {
-  const Text& t = *train.text;
-  size_t n = 0;
-  for (size_t s = train.begin; s < train.end; ++s) {
-    const size_t line = t.sequences[s];
-    n += t.input[line].size() > kLongestTrainedLine ||
-         (t.seq2seq() && t.target[line].size() > kLongestTrainedLine);
-  }
-  return n;
-}
-
-// The refusals; returns the warnings to print once every check has passed.
-std::vector<std::string> validate_corpus(const PrepareConfig& cfg, const Corpus& c) {
-  const Text& t = c.main;
-  validate_text("--input", t);
-  if (cfg.valid.given()) validate_text("--valid", c.valid_file);
-  if (cfg.test.given()) validate_text("--test", c.test_file);
-  const size_t n = t.sequences.size();
-  const std::string usable = std::string(t.seq2seq() ? "have " : "has ") + std::to_string(n) +
-                             " usable " + t.units(n) + "; at least " + std::to_string(kHoldOut) +
-                             " are needed to hold one out for ";
-  // train --data refuses a set without a validation shard, so one is needed.
-  if (!cfg.valid.given() && c.valid_carved == 0) {
-    usage_error("--input", t.name() + " " + usable + "validation");
-  }
-  if (!cfg.test.given() && cfg.test_lines > 0 && c.test_carved == 0) {
-    usage_error("--test-lines", t.name() + " " + usable + "a test split");
-  }
-  if (cfg.tokenizer.empty() && too_long_to_train(c.train()) == c.train_count()) {
-    const bool all = too_long_to_train({&t, 0, n}) == n;
-    usage_error("--input", t.name() + ": every " + (all ? "" : "training ") +
-                               "line is longer than the " + std::to_string(kLongestTrainedLine) +
-                               " bytes a tokenizer trains on; put one sentence (or paragraph) "
-                               "per line");
-  }
-  if (static_cast<size_t>(cfg.shards) > c.train_count()) {
-    usage_error("--shards", std::to_string(cfg.shards) + " shards but only " +
-                                std::to_string(c.train_count()) +
-                                " training sequences; each shard needs at least one");
-  }
-  // The default --valid-lines is capped on every small corpus: only a
-  // number the user chose is worth a word.
-  std::vector<std::string> warnings;
-  const auto capped = [&](const char* flag, int wanted, size_t got) {
-    warnings.push_back("warning: " + std::string(flag) + " " + std::to_string(wanted) +
-                       ": holding out " + std::to_string(got) + " " + t.units(got) +
-                       ", a tenth of the " + std::to_string(n) + " usable " + t.units(n) + " of " +
-                       t.name());
-  };
-  if (cfg.valid_lines_given && c.valid_carved < static_cast<size_t>(cfg.valid_lines)) {
-    capped("--valid-lines", cfg.valid_lines, c.valid_carved);
-  }
-  if (c.test_carved > 0 && c.test_carved < static_cast<size_t>(cfg.test_lines)) {
-    capped("--test-lines", cfg.test_lines, c.test_carved);
-  }
-  return warnings;
-}
-
-// "1,000 (kjv.txt lines 29103-30102)"
-std::string describe_span(const Span& span) {
-  return grouped(static_cast<int64_t>(span.size())) + " (" + span.origin() + ")";
-}
-
-// ---- encoding ----------------------------------------------------------------
-
-struct ShardFigures {
-  int64_t sequences = 0;
-  int64_t tokens = 0;          // source and target
-  int64_t skipped = 0;         // non-blank lines that encode to no token at all
-  int64_t unknown = 0;         // unk tokens: characters the tokenizer lacks
-  int64_t labels = 0;          // classify: labels kept
-  int64_t unknown_labels = 0;  // classify: labels the training lines never had, dropped
-};
-
-// Encodes a span of a text into one shard. `progress`, when given, is
-// called every few hundred sequences with the number done so far.
-Shard encode_block(const Span& span, const Tokenizer& tokenizer, const ShardHeader& header,
-                   const LabelVocabulary& vocabulary, ShardFigures* figures,
-                   const std::function<void(size_t)>& progress = nullptr) {
-  const Text& c = *span.text;
-  const bool seq2seq = c.seq2seq();
-  const auto encode = [&](const std::string& file, const std::vector<std::string>& lines,
-                          size_t line) {
-    try {
-      return tokenizer.encode(lines[line]);
-    } catch (const std::runtime_error& e) {
-      throw std::runtime_error(file + ":" + std::to_string(line + 1) + ": " + e.what());
-    }
-  };
-  Shard shard;
-  shard.header = header;
-  shard.header.origin = span.origin();
-  for (size_t s = span.begin; s < span.end; ++s) {
-    if (progress && (s - span.begin) % 256 == 255) progress(s - span.begin + 1);
-    const size_t line = c.sequences[s];
-    const std::vector<int> target =
-        encode(seq2seq ? c.target_path : c.input_path, seq2seq ? c.target : c.input, line);
-    std::vector<int> source;
-    if (seq2seq) source = encode(c.input_path, c.input, line);
-    // A line of, say, only control characters normalises to nothing; an
-    // empty sequence teaches nothing, so it is counted and left out.
-    if (target.empty() || (seq2seq && source.empty())) {
-      ++figures->skipped;
-      continue;
-    }
-    static_assert(sizeof(int) == sizeof(int32_t));
-    shard.target.append(reinterpret_cast<const int32_t*>(target.data()), target.size());
-    if (seq2seq) {
-      shard.source.append(reinterpret_cast<const int32_t*>(source.data()), source.size());
-    }
-    if (!c.labels_path.empty()) {
-      std::vector<int32_t> ids;
-      std::vector<float> weights;
-      for (const LabelWeight& label : parse_label_line(c.labels[line])) {
-        const int id = vocabulary.id(label.name);
-        if (id < 0) {
-          ++figures->unknown_labels;  // not in the training lines: nothing learnt it
-          continue;
-        }
-        ids.push_back(id);
-        weights.push_back(label.weight);
-      }
-      shard.labels.append(ids.data(), weights.data(), ids.size());
-      figures->labels += static_cast<int64_t>(ids.size());
-    }
-    ++figures->sequences;
-    figures->tokens += static_cast<int64_t>(target.size() + source.size());
-    const int unk = header.special.unk;
-    figures->unknown += std::count(target.begin(), target.end(), unk) +
-                        std::count(source.begin(), source.end(), unk);
-  }
-  if (figures->sequences == 0) {
-    throw std::runtime_error(c.input_path + ": lines " +
-                             std::to_string(c.sequences[span.begin] + 1) + " to " +
-                             std::to_string(c.sequences[span.end - 1] + 1) +
-                             " all encode to nothing, so their shard would be empty");
-  }
-  return shard;
-}
-
-// Files this rank has written under temporary names, and their final names.
-class PendingFiles {
- public:
-  explicit PendingFiles(fs::path dir) : dir_(std::move(dir)) {}
-
-  // Where to write `name` for now.
-  std::string add(const std::string& name) {
-    const fs::path final_path = dir_ / name;
-    fs::path temporary = final_path;
-    temporary += ".tmp-" + std::to_string(::getpid());
-    files_.push_back({temporary, final_path, false});
-    return temporary.string();
-  }
-
-  // A fault message naming the file as the user will know it.
-  std::string final_name_in(std::string message) const {
-    for (const auto& f : files_) {
-      const std::string t = f.temporary.string();
-      if (const size_t at = message.find(t); at != std::string::npos) {
-        message.replace(at, t.size(), f.final_path.string());
-      }
-    }
-    return message;
-  }
-
-  // Durably: a crash after prepare's success line leaves the whole set.
-  void commit() {
-    for (auto& f : files_) {
-      fsync_file(f.temporary.string());
-      commit_file(f.temporary.string(), f.final_path.string());
-      f.renamed = true;
-    }
-  }
-
-  // Removes whatever this rank wrote, renamed or not.
-  void remove_all() {
-    for (const auto& f : files_) {
-      std::error_code ec;
-      fs::remove(f.temporary, ec);
-      if (f.renamed) fs::remove(f.final_path, ec);
-    }
-    files_.clear();
-  }
-
- private:
-  struct File {
-    fs::path temporary, final_path;
-    bool renamed;
-  };
-  fs::path dir_;
-  std::vector<File> files_;
-};
-
-void write_file_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  out.close();
-  if (!out) throw std::runtime_error(path + ": cannot write");
-}
-
-// The training lines alone, for SentencePiece, when held-out lines were cut
-// from the input (it reads files): written beside the shards under
-// temporary names and removed once the tokenizer is trained or has failed.
-class TrainingText {
- public:
-  // Writing the copy failed: the message names the copy, not the input.
-  struct WriteError : std::runtime_error {
-    using std::runtime_error::runtime_error;
-  };
-
-  TrainingText(const fs::path& dir, const Span& train) {
-    const Text& t = *train.text;
-    try {
-      add(dir / "tokenizer-input.txt", t.input_path, t.input, train);
-      if (t.seq2seq()) add(dir / "tokenizer-target.txt", t.target_path, t.target, train);
-    } catch (...) {
-      remove_all();
-      throw;
-    }
-  }
-  ~TrainingText() { remove_all(); }
-  TrainingText(const TrainingText&) = delete;
-  TrainingText& operator=(const TrainingText&) = delete;
-
-  std::vector<std::string> paths() const {
-    std::vector<std::string> paths;
-    for (const File& f : files_) paths.push_back(f.temporary);
-    return paths;
-  }
-
-  // A message about the temporary files, naming the user's instead.
-  std::string as_given(std::string message) const {
-    for (const File& f : files_) {
-      for (size_t at; (at = message.find(f.temporary)) != std::string::npos;) {
-        message.replace(at, f.temporary.size(), f.given);
-      }
-    }
-    return message;
-  }
-
- private:
-  struct File {
-    std::string temporary, given;
-  };
-
-  void add(fs::path path, const std::string& given, const std::vector<std::string>& lines,
-           const Span& train) {
-    path += ".tmp-" + std::to_string(::getpid());
-    files_.push_back({path.string(), given});
-    errno = 0;
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    for (size_t s = train.begin; s < train.end && out; ++s) {
-      out << lines[train.text->sequences[s]] << '\n';
-    }
-    out.close();
-    if (!out) {
-      throw WriteError(path.string() + ": cannot write" +
-                       (errno != 0 ? " (" + std::string(std::strerror(errno)) + ")" : ""));
-    }
-  }
-
-  void remove_all() {
-    for (const File& f : files_) {
-      std::error_code ec;
-      fs::remove(f.temporary, ec);
-    }
-  }
-
-  std::vector<File> files_;
-};
-
-// ---- images --------------------------------------------------------------------
-
-// The images of --kind image: (N, H, W) or (N, H, W, C) uint8 and N integer
-// labels, with optional label names, read on rank 0.
-struct ImageSet {
-  ShardHeader header;           // kind, size and label names
-  std::vector<uint8_t> pixels;  // (N, H, W, C)
-  std::vector<int32_t> labels;  // (N)
-  size_t count() const { return labels.size(); }
-};
-
-ImageSet read_image_set(const std::string& path) {
-  const auto arrays =
-      read_arrays(path, {{"images"}, {"labels"}, {"label_names", /*required=*/false}});
-  const ArrayData& images = arrays[0].second;
-  const ArrayData& labels = arrays[1].second;
-  if (images.kind != 'u' || images.itemsize != 1) {
-    usage_error("--input", path + ": 'images' must hold uint8 pixels; got " +
-                               std::string(1, images.kind) + std::to_string(images.itemsize));
-  }
-  if (images.shape.size() != 3 && images.shape.size() != 4) {
-    usage_error("--input", path + ": 'images' must be (N, H, W) or (N, H, W, C); it has " +
-                               std::to_string(images.shape.size()) + " dimensions");
-  }
-  ImageSet set;
-  ShardHeader& h = set.header;
-  h.kind = "image";
-  h.vocab_size = SpecialTokens::kCount;  // no tokens: only the reserved ids
-  h.image_height = static_cast<int>(images.shape[1]);
-  h.image_width = static_cast<int>(images.shape[2]);
-  h.image_channels = images.shape.size() == 4 ? static_cast<int>(images.shape[3]) : 1;
-  const int64_t n = images.shape[0];
-  if (labels.shape.size() != 1 || labels.shape[0] != n) {
-    usage_error("--input", path + ": 'labels' must be (N) with N = " + std::to_string(n) +
-                               " (one integer label per image)");
-  }
-  int64_t most = -1;
-  for (int64_t label : labels.integers(path + ": 'labels'")) {
-    if (label < 0)
-      usage_error("--input", path + ": label " + std::to_string(label) + " is negative");
-    most = std::max(most, label);
-    set.labels.push_back(static_cast<int32_t>(label));
-  }
-  if (arrays.size() > 2) {
-    h.label_names = arrays[2].second.strings(path + ": 'label_names'");
-    if (static_cast<int64_t>(h.label_names.size()) <= most) {
-      usage_error("--input", path + ": label " + std::to_string(most) + " has no name in the " +
-                                 std::to_string(h.label_names.size()) + " 'label_names'");
-    }
-  } else {
-    for (int64_t k = 0; k <= most; ++k) h.label_names.push_back(std::to_string(k));
-  }
-  set.pixels = images.bytes;
-  return set;
-}
-
-// Images [begin, end) of the set as one shard.
-Shard image_shard(const ImageSet& set, size_t begin, size_t end, const char* split,
-                  const std::string& origin) {
-  Shard shard;
-  shard.header = set.header;
-  shard.header.split = split;
-  shard.header.origin = origin + " images " + std::to_string(begin + 1) + "-" + std::to_string(end);
-  const size_t bytes = set.header.image_bytes();
-  shard.images.assign(set.pixels.begin() + static_cast<std::ptrdiff_t>(begin * bytes),
-                      set.pixels.begin() + static_cast<std::ptrdiff_t>(end * bytes));
-  const float hard = 1.0f;
-  for (size_t i = begin; i < end; ++i) shard.labels.append(&set.labels[i], &hard, 1);
-  return shard;
-}
-
-// prepare --kind image: small enough for rank 0 alone; the other ranks only
-// agree on the outcome. Held-out images come from the end of the set.
-int run_prepare_images(const PrepareConfig& cfg, Communicator& comm) {
-  const auto start = Clock::now();
-  if (agree_on_root(
-          comm,
-          [&] {
-            if (cfg.valid.given() || cfg.test.given()) {
-              usage_error(cfg.valid.given() ? "--valid" : "--test",
-                          "--kind image holds out the last images: use --valid-lines and "
-                          "--test-lines");
-            }
-            require_readable_file("--input", cfg.input);
-            require_fresh_output(cfg.out_dir);
-          },
-          Faults::kOfInput, "prepare") != 0) {
-    return kExitUsage;
-  }
-  ImageSet set;
-  size_t valid = 0, test = 0, train = 0;
-  if (agree_on_root(
-          comm,
-          [&] {
-            set = read_image_set(cfg.input);
-            const size_t most = set.count() / kHoldOut;
-            valid = std::min(static_cast<size_t>(cfg.valid_lines), most);
-            test = std::min(static_cast<size_t>(cfg.test_lines), most);
-            train = set.count() - valid - test;
-            if (valid == 0) {
-              usage_error("--input", cfg.input + " has " + std::to_string(set.count()) +
-                                         " images; at least " + std::to_string(kHoldOut) +
-                                         " are needed to hold one out for validation");
-            }
-            if (static_cast<size_t>(cfg.shards) > train) {
-              usage_error("--shards", std::to_string(cfg.shards) + " shards but only " +
-                                          std::to_string(train) + " training images");
-            }
-          },
-          Faults::kOfInput, "prepare") != 0) {
-    return kExitUsage;
-  }
-  const fs::path out_dir(cfg.out_dir);
-  DirLock lock;
-  PendingFiles pending(out_dir);
-  bool created_out_dir = false;
-  const bool ok = agreed(comm, [&] {
-    if (!comm.is_root()) return;
-    std::error_code ec;
-    created_out_dir = fs::create_directories(out_dir, ec);
-    if (ec) throw std::runtime_error(cfg.out_dir + ": cannot create (" + ec.message() + ")");
-    const std::string refused = lock.try_acquire(cfg.out_dir);
-    if (!refused.empty()) throw std::runtime_error(refused);
-    const std::string origin = fs::path(cfg.input).filename().string();
-    const auto write = [&](const std::string& name, const Shard& shard) {
-      try {
-        write_shard(pending.add(name), shard);
-      } catch (const std::runtime_error& e) {
-        throw std::runtime_error(pending.final_name_in(e.what()));
-      }
-    };
-    for (int64_t k = 0; k < cfg.shards; ++k) {
-      write(shard_name(kTrainPrefix, k),
-            image_shard(set, static_cast<size_t>(k) * train / cfg.shards,
-                        static_cast<size_t>(k + 1) * train / cfg.shards, kTrainPrefix, origin));
-    }
-    write(shard_name(kValidPrefix, 0),
-          image_shard(set, train, train + valid, kValidPrefix, origin));
-    if (test > 0) {
-      write(shard_name(kTestPrefix, 0),
-            image_shard(set, train + valid, train + valid + test, kTestPrefix, origin));
-    }
-    pending.commit();
-  });
-  if (!ok) {
-    pending.remove_all();
-    lock.release();
-    if (created_out_dir) {
-      std::error_code ec;
-      fs::remove(out_dir, ec);
-    }
-    return kExitFailure;
-  }
-  if (comm.is_root()) {
-    const ShardHeader& h = set.header;
-    std::printf(
-        "prepared %s: %s training images in %d shard(s), %s validation, %s test; %d x %d x %d "
-        "pixels, %zu labels; %.1f s\n",
-        cfg.out_dir.c_str(), grouped(static_cast<int64_t>(train)).c_str(), cfg.shards,
-        grouped(static_cast<int64_t>(valid)).c_str(), grouped(static_cast<int64_t>(test)).c_str(),
-        h.image_height, h.image_width, h.image_channels, h.label_names.size(),
-        seconds_since(start));
-    std::fflush(stdout);
-  }
-  return 0;
-}
-
-}  // namespace
 
 int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
+  using namespace prepare;
   if (cfg.kind == "image") return run_prepare_images(cfg, comm);
   const auto start = Clock::now();
-  const bool seq2seq = cfg.kind == "seq2seq";
-  const int W = comm.size(), rank = comm.rank();
   // Rank 0's report: one line at a time, on stdout, flushed at once.
-  const auto say = [&](const std::string& line) {
+  const Say say = [&](const std::string& line) {
     if (comm.is_root()) std::cout << line << std::endl;
   };
 
   // 1. The files, the output directory and --tokenizer, before any work.
   std::string model_bytes;
   if (agree_on_root(
-          comm,
-          [&] {
-            require_text_file("--input", cfg.input);
-            if (seq2seq) require_text_file("--target", cfg.target);
-            for (const auto& [flag, files] :
-                 {std::pair{"--valid", cfg.valid}, {"--test", cfg.test}}) {
-              if (!files.given()) continue;
-              require_readable_file(flag, files.input);
-              if (seq2seq) require_readable_file(flag, files.target);
-            }
-            require_fresh_output(cfg.out_dir);
-            if (!cfg.tokenizer.empty()) model_bytes = load_given_tokenizer(cfg);
-          },
-          Faults::kOfInput, "prepare") != 0) {
+          comm, [&] { model_bytes = check_text_inputs(cfg); }, Faults::kOfInput, "prepare") != 0) {
     return kExitUsage;
   }
 
   // 2. Every rank reads the text (it is small next to its tokens) and finds
   // the same splits; only rank 0 writes the held-out shards, so only it
   // reads --valid and --test. Rank 0 judges it all.
-  Corpus corpus;
-  corpus.main = text_of(cfg, {cfg.input, cfg.kind == "classify" ? cfg.labels : cfg.target});
-  if (cfg.valid.given()) corpus.valid_file = text_of(cfg, cfg.valid);
-  if (cfg.test.given()) corpus.test_file = text_of(cfg, cfg.test);
-  if (!agreed(comm, [&] {
-        read_text(&corpus.main);
-        carve(cfg, &corpus);
-        if (!comm.is_root()) return;
-        if (cfg.valid.given()) read_text(&corpus.valid_file);
-        if (cfg.test.given()) read_text(&corpus.test_file);
-      })) {
-    return kExitFailure;
-  }
+  Corpus corpus = corpus_of(cfg);
+  if (!agreed(comm, [&] { read_corpus(cfg, comm.is_root(), &corpus); })) return kExitFailure;
   std::vector<std::string> warnings;
   if (agree_on_root(
           comm, [&] { warnings = validate_corpus(cfg, corpus); }, Faults::kOfInput, "prepare") != 0)
     return kExitUsage;
-  // classify: the label vocabulary of the training lines, the same on every
-  // rank (each read the whole text).
   LabelVocabulary vocabulary;
   if (cfg.kind == "classify") {
-    const Span train = corpus.train();
-    for (size_t s = train.begin; s < train.end; ++s) {
-      vocabulary.count(parse_label_line(corpus.main.labels[corpus.main.sequences[s]]));
-    }
-    vocabulary.finish();
+    vocabulary = training_labels(corpus);
     if (agree_on_root(
-            comm,
-            [&] {
-              if (vocabulary.names().empty())
-                usage_error("--labels", cfg.labels + ": the training lines have no label at all");
-            },
-            Faults::kOfInput, "prepare") != 0) {
+            comm, [&] { require_training_labels(cfg, vocabulary); }, Faults::kOfInput, "prepare") !=
+        0) {
       return kExitUsage;
     }
   }
   if (comm.is_root()) {
     for (const std::string& w : warnings) std::cerr << "mpiformer prepare: " << w << std::endl;
-    const Text& t = corpus.main;
-    std::string splits = "  splits: train " + describe_span(corpus.train()) + ", valid " +
-                         describe_span(corpus.valid());
-    if (corpus.test().text) splits += ", test " + describe_span(corpus.test());
-    say("read " + t.name() + ": " + grouped(static_cast<int64_t>(t.input.size())) + " " +
-        t.units(t.input.size()) + ", " + grouped(static_cast<int64_t>(t.sequences.size())) +
-        " usable (" + format_seconds(seconds_since(start)) + ")");
-    say(splits);
+    report_corpus(corpus, start, say);
   }
 
   // The output directory: created by rank 0 now that the inputs are known
   // good, and locked until the end, so a second prepare into it is refused
   // rather than mixing its files with ours. Step 1 saw it free of shards
   // before the lock; only a check under the lock can be trusted.
-  const fs::path out_dir(cfg.out_dir);
-  bool created_out_dir = false;
-  DirLock lock;
-  PendingFiles pending(out_dir);
+  OutputDir out(cfg.out_dir);
   // Every rank removes what it wrote; then rank 0 lets the directory go,
   // removing it if it made it (only if empty: never another's files).
   const auto give_up = [&](int code) {
-    pending.remove_all();
+    out.remove_written();
     comm.barrier();
-    lock.release();
-    if (created_out_dir) {
-      std::error_code ec;
-      fs::remove(out_dir, ec);
-    }
+    out.let_go();
     return code;
   };
   if (!agreed(comm, [&] {
-        if (!comm.is_root()) return;
-        std::error_code ec;
-        created_out_dir = fs::create_directories(out_dir, ec);
-        if (ec) throw std::runtime_error(cfg.out_dir + ": cannot create (" + ec.message() + ")");
+        if (comm.is_root()) out.create();
       })) {
     return kExitFailure;
   }
   if (agree_on_root(
           comm,
           [&] {
-            const std::string refused = lock.try_acquire(cfg.out_dir);
+            const std::string refused = out.lock();
             if (!refused.empty()) usage_error("--out", refused);
             require_fresh_output(cfg.out_dir);
           },
@@ -914,42 +123,9 @@ int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
   const auto tokenizer_start = Clock::now();
   if (cfg.tokenizer.empty()) {
     std::string failure;
-    if (comm.is_root()) {
-      const Span train = corpus.train();
-      say("training a " + cfg.model_type + " tokenizer of " + std::to_string(cfg.vocab_size) +
-          " pieces on the " + grouped(static_cast<int64_t>(train.size())) + " training " +
-          corpus.main.units(train.size()) + " of " + corpus.main.name() + " ...");
-      if (const size_t too_long = too_long_to_train(train); too_long > 0) {
-        say("  " + std::to_string(too_long) + " line(s) longer than " +
-            std::to_string(kLongestTrainedLine) +
-            " bytes are left out of the tokenizer's training (they are still encoded)");
-      }
-      TokenizerTrainOptions options;
-      options.vocab_size = cfg.vocab_size;
-      options.model_type = cfg.model_type;
-      options.seed = cfg.seed;
-      std::unique_ptr<TrainingText> text;
-      try {
-        std::vector<std::string> files{cfg.input};
-        if (seq2seq) files.push_back(cfg.target);
-        if (corpus.carved()) {
-          text = std::make_unique<TrainingText>(out_dir, train);
-          files = text->paths();
-        }
-        const Heartbeat heartbeat([&](double seconds) {
-          say("  training the tokenizer (" + format_seconds(seconds) + ")");
-        });
-        model_bytes = Tokenizer::train(files, options);
-      } catch (const TrainingText::WriteError& e) {
-        failure = e.what();
-      } catch (const std::exception& e) {
-        failure = text ? text->as_given(e.what()) : e.what();
-      }
-    }
+    if (comm.is_root()) failure = train_tokenizer(cfg, corpus, out.path(), say, &model_bytes);
     comm.barrier_without_spinning();
-    // More pieces than the text can fill, or fewer than its characters, is
-    // a bad --vocab-size (exit 2); SentencePiece's message says which.
-    const bool bad_vocab_size = failure.find("Vocabulary size") != std::string::npos;
+    const bool bad_vocab_size = is_bad_vocab_size(failure);
     if (agree_on_root(
             comm,
             [&] {
@@ -965,161 +141,32 @@ int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
   if (!agreed(comm, [&] { tokenizer = Tokenizer::from_bytes(model_bytes); })) {
     return give_up(kExitFailure);
   }
-  const double tokenizer_seconds = seconds_since(tokenizer_start);
   if (cfg.tokenizer.empty()) {
     say("tokenizer: " + std::to_string(tokenizer->vocab_size()) + " pieces in " +
-        format_seconds(tokenizer_seconds));
+        format_seconds(seconds_since(tokenizer_start)));
   }
 
-  ShardHeader header;
-  header.kind = cfg.kind;
-  header.vocab_size = tokenizer->vocab_size();
-  // header.special: the reserved ids the tokenizer was checked to have
-  header.tokenizer = model_bytes;
-  header.label_names = vocabulary.names();
-
-  // 4. Shards, in rounds of W: rank r writes shard k*W + r of round k.
-  const auto encode_start = Clock::now();
-  const int64_t shards = cfg.shards;
-  const size_t train_sequences = corpus.train_count();
-  say("encoding " + grouped(static_cast<int64_t>(train_sequences)) + " training sequences into " +
-      std::to_string(shards) + " shard(s) on " + std::to_string(W) +
-      " rank(s), writing each when done ...");
-  // Rank 0's running count within the shard it encodes, every
-  // kProgressSeconds.
-  Throttle throttle;
-  const auto count_encoded = [&](const std::string& name, size_t sequences) {
-    return std::function<void(size_t)>([&, name, sequences](size_t done) {
-      if (!throttle.due()) return;
-      say("  " + name + ": " + grouped(static_cast<int64_t>(done)) + " of " +
-          grouped(static_cast<int64_t>(sequences)) + " sequences encoded (" +
-          format_seconds(seconds_since(encode_start)) + ")");
-    });
-  };
-  ShardFigures total;
+  // 4. Shards, in rounds of W: rank r writes shard k*W + r of round k. Then
+  // the held-out shards and the tokenizer, from rank 0.
+  Encoding encoding(cfg, corpus, *tokenizer, model_bytes, vocabulary, comm, say);
   bool ok = true;
-  for (int64_t first = 0; first < shards && ok; first += W) {
-    const int64_t mine = first + rank;
-    ShardFigures figures;
-    ok = agreed(comm, [&] {
-      if (mine >= shards) return;
-      const Span block{&corpus.main, static_cast<size_t>(mine * train_sequences / shards),
-                       static_cast<size_t>((mine + 1) * train_sequences / shards)};
-      const std::string name = shard_name(kTrainPrefix, mine);
-      ShardHeader train_header = header;
-      train_header.split = kTrainPrefix;
-      // Rank 0's running count stands for the round: the ranks' blocks
-      // are of one size.
-      const Shard shard =
-          encode_block(block, *tokenizer, train_header, vocabulary, &figures,
-                       comm.is_root() ? count_encoded(name, block.size()) : nullptr);
-      const std::string path = pending.add(name);
-      try {
-        write_shard(path, shard);
-      } catch (const std::runtime_error& e) {
-        throw std::runtime_error(pending.final_name_in(e.what()));
-      }
-    });
-    if (!ok) break;
-    // Every rank's figures for this round, so rank 0 can report each shard.
-    constexpr int kFigures = 6;
-    std::vector<double> round(kFigures * static_cast<size_t>(W), 0.0);
-    double* own = &round[kFigures * rank];
-    own[0] = static_cast<double>(figures.sequences);
-    own[1] = static_cast<double>(figures.tokens);
-    own[2] = static_cast<double>(figures.skipped);
-    own[3] = static_cast<double>(figures.unknown);
-    own[4] = static_cast<double>(figures.labels);
-    own[5] = static_cast<double>(figures.unknown_labels);
-    comm.allreduce_sum(round.data(), static_cast<int>(round.size()));
-    for (int r = 0; r < W && first + r < shards; ++r) {
-      const double* of_r = &round[kFigures * r];
-      const auto sequences = static_cast<int64_t>(of_r[0]);
-      const auto tokens = static_cast<int64_t>(of_r[1]);
-      total.sequences += sequences;
-      total.tokens += tokens;
-      total.skipped += static_cast<int64_t>(of_r[2]);
-      total.unknown += static_cast<int64_t>(of_r[3]);
-      total.labels += static_cast<int64_t>(of_r[4]);
-      total.unknown_labels += static_cast<int64_t>(of_r[5]);
-      say("  " + shard_name(kTrainPrefix, first + r) + ": " + grouped(sequences) + " sequences, " +
-          grouped(tokens) + " tokens (" + format_seconds(seconds_since(encode_start)) + ")");
-    }
+  for (int64_t first = 0; first < cfg.shards && ok; first += comm.size()) {
+    ShardFigures mine;
+    ok = agreed(comm, [&] { mine = encoding.write_training_shard(first, &out); });
+    if (ok) encoding.add_round(first, mine);
   }
-
-  // The held-out shards and the tokenizer, from rank 0.
-  ShardFigures held_out[2];     // valid, test
-  int64_t test_sequences = -1;  // -1: no test split
   if (ok) {
     ok = agreed(comm, [&] {
       if (!comm.is_root()) return;
-      const std::pair<const char*, Span> splits[] = {{kValidPrefix, corpus.valid()},
-                                                     {kTestPrefix, corpus.test()}};
-      for (int k = 0; k < 2; ++k) {
-        const auto& [prefix, span] = splits[k];
-        if (!span.text) continue;
-        ShardHeader split_header = header;
-        split_header.split = prefix;
-        const std::string name = shard_name(prefix, 0);
-        const Shard shard = encode_block(span, *tokenizer, split_header, vocabulary, &held_out[k],
-                                         count_encoded(name, span.size()));
-        const std::string path = pending.add(name);
-        try {
-          write_shard(path, shard);
-        } catch (const std::runtime_error& e) {
-          throw std::runtime_error(pending.final_name_in(e.what()));
-        }
-        say("  " + name + ": " + grouped(held_out[k].sequences) + " sequences, " +
-            grouped(held_out[k].tokens) + " tokens (" +
-            format_seconds(seconds_since(encode_start)) + ")");
-        if (k == 1) test_sequences = held_out[k].sequences;
-      }
-      write_file_bytes(pending.add(kTokenizerFile), model_bytes);
+      encoding.write_held_out(&out);
+      out.write_bytes(kTokenizerFile, model_bytes);
     });
   }
 
   // 5. All or nothing: rename only when every rank succeeded.
-  if (ok) ok = agreed(comm, [&] { pending.commit(); });
+  if (ok) ok = agreed(comm, [&] { out.commit(); });
   if (!ok) return give_up(kExitFailure);
-
-  if (comm.is_root()) {
-    const ShardFigures& valid = held_out[0];
-    const ShardFigures& test = held_out[1];
-    const double encode_seconds = seconds_since(encode_start);
-    const int64_t tokens = total.tokens + valid.tokens + test.tokens;
-    size_t lines = corpus.main.input.size(), blank = corpus.main.blank;
-    for (const Text* t : {&corpus.valid_file, &corpus.test_file}) {
-      lines += t->input.size();
-      blank += t->blank;
-    }
-    const int64_t skipped =
-        static_cast<int64_t>(blank) + total.skipped + valid.skipped + test.skipped;
-    const std::string test_part =
-        test_sequences < 0 ? "" : ", " + grouped(test_sequences) + " test";
-    std::printf(
-        "prepared %s: %s training sequences in %lld shard(s), %s validation%s; %s tokens "
-        "(%s unknown), vocabulary %d\n",
-        cfg.out_dir.c_str(), grouped(total.sequences).c_str(), static_cast<long long>(shards),
-        grouped(valid.sequences).c_str(), test_part.c_str(), grouped(tokens).c_str(),
-        grouped(total.unknown + valid.unknown + test.unknown).c_str(), header.vocab_size);
-    std::printf(
-        "  %s %s read, %s skipped (blank or encoding to nothing); %.1f s in all, "
-        "encoding %.1f s (%s tokens/s)\n",
-        grouped(static_cast<int64_t>(lines)).c_str(), seq2seq ? "line pairs" : "lines",
-        grouped(skipped).c_str(), seconds_since(start), encode_seconds,
-        grouped(static_cast<int64_t>(tokens / std::max(encode_seconds, 1e-9))).c_str());
-    if (cfg.kind == "classify") {
-      const int64_t dropped = valid.unknown_labels + test.unknown_labels;
-      std::printf("  %zu labels (the training lines'), %.2f per training example%s\n",
-                  header.label_names.size(),
-                  static_cast<double>(total.labels) / std::max<int64_t>(total.sequences, 1),
-                  dropped > 0 ? (", " + grouped(dropped) +
-                                 " held-out label(s) the training lines never had were dropped")
-                                    .c_str()
-                              : "");
-    }
-    std::fflush(stdout);
-  }
+  if (comm.is_root()) encoding.print_summary(start);
   return 0;
 }
 
