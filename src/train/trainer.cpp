@@ -27,6 +27,7 @@
 #include "src/parallel/replica_check.h"
 #include "src/train/held_out.h"
 #include "src/train/memory_budget.h"
+#include "src/train/step.h"
 #include "src/train/stop_signals.h"
 
 namespace mpiformer {
@@ -508,7 +509,7 @@ int Trainer::train_step(int64_t step) {
   // 2. The gradient of the mean loss over the step's target tokens on all
   //    ranks, times the loss scale: N all-reduced first, then
   //    backward, then the bucketed gradient all-reduce
-  //    (src/parallel/data_parallel.h).
+  //    (src/train/step.h).
   const float loss_scale = scaler_->scale();
   float pass_scale = loss_scale;
   if (rank_ == world_ - 1) {
