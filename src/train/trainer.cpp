@@ -6,8 +6,6 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <stdexcept>
 
@@ -38,12 +36,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-// For the tests only: an integer from the environment, 0 when unset.
-int64_t test_hook(const char* name) {
-  const char* text = std::getenv(name);
-  return text ? std::atoll(text) : 0;
 }
 
 // Rank 0: the checkpoint against the flags of this run. The model's shape
@@ -152,28 +144,16 @@ RunAttributes run_attributes(const TrainConfig& cfg, const std::string& config_i
 
 }  // namespace
 
-Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, ConfigText config_text)
+Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, ConfigText config_text,
+                 const FaultInjection& faults)
     : cfg_(cfg),
       config_text_(std::move(config_text)),
       comm_(comm),
       world_(comm.size()),
       rank_(comm.rank()),
       accum_(cfg.accum_steps),
-      guard_(cfg.on_divergence) {
-  // For the stop tests: the last rank signals itself after this step.
-  signal_step_ = test_hook("MPIFORMER_TEST_SIGNAL_AFTER_STEP");
-  // For the loss-scaling tests: the last rank's gradients overflow at this step.
-  overflow_step_ = test_hook("MPIFORMER_TEST_OVERFLOW_AT_STEP");
-  // For the divergence tests: the last rank's gradients are NaN at step S
-  // (MPIFORMER_TEST_NAN_AT_STEP=S) or at the N steps from S (S:N).
-  nan_step_ = test_hook("MPIFORMER_TEST_NAN_AT_STEP");
-  // For the divergence tests: check as a GPU step in fp32 or bf16 does.
-  deferred_check_test_ = test_hook("MPIFORMER_TEST_DEFERRED_DIVERGENCE_CHECK") != 0;
-  if (const char* text = std::getenv("MPIFORMER_TEST_NAN_AT_STEP")) {
-    const char* colon = std::strchr(text, ':');
-    nan_steps_ = colon ? std::atoll(colon + 1) : 1;
-  }
-}
+      guard_(cfg.on_divergence),
+      faults_(faults) {}
 
 Trainer::~Trainer() = default;
 
@@ -255,8 +235,8 @@ int Trainer::build() {
   schedule_ = std::make_unique<LrSchedule>(optim_, cfg_.steps);
   scaler_ = std::make_unique<LossScaler>(cfg_.precision == Precision::kFp16, cfg_.loss_scale,
                                          cfg_.loss_scale_window);
-  check_each_step_ = (ops_->host_accessible() && !deferred_check_test_) || scaler_->dynamic() ||
-                     cfg_.on_divergence == OnDivergence::kSkip;
+  check_each_step_ = (ops_->host_accessible() && !faults_.deferred_divergence_check) ||
+                     scaler_->dynamic() || cfg_.on_divergence == OnDivergence::kSkip;
 
   // The data cursor. Global indexing: the step after micro-batch index
   // `cursor` reads [cursor, cursor + W K), rank r the micro-batches
@@ -480,7 +460,7 @@ int Trainer::run() {
     // cancelled or preempted, Ctrl-C): every rank stops after this same
     // step, with a checkpoint, and exits kExitStopped for the job script
     // to requeue.
-    if (step == signal_step_ && rank_ == world_ - 1) std::raise(SIGUSR1);
+    if (step == faults_.signal_after_step && rank_ == world_ - 1) std::raise(SIGUSR1);
     if (const int signal = comm_.max(StopSignals::pending())) {
       if (step == cfg_.steps) break;  // finished anyway
       if (!checkpoint_due) {
@@ -511,11 +491,7 @@ int Trainer::train_step(int64_t step) {
   //    backward, then the bucketed gradient all-reduce
   //    (src/train/step.h).
   const float loss_scale = scaler_->scale();
-  float pass_scale = loss_scale;
-  if (rank_ == world_ - 1) {
-    if (step == overflow_step_) pass_scale = INFINITY;
-    if (nan_step_ > 0 && step >= nan_step_ && step < nan_step_ + nan_steps_) pass_scale = NAN;
-  }
+  const float pass_scale = faults_.pass_scale(step, loss_scale, rank_ == world_ - 1);
   const StepGradients gradients = step_gradients(
       *model_, batches_, cfg_.seed, step, cfg_.label_smoothing, comm_, reducer_.get(), pass_scale);
   last_lr_ = schedule_->lr(step);

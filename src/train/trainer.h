@@ -36,6 +36,7 @@
 #include "src/parallel/communicator.h"
 #include "src/parallel/gradient_reducer.h"
 #include "src/train/divergence_guard.h"
+#include "src/train/fault_injection.h"
 #include "src/train/memory_budget.h"
 #include "src/train/progress.h"
 #include "src/train/run_directory.h"
@@ -52,7 +53,8 @@ struct ConfigText {
 
 class Trainer {
  public:
-  Trainer(const TrainConfig& cfg, Communicator& comm, ConfigText config_text);
+  Trainer(const TrainConfig& cfg, Communicator& comm, ConfigText config_text,
+          const FaultInjection& faults = {});
   ~Trainer();
 
   // The whole run; returns the exit code (0, kExitStopped, kExitDiverged, or
@@ -140,9 +142,7 @@ class Trainer {
   std::chrono::steady_clock::time_point job_start_, loop_start_;
   double elapsed_before_ = 0.0;  // elapsed_s when this job resumed the run
 
-  // Test hooks (environment, see trainer.cpp).
-  int64_t signal_step_ = 0, overflow_step_ = 0, nan_step_ = 0, nan_steps_ = 0;
-  bool deferred_check_test_ = false;
+  FaultInjection faults_;  // the end-to-end tests' (src/app/train.cpp)
 };
 
 }  // namespace mpiformer
