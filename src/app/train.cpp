@@ -1,4 +1,4 @@
-// `mpiformer train`: the Trainer of src/train/ runs the whole loop.
+// `mpiformer train`: the trainer of src/train/ runs the whole loop.
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -40,9 +40,8 @@ FaultInjection faults_from_environment() {
 }  // namespace
 
 int run_train(const TrainConfig& cfg, Communicator& comm) {
-  Trainer trainer(cfg, comm, ConfigText{train_config_ini, train_config_from_ini},
-                  faults_from_environment());
-  return trainer.run();
+  return train(cfg, comm, ConfigText{train_config_ini, train_config_from_ini},
+               faults_from_environment());
 }
 
 }  // namespace mpiformer

@@ -1,6 +1,11 @@
 #include "src/train/step.h"
 
+#include <cmath>
+#include <cstdio>
 #include <stdexcept>
+
+#include "src/core/error.h"
+#include "src/core/run_log.h"
 
 namespace mpiformer {
 
@@ -47,6 +52,108 @@ StepGradients step_gradients(Model& model, const std::vector<Batch>& micro, uint
   //    same gradient.
   if (reducer) out.reduce = reducer->finish();
   return out;
+}
+
+int train_step(TrainingRun& run, int64_t step, const FaultInjection& faults,
+               const Communicator& comm, StepState* state) {
+  const TrainConfig& cfg = run.cfg;
+  Model& model = *run.model;
+  AdamW& optimizer = *run.optimizer;
+  LossScaler& scaler = *run.scaler;
+  ProgressWindow& window = state->window;
+  DivergenceGuard& guard = state->guard;
+
+  // 1. This rank's micro-batches of the step (any may be empty).
+  std::vector<Batch>& batches = state->batches;
+  batches.resize(run.cursor.accum);
+  for (int k = 0; k < run.cursor.accum; ++k) {
+    run.source->make_batch(BatchSource::kTrain, run.cursor.index(step, k), &batches[k]);
+    window.add_batch(batches[k]);
+  }
+
+  // 2-4. The gradient of the mean loss over the step's target tokens on all
+  //    ranks, times the loss scale: N all-reduced first, then backward,
+  //    then the bucketed gradient all-reduce (step_gradients, above).
+  const float loss_scale = scaler.scale();
+  const float pass_scale = faults.pass_scale(step, loss_scale, comm.rank() == comm.size() - 1);
+  const StepGradients gradients = step_gradients(
+      model, batches, cfg.seed, step, cfg.label_smoothing, comm, run.reducer.get(), pass_scale);
+  state->lr = run.schedule->lr(step);
+  if (gradients.skipped) {  // no target tokens anywhere: nothing changes
+    window.count_empty_step();
+    window.add_step(model.take_train_sums(), gradients.reduce);
+    window.add_label_counts(model.take_label_counts(/*train=*/true));
+    return 0;
+  }
+
+  // 5. The guard: the loss and the gradient norm must be numbers. The norm
+  //    is of the summed gradients, the same on every rank; the loss is this
+  //    rank's, so the ranks agree on it. Unless each step is checked, the
+  //    update goes ahead and the check waits for the progress line.
+  optimizer.measure_gradients();
+  state->measured_scale = loss_scale;
+  if (!run.check_each_step) {
+    optimizer.step(state->lr, 1.0f / loss_scale);
+    window.add_step(LossSums{}, gradients.reduce);
+    return 0;
+  }
+  const double norm = optimizer.measured_norm();
+  const LossSums local = model.take_train_sums();
+  window.add_label_counts(model.take_label_counts(/*train=*/true));
+  const auto [loss_finite, norm_finite] = agree_finite(comm, local.loss, norm);
+  const bool can_lower_scale = scaler.dynamic() && scaler.scale() > LossScaler::kMinScale;
+  switch (guard.judge(loss_finite, norm_finite, can_lower_scale)) {
+    case DivergenceGuard::Action::kApply:
+      scaler.update(true);
+      // 6. Clip and update on the device.
+      optimizer.step(state->lr, 1.0f / loss_scale);
+      state->grad_norm = norm / loss_scale;
+      window.add_step(local, gradients.reduce);
+      return 0;
+    case DivergenceGuard::Action::kSkipOverflow:
+      // fp16: the summed gradients overflowed; skip the step, halve the scale.
+      scaler.update(false);
+      window.count_overflow();
+      window.add_step(local, gradients.reduce);
+      return 0;
+    case DivergenceGuard::Action::kSkipDiverged:
+      scaler.update(false);
+      window.count_non_finite_skip();
+      window.add_step(LossSums{}, gradients.reduce);
+      if (comm.is_root()) {
+        say(stderr, "warning: step %lld skipped: %s (--on-divergence skip, %d in a row)\n",
+            static_cast<long long>(step), guard.reason().c_str(), guard.skipped_in_a_row());
+        std::fflush(stderr);
+      }
+      return 0;
+    case DivergenceGuard::Action::kStop:
+      break;
+  }
+  std::string why = guard.reason();
+  if (guard.skipped_in_a_row() >= DivergenceGuard::kMaxSkippedInARow)
+    why += " for " + std::to_string(guard.skipped_in_a_row()) + " steps in a row";
+  return diverged(comm, run.run_dir.get(), step, why);
+}
+
+std::pair<bool, bool> agree_finite(const Communicator& comm, double loss, double grad_norm) {
+  const int bad = comm.max((std::isfinite(loss) ? 0 : 2) | (std::isfinite(grad_norm) ? 0 : 1));
+  return {(bad & 2) == 0, (bad & 1) == 0};
+}
+
+int diverged(const Communicator& comm, const RunDirectory* run_dir, int64_t step,
+             const std::string& why) {
+  if (comm.is_root()) {
+    const std::string latest = run_dir->latest();
+    std::fprintf(stderr,
+                 "[rank 0] step %lld diverged: %s; stopped without saving it (exit code %d). %s; "
+                 "resuming as is would diverge again: lower --lr (or raise --warmup) and resume "
+                 "with --resume auto\n",
+                 static_cast<long long>(step), why.c_str(), kExitDiverged,
+                 latest.empty() ? "No checkpoint was written before it"
+                                : ("The last good checkpoint is " + latest + " (latest)").c_str());
+    std::fflush(stderr);
+  }
+  return kExitDiverged;
 }
 
 }  // namespace mpiformer
