@@ -19,6 +19,7 @@
 #include "src/parallel/mpi_transport.h"
 #include "src/parallel/replica_check.h"
 #include "src/parallel/stream_transport.h"
+#include "src/train/step.h"
 #include "tests/test_batches.h"
 
 namespace mpiformer {

@@ -22,6 +22,7 @@
 #include "src/optim/adamw.h"
 #include "src/parallel/data_parallel.h"
 #include "src/parallel/rank_device.h"
+#include "src/train/step.h"
 
 namespace mpiformer {
 

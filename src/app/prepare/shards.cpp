@@ -128,9 +128,8 @@ ShardFigures Encoding::write_training_shard(int64_t first, OutputDir* out) {
   train_header.split = kTrainPrefix;
   // Rank 0's running count stands for the round: the ranks' blocks are of
   // one size.
-  const Shard shard =
-      encode_block(block, tokenizer_, train_header, vocabulary_, &figures,
-                   comm_.is_root() ? count_encoded(name, block.size()) : nullptr);
+  const Shard shard = encode_block(block, tokenizer_, train_header, vocabulary_, &figures,
+                                   comm_.is_root() ? count_encoded(name, block.size()) : nullptr);
   out->write_shard(name, shard);
   return figures;
 }
@@ -176,8 +175,7 @@ void Encoding::write_held_out(OutputDir* out) {
                                      count_encoded(name, span.size()));
     out->write_shard(name, shard);
     say_("  " + name + ": " + grouped(held_out_[k].sequences) + " sequences, " +
-         grouped(held_out_[k].tokens) + " tokens (" + format_seconds(seconds_since(start_)) +
-         ")");
+         grouped(held_out_[k].tokens) + " tokens (" + format_seconds(seconds_since(start_)) + ")");
     if (k == 1) test_sequences_ = held_out_[k].sequences;
   }
 }
@@ -199,16 +197,14 @@ void Encoding::print_summary(Clock::time_point start) const {
   std::printf(
       "prepared %s: %s training sequences in %lld shard(s), %s validation%s; %s tokens "
       "(%s unknown), vocabulary %d\n",
-      cfg_.out_dir.c_str(), grouped(total_.sequences).c_str(),
-      static_cast<long long>(cfg_.shards), grouped(valid.sequences).c_str(), test_part.c_str(),
-      grouped(tokens).c_str(), grouped(total_.unknown + valid.unknown + test.unknown).c_str(),
-      header_.vocab_size);
+      cfg_.out_dir.c_str(), grouped(total_.sequences).c_str(), static_cast<long long>(cfg_.shards),
+      grouped(valid.sequences).c_str(), test_part.c_str(), grouped(tokens).c_str(),
+      grouped(total_.unknown + valid.unknown + test.unknown).c_str(), header_.vocab_size);
   std::printf(
       "  %s %s read, %s skipped (blank or encoding to nothing); %.1f s in all, "
       "encoding %.1f s (%s tokens/s)\n",
-      grouped(static_cast<int64_t>(lines)).c_str(),
-      cfg_.kind == "seq2seq" ? "line pairs" : "lines", grouped(skipped).c_str(),
-      seconds_since(start), encode_seconds,
+      grouped(static_cast<int64_t>(lines)).c_str(), cfg_.kind == "seq2seq" ? "line pairs" : "lines",
+      grouped(skipped).c_str(), seconds_since(start), encode_seconds,
       grouped(static_cast<int64_t>(tokens / std::max(encode_seconds, 1e-9))).c_str());
   if (cfg_.kind == "classify") {
     const int64_t dropped = valid.unknown_labels + test.unknown_labels;

@@ -93,8 +93,8 @@ class TrainingText {
 
 }  // namespace
 
-std::string train_tokenizer(const PrepareConfig& cfg, const Corpus& corpus,
-                            const fs::path& out_dir, const Say& say, std::string* model_bytes) {
+std::string train_tokenizer(const PrepareConfig& cfg, const Corpus& corpus, const fs::path& out_dir,
+                            const Say& say, std::string* model_bytes) {
   const Span train = corpus.train();
   say("training a " + cfg.model_type + " tokenizer of " + std::to_string(cfg.vocab_size) +
       " pieces on the " + grouped(static_cast<int64_t>(train.size())) + " training " +
@@ -116,9 +116,8 @@ std::string train_tokenizer(const PrepareConfig& cfg, const Corpus& corpus,
       text = std::make_unique<TrainingText>(out_dir, train);
       files = text->paths();
     }
-    const Heartbeat heartbeat([&](double seconds) {
-      say("  training the tokenizer (" + format_seconds(seconds) + ")");
-    });
+    const Heartbeat heartbeat(
+        [&](double seconds) { say("  training the tokenizer (" + format_seconds(seconds) + ")"); });
     *model_bytes = Tokenizer::train(files, options);
   } catch (const TrainingText::WriteError& e) {
     return e.what();

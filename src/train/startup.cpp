@@ -1,0 +1,419 @@
+#include "src/train/startup.h"
+
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <utility>
+
+#include "kernels/backend.h"
+#include "kernels/cpu/blas_kernels.h"
+#include "src/core/error.h"
+#include "src/core/run_log.h"
+#include "src/core/version.h"
+#include "src/data/make_source.h"
+#include "src/io/atomic_file.h"
+#include "src/io/hdf5_file.h"
+#include "src/io/shard.h"
+#include "src/parallel/agreement.h"
+#include "src/parallel/checkpoint_broadcast.h"
+#include "src/parallel/data_parallel.h"
+#include "src/parallel/rank_device.h"
+#include "src/train/memory_budget.h"
+
+namespace mpiformer {
+
+namespace {
+
+// Rank 0: the checkpoint against the flags of this run. The model's shape
+// is checked when its tensors are unpacked.
+Verdict check_resumable(const TrainConfig& cfg, const CheckpointState& state,
+                        const std::string& tokenizer, int world_size) {
+  const std::string sharding = to_string(cfg.sharding);
+  if (state.sharding != sharding) {
+    return {kExitUsage, "mpiformer train: --sharding: the checkpoint was trained with --sharding " +
+                            state.sharding + "; resume with the same"};
+  }
+  if (sharding == "file" && state.world_size != world_size) {
+    return {kExitUsage,
+            "mpiformer train: --sharding file ties each rank's batches to the world size: the "
+            "checkpoint was written by " +
+                std::to_string(state.world_size) + " rank(s), this run has " +
+                std::to_string(world_size) + "; resume on " + std::to_string(state.world_size) +
+                " rank(s)"};
+  }
+  // Another vocabulary size shows as a tensor shape; the same size with
+  // other ids would train on garbage silently.
+  if (!cfg.data_dir.empty() &&
+      (state.special != cfg.model.special || state.tokenizer != tokenizer)) {
+    return {kExitUsage,
+            "mpiformer train: --data: the shards' tokenizer differs from the one the "
+            "checkpoint was trained with; resume on the same shards"};
+  }
+  return {};
+}
+
+// The scalars every rank needs of rank 0's start point, as one flat record
+// for one broadcast.
+struct StartRecord {
+  uint64_t resumed;
+  int64_t step, world_size, optimizer_steps;
+  uint64_t next_batch, epoch;
+  int64_t batches_per_step;
+  uint64_t seed;
+  double loss_scale;
+  int64_t loss_scale_good_steps;
+};
+static_assert(sizeof(StartRecord) % sizeof(uint64_t) == 0);
+
+void broadcast_start(const Communicator& comm, StartPoint* start) {
+  CheckpointState& s = start->state;
+  StartRecord r{
+      start->resumed ? 1u : 0u, s.step, s.world_size, s.optimizer_steps,      s.next_batch, s.epoch,
+      s.batches_per_step,       s.seed, s.loss_scale, s.loss_scale_good_steps};
+  comm.broadcast(reinterpret_cast<uint64_t*>(&r), sizeof r / sizeof(uint64_t), 0);
+  start->resumed = r.resumed != 0;
+  s.step = r.step;
+  s.world_size = static_cast<int>(r.world_size);
+  s.optimizer_steps = r.optimizer_steps;
+  s.next_batch = r.next_batch;
+  s.epoch = r.epoch;
+  s.batches_per_step = r.batches_per_step;
+  s.seed = r.seed;
+  s.loss_scale = r.loss_scale;
+  s.loss_scale_good_steps = r.loss_scale_good_steps;
+}
+
+// The batching flags of this run that differ from the checkpoint's run
+// ("--max-tokens 512 (was 256)"), "" when none does or its config is unreadable.
+std::string changed_batching(const TrainConfig& cfg, const ConfigText& config_text,
+                             const std::string& checkpoint_ini) {
+  TrainConfig old;
+  try {
+    old = config_text.read(checkpoint_ini, "the checkpoint's config");
+  } catch (const std::exception&) {
+    return "";
+  }
+  const auto list = [](const std::vector<int>& v) {
+    std::string s;
+    for (int x : v) {
+      if (!s.empty()) s += ',';
+      s += std::to_string(x);
+    }
+    return s.empty() ? std::string("default") : s;
+  };
+  std::string changed;
+  const auto note = [&](const char* flag, const std::string& now, const std::string& was) {
+    if (now == was) return;
+    changed += std::string(changed.empty() ? "" : ", ") + flag + " " + now + " (was " + was + ")";
+  };
+  note("--max-tokens", std::to_string(cfg.max_tokens), std::to_string(old.max_tokens));
+  note("--max-sentences", std::to_string(cfg.max_sentences), std::to_string(old.max_sentences));
+  note("--buckets", list(cfg.buckets), list(old.buckets));
+  return changed;
+}
+
+// The run's description in metrics.h5.
+RunAttributes run_attributes(const TrainConfig& cfg, const std::string& config_ini, const Ops& ops,
+                             int world_size, int threads) {
+  RunAttributes a;
+  a.config = config_ini;
+  a.model = to_string(cfg.model.kind);
+  a.world_size = world_size;
+  a.devices = std::to_string(world_size) + " x " + ops.device().name() + " (" +
+              std::to_string(threads) + " thread(s) each)";
+  a.versions = std::string("mpiformer ") + MPIFORMER_VERSION + "; " +
+               Communicator::library_version() + "; " + hdf5::library_version() + "; " +
+               blas_version();
+  a.git_commit = MPIFORMER_GIT_COMMIT;
+  return a;
+}
+
+// What the start lines tell beyond the run's parts: figures of the phases.
+struct StartNotes {
+  uint64_t flag_seed = 0;  // --seed as given (a resumed run goes on with the checkpoint's)
+  int threads = 1;
+  Transport transport = Transport::kMpi;  // what --transport resolved to
+  MemoryEstimate memory;
+  double lr_factor = 1.0;   // --lr-scaling's factor
+  int64_t step_budget = 0;  // tokens per step, for --lr-scaling
+  float lr = 0.0f;          // the scaled peak learning rate
+};
+
+// 1. The shards decide what the flags left open. Every input is validated
+// before training, and all ranks agree on it.
+int resolve_inputs(TrainingRun& run, const Communicator& comm) {
+  if (!agreed(comm, [&] {
+        resolve_data_config(&run.cfg);
+        if (comm.is_root() && !run.cfg.data_dir.empty()) {
+          const ShardHeader header =
+              read_shard_header(list_shards(run.cfg.data_dir, "train").front());
+          run.tokenizer = header.tokenizer;
+          run.label_names = header.label_names;
+        }
+      }))
+    return kExitFailure;
+  return 0;
+}
+
+// 2. Rank 0 locks the run directory, then reads the checkpoint to resume
+// from, if any; every rank learns the verdict and the start point.
+int open_run_directory(TrainingRun& run, const Communicator& comm, StartNotes* notes) {
+  TrainConfig& cfg = run.cfg;
+  Verdict verdict;
+  if (comm.is_root()) {
+    run.run_dir = std::make_unique<RunDirectory>(cfg.out_dir);
+    verdict = run.run_dir->open();
+    if (verdict.code == 0) verdict = run.run_dir->choose_start(cfg.resume, &run.start);
+    if (verdict.code == 0 && run.start.resumed)
+      verdict = check_resumable(cfg, run.start.state, run.tokenizer, comm.size());
+  }
+  if (const int code = agree_on(comm, verdict)) return code;
+  broadcast_start(comm, &run.start);
+  run.cursor.first_step = run.start.resumed ? run.start.state.step + 1 : 1;
+  // A resumed run continues the checkpoint's random streams.
+  notes->flag_seed = cfg.seed;
+  if (run.start.resumed) cfg.seed = run.start.state.seed;
+  return 0;
+}
+
+// 3. Data, backend, model, optimizer, scaler, and the data cursor.
+int build(TrainingRun& run, const Communicator& comm, const FaultInjection& faults,
+          StartNotes* notes) {
+  const TrainConfig& cfg = run.cfg;
+  const int world = comm.size(), rank = comm.rank(), accum = cfg.accum_steps;
+  if (!agreed(comm, [&] { run.source = make_batch_source(cfg, rank, world); })) return kExitFailure;
+  notes->threads = cfg.threads > 0 ? cfg.threads : comm.cores_per_local_rank();
+  run.ops = make_ops(cfg.device, notes->threads, comm, cfg.tf32);
+  Ops& ops = *run.ops;
+  ops.set_deterministic(cfg.deterministic);
+  // --attention cudnn where cuDNN cannot run is refused before anything runs.
+  if (!agreed(comm, [&] { ops.set_attention_path(cfg.attention); })) return kExitUsage;
+  if (!agreed(comm, [&] { notes->transport = choose_transport(cfg.transport, ops, comm); }))
+    return kExitFailure;
+
+  // Memory: estimated from the flags, refused before anything big is
+  // allocated when it cannot fit.
+  const ModelCapacity capacity{cfg.max_tokens, cfg.model.max_len};
+  const DType compute = compute_dtype(cfg.precision);
+  const bool reducer_exact = cfg.grad_sum == GradSum::kExact;
+  // The MPI transport reads host memory: a GPU's gradients are staged.
+  const bool reducer_staged =
+      world > 1 && notes->transport == Transport::kMpi && !ops.device().host_accessible();
+  std::string shortfall;
+  if (!agreed(comm, [&] {
+        notes->memory =
+            estimate_memory(ops, cfg.model, capacity, compute, true, reducer_exact, reducer_staged);
+        shortfall = memory_shortfall(notes->memory, ops, comm.local_size(),
+                                     "--max-tokens, --d-model, --d-ff, --layers or --max-len");
+      }))
+    return kExitFailure;
+  if (const int code = refuse_on_shortfall(comm, shortfall, "mpiformer train: ")) return code;
+  run.model = std::make_unique<Model>(ops, cfg.model, capacity, compute);
+  run.model->init_parameters(cfg.seed);
+
+  // --lr-scaling: the LR follows the global token budget of a step.
+  notes->step_budget = static_cast<int64_t>(cfg.max_tokens) * accum * world;
+  notes->lr_factor = lr_scale_factor(cfg.lr_scaling, notes->step_budget, cfg.lr_reference_tokens);
+  OptimConfig optim = cfg.optim;
+  optim.lr = static_cast<float>(optim.lr * notes->lr_factor);
+  optim.end_lr = static_cast<float>(optim.end_lr * notes->lr_factor);
+  notes->lr = optim.lr;
+  run.optimizer = std::make_unique<AdamW>(run.model->parameters(), optim);
+  run.schedule = std::make_unique<LrSchedule>(optim, cfg.steps);
+  run.scaler = std::make_unique<LossScaler>(cfg.precision == Precision::kFp16, cfg.loss_scale,
+                                            cfg.loss_scale_window);
+  run.check_each_step = (ops.device().host_accessible() && !faults.deferred_divergence_check) ||
+                        run.scaler->dynamic() || cfg.on_divergence == OnDivergence::kSkip;
+
+  // The data cursor (DataCursor).
+  const bool global_indices = run.source->global_indices();
+  DataCursor& c = run.cursor;
+  c.accum = accum;
+  c.batches_per_step = global_indices ? static_cast<int64_t>(world) * accum : accum;
+  c.cursor0 = run.start.resumed ? run.start.state.next_batch : 0;
+  c.first = c.cursor0 + (global_indices ? rank : 0);
+  c.stride = global_indices ? world : 1;
+  return 0;
+}
+
+// 4. Parameters, moments and the update count from the checkpoint. A
+// checkpoint of another model shape is a flag fault, found here.
+int restore(TrainingRun& run, const Communicator& comm) {
+  if (!run.start.resumed) return 0;
+  ParameterSet& params = run.model->parameters();
+  LoadedCheckpoint& c = run.start.checkpoint;
+  Verdict verdict;
+  if (comm.is_root()) {
+    try {
+      std::vector<float> scratch(params.count());  // (params.count())
+      unpack_checkpoint_tensors(c.path, c.params, params, scratch.data());
+    } catch (const CheckpointMismatch& e) {
+      verdict = {kExitUsage, std::string("mpiformer train: --resume: ") + e.what() +
+                                 "; resume with the flags it was trained with (its config "
+                                 "attribute) or choose another --out"};
+    }
+  }
+  if (const int code = agree_on(comm, verdict)) return code;
+  broadcast_tensors(comm, c.path, c.params, params, params.params());
+  broadcast_tensors(comm, c.path, c.m, params, run.optimizer->m());
+  broadcast_tensors(comm, c.path, c.v, params, run.optimizer->v());
+  params.refresh_compute();
+  run.optimizer->set_steps_taken(run.start.state.optimizer_steps);
+  run.scaler->restore(static_cast<float>(run.start.state.loss_scale),
+                      run.start.state.loss_scale_good_steps);
+  // The host copy is no longer needed; its path is.
+  c.params = c.m = c.v = {};
+  return 0;
+}
+
+// 6. Only now, with every check passed, does the run change its directory:
+// a later branch moves aside, config.ini and metrics.h5 follow this run.
+int claim_directory(TrainingRun& run, const Communicator& comm, const ConfigText& config_text,
+                    const StartNotes& notes) {
+  const TrainConfig& cfg = run.cfg;
+  Verdict verdict;
+  std::string branch_line;
+  if (comm.is_root()) {
+    const std::filesystem::path rundir(cfg.out_dir);
+    try {
+      const int removed = run.run_dir->remove_unfinished_writes();
+      if (removed > 0) {
+        say(stdout, "removed %d unfinished checkpoint write(s) of an earlier job\n", removed);
+      }
+      branch_line = run.run_dir->make_head(run.start);
+      // What ran is recorded beside the flags, as comments the reader skips:
+      // runs on other BLAS kernels differ in their last bits.
+      write_file_atomically((rundir / "config.ini").string(),
+                            config_text.write(cfg) + "\n# This run (a record; not read back)\n" +
+                                "# devices = " + std::to_string(comm.size()) + " x " +
+                                run.ops->device().name() + "\n# blas = " + describe_blas_kernels() +
+                                "\n");
+      // Rank 0's output, start-up lines first, appended over every start.
+      attach_run_log((rundir / "train.log").string());
+      run.metrics = std::make_unique<MetricsLog>(
+          (rundir / "metrics.h5").string(),
+          run_attributes(cfg, config_text.write(cfg), *run.ops, comm.size(), notes.threads),
+          cfg.resume == "none" ? -1 : (run.start.resumed ? run.start.state.step : 0));
+    } catch (const std::exception& e) {
+      verdict = {kExitUsage, std::string("mpiformer train: --out: ") + e.what()};
+    }
+    if (!branch_line.empty()) say(stdout, "%s\n", branch_line.c_str());
+  }
+  return agree_on(comm, verdict);
+}
+
+// Rank 0's start lines: what runs, on what, and from where.
+void print_start(const TrainingRun& run, const Communicator& comm, const ConfigText& config_text,
+                 const StartNotes& notes) {
+  if (!comm.is_root()) return;
+  const TrainConfig& cfg = run.cfg;
+  const int world = comm.size(), accum = cfg.accum_steps;
+  Ops& ops = *run.ops;
+  GradientReducer* reducer = run.reducer.get();
+  say(stdout, "mpiformer train: %s on %s (%s), %d rank(s) x %d thread(s), %zu parameters\n",
+      to_string(cfg.model.kind),
+      cfg.data_dir.empty() ? to_string(cfg.synthetic) : cfg.data_dir.c_str(),
+      ops.device().name().c_str(), world, notes.threads, run.model->parameters().count());
+  say(stdout,
+      "  %d layer(s), d-model %d, %d heads, d-ff %d, vocab %d, max-len %d; "
+      "max-tokens %d x %d micro-batch(es) x %d rank(s) per step\n",
+      cfg.model.kind == ModelKind::kSeq2seq ? cfg.model.enc_layers + cfg.model.dec_layers
+                                            : cfg.model.layers,
+      cfg.model.d_model, cfg.model.heads, cfg.model.d_ff, cfg.model.vocab, cfg.model.max_len,
+      cfg.max_tokens, accum, world);
+  say(stdout, "  memory: about %s per rank\n", notes.memory.describe().c_str());
+  if (cfg.device == DeviceKind::kCpu) say(stdout, "  BLAS: %s\n", describe_blas_kernels().c_str());
+  if (cfg.device == DeviceKind::kCuda)
+    say(stdout, "  attention: %s\n", ops.attention_kernels().c_str());
+  if (cfg.precision != Precision::kFp32)
+    say(stdout,
+        "  precision %s: activations and GEMM inputs; fp32 master weights, Adam state "
+        "and loss%s\n",
+        to_string(cfg.precision), run.scaler->dynamic() ? ", with dynamic loss scaling" : "");
+  if (cfg.lr_scaling != LrScaling::kNone)
+    say(stdout, "  lr %.3e x %.4f (%s: %lld / %lld tokens per step) = %.3e\n", cfg.optim.lr,
+        notes.lr_factor, to_string(cfg.lr_scaling), static_cast<long long>(notes.step_budget),
+        static_cast<long long>(cfg.lr_reference_tokens), notes.lr);
+  if (reducer)
+    say(stdout, "  gradient sum: %s; %.1f MiB per step in %zu bucket(s) of >= %g MiB over %s, %s\n",
+        to_string(cfg.grad_sum), reducer->bytes_per_step() / double(1 << 20),
+        reducer->buckets().size(), bucket_mb_for(cfg.bucket_mb, notes.transport),
+        reducer->transport().name().c_str(),
+        cfg.overlap ? "overlapped with backward" : "after backward");
+  if (!cfg.deterministic) {
+    say(stdout, "  --deterministic false: %s\n",
+        ops.device().host_accessible()
+            ? "nothing changes on the CPU, whose results never depend on timing"
+            : "cuDNN's attention backward may add with atomics; runs are not bitwise "
+              "reproducible");
+  }
+  const std::string data_summary = run.source->describe();
+  if (!data_summary.empty()) say(stdout, "%s\n", data_summary.c_str());
+  const CheckpointState& resumed = run.start.state;
+  if (run.start.resumed) {
+    say(stdout,
+        "resumed from %s: step %lld, micro-batch %llu (epoch %llu), written by %d rank(s)\n",
+        cfg.resume == "auto" ? (std::filesystem::path(cfg.out_dir) / "checkpoints").string().c_str()
+                             : cfg.resume.c_str(),
+        static_cast<long long>(resumed.step), static_cast<unsigned long long>(resumed.next_batch),
+        static_cast<unsigned long long>(resumed.epoch), resumed.world_size);
+    if (resumed.batches_per_step != run.cursor.batches_per_step) {
+      say(stdout,
+          "  a step now reads %lld micro-batches (the checkpoint's run read %lld): the "
+          "micro-batch sequence continues, the global batch size changes\n",
+          static_cast<long long>(run.cursor.batches_per_step),
+          static_cast<long long>(resumed.batches_per_step));
+    }
+    const std::string changed = changed_batching(cfg, config_text, resumed.config_ini);
+    if (!changed.empty()) {
+      say(stdout,
+          "  note: %s: batches are cut anew, so the examples from here on come in another order "
+          "than the checkpoint's run would have read them\n",
+          changed.c_str());
+    }
+    if (notes.flag_seed != cfg.seed) {
+      say(stdout, "  seed %llu from the checkpoint (--seed %llu is for new runs)\n",
+          static_cast<unsigned long long>(cfg.seed),
+          static_cast<unsigned long long>(notes.flag_seed));
+    }
+  } else if (cfg.resume == "auto") {
+    say(stdout, "no checkpoint in %s: starting at step 1\n",
+        (std::filesystem::path(cfg.out_dir) / "checkpoints").string().c_str());
+  }
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+Started start_run(const TrainConfig& flags, const Communicator& comm, const ConfigText& config_text,
+                  const FaultInjection& faults) {
+  auto parts = std::make_unique<TrainingRun>();
+  TrainingRun& run = *parts;
+  run.cfg = flags;
+  StartNotes notes;
+  const auto end = [](int code) { return Started{nullptr, code}; };
+  if (const int code = resolve_inputs(run, comm)) return end(code);
+  if (const int code = open_run_directory(run, comm, &notes)) return end(code);
+  if (run.start.resumed && run.start.state.step >= run.cfg.steps) {
+    if (comm.is_root()) {
+      say(stdout, "%s: the checkpoint of step %lld already reaches --steps %lld; nothing to do\n",
+          run.start.checkpoint.path.c_str(), static_cast<long long>(run.start.state.step),
+          static_cast<long long>(run.cfg.steps));
+    }
+    return end(0);
+  }
+  if (const int code = build(run, comm, faults, &notes)) return end(code);
+  if (const int code = restore(run, comm)) return end(code);
+  // 5. The gradient all-reduce: buckets of whole tensors, started during the
+  // last backward pass of each step.
+  if (!agreed(comm, [&] {
+        run.reducer = make_reducer(run.model->parameters(), run.cfg.bucket_mb, run.cfg.overlap,
+                                   run.cfg.grad_sum, notes.transport, comm);
+      }))
+    return end(kExitFailure);
+  if (const int code = claim_directory(run, comm, config_text, notes)) return end(code);
+  print_start(run, comm, config_text, notes);
+  return Started{std::move(parts), 0};
+}
+
+}  // namespace mpiformer
