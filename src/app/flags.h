@@ -162,6 +162,40 @@ std::optional<std::set<std::string>> parse_flags(const std::vector<std::string>&
                                                  const FlagTable& table, const char* synopsis,
                                                  std::string* config_file, std::ostream& out);
 
+// What a command's parse needs besides its arguments.
+template <class Config>
+struct CommandFlags {
+  const char* synopsis;  // --help's "Usage: " lines
+  // The configuration before any flag is read; its values are the defaults
+  // --help shows.
+  Config (*initial)() = [] { return Config{}; };
+  // Binds the command's flags to the fields of `cfg`.
+  void (*add)(FlagTable& table, Config* cfg) = nullptr;
+  // Once the flags are read: values that depend on others, then the checks
+  // (throwing UsageError). `given` names the flags given explicitly.
+  void (*finish)(const std::set<std::string>& given, Config* cfg) = nullptr;
+  // Where the configuration keeps --config's path (nullptr: nowhere).
+  std::string Config::*config_file = nullptr;
+};
+
+// The parse of every command: `command.initial()` into *cfg, its flags from
+// `args` and --config, then `command.finish`. Returns false (after printing
+// help to `out`) when --help was given.
+template <class Config>
+bool parse_command(const std::vector<std::string>& args, const CommandFlags<Config>& command,
+                   Config* cfg, std::ostream& out) {
+  *cfg = command.initial();
+  FlagTable table;
+  command.add(table, cfg);
+  std::string config_file;
+  const auto given =
+      parse_flags(args, table, command.synopsis,
+                  command.config_file ? &(cfg->*command.config_file) : &config_file, out);
+  if (!given) return false;
+  command.finish(*given, cfg);
+  return true;
+}
+
 // Reads an INI text like --config into the fields bound by `table`; `source`
 // names it in errors. Throws UsageError.
 void read_ini(const FlagTable& table, const std::string& ini, const std::string& source);
