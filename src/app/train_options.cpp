@@ -1,6 +1,4 @@
 // `mpiformer train`'s flags, and a run's config.ini written and read back.
-#include <sys/stat.h>
-
 #include <cmath>
 #include <set>
 #include <stdexcept>
@@ -106,15 +104,7 @@ void validate_train(const TrainConfig& c) {
                 "--data (prepare --kind classify or image)");
   }
   validate_model(c.model, /*vocab_from_data=*/has_data);
-  if (has_data) {
-    // <filesystem> is left out on purpose: its std::quoted would be found by
-    // argument-dependent lookup beside quoted() of src/app/flags.h.
-    struct stat info {};
-    if (::stat(c.data_dir.c_str(), &info) != 0) {
-      usage_error("--data", c.data_dir + ": no such directory");
-    }
-    if (!S_ISDIR(info.st_mode)) usage_error("--data", c.data_dir + ": not a directory");
-  }
+  if (has_data) require_directory("--data", c.data_dir);
   if (c.out_dir.empty()) usage_error("--out", "required: the run directory");
   if (c.resume.empty()) usage_error("--resume", "expected auto, none or a checkpoint file");
   if (c.resume != "none" && c.resume != "auto") require_file("--resume", c.resume);
