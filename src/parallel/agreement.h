@@ -73,8 +73,7 @@ bool agreed(const Communicator& comm, Fn&& what) {
 
 // Runs `step` on rank 0 alone; every rank learns the exit code (0: go on).
 template <class Fn>
-int agree_on_root(const Communicator& comm, Fn&& step, Faults faults,
-                  const std::string& command) {
+int agree_on_root(const Communicator& comm, Fn&& step, Faults faults, const std::string& command) {
   Verdict verdict;
   if (comm.is_root()) verdict = attempt(comm, std::forward<Fn>(step), faults, command);
   return agree(comm, verdict);
