@@ -1,6 +1,10 @@
 // Command-line parsing for every sub-command (Boost.Program_options). Every
 // flag may also come from --config FILE (INI); the command line wins. Bad
 // flags or values throw UsageError naming the flag and what is allowed.
+//
+// Each command's flag table and checks are in src/app/COMMAND_options.cpp;
+// flags several commands take in shared_options.h; the parsing, help and
+// INI machinery they all use in flags.h.
 #pragma once
 
 #include <iosfwd>

@@ -2,8 +2,9 @@
 
 namespace mpiformer {
 
-// The spellings below are the command-line and config-file values: options.cpp
-// parses them and config.ini records them, so they must stay in step.
+// The spellings below are the command-line and config-file values: the flag
+// tables of src/app/*_options.cpp parse them and config.ini records them, so
+// they must stay in step.
 
 const char* to_string(ModelKind k) {
   switch (k) {

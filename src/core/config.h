@@ -1,5 +1,5 @@
 // The configuration of a run, as parsed from the command line and --config.
-// Plain data: parsing and validation live in src/app/options.*.
+// Plain data: parsing and validation live in src/app (options.h).
 #pragma once
 
 #include <cstdint>
@@ -144,7 +144,7 @@ struct TrainConfig {
   int max_tokens = 4096;         // padded tokens per micro-batch
   int max_sentences = 0;         // 0: no limit
   int min_len = 1;               // synthetic sequence lengths
-  float label_smoothing = 0.0f;  // unless given: 0.1 for seq2seq (src/app/options.cpp)
+  float label_smoothing = 0.0f;  // unless given: 0.1 for seq2seq (src/app/train_options.cpp)
   float mlm_probability = 0.15f;
 
   // loop

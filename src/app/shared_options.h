@@ -1,0 +1,41 @@
+// Flags that several commands take, bound to the configuration structs of
+// src/core/config.h they share, and the checks that go with them.
+#pragma once
+
+#include <set>
+#include <string>
+
+#include "src/app/flags.h"
+#include "src/core/config.h"
+
+namespace mpiformer {
+
+// The model's shape (train, bench).
+void add_model_flags(FlagTable& t, ModelConfig* m,
+                     const char* vocab_help = "vocabulary size, reserved ids included");
+
+// --layers stands for both stacks of a seq2seq model unless --enc-layers or
+// --dec-layers is given.
+void apply_layers_shorthand(const std::set<std::string>& given, ModelConfig* m);
+
+// AdamW and the learning-rate schedule (train, bench).
+void add_optim_flags(FlagTable& t, OptimConfig* o);
+void validate_optim(const OptimConfig& o);
+
+// --threads and --blas-core, which every command that computes takes.
+void add_cpu_flags(FlagTable& t, int* threads, const char* threads_help, std::string* blas_core);
+void validate_cpu(int threads, const std::string& blas_core);
+
+// Where and in what precision the model runs, with --threads and
+// --blas-core (train, bench).
+void add_device_flags(FlagTable& t, DeviceKind* device, Precision* precision, bool* tf32,
+                      int* threads, std::string* blas_core, AttentionPath* attention);
+void validate_device(DeviceKind device, Precision precision, bool tf32, int threads,
+                     const std::string& blas_core, AttentionPath attention);
+
+// The gradient all-reduce (train, bench).
+void add_reducer_flags(FlagTable& t, float* bucket_mb, bool* overlap, GradSum* grad_sum,
+                       Transport* transport, bool* deterministic);
+void validate_transport(DeviceKind device, Transport transport);
+
+}  // namespace mpiformer

@@ -1,0 +1,207 @@
+// `mpiformer train`'s flags, and a run's config.ini written and read back.
+#include <cmath>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "src/app/flags.h"
+#include "src/app/options.h"
+#include "src/app/shared_options.h"
+#include "src/core/error.h"
+#include "src/data/synthetic.h"
+
+namespace mpiformer {
+namespace {
+
+constexpr const char* kTrainSynopsis =
+    "mpiformer train --model lm|seq2seq|mlm|classify (--data DIR | --synthetic reverse|copy|sort) "
+    "--out RUNDIR [flags]";
+
+// --vocab 0 with --synthetic: the vocabulary the synthetic tasks have always used.
+constexpr int kSyntheticVocab = 32;
+
+void add_train_flags(FlagTable& t, TrainConfig* c) {
+  add_model_flags(t, &c->model,
+                  "vocabulary size, reserved ids included (0: from the shards with --data, "
+                  "32 with --synthetic)");
+  t.group("Data");
+  t.add("data", &c->data_dir, "DIR", "directory of HDF5 token shards (`mpiformer prepare`)");
+  t.add_choice("synthetic", &c->synthetic,
+               {{"reverse", SyntheticTask::kReverse},
+                {"copy", SyntheticTask::kCopy},
+                {"sort", SyntheticTask::kSort}},
+               "generated task instead of --data");
+  t.add("max-tokens", &c->max_tokens, "T", "padded tokens per micro-batch");
+  t.add("max-sentences", &c->max_sentences, "N", "sequences per micro-batch (0: no limit)");
+  t.add_increasing_list("buckets", &c->buckets, "LIST",
+                        "length-bucket boundaries, e.g. 8,16,32 (default: from 8 growing x1.1 to "
+                        "--max-len)");
+  t.add_choice(
+      "too-long", &c->too_long,
+      {{"auto", TooLong::kAuto}, {"skip", TooLong::kSkip}, {"truncate", TooLong::kTruncate}},
+      "sequences longer than --max-len (auto: skip for seq2seq, truncate for lm and mlm)");
+  t.add_choice("sharding", &c->sharding, {{"data", Sharding::kData}, {"file", Sharding::kFile}},
+               "data: every rank reads all shards and takes every W-th batch; file: each rank "
+               "reads its own shard files");
+  t.add("prefetch", &c->prefetch, "N", "batches the loader thread prepares ahead");
+  t.add("min-len", &c->min_len, "N", "shortest synthetic example");
+  t.add("mlm-probability", &c->mlm_probability, "P", "mlm: share of tokens chosen for prediction");
+  t.add("label-smoothing", &c->label_smoothing, "E",
+        "label smoothing, in [0, 1) (default: 0.1 for seq2seq, 0 for lm and mlm)");
+  add_optim_flags(t, &c->optim);
+  t.group("Run");
+  t.add("out", &c->out_dir, "RUNDIR", "run directory (config.ini, metrics.h5, checkpoints)");
+  t.add("resume", &c->resume, "auto|none|PATH",
+        "continue from a checkpoint: auto takes the newest complete one in --out (none there: "
+        "start); none refuses an --out that holds a run");
+  t.add("accum-steps", &c->accum_steps, "K", "micro-batches per rank and optimizer step");
+  t.add("steps", &c->steps, "S", "optimizer steps");
+  t.add("seed", &c->seed, "S", "seed of data order, initialisation and dropout");
+  t.add("log-every", &c->log_every, "N", "steps between training log lines");
+  t.add("eval-every", &c->eval_every, "N", "steps between evaluations (0: only at the end)");
+  t.add("eval-batches", &c->eval_batches, "N",
+        "micro-batches per evaluation (0: the whole validation split; a synthetic task: 8)");
+  t.add("checkpoint-every", &c->checkpoint_every, "N",
+        "steps between checkpoints; the last step always writes one (0: only the last)");
+  t.add("keep-checkpoints", &c->keep_checkpoints, "K", "newest checkpoints kept (0: all)");
+  t.add_choice("on-divergence", &c->on_divergence,
+               {{"stop", OnDivergence::kStop}, {"skip", OnDivergence::kSkip}},
+               "a step whose loss or gradient norm is not finite: stop (exit 3, nothing of it "
+               "saved; the last good checkpoint stays latest) or skip the step (stopping after "
+               "20 in a row)");
+  add_device_flags(t, &c->device, &c->precision, &c->tf32, &c->threads, &c->blas_core,
+                   &c->attention);
+  t.add("loss-scale", &c->loss_scale, "S",
+        "fp16: the initial loss scale (halved on overflow, doubled after --loss-scale-window "
+        "good steps)");
+  t.add("loss-scale-window", &c->loss_scale_window, "N",
+        "fp16: good steps in a row before the loss scale doubles");
+  t.group("Distribution");
+  t.add_choice(
+      "lr-scaling", &c->lr_scaling,
+      {{"none", LrScaling::kNone}, {"linear", LrScaling::kLinear}, {"sqrt", LrScaling::kSqrt}},
+      "scale --lr by the global token budget per step (max-tokens x accum-steps x "
+      "ranks) over --lr-reference-tokens, or its square root");
+  t.add("lr-reference-tokens", &c->lr_reference_tokens, "T",
+        "the global token budget per step that --lr was tuned for");
+  add_reducer_flags(t, &c->bucket_mb, &c->overlap, &c->grad_sum, &c->transport, &c->deterministic);
+  t.add("check-every", &c->check_every, "N",
+        "steps between checks that all replicas hold identical parameters (0: off)");
+}
+
+void validate_train(const TrainConfig& c) {
+  const bool has_data = !c.data_dir.empty();
+  const bool has_synthetic = c.synthetic != SyntheticTask::kNone;
+  if (has_data && has_synthetic)
+    usage_error("--data", "give either --data or --synthetic, not both");
+  if (!has_data && !has_synthetic) {
+    usage_error("--data", "required: --data DIR or --synthetic reverse|copy|sort");
+  }
+  if (has_synthetic && c.model.kind == ModelKind::kClassify) {
+    usage_error("--synthetic",
+                "the synthetic tasks are sequence tasks; --model classify reads "
+                "--data (prepare --kind classify or image)");
+  }
+  validate_model(c.model, /*vocab_from_data=*/has_data);
+  if (has_data) require_directory("--data", c.data_dir);
+  if (c.out_dir.empty()) usage_error("--out", "required: the run directory");
+  if (c.resume.empty()) usage_error("--resume", "expected auto, none or a checkpoint file");
+  if (c.resume != "none" && c.resume != "auto") require_file("--resume", c.resume);
+  require_at_least("--max-tokens", c.max_tokens, 1);
+  require_at_least("--max-sentences", c.max_sentences, 0);
+  for (int boundary : c.buckets) {
+    if (boundary > c.model.max_len) {
+      usage_error("--buckets", std::to_string(boundary) + " exceeds --max-len (" +
+                                   std::to_string(c.model.max_len) + ")");
+    }
+  }
+  require_at_least("--prefetch", c.prefetch, 1);
+  require_at_least("--min-len", c.min_len, 1);
+  if (!(c.mlm_probability > 0 && c.mlm_probability < 1)) {
+    usage_error("--mlm-probability", "must be in (0, 1); got " + format_number(c.mlm_probability));
+  }
+  require_unit_interval("--label-smoothing", c.label_smoothing);
+  validate_optim(c.optim);
+  require_at_least("--accum-steps", c.accum_steps, 1);
+  require_at_least("--steps", c.steps, 1);
+  require_at_least("--log-every", c.log_every, 1);
+  require_at_least("--eval-every", c.eval_every, 0);
+  require_at_least("--eval-batches", c.eval_batches, 0);
+  require_at_least("--checkpoint-every", c.checkpoint_every, 0);
+  require_at_least("--keep-checkpoints", c.keep_checkpoints, 0);
+  validate_device(c.device, c.precision, c.tf32, c.threads, c.blas_core, c.attention);
+  validate_transport(c.device, c.transport);
+  if (!(c.loss_scale >= 1.0f && std::isfinite(c.loss_scale))) {
+    usage_error("--loss-scale", "must be a finite number >= 1; got " + format_number(c.loss_scale));
+  }
+  require_at_least("--loss-scale-window", c.loss_scale_window, 1);
+  require_at_least("--lr-reference-tokens", c.lr_reference_tokens, int64_t{0});
+  if (c.lr_scaling != LrScaling::kNone && c.lr_reference_tokens == 0) {
+    usage_error("--lr-reference-tokens",
+                std::string("required with --lr-scaling ") + to_string(c.lr_scaling) +
+                    ": the global token budget per step that --lr was tuned for");
+  }
+  require_non_negative("--bucket-mb", c.bucket_mb);
+  require_at_least("--check-every", c.check_every, 0);
+  if (has_synthetic) {
+    // The source knows its layout; its messages already name the flags.
+    try {
+      SyntheticSource source(c.synthetic, c.model, c.max_tokens, c.max_sentences, c.min_len,
+                             c.mlm_probability, c.seed);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(e.what());
+    }
+  }
+}
+
+// Before any flag is read: no vocabulary until it is known, from the shards
+// or kSyntheticVocab.
+TrainConfig initial_train_config() {
+  TrainConfig cfg;
+  cfg.model.vocab = 0;
+  return cfg;
+}
+
+void finish_train(const std::set<std::string>& given, TrainConfig* cfg) {
+  apply_layers_shorthand(given, &cfg->model);
+  // As in the Transformer paper for translation; a language model's loss is
+  // then its true negative log-likelihood.
+  if (!given.count("label-smoothing")) {
+    cfg->label_smoothing = cfg->model.kind == ModelKind::kSeq2seq ? 0.1f : 0.0f;
+  }
+  if (cfg->model.vocab == 0 && cfg->synthetic != SyntheticTask::kNone) {
+    cfg->model.vocab = kSyntheticVocab;
+  }
+  validate_train(*cfg);
+}
+
+constexpr CommandFlags<TrainConfig> kTrainFlags{.synopsis = kTrainSynopsis,
+                                                .initial = initial_train_config,
+                                                .add = add_train_flags,
+                                                .finish = finish_train,
+                                                .config_file = &TrainConfig::config_file};
+
+}  // namespace
+
+bool parse_train_options(const std::vector<std::string>& args, TrainConfig* cfg,
+                         std::ostream& out) {
+  return parse_command(args, kTrainFlags, cfg, out);
+}
+
+std::string train_config_ini(const TrainConfig& cfg) {
+  TrainConfig copy = cfg;  // the table binds to fields it may write
+  FlagTable table;
+  add_train_flags(table, &copy);
+  return write_ini(table, "mpiformer train configuration; re-use with --config FILE");
+}
+
+TrainConfig train_config_from_ini(const std::string& ini, const std::string& source) {
+  TrainConfig cfg = initial_train_config();
+  FlagTable table;
+  add_train_flags(table, &cfg);
+  read_ini(table, ini, source);
+  return cfg;
+}
+
+}  // namespace mpiformer
