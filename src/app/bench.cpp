@@ -20,6 +20,7 @@
 #include "src/app/commands.h"
 #include "src/model/model.h"
 #include "src/optim/adamw.h"
+#include "src/parallel/agreement.h"
 #include "src/parallel/data_parallel.h"
 #include "src/parallel/rank_device.h"
 #include "src/train/step.h"
@@ -133,7 +134,11 @@ void print_profile(const std::vector<double>& ms, const std::vector<ProfiledOps:
 
 int run_bench(const BenchConfig& cfg, Communicator& comm) {
   const int threads = cfg.threads > 0 ? cfg.threads : comm.cores_per_local_rank();
-  std::unique_ptr<Ops> backend = make_ops(cfg.device, threads, comm, cfg.tf32);
+  // Each set-up fault is agreed by every rank (src/parallel/agreement.h).
+  std::unique_ptr<Ops> backend;
+  if (!agreed(comm, [&] { backend = make_ops(cfg.device, threads, comm, cfg.tf32); })) {
+    return kExitFailure;
+  }
   // --profile: the model runs on a wrapper that times each op family.
   std::unique_ptr<ProfiledOps> profiled;
   if (cfg.profile) profiled = std::make_unique<ProfiledOps>(*backend);
@@ -156,8 +161,11 @@ int run_bench(const BenchConfig& cfg, Communicator& comm) {
   // On a GPU the MPI transport stages gradients through host buffers; NCCL
   // reads them in place.
   backend->set_deterministic(cfg.deterministic);
-  backend->set_attention_path(cfg.attention);
-  const Transport transport = choose_transport(cfg.transport, *backend, comm);
+  if (!agreed(comm, [&] { backend->set_attention_path(cfg.attention); })) return kExitUsage;
+  Transport transport = Transport::kMpi;
+  if (!agreed(comm, [&] { transport = choose_transport(cfg.transport, *backend, comm); })) {
+    return kExitFailure;
+  }
   std::unique_ptr<GradientReducer> reducer =
       make_reducer(model.parameters(), cfg.bucket_mb, cfg.overlap, cfg.grad_sum, transport, comm);
   // fp16 runs with a loss scale: a fixed one here, as the bench never overflows.

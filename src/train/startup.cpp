@@ -183,7 +183,10 @@ int build(TrainingRun& run, const Communicator& comm, const FaultInjection& faul
   const int world = comm.size(), rank = comm.rank(), accum = cfg.accum_steps;
   if (!agreed(comm, [&] { run.source = make_batch_source(cfg, rank, world); })) return kExitFailure;
   notes->threads = cfg.threads > 0 ? cfg.threads : comm.cores_per_local_rank();
-  run.ops = make_ops(cfg.device, notes->threads, comm, cfg.tf32);
+  // A rank without the device it was given is an agreed failure, not a hang.
+  if (!agreed(comm, [&] { run.ops = make_ops(cfg.device, notes->threads, comm, cfg.tf32); })) {
+    return kExitFailure;
+  }
   Ops& ops = *run.ops;
   ops.set_deterministic(cfg.deterministic);
   // --attention cudnn where cuDNN cannot run is refused before anything runs.
