@@ -44,6 +44,20 @@ Verdict attempt(const Communicator& comm, Fn&& step, Faults faults = Faults::kOf
                 const std::string& command = "") {
   const std::string rank = "[rank " + std::to_string(comm.rank()) + "] ";
   const std::string input = "mpiformer " + command + ": ";
+  // kByType's reading of a fault is `typed` (its code and prefix).
+  const auto told = [&](const std::string& what, Verdict typed) -> Verdict {
+    switch (faults) {
+      case Faults::kOfRank:
+        return {kExitFailure, rank + what};
+      case Faults::kOfInput:
+        return {kExitUsage, input + what};
+      case Faults::kOfCommand:
+        return {kExitFailure, input + what};
+      case Faults::kByType:
+        break;
+    }
+    return {typed.code, typed.message + what};
+  };
   try {
     if constexpr (std::is_same_v<decltype(step()), int>) {
       return {step(), ""};
@@ -52,19 +66,11 @@ Verdict attempt(const Communicator& comm, Fn&& step, Faults faults = Faults::kOf
       return {};
     }
   } catch (const UsageError& e) {
-    if (faults == Faults::kOfRank) return {kExitFailure, rank + e.what()};
-    if (faults == Faults::kOfCommand) return {kExitFailure, input + e.what()};
-    return {kExitUsage, input + e.what()};
+    return told(e.what(), {kExitUsage, input});
   } catch (const CommandError& e) {
-    if (faults == Faults::kByType) return {kExitFailure, std::string("mpiformer ") + e.what()};
-    if (faults == Faults::kOfInput) return {kExitUsage, input + e.what()};
-    if (faults == Faults::kOfCommand) return {kExitFailure, input + e.what()};
-    return {kExitFailure, rank + e.what()};
+    return told(e.what(), {kExitFailure, "mpiformer "});
   } catch (const std::exception& e) {
-    const std::string what = *e.what() ? e.what() : "unknown error";
-    if (faults == Faults::kOfInput) return {kExitUsage, input + what};
-    if (faults == Faults::kOfCommand) return {kExitFailure, input + what};
-    return {kExitFailure, rank + what};
+    return told(*e.what() ? e.what() : "unknown error", {kExitFailure, rank});
   }
 }
 
