@@ -23,6 +23,7 @@
 #include "kernels/backend.h"
 #include "src/io/shard.h"
 #include "src/model/model.h"
+#include "tests/damaged_file.h"
 #include "tests/test_batches.h"
 
 namespace mpiformer {
@@ -329,6 +330,15 @@ TEST_F(CheckpointTest, FaultsNameTheFile) {
   fs::copy_file(ckpt, cut);
   fs::resize_file(cut, fs::file_size(cut) / 2);
   expect_fault([&] { read_checkpoint_state(cut); }, cut, "truncated or corrupt");
+
+  // Attributes that cannot be read (their heap's checksum is wrong) are a
+  // damaged file, not a missing 'format' attribute.
+  const std::string scrambled = file("scrambled.h5");
+  fs::copy_file(ckpt, scrambled);
+  ASSERT_GT(damage_blocks(scrambled, "FRHP", 16), 0) << "the root attributes are not in a heap";
+  expect_fault([&] { read_checkpoint_state(scrambled); }, scrambled,
+               "truncated or corrupt (HDF5 could not read attribute 'format'");
+  EXPECT_FALSE(is_checkpoint(scrambled));
 }
 
 TEST_F(CheckpointTest, ChecksumCatchesAFlippedBit) {

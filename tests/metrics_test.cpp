@@ -3,9 +3,12 @@
 #include "src/io/metrics.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -13,6 +16,7 @@
 #include <vector>
 
 #include "src/io/hdf5_file.h"
+#include "tests/damaged_file.h"
 
 namespace mpiformer {
 namespace {
@@ -235,6 +239,50 @@ TEST_F(MetricsTest, ResumingKeepsTheRowsUpToTheResumedStep) {
 TEST_F(MetricsTest, ResumingWithoutAFileStartsOne) {
   { MetricsLog log(path_, attrs(1), 12); }
   EXPECT_TRUE(read_metrics(path_).train_rows.empty());
+}
+
+// A writer killed while it wrote leaves the file marked as open for SWMR
+// writing: it reads back (as an SWMR reader), and damaged it is refused at
+// once, the reader's checksum retries bounded, where HDF5's own would never
+// end. A damaged file that was closed is refused the same way.
+TEST_F(MetricsTest, ADamagedFileIsRefusedAlsoWhenMarkedAsBeingWritten) {
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // The writer, killed: no destructor, no close, no exit handlers.
+    auto* log = new MetricsLog(path_, attrs(1), -1);
+    for (int64_t s = 1; s <= 5; ++s) log->append(train_row(s));
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  {
+    hdf5::Session session;  // a plain reader is refused: the file is being written
+    EXPECT_FALSE(hdf5::open_read_only(path_).ok());
+  }
+  EXPECT_EQ(read_metrics(path_).train_rows.size(), 5u);
+  const std::string closed = (dir_ / "closed.h5").string();
+  { MetricsLog log(closed, attrs(1), -1); }
+  for (const std::string& path : {path_, closed}) {
+    // Every object header but the root group's.
+    ASSERT_GT(damage_blocks(path, "OHDR", 16, 1), 0);
+    // In a child process: HDF5 1.10 keeps a reference after a failed
+    // metadata read and reports a loop when it shuts down at exit (the
+    // program never shuts it down: hdf5::initialize_library).
+    EXPECT_EXIT(
+        {
+          try {
+            read_metrics(path);
+          } catch (const MetricsError& e) {
+            std::fprintf(stderr, "%s\n", e.what());
+            std::_Exit(0);
+          }
+          std::_Exit(1);
+        },
+        ::testing::ExitedWithCode(0), "^[^\n]*: truncated or corrupt \\(HDF5 could not ")
+        << path;
+  }
 }
 
 TEST_F(MetricsTest, RefusesWhatIsNotAMetricsFileAndLeavesItAlone) {

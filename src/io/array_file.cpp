@@ -184,7 +184,7 @@ std::map<std::string, ArrayData> read_h5(const std::string& path,
   hdf5::Hid file = hdf5::open_for_reading(faults, "HDF5 file");
   std::map<std::string, ArrayData> out;
   for (const NamedArray& n : names) {
-    if (H5Lexists(file.get(), n.name.c_str(), H5P_DEFAULT) <= 0) continue;
+    if (!hdf5::link_exists(file.get(), n.name, faults)) continue;
     hdf5::Hid dset(H5Dopen2(file.get(), n.name.c_str(), H5P_DEFAULT), H5Dclose);
     if (!dset.ok()) faults.fail_corrupt("open " + n.name);
     hdf5::Hid space(H5Dget_space(dset.get()), H5Sclose);

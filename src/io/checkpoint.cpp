@@ -29,7 +29,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr const char* kFormatName = "mpiformer-checkpoint";
 // How the random streams are positioned, for a reader of the file.
 constexpr const char* kRngStreams =
     "counter-based streams keyed by rng_seed: init (seed); dropout (seed, step, micro-batch of "
@@ -183,7 +182,7 @@ void write_checkpoint_file(const std::string& tmp, const Faults& faults, const P
                             H5Fclose, "the file");
   const hid_t root = file.get();
 
-  hdf5::write_string_attr(root, "format", kFormatName, faults);
+  hdf5::write_string_attr(root, "format", kCheckpointFormat, faults);
   const int version = kCheckpointVersion;
   hdf5::write_int_attr(root, "version", H5T_STD_I32LE, H5T_NATIVE_INT, &version, faults);
   hdf5::write_int_attr(root, "step", H5T_STD_I64LE, H5T_NATIVE_INT64, &state.step, faults);
@@ -250,11 +249,9 @@ void write_checkpoint_file(const std::string& tmp, const Faults& faults, const P
 Hid open_checkpoint(const Faults& faults) {
   Hid file = hdf5::open_for_reading(faults, "checkpoint file");
   const hid_t root = file.get();
-  if (H5Aexists(root, "format") <= 0) {
-    faults.fail("not an mpiformer checkpoint (no 'format' attribute)");
-  }
-  const std::string format = hdf5::read_string_attr(root, "format", faults);
-  if (format != kFormatName)
+  const std::string format = hdf5::read_format(root, faults);
+  if (format.empty()) faults.fail("not an mpiformer checkpoint (no 'format' attribute)");
+  if (format != kCheckpointFormat)
     faults.fail("not an mpiformer checkpoint (format is '" + format + "')");
   const int version = hdf5::read_int_attr<int>(root, "version", faults);
   if (version != kCheckpointVersion) {
@@ -363,14 +360,7 @@ std::vector<CheckpointTensor> read_checkpoint_tensors(const std::string& path,
   hdf5::Session session;
   Hid file = open_checkpoint(faults);
   const std::string where = group_path(group, faults);
-  // Walk down one link at a time: H5Lexists faults on a missing parent.
-  for (size_t slash = where.find('/', 1);; slash = where.find('/', slash + 1)) {
-    const std::string prefix = where.substr(0, slash);
-    if (H5Lexists(file.get(), prefix.c_str(), H5P_DEFAULT) <= 0) {
-      faults.fail("missing group " + where);
-    }
-    if (slash == std::string::npos) break;
-  }
+  if (!hdf5::link_exists(file.get(), where, faults)) faults.fail("missing group " + where);
   Hid g(H5Gopen2(file.get(), where.c_str(), H5P_DEFAULT), H5Gclose);
   if (!g.ok()) faults.fail(where + " is not a group");
   H5G_info_t info;
@@ -418,10 +408,10 @@ CheckpointState read_checkpoint_state(const std::string& path) {
   state.vocab_size = hdf5::read_int_attr<int>(root, "vocab_size", faults);
   if (state.vocab_size < 1) faults.fail("attribute 'vocab_size' is < 1");
   state.special = hdf5::read_special_token_attrs(root, state.vocab_size, faults);
-  if (H5Lexists(root, "tokenizer", H5P_DEFAULT) > 0) {
+  if (hdf5::link_exists(root, "tokenizer", faults)) {
     state.tokenizer = hdf5::read_bytes_dataset(root, "tokenizer", faults);
   }
-  if (H5Lexists(root, "label_names", H5P_DEFAULT) > 0) {
+  if (hdf5::link_exists(root, "label_names", faults)) {
     state.label_names = split_label_names(hdf5::read_bytes_dataset(root, "label_names", faults));
   }
   // Values no run writes: a hand-edited or damaged file would resume wrongly.
@@ -539,7 +529,7 @@ void require_finite(const std::string& path, const std::vector<CheckpointTensor>
 }
 
 bool is_checkpoint(const std::string& path) {
-  return hdf5::has_format(path, kFormatName);
+  return hdf5::has_format(path, kCheckpointFormat);
 }
 
 }  // namespace mpiformer

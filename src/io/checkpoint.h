@@ -35,6 +35,8 @@
 namespace mpiformer {
 
 constexpr int kCheckpointVersion = 2;
+// The root attribute `format` of a checkpoint.
+constexpr const char* kCheckpointFormat = "mpiformer-checkpoint";
 
 // A fault in a checkpoint file: what() is "FILE: what is wrong".
 class CheckpointError : public std::runtime_error {

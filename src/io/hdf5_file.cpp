@@ -58,9 +58,7 @@ std::string read_attr_what(const char* name) {
 
 // Opens attribute `name` of `loc`, which must hold a single value.
 Hid open_attr(hid_t loc, const char* name, const Faults& faults) {
-  const htri_t exists = H5Aexists(loc, name);
-  if (exists < 0) faults.fail_corrupt(read_attr_what(name));
-  if (exists == 0) faults.fail(std::string("missing attribute '") + name + "'");
+  if (!attr_exists(loc, name, faults)) faults.fail(std::string("missing attribute '") + name + "'");
   Hid attr(H5Aopen(loc, name, H5P_DEFAULT), H5Aclose);
   if (!attr.ok()) faults.fail_corrupt(read_attr_what(name));
   Hid space(H5Aget_space(attr.get()), H5Sclose);
@@ -156,31 +154,26 @@ std::string type_name(hid_t type) {
   }
 }
 
-Hid open_read_only(const std::string& path, std::string* detail, bool swmr) {
+Hid open_read_only(const std::string& path, std::string* detail, bool beside_writer) {
   Hid fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
   if (fapl.ok()) H5Pset_file_locking(fapl.get(), 0, 1);
-  const unsigned flags = H5F_ACC_RDONLY | (swmr ? H5F_ACC_SWMR_READ : 0u);
-  Hid file(H5Fopen(path.c_str(), flags, fapl.ok() ? fapl.get() : H5P_DEFAULT), H5Fclose);
+  const hid_t access = fapl.ok() ? fapl.get() : H5P_DEFAULT;
+  Hid file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, access), H5Fclose);
   // Before fapl closes: closing it clears HDF5's error stack.
-  if (!file.ok() && detail) *detail = reason();
+  std::string why = file.ok() ? "" : reason();
+  // HDF5 refuses a plain reader a file its superblock marks as open for
+  // writing; an SWMR reader may follow a writer that started SWMR writing.
+  if (!file.ok() && beside_writer && fapl.ok() &&
+      why.find("already open for write") != std::string::npos &&
+      H5Pset_metadata_read_attempts(fapl.get(), kSwmrReadAttempts) >= 0) {
+    file = Hid(H5Fopen(path.c_str(), H5F_ACC_RDONLY | H5F_ACC_SWMR_READ, fapl.get()), H5Fclose);
+    if (!file.ok()) why = reason();
+  }
+  if (!file.ok() && detail) *detail = why;
   return file;
 }
 
-bool has_format(const std::string& path, const std::string& format, bool swmr) {
-  try {
-    std::error_code ec;
-    if (!fs::is_regular_file(path, ec)) return false;
-    Session session;
-    if (H5Fis_hdf5(path.c_str()) <= 0) return false;
-    Hid file = open_read_only(path, nullptr, swmr);
-    if (!file.ok() || H5Aexists(file.get(), "format") <= 0) return false;
-    return read_string_attr(file.get(), "format", Faults::of<std::runtime_error>(path)) == format;
-  } catch (const std::exception&) {
-    return false;
-  }
-}
-
-Hid open_for_reading(const Faults& faults, const std::string& noun) {
+Hid open_for_reading(const Faults& faults, const std::string& noun, bool beside_writer) {
   const std::string& path = faults.path();
   std::error_code ec;
   if (!fs::exists(path, ec)) faults.fail("no such file");
@@ -190,7 +183,7 @@ Hid open_for_reading(const Faults& faults, const std::string& noun) {
   if (::access(path.c_str(), R_OK) != 0) faults.fail_errno("cannot open for reading");
   if (H5Fis_hdf5(path.c_str()) <= 0) faults.fail("not an HDF5 file");
   std::string detail;
-  Hid file = open_read_only(path, &detail);
+  Hid file = open_read_only(path, &detail, beside_writer);
   if (!file.ok()) {
     // A short file is the common case (an interrupted copy): say so plainly.
     unsigned long long eof = 0, base = 0, stored = 0;
@@ -204,6 +197,44 @@ Hid open_for_reading(const Faults& faults, const std::string& noun) {
                 (detail.empty() ? "" : ": " + detail) + ")");
   }
   return file;
+}
+
+bool link_exists(hid_t loc, const std::string& path, const Faults& faults) {
+  for (size_t slash = path.find('/', 1);; slash = path.find('/', slash + 1)) {
+    const std::string prefix = path.substr(0, slash);
+    const htri_t exists = H5Lexists(loc, prefix.c_str(), H5P_DEFAULT);
+    if (exists < 0) faults.fail_corrupt("look up " + prefix);
+    if (exists == 0) return false;
+    if (slash == std::string::npos) return true;
+  }
+}
+
+bool attr_exists(hid_t loc, const char* name, const Faults& faults) {
+  const htri_t exists = H5Aexists(loc, name);
+  if (exists < 0) faults.fail_corrupt(read_attr_what(name));
+  return exists > 0;
+}
+
+std::string read_format(hid_t file, const Faults& faults) {
+  if (!attr_exists(file, "format", faults)) return "";
+  std::string format = read_string_attr(file, "format", faults);
+  // Strings written by other tools may be space-padded.
+  while (!format.empty() && format.back() == ' ') format.pop_back();
+  return format;
+}
+
+std::string file_format(const Faults& faults, const std::string& noun, bool beside_writer) {
+  Session session;
+  Hid file = open_for_reading(faults, noun, beside_writer);
+  return read_format(file.get(), faults);
+}
+
+bool has_format(const std::string& path, const std::string& format, bool beside_writer) {
+  try {
+    return file_format(Faults::of<std::runtime_error>(path), "HDF5 file", beside_writer) == format;
+  } catch (const std::exception&) {
+    return false;
+  }
 }
 
 // ---------------------------------------------------------------- writing
@@ -358,7 +389,7 @@ SpecialTokens read_special_token_attrs(hid_t loc, int vocab_size, const Faults& 
 
 std::string read_bytes_dataset(hid_t loc, const char* name, const Faults& faults) {
   const std::string where = std::string("/") + name;
-  if (H5Lexists(loc, name, H5P_DEFAULT) <= 0) faults.fail("missing dataset " + where);
+  if (!link_exists(loc, name, faults)) faults.fail("missing dataset " + where);
   Hid dset(H5Dopen2(loc, name, H5P_DEFAULT), H5Dclose);
   if (!dset.ok()) faults.fail_corrupt("open " + where);
   Hid space(H5Dget_space(dset.get()), H5Sclose);

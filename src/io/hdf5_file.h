@@ -126,20 +126,47 @@ std::string type_name(hid_t type);
 
 // Opens `path` read-only with file locking off (the files are immutable once
 // renamed into place, a metrics file has one SWMR writer that needs no locks
-// from readers, and parallel file systems often lack flock()). `swmr` opens
-// as a reader beside a running SWMR writer. Returns an invalid Hid on
-// failure, with HDF5's reason in `detail` when given.
-Hid open_read_only(const std::string& path, std::string* detail = nullptr, bool swmr = false);
+// from readers, and parallel file systems often lack flock()). A file that
+// HDF5 marks as open for writing (a run writing its metrics.h5 in SWMR mode,
+// or one killed while it did) opens only when `beside_writer`, and then as an
+// SWMR reader whose metadata checksum retries are bounded
+// (kSwmrReadAttempts): HDF5's own 100 attempts sleep 1 ns, 2 ns, 4 ns, ...
+// between them and never end on a damaged file. Every other file opens as a
+// plain reader, which does not retry. Returns an invalid Hid on failure, with
+// HDF5's reason in `detail` when given.
+Hid open_read_only(const std::string& path, std::string* detail = nullptr,
+                   bool beside_writer = false);
 
-// True when `path` is an HDF5 file whose root attribute `format` is
-// `format`; false for anything else, never throws.
-bool has_format(const std::string& path, const std::string& format, bool swmr = false);
+// Attempts at a checksummed metadata read of a file open beside its SWMR
+// writer: the sleeps between them add up to 2^N ns, about 0.27 s for 28.
+// Enough for a writer to finish the write a reader caught half done.
+constexpr unsigned kSwmrReadAttempts = 28;
 
 // open_read_only after checking that the file exists, is a regular file
 // (never a pipe, which would block), is readable and is HDF5; names a
 // truncated file plainly. `noun` completes "is a directory, not
 // a NOUN" ("shard file").
-Hid open_for_reading(const Faults& faults, const std::string& noun);
+Hid open_for_reading(const Faults& faults, const std::string& noun, bool beside_writer = false);
+
+// Whether `path` ("a/b", "/a/b", relative to `loc`) names a link, each group
+// on the way looked up in turn (H5Lexists faults on a missing parent). Links
+// or attributes that cannot be read are a damaged file: truncated or corrupt,
+// never taken for missing ones.
+bool link_exists(hid_t loc, const std::string& path, const Faults& faults);
+// Whether `loc` has attribute `name`, as link_exists.
+bool attr_exists(hid_t loc, const char* name, const Faults& faults);
+
+// The root attribute `format` of an open file ("" when it has none); a file
+// whose attributes cannot be read is reported truncated or corrupt.
+std::string read_format(hid_t file, const Faults& faults);
+
+// The root attribute `format` of the file open_for_reading opens ("" when it
+// has none); every fault as `faults` reports it.
+std::string file_format(const Faults& faults, const std::string& noun, bool beside_writer = false);
+
+// True when `path` is an HDF5 file whose root attribute `format` is
+// `format`; false for anything else, never throws.
+bool has_format(const std::string& path, const std::string& format, bool beside_writer = false);
 
 // A scalar integer attribute: `value` in mem_type, stored as file_type.
 void write_int_attr(hid_t loc, const char* name, hid_t file_type, hid_t mem_type, const void* value,

@@ -17,7 +17,6 @@ namespace fs = std::filesystem;
 using hdf5::Faults;
 using hdf5::Hid;
 
-constexpr const char* kFormatName = "mpiformer-metrics";
 constexpr hsize_t kRowsPerChunk = 256;
 
 // (name, integer) in file order; both groups end with a multi-label
@@ -81,7 +80,12 @@ MetricsLog::MetricsLog(const std::string& path, const RunAttributes& attrs,
         faults.fail("not an HDF5 file; move it away or choose another --out");
       }
     }
-    old = read_metrics(path);
+    try {
+      old = read_metrics(path);
+    } catch (const MetricsError& e) {
+      throw MetricsError(std::string(e.what()) +
+                         "; move it away to resume without the rows it held");
+    }
   }
   hdf5::Session session;
   const std::string target = resume ? path + ".tmp" : path;
@@ -91,7 +95,7 @@ MetricsLog::MetricsLog(const std::string& path, const RunAttributes& attrs,
   Hid file(H5Fcreate(target.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
   if (!file.ok()) faults.fail_corrupt("create " + target);
   const hid_t root = file.get();
-  hdf5::write_string_attr(root, "format", kFormatName, faults);
+  hdf5::write_string_attr(root, "format", kMetricsFormat, faults);
   const int version = kMetricsVersion;
   hdf5::write_int_attr(root, "version", H5T_STD_I32LE, H5T_NATIVE_INT, &version, faults);
   hdf5::write_int_attr(root, "world_size", H5T_STD_I32LE, H5T_NATIVE_INT, &attrs.world_size,
@@ -276,8 +280,7 @@ void read_group(hid_t file, const char* group,
   size_t n = SIZE_MAX;
   for (const auto& [name, integer] : names) {
     const std::string where = std::string("/") + group + "/" + name;
-    if (H5Lexists(file, group, H5P_DEFAULT) <= 0 ||
-        H5Lexists(file, where.c_str(), H5P_DEFAULT) <= 0) {
+    if (!hdf5::link_exists(file, where, faults)) {
       if (data.size() < required) faults.fail("missing dataset " + where);
       missing.push_back(data.size());
       columns->push_back(name);
@@ -307,20 +310,11 @@ void read_group(hid_t file, const char* group,
 MetricsTable read_metrics(const std::string& path) {
   const Faults faults = faults_of(path);
   hdf5::Session session;
-  std::error_code ec;
-  Hid file = fs::is_regular_file(path, ec) && H5Fis_hdf5(path.c_str()) > 0
-                 ? hdf5::open_read_only(path, nullptr, /*swmr=*/true)
-                 : Hid();
-  if (!file.ok()) {
-    // A plain-worded fault for a missing, odd or truncated file.
-    hdf5::open_for_reading(faults, "metrics file");
-    faults.fail_corrupt("open the file");
-  }
+  // Also while a run writes it, or after one was killed writing it.
+  Hid file = hdf5::open_for_reading(faults, "metrics file", /*beside_writer=*/true);
   const hid_t root = file.get();
-  if (H5Aexists(root, "format") <= 0 ||
-      hdf5::read_string_attr(root, "format", faults) != kFormatName) {
+  if (hdf5::read_format(root, faults) != kMetricsFormat)
     faults.fail("not an mpiformer metrics file");
-  }
   MetricsTable t;
   t.attrs.config = hdf5::read_string_attr(root, "config", faults);
   t.attrs.model = hdf5::read_string_attr(root, "model", faults);
@@ -328,7 +322,7 @@ MetricsTable read_metrics(const std::string& path) {
   t.attrs.devices = hdf5::read_string_attr(root, "devices", faults);
   t.attrs.versions = hdf5::read_string_attr(root, "versions", faults);
   t.attrs.git_commit = hdf5::read_string_attr(root, "git_commit", faults);
-  if (H5Aexists(root, "resumed_at_steps") > 0) {
+  if (hdf5::attr_exists(root, "resumed_at_steps", faults)) {
     Hid attr(H5Aopen(root, "resumed_at_steps", H5P_DEFAULT), H5Aclose);
     Hid space(attr.ok() ? H5Aget_space(attr.get()) : H5I_INVALID_HID, H5Sclose);
     const hssize_t n = space.ok() ? H5Sget_simple_extent_npoints(space.get()) : -1;
@@ -346,7 +340,7 @@ MetricsTable read_metrics(const std::string& path) {
 }
 
 bool is_metrics_file(const std::string& path) {
-  return hdf5::has_format(path, kFormatName, /*swmr=*/true);
+  return hdf5::has_format(path, kMetricsFormat, /*beside_writer=*/true);
 }
 
 }  // namespace mpiformer

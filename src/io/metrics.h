@@ -1,7 +1,9 @@
 // metrics.h5 (docs/DESIGN.md section 7): the run's figures for notebooks, written
-// by rank 0 in HDF5's single-writer/multiple-reader (SWMR) mode, so h5py can
-// read a run while it trains:
-//   h5py.File(path, "r", libver="latest", swmr=True), dataset.refresh()
+// by rank 0 in HDF5's single-writer/multiple-reader (SWMR) mode, so a reader
+// can follow a run while it trains (read_metrics here, read_metrics of
+// analysis/mpiformer_metrics.py): as an SWMR reader with bounded retries
+// while HDF5 marks the file as open for writing, as a plain one otherwise
+// (hdf5::open_read_only).
 //
 // Layout (1-D datasets, one row per log interval or evaluation, growing):
 //   /train/step (int64), loss, tokens (int64), accuracy, lr, grad_norm,
@@ -37,6 +39,8 @@
 namespace mpiformer {
 
 constexpr int kMetricsVersion = 3;
+// The root attribute `format` of a metrics file.
+constexpr const char* kMetricsFormat = "mpiformer-metrics";
 
 // A fault of the metrics file: what() is "PATH: what is wrong".
 class MetricsError : public std::runtime_error {
@@ -120,7 +124,8 @@ class MetricsLog {
   double elapsed_before_ = 0;
 };
 
-// A metrics file as read back (also while a run writes it: SWMR read).
+// A metrics file as read back (also while a run writes it, or after one was
+// killed writing it: then an SWMR read, its checksum retries bounded).
 struct MetricsTable {
   RunAttributes attrs;
   std::vector<int64_t> resumed_at_steps;

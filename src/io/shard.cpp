@@ -20,7 +20,6 @@ namespace fs = std::filesystem;
 using hdf5::Faults;
 using hdf5::Hid;
 
-constexpr const char* kFormatName = "mpiformer-shard";
 constexpr hsize_t kChunkElements = 64 * 1024;
 constexpr int64_t kUint16Vocab = 65536;  // ids up to 65535 fit uint16
 
@@ -123,7 +122,7 @@ void write_shard_file(const Faults& faults, const Shard& shard) {
       faults.checked(H5Fcreate(faults.path().c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT),
                      H5Fclose, "the file");
   const hid_t root = file.get();
-  hdf5::write_string_attr(root, "format", kFormatName, faults);
+  hdf5::write_string_attr(root, "format", kShardFormat, faults);
   const int version = kShardVersion;
   hdf5::write_int_attr(root, "version", H5T_STD_I32LE, H5T_NATIVE_INT, &version, faults);
   hdf5::write_string_attr(root, "kind", h.kind, faults);
@@ -161,9 +160,9 @@ std::string read_trimmed_attr(hid_t loc, const char* name, const Faults& faults)
 // Header attributes plus /tokenizer; `sequences`/`tokens` receive the
 // count attributes.
 ShardHeader read_header(hid_t file, const Faults& faults, uint64_t* sequences, uint64_t* tokens) {
-  if (H5Aexists(file, "format") <= 0) faults.fail("not an mpiformer shard (no 'format' attribute)");
-  const std::string format = read_trimmed_attr(file, "format", faults);
-  if (format != kFormatName) faults.fail("not an mpiformer shard (format is '" + format + "')");
+  const std::string format = hdf5::read_format(file, faults);
+  if (format.empty()) faults.fail("not an mpiformer shard (no 'format' attribute)");
+  if (format != kShardFormat) faults.fail("not an mpiformer shard (format is '" + format + "')");
   ShardHeader h;
   h.version = hdf5::read_int_attr<int>(file, "version", faults);
   if (h.version != kShardVersion) {
@@ -181,8 +180,9 @@ ShardHeader read_header(hid_t file, const Faults& faults, uint64_t* sequences, u
   *sequences = hdf5::read_int_attr<uint64_t>(file, "sequences", faults);
   *tokens = hdf5::read_int_attr<uint64_t>(file, "tokens", faults);
   // Optional: shards written before they existed have neither.
-  if (H5Aexists(file, "split") > 0) h.split = read_trimmed_attr(file, "split", faults);
-  if (H5Aexists(file, "origin") > 0) h.origin = read_trimmed_attr(file, "origin", faults);
+  if (hdf5::attr_exists(file, "split", faults)) h.split = read_trimmed_attr(file, "split", faults);
+  if (hdf5::attr_exists(file, "origin", faults))
+    h.origin = read_trimmed_attr(file, "origin", faults);
 
   // /tokenizer: uint8 bytes of the SentencePiece model.
   h.tokenizer = hdf5::read_bytes_dataset(file, "tokenizer", faults);
@@ -211,13 +211,7 @@ ShardHeader read_header(hid_t file, const Faults& faults, uint64_t* sequences, u
 template <class T>
 void read_numbers(hid_t file, const std::string& name, hid_t mem_type, const Faults& faults,
                   std::vector<T>* out) {
-  // H5Lexists wants each group of a path to exist before it looks further.
-  const size_t slash = name.find('/');
-  if ((slash != std::string::npos &&
-       H5Lexists(file, name.substr(0, slash).c_str(), H5P_DEFAULT) <= 0) ||
-      H5Lexists(file, name.c_str(), H5P_DEFAULT) <= 0) {
-    faults.fail("missing dataset " + name);
-  }
+  if (!hdf5::link_exists(file, name, faults)) faults.fail("missing dataset " + name);
   Hid dset(H5Dopen2(file, name.c_str(), H5P_DEFAULT), H5Dclose);
   if (!dset.ok()) faults.fail_corrupt("open " + name);
   Hid space(H5Dget_space(dset.get()), H5Sclose);
@@ -263,7 +257,7 @@ void read_labels(hid_t file, const ShardHeader& h, const Faults& faults, ShardLa
 
 // Opens a 1-D integer dataset; returns its length in `n`.
 Hid open_int_dataset(hid_t file, const std::string& name, const Faults& faults, hsize_t* n) {
-  if (H5Lexists(file, name.c_str(), H5P_DEFAULT) <= 0) faults.fail("missing dataset " + name);
+  if (!hdf5::link_exists(file, name, faults)) faults.fail("missing dataset " + name);
   Hid dset(H5Dopen2(file, name.c_str(), H5P_DEFAULT), H5Dclose);
   if (!dset.ok()) faults.fail_corrupt("open " + name);
   Hid space(H5Dget_space(dset.get()), H5Sclose);

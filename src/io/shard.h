@@ -14,6 +14,8 @@
 namespace mpiformer {
 
 constexpr int kShardVersion = 1;
+// The root attribute `format` of a shard.
+constexpr const char* kShardFormat = "mpiformer-shard";
 
 // A fault in a shard file: what() is "FILE: what is wrong".
 class ShardError : public std::runtime_error {
