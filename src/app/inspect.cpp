@@ -8,10 +8,12 @@
 #include <filesystem>
 #include <iostream>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "src/io/checkpoint.h"
+#include "src/io/hdf5_file.h"
 #include "src/io/metrics.h"
 #include "src/io/shard.h"
 #include "src/parallel/agreement.h"
@@ -83,15 +85,67 @@ void print_lengths(std::ostream& os, const std::string& title, const TokenSequen
   }
 }
 
+// How often each label occurs, the most frequent first (at most kTopLabels
+// lines), with the examples' label counts and soft labels.
+constexpr size_t kTopLabels = 20;
+void print_labels(std::ostream& os, const ShardHeader& h, const ShardLabels& labels) {
+  const size_t n = labels.count(), K = h.label_names.size();
+  std::vector<uint64_t> examples(K, 0);
+  size_t soft = 0;
+  for (size_t i = 0; i < labels.ids.size(); ++i) {
+    ++examples[static_cast<size_t>(labels.ids[i])];
+    if (labels.weights[i] < 1.0f) ++soft;
+  }
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "labels       %zu names; %zu labels on %zu examples (%.2f each)",
+                K, labels.ids.size(), n,
+                static_cast<double>(labels.ids.size()) / static_cast<double>(n));
+  os << buf << (soft ? ", " + std::to_string(soft) + " soft (weight < 1)" : std::string()) << "\n";
+  std::vector<size_t> order(K);
+  for (size_t k = 0; k < K; ++k) order[k] = k;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return examples[a] > examples[b]; });
+  const size_t shown = std::min(K, kTopLabels);
+  int width = 5;  // "label"
+  for (size_t i = 0; i < shown; ++i)
+    width = std::max(width, static_cast<int>(h.label_names[order[i]].size()));
+  os << "  label" << std::string(width - 5, ' ') << "   examples  share\n";
+  const uint64_t peak = std::max<uint64_t>(1, examples[order[0]]);
+  for (size_t i = 0; i < shown; ++i) {
+    const size_t k = order[i];
+    const int bar =
+        examples[k] == 0 ? 0 : std::max<int>(1, static_cast<int>(kBarWidth * examples[k] / peak));
+    os << "  " << h.label_names[k] << std::string(width - h.label_names[k].size(), ' ');
+    std::snprintf(buf, sizeof buf, " %10llu %5.1f%% |%s\n",
+                  static_cast<unsigned long long>(examples[k]), 100.0 * examples[k] / n,
+                  std::string(bar, '#').c_str());
+    os << buf;
+  }
+  if (K > kTopLabels) os << "  ... and " << K - kTopLabels << " more\n";
+}
+
 void print_summary(std::ostream& os, const std::string& path, const Shard& s) {
   const ShardHeader& h = s.header;
-  const bool seq2seq = h.kind == "seq2seq";
+  const bool seq2seq = h.kind == "seq2seq", image = h.kind == "image";
   std::error_code ec;
   const uintmax_t bytes = std::filesystem::file_size(path, ec);
   os << "file         " << path;
   if (!ec) os << " (" << human_bytes(bytes) << ")";
   os << "\nformat       mpiformer-shard, version " << h.version << "\nkind         " << h.kind
-     << "\nvocab        " << h.vocab_size << " ids; pad " << h.special.pad << ", bos "
+     << "\n";
+  if (!h.split.empty() || !h.origin.empty()) {
+    os << "split        " << (h.split.empty() ? "-" : h.split)
+       << (h.origin.empty() ? "" : " (" + h.origin + ")") << "\n";
+  }
+  if (image) {
+    // No tokens: an image shard's vocabulary is the reserved ids alone.
+    os << "images       " << s.count() << ", " << h.image_height << " x " << h.image_width
+       << " pixels, " << h.image_channels << (h.image_channels == 1 ? " channel" : " channels")
+       << " (uint8, " << human_bytes(s.images.size()) << ")\n";
+    print_labels(os, h, s.labels);
+    return;
+  }
+  os << "vocab        " << h.vocab_size << " ids; pad " << h.special.pad << ", bos "
      << h.special.bos << ", eos " << h.special.eos << ", unk " << h.special.unk << ", mask "
      << h.special.mask << ", sep " << h.special.sep << "\ntokenizer    " << h.tokenizer.size()
      << " bytes\nsequences    " << s.target.count() << (seq2seq ? " pairs" : "")
@@ -109,6 +163,7 @@ void print_summary(std::ostream& os, const std::string& path, const Shard& s) {
   } else {
     print_lengths(os, "length", s.target);
   }
+  if (h.has_labels()) print_labels(os, h, s.labels);
 }
 
 std::string shape_string(const std::vector<int>& shape) {
@@ -202,15 +257,20 @@ int run_inspect(const std::string& path, Communicator& comm) {
   const int code = agree_on_root(
       comm,
       [&] {
-        if (is_checkpoint(path)) {
+        // One plain open tells the kinds apart (a metrics file may be open
+        // for SWMR writing) and names a file that is none of them.
+        const std::string format = hdf5::file_format(hdf5::Faults::of<std::runtime_error>(path),
+                                                     "shard, checkpoint or metrics file",
+                                                     /*beside_writer=*/true);
+        if (format == kCheckpointFormat) {
           print_checkpoint(out, path);
-        } else if (is_metrics_file(path)) {
+        } else if (format == kMetricsFormat) {
           print_metrics(out, path);
         } else {
-          print_summary(out, path, read_shard(path));
+          print_summary(out, path, read_shard(path));  // says what a shard would need
         }
       },
-      Faults::kOfCommand, "inspect");
+      Faults::kOfInput, "inspect");
   if (code == 0 && comm.is_root()) std::cout << out.str() << std::flush;
   return code;
 }

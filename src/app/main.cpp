@@ -36,7 +36,8 @@ constexpr const char* kUsage =
 
 constexpr const char* kInspectUsage =
     "Usage: mpiformer inspect FILE.h5\n"
-    "Prints a summary of a shard, checkpoint or metrics file.\n";
+    "Prints a summary of a shard, checkpoint or metrics file; a file it cannot read\n"
+    "or describe is one line naming it, exit 2.\n";
 
 constexpr const char* kCommands = "train, eval, generate, classify, bench, prepare or inspect";
 
