@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Writes an mpiformer lm checkpoint as a Hugging Face GPT-2 model directory.
 
-usage: analysis/export_hf.py CHECKPOINT OUTDIR
+usage: analysis/export_hf.py CHECKPOINT OUTDIR [--overwrite]
 
-OUTDIR (created if needed) receives:
+OUTDIR receives:
   config.json        GPT2LMHeadModel's configuration (model_type gpt2)
   model.safetensors  the weights in float32, mapped exactly (below)
   tokenizer.model    the SentencePiece model the run was trained with (the
@@ -11,6 +11,12 @@ OUTDIR (created if needed) receives:
                      task). transformers' GPT-2 tokenizer does not read it:
                      encode with the sentencepiece package and put bos_id
                      first, as training does.
+
+OUTDIR must not exist (its parent directories are created) or be an
+empty directory; --overwrite replaces one that holds files (an earlier
+export). The files are written into a temporary directory beside OUTDIR,
+renamed into place once complete: OUTDIR never holds half an export, and
+a refused or failed export leaves it as it was.
 
 `GPT2LMHeadModel.from_pretrained(OUTDIR)` then gives the logits mpiformer
 gives (tests/e2e/export_hf.sh checks it). GPT-2 is a pre-LN decoder with
@@ -40,23 +46,29 @@ Runs on h5py and numpy alone; the safetensors file is written by hand.
 
 import json
 import os
+import shutil
 import struct
 import sys
+import tempfile
 
-import h5py
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from mpiformer_metrics import read_config  # noqa: E402
+from mpiformer_metrics import (CHECKPOINT_FORMAT, RunError, file_format, h5_file,  # noqa: E402
+                               read_config)
 
-CHECKPOINT_FORMAT = "mpiformer-checkpoint"
 CHECKPOINT_VERSION = 2  # kCheckpointVersion, src/io/checkpoint.h
 LN_EPSILON = 1e-5  # ModelConfig::ln_eps (no flag sets it)
 ACTIVATIONS = {"gelu": "gelu_new", "relu": "relu"}  # ours (tanh GELU) -> transformers' name
+USAGE = "usage: export_hf.py CHECKPOINT OUTDIR [--overwrite]"
 
 
 class ExportError(Exception):
     """A checkpoint that cannot be exported: one line, exit 2."""
+
+
+class WriteError(Exception):
+    """OUTDIR could not be written (a full disk): one line, exit 1."""
 
 
 def text(value):
@@ -64,34 +76,25 @@ def text(value):
 
 
 def read_checkpoint(path):
-    """(attrs, config, params, tokenizer bytes or None) of a checkpoint."""
-    if not os.path.exists(path):
-        raise ExportError("no such file")
-    if not os.path.isfile(path):
-        raise ExportError("not a regular file")
-    try:
-        f = h5py.File(path, "r")
-    except OSError as e:
-        raise ExportError(f"not a readable HDF5 file ({e})") from None
-    with f:
+    """(attrs, config, params, tokenizer bytes or None) of a checkpoint.
+    A file that cannot be read raises RunError (h5_file), one that is no
+    exportable checkpoint ExportError."""
+    with h5_file(path, "checkpoint") as f:
+        format_ = file_format(f)
+        if format_ != CHECKPOINT_FORMAT:
+            raise ExportError("not an mpiformer checkpoint (its 'format' attribute is "
+                              + (f"'{format_}'" if format_ else "missing") + ")")
         attrs = {key: f.attrs[key] for key in f.attrs}
-        if text(attrs.get("format", "")) != CHECKPOINT_FORMAT:
-            raise ExportError("not an mpiformer checkpoint (its 'format' attribute is not "
-                              f"'{CHECKPOINT_FORMAT}')")
         version = int(attrs.get("version", -1))
         if version != CHECKPOINT_VERSION:
             raise ExportError(f"checkpoint version {version}; this exporter reads version "
                               f"{CHECKPOINT_VERSION}")
         if "params" not in f or "config" not in attrs:
             raise ExportError("no /params group or no config attribute")
-        try:
-            # Reading verifies each chunk's Fletcher32 checksum.
-            params = {name: np.asarray(f["params"][name], dtype=np.float32)
-                      for name in f["params"]}
-            tokenizer = bytes(np.asarray(f["tokenizer"], dtype=np.uint8)) \
-                if "tokenizer" in f else None
-        except OSError as e:
-            raise ExportError(f"truncated or corrupt ({e})") from None
+        # Reading verifies each chunk's Fletcher32 checksum.
+        params = {name: np.asarray(f["params"][name], dtype=np.float32) for name in f["params"]}
+        tokenizer = bytes(np.asarray(f["tokenizer"], dtype=np.uint8)) if "tokenizer" in f \
+            else None
     return attrs, read_config(text(attrs["config"])), params, tokenizer
 
 
@@ -238,31 +241,68 @@ def safetensors_bytes(tensors):
     return b"".join(parts)
 
 
-def write_file(path, data):
-    """Writes `data` to PATH.tmp and renames it: no half-written file."""
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+def check_outdir(outdir, overwrite):
+    """Refuses an OUTDIR that is not a directory, or one holding files
+    without --overwrite (RunError "OUTDIR: ...")."""
+    if os.path.lexists(outdir) and not os.path.isdir(outdir):
+        raise RunError(f"{outdir}: exists and is not a directory")
+    if os.path.isdir(outdir) and os.listdir(outdir) and not overwrite:
+        raise RunError(f"{outdir}: is not empty (an earlier export?); pass --overwrite to "
+                       "replace it")
 
 
-def export(checkpoint, outdir):
+def write_outdir(outdir, files):
+    """Writes files {name: bytes} into a temporary directory beside OUTDIR
+    and renames it into place, replacing what OUTDIR held (check_outdir has
+    allowed that). Faults name OUTDIR and leave nothing half-written:
+    RunError where it cannot be made, WriteError where writing failed."""
+    parent = os.path.dirname(os.path.abspath(outdir))
+    try:
+        os.makedirs(parent, exist_ok=True)
+    except OSError as e:
+        raise RunError(f"{outdir}: cannot create its directory {parent} "
+                       f"({e.strerror or e})") from None
+    try:
+        tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(outdir))}.",
+                               suffix=".tmp", dir=parent)
+    except OSError as e:
+        raise RunError(f"{outdir}: cannot create a directory in {parent} "
+                       f"({e.strerror or e})") from None
+    old = None
+    try:
+        os.chmod(tmp, 0o755)  # mkdtemp's 0700 is for secrets, an export is not one
+        for name, data in files.items():
+            with open(os.path.join(tmp, name), "wb") as f:
+                f.write(data)
+        if os.path.isdir(outdir):
+            # Out of the way first: a directory renames only onto an empty one.
+            old = tmp[: -len(".tmp")] + ".old"
+            os.rename(outdir, old)
+        os.rename(tmp, outdir)
+    except OSError as e:
+        if old is not None and not os.path.exists(outdir):
+            os.rename(old, outdir)
+            old = None
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise WriteError(f"{outdir}: cannot write the export ({e.strerror or e})") from None
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def export(checkpoint, outdir, overwrite=False):
+    check_outdir(outdir, overwrite)
     attrs, cfg, params, tokenizer = read_checkpoint(checkpoint)
     why = refusals(cfg, params)
     if why:
         raise ExportError("cannot be a GPT-2 model: " + "; ".join(why))
     vocab = int(attrs["vocab_size"])
     tensors, dims = gpt2_tensors(cfg, params, vocab)
-    os.makedirs(outdir, exist_ok=True)
     config = hf_config(cfg, attrs, dims, vocab)
-    write_file(os.path.join(outdir, "config.json"),
-               (json.dumps(config, indent=2) + "\n").encode())
-    write_file(os.path.join(outdir, "model.safetensors"), safetensors_bytes(tensors))
-    tokenizer_path = os.path.join(outdir, "tokenizer.model")
+    files = {"config.json": (json.dumps(config, indent=2) + "\n").encode(),
+             "model.safetensors": safetensors_bytes(tensors)}
     if tokenizer:
-        write_file(tokenizer_path, tokenizer)
-    elif os.path.exists(tokenizer_path):
-        os.remove(tokenizer_path)  # an earlier export's: not this model's
+        files["tokenizer.model"] = tokenizer
+    write_outdir(outdir, files)
     count = sum(t.size for t in tensors.values())
     print(f"wrote {outdir}: GPT-2 of {dims['n_layer']} layers, n_embd {dims['n_embd']}, "
           f"{dims['n_head']} heads, n_inner {dims['n_inner']}, vocab {vocab}, "
@@ -274,18 +314,26 @@ def export(checkpoint, outdir):
 
 
 def main(argv):
-    if argv and argv[0] in ("-h", "--help"):
+    if any(a in ("-h", "--help") for a in argv):
         print(__doc__)
         return 0
-    if len(argv) != 2 or argv[0].startswith("-"):
-        print("usage: export_hf.py CHECKPOINT OUTDIR", file=sys.stderr)
+    overwrite = "--overwrite" in argv
+    args = [a for a in argv if a != "--overwrite"]
+    if len(args) != 2 or any(a.startswith("-") for a in args):
+        print(USAGE, file=sys.stderr)
         return 2
-    checkpoint, outdir = argv
+    checkpoint, outdir = args
     try:
-        export(checkpoint, outdir)
+        export(checkpoint, outdir, overwrite)
     except ExportError as e:
         print(f"export_hf.py: {checkpoint}: {e}", file=sys.stderr)
         return 2
+    except RunError as e:  # a checkpoint that cannot be read, an OUTDIR refused
+        print(f"export_hf.py: {e}", file=sys.stderr)
+        return 2
+    except WriteError as e:
+        print(f"export_hf.py: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -7,24 +7,43 @@ frequent in the training shards for every example, whatever its text.
 Prints micro and macro precision, recall and F1 on the split for K = 1..10
 (or the given K), as `mpiformer eval` counts them (macro over the labels that
 occur in the truth or the predictions; a label is true at weight >= 0.5),
-then the K with the best micro-F1. Reads the shards with h5py only.
+then the K with the best micro-F1. Reads the shards with h5py (through
+analysis/mpiformer_metrics.py). A shard that cannot be read, or one without
+labels (lm, seq2seq), is one line naming it, exit 2.
 """
 import argparse
 import glob
 import os
 import sys
 
-import h5py
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from mpiformer_metrics import RunError, file_format, h5_file  # noqa: E402
+
+SHARD_FORMAT = "mpiformer-shard"
+LABELLED_KINDS = ("classify", "image")
 
 
 def label_matrix(path):
-    """(N, K) bool: label k is true for example i (weight >= 0.5)."""
-    with h5py.File(path, "r") as f:
+    """(N, K) bool: label k is true for example i (weight >= 0.5). A shard
+    that cannot be read, or one without labels, raises RunError."""
+    with h5_file(path, "shard file") as f:
+        if file_format(f) != SHARD_FORMAT:
+            raise RunError(f"{path}: not an mpiformer shard")
+        kind = f.attrs["kind"] if "kind" in f.attrs else b"?"
+        kind = (kind.decode() if isinstance(kind, bytes) else str(kind)).rstrip(" ")
+        if kind not in LABELLED_KINDS or "num_labels" not in f.attrs or "labels" not in f:
+            raise RunError(f"{path}: a shard of kind {kind}, without labels: the baseline reads "
+                           "the shards of prepare --kind classify or image")
         k = int(f.attrs["num_labels"])
         ids = f["labels/ids"][:]
         weights = f["labels/weights"][:]
         offsets = f["labels/offsets"][:].astype(np.int64)
+    if len(offsets) < 1 or offsets[0] != 0 or offsets[-1] != len(ids) or len(weights) != len(ids) \
+            or np.any(np.diff(offsets) < 0) or np.any((ids < 0) | (ids >= k)):
+        raise RunError(f"{path}: its /labels are inconsistent (offsets, or ids not below "
+                       f"num_labels {k})")
     truth = np.zeros((len(offsets) - 1, k), dtype=bool)
     rows = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
     keep = weights >= 0.5
@@ -55,12 +74,28 @@ def main():
     parser.add_argument("--split", default="valid", choices=["valid", "test"])
     parser.add_argument("--k", type=int, default=0, help="only this K (0: 1..10)")
     args = parser.parse_args()
+    if not os.path.isdir(args.data):
+        what = "not a directory" if os.path.exists(args.data) else "no such directory"
+        print(f"label_baseline.py: {args.data}: {what}", file=sys.stderr)
+        return 2
     train = sorted(glob.glob(os.path.join(args.data, "train-*.h5")))
     held = sorted(glob.glob(os.path.join(args.data, args.split + "-*.h5")))
     if not train or not held:
-        sys.exit(f"label_baseline.py: {args.data} has no train or {args.split} shards")
-    frequency = sum(label_matrix(p).sum(0) for p in train)
-    truth = np.concatenate([label_matrix(p) for p in held])
+        print(f"label_baseline.py: {args.data} has no train or {args.split} shards",
+              file=sys.stderr)
+        return 2
+    try:
+        train_truth = [label_matrix(p) for p in train]
+        held_truth = [label_matrix(p) for p in held]
+    except RunError as e:
+        print(f"label_baseline.py: {e}", file=sys.stderr)
+        return 2
+    if len({m.shape[1] for m in train_truth + held_truth}) > 1:
+        print(f"label_baseline.py: {args.data}: its train and {args.split} shards disagree on "
+              "num_labels", file=sys.stderr)
+        return 2
+    frequency = sum(m.sum(0) for m in train_truth)
+    truth = np.concatenate(held_truth)
     order = np.argsort(-frequency, kind="stable")
     best = None
     for k in [args.k] if args.k else range(1, 11):
@@ -73,7 +108,8 @@ def main():
         if best is None or f[2] > best[1]:
             best = (k, f[2])
     print(f"best: top-{best[0]} micro-F1 {best[1]:.4f}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

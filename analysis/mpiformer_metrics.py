@@ -1,11 +1,25 @@
-"""Reading an mpiformer run: RUNDIR/metrics.h5 and its checkpoints.
+"""Reading an mpiformer run: RUNDIR/metrics.h5 and its checkpoints, and
+any HDF5 file the project writes (h5_file, read_h5), so that a damaged
+file is one line naming it and no read waits for long.
 
 metrics.h5 is written in HDF5 SWMR mode, so it can be read while the run
 trains; columns grow one at a time, so a row caught half-written is left
 out (every column is cut to the shortest).
+
+Opening: a file is opened as a plain reader, which never retries. Only a
+file HDF5 marks as open for writing (a run writing its metrics.h5, or one
+killed while it did; a plain open is refused then) is opened as an SWMR
+reader, with HDF5's checksum retries bounded (SWMR_READ_ATTEMPTS): its
+default of 100, with a sleep that doubles each time, never ends on a
+damaged file. h5py has no setter for them, so the bound is set through
+ctypes on the HDF5 library h5py itself runs on.
 """
 
+import contextlib
+import ctypes
 import os
+import re
+import time
 
 import h5py
 import numpy as np
@@ -13,13 +27,137 @@ import numpy as np
 METRICS_FORMAT = "mpiformer-metrics"
 CHECKPOINT_FORMAT = "mpiformer-checkpoint"
 
+# What h5py raises for a file it cannot read: OSError from most calls,
+# KeyError when an object will not open, RuntimeError when attributes will
+# not list.
+H5_FAULTS = (OSError, KeyError, RuntimeError)
+# Attempts at a checksummed metadata read beside an SWMR writer. HDF5 sleeps
+# 1 ns, 2 ns, 4 ns, ... between them: 2^N ns in all, about 0.27 s for 28,
+# time enough for the writer to finish a write the reader caught half done.
+SWMR_READ_ATTEMPTS = 28
+# How long read_metrics tries again a file being written that fails to read,
+# and the pause between tries.
+FOLLOW_PATIENCE_S = 3.0
+FOLLOW_PAUSE_S = 0.25
+
 
 class RunError(Exception):
     """A run directory or file that cannot be read: one line for the user."""
 
 
+class _WhileWritten(RunError):
+    """A fault of a file HDF5 marks as open for writing: perhaps what its
+    writer had half written, worth another try (read_h5)."""
+
+
 def _text(value):
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _h5py_message(e):
+    """What h5py says of a fault, on one line; of a failed system call
+    (h5py spells out time, descriptor, ...) only the system's message."""
+    text = e.args[0] if e.args and isinstance(e.args[0], str) else str(e)
+    called = re.search(r"error message = '([^']*)'", text)
+    return called.group(1) if called else " ".join(text.split())
+
+
+def _open_fault(e):
+    """Why a plain open failed, in the words the C++ readers use."""
+    message = " ".join(str(e.args[0] if e.args else e).split())
+    inner = re.search(r"\((.*)\)$", message)
+    why = inner.group(1) if inner else message
+    truncated = re.search(r"truncated file: eof = (\d+), .*stored_eof = (\d+)", why)
+    if truncated:
+        return (f"truncated or corrupt (the file holds {truncated.group(1)} bytes but its HDF5 "
+                f"superblock says {truncated.group(2)})")
+    if "signature not found" in why:
+        return f"not a readable HDF5 file ({why})"
+    if "unable to lock file" in why:
+        return f"locked by a program writing it ({_h5py_message(e)})"
+    if getattr(e, "errno", None):
+        return f"cannot open for reading ({os.strerror(e.errno)})"
+    return f"truncated or corrupt (HDF5 could not open the file: {why})"
+
+
+def _bounded_swmr_fapl():
+    """A file access property list with SWMR_READ_ATTEMPTS, set through
+    H5Pset_metadata_read_attempts of the HDF5 library h5py runs on (dlsym
+    on h5py's own module finds it among the libraries it links); None where
+    it cannot be set."""
+    fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
+    try:
+        setter = ctypes.CDLL(h5py.h5p.__file__).H5Pset_metadata_read_attempts
+    except (OSError, AttributeError):
+        return None
+    setter.argtypes = (ctypes.c_int64, ctypes.c_uint)  # (hid_t, unsigned)
+    setter.restype = ctypes.c_int
+    return fapl if setter(fapl.id, SWMR_READ_ATTEMPTS) >= 0 else None
+
+
+def open_h5(path, noun="HDF5 file"):
+    """(h5py.File of PATH open for reading, whether HDF5 marks it as open
+    for writing). Faults are RunError "PATH: what is wrong"; those of a file
+    being written are _WhileWritten. See the module's note on opening."""
+    if not os.path.exists(path):
+        raise RunError(f"{path}: no such file")
+    if os.path.isdir(path):
+        raise RunError(f"{path}: is a directory, not a {noun}")
+    if not os.path.isfile(path):  # a pipe would block the reader
+        raise RunError(f"{path}: not a regular file")
+    try:
+        return h5py.File(path, "r"), False
+    except OSError as e:
+        plain = e
+    if "already open for write" not in str(plain):
+        # A writer holding the file's lock is finishing it: worth another try.
+        fault = _WhileWritten if "unable to lock file" in str(plain) else RunError
+        raise fault(f"{path}: {_open_fault(plain)}")
+    fapl = _bounded_swmr_fapl()
+    if fapl is None:
+        raise RunError(f"{path}: is open for writing, and the HDF5 library of this h5py cannot "
+                       "bound the retries of reading it beside its writer")
+    try:
+        fid = h5py.h5f.open(os.fsencode(path), h5py.h5f.ACC_RDONLY | h5py.h5f.ACC_SWMR_READ,
+                            fapl=fapl)
+    except OSError as e:
+        raise _WhileWritten(f"{path}: {_open_fault(e)}") from None
+    return h5py.File(fid), True
+
+
+@contextlib.contextmanager
+def h5_file(path, noun="HDF5 file"):
+    """PATH open for reading (open_h5) for the with-block; what h5py raises
+    inside it becomes RunError "PATH: truncated or corrupt (...)", one line.
+    Keep the block to reading the file: a KeyError of other code would read
+    as a fault of the file."""
+    f, written = open_h5(path, noun)
+    fault = _WhileWritten if written else RunError
+    try:
+        with f:
+            yield f
+    except H5_FAULTS as e:
+        raise fault(f"{path}: truncated or corrupt ({_h5py_message(e)})") from None
+
+
+def read_h5(path, read, noun="HDF5 file", patience=0.0):
+    """read(f) of PATH in h5_file. A fault of a file being written is tried
+    again every FOLLOW_PAUSE_S for up to `patience` seconds, then reported
+    with how long it was tried; any other fault at once."""
+    start, tries = time.monotonic(), 0
+    while True:
+        tries += 1
+        try:
+            with h5_file(path, noun) as f:
+                return read(f)
+        except _WhileWritten as e:
+            waited = time.monotonic() - start
+            if waited + FOLLOW_PAUSE_S > patience:
+                if tries == 1:
+                    raise RunError(str(e)) from None
+                raise RunError(f"{e}; gave up after {tries} tries in {waited:.1f} s (the file "
+                               "is marked as being written)") from None
+        time.sleep(FOLLOW_PAUSE_S)
 
 
 def read_config(ini):
@@ -38,31 +176,45 @@ def metrics_path(rundir):
     return rundir if rundir.endswith(".h5") else os.path.join(rundir, "metrics.h5")
 
 
+def file_format(f):
+    """The root attribute `format` of an open file, "" when it has none
+    (attrs.get would take a damaged file's fault for a missing attribute)."""
+    return _text(f.attrs["format"]).rstrip(" ") if "format" in f.attrs else ""
+
+
+def _attributes(f):
+    return {k: (_text(v) if isinstance(v, (bytes, str)) else v) for k, v in f.attrs.items()}
+
+
 def _columns(group):
-    names = list(group.keys())
     data = {}
-    for name in names:
+    for name in group.keys():
         dataset = group[name]
-        dataset.refresh()  # SWMR: see what the writer has flushed since opening
+        if group.file.swmr_mode:
+            dataset.refresh()  # see what the writer has flushed since opening
         data[name] = dataset[()]
     n = min((len(v) for v in data.values()), default=0)
     return {name: np.asarray(v[:n]) for name, v in data.items()}
 
 
-def read_metrics(rundir):
-    """{'attrs': {...}, 'train': {column: array}, 'eval': {column: array}}."""
+def read_metrics(rundir, patience=FOLLOW_PATIENCE_S):
+    """{'attrs': {...}, 'train': {column: array}, 'eval': {column: array}}.
+    Also while the run writes the file: a read that fails then is tried
+    again for up to `patience` seconds (read_h5)."""
     path = metrics_path(rundir)
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):
         raise RunError(f"{path}: no such file (is {rundir} a run directory?)")
-    try:
-        f = h5py.File(path, "r", libver="latest", swmr=True)
-    except OSError as e:
-        raise RunError(f"{path}: not a readable HDF5 file ({e})") from None
-    with f:
-        if _text(f.attrs.get("format", "")) != METRICS_FORMAT:
+
+    def read(f):
+        if file_format(f) != METRICS_FORMAT:
             raise RunError(f"{path}: not an mpiformer metrics file")
-        attrs = {k: (_text(v) if isinstance(v, (bytes, str)) else v) for k, v in f.attrs.items()}
-        return {"attrs": attrs, "train": _columns(f["train"]), "eval": _columns(f["eval"])}
+        for group in ("train", "eval"):
+            if group not in f:
+                raise RunError(f"{path}: no /{group} group")
+        return {"attrs": _attributes(f), "train": _columns(f["train"]),
+                "eval": _columns(f["eval"])}
+
+    return read_h5(path, read, "metrics file", patience)
 
 
 def checkpoints(rundir):
@@ -76,10 +228,12 @@ def checkpoints(rundir):
 
 def read_checkpoint(path, group="params"):
     """({tensor name: float32 array}, root attributes) of a checkpoint."""
-    with h5py.File(path, "r") as f:
-        if _text(f.attrs.get("format", "")) != CHECKPOINT_FORMAT:
+    with h5_file(path, "checkpoint") as f:
+        if file_format(f) != CHECKPOINT_FORMAT:
             raise RunError(f"{path}: not an mpiformer checkpoint")
-        attrs = {k: (_text(v) if isinstance(v, (bytes, str)) else v) for k, v in f.attrs.items()}
+        if group not in f:
+            raise RunError(f"{path}: no /{group} group")
+        attrs = _attributes(f)
         tensors = {name: f[group][name][()] for name in sorted(f[group].keys())}
     return tensors, attrs
 
