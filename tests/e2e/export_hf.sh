@@ -9,7 +9,9 @@
 # tokenizer.model is the shards' SentencePiece model), and untied
 # embeddings with ReLU on a synthetic task (no tokenizer.model). Swapping
 # two heads' query columns is caught. What GPT-2 cannot express is refused
-# with one line naming the flag, exit 2, and nothing written.
+# with one line naming the flag, exit 2, and nothing written. OUTDIR is
+# written whole or not at all, and an earlier export is replaced only with
+# --overwrite.
 #
 # transformers runs on the Python of .deps/torch-venv (a venv over the
 # system's, whose PyTorch scripts/setup installs), or MPIFORMER_HF_PYTHON;
@@ -100,6 +102,33 @@ rc=0
 python3 "$src/analysis/export_hf.py" text.txt text-hf >"$out" 2>"$err" || rc=$?
 expect_one_line_error "a file that is not a checkpoint" 2 "text.txt: not a readable HDF5 file" &&
   echo "PASS: a file that is not a checkpoint is refused"
+
+# ---- OUTDIR: written whole, in a temporary directory renamed into place; an
+# earlier export is replaced only with --overwrite
+ckpt=tied/checkpoints/step_00000060.h5
+export_to() { # export_to ARGS...: runs the exporter on $ckpt, exit code in $rc
+  rc=0
+  python3 "$src/analysis/export_hf.py" "$ckpt" "$@" >"$out" 2>"$err" || rc=$?
+}
+before=$(cksum tied-hf/*)
+export_to tied-hf
+expect_one_line_error "an OUTDIR holding an export" 2 "tied-hf: is not empty" "--overwrite"
+[[ $(cksum tied-hf/*) == "$before" ]] || fail "a refused export changed tied-hf"
+echo "an earlier file" >tied-hf/stale.txt
+export_to tied-hf --overwrite
+check "--overwrite replaces an export (exit $rc: $(head -c 300 "$err"))" test "$rc" -eq 0
+holds_only tied-hf config.json model.safetensors tokenizer.model
+[[ $(cksum tied-hf/*) == "$before" ]] || fail "the export again differs from the first"
+mkdir empty-hf
+export_to empty-hf
+check "an empty OUTDIR takes an export (exit $rc)" test "$rc" -eq 0
+echo "not a directory" >file-hf
+export_to file-hf
+expect_one_line_error "OUTDIR a file" 2 "export_hf.py: file-hf: exists and is not a directory"
+export_to /proc/nope/hf
+expect_one_line_error "OUTDIR that cannot be made" 2 "export_hf.py: /proc/nope/hf: cannot create"
+leftovers=$(find . -maxdepth 1 -name '.*-hf.*')
+[[ -z $leftovers ]] || fail "temporary directories left: $leftovers"
 
 # ---- transformers gives our logits
 if [[ ! -x $hf_python ]] || ! "$hf_python" -c "import h5py, numpy, torch, transformers" 2>/dev/null
