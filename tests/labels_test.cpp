@@ -7,6 +7,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "src/io/label_names.h"
 #include "src/loss/cross_entropy.h"
 
 namespace mpiformer {
@@ -49,6 +50,19 @@ TEST(LabelVocabulary, MostFrequentFirstTiesByName) {
   EXPECT_EQ(v.id("a"), 2);
   EXPECT_EQ(v.id("z"), -1);
   EXPECT_EQ(split_label_names(join_label_names(v.names())), v.names());
+}
+
+TEST(LabelNames, ADifferentSetNamesTheFirstLabelThatDiffers) {
+  const std::vector<std::string> abc{"a", "b", "c"};
+  EXPECT_EQ(label_set_difference(abc, "A", abc, "B"), "");
+  EXPECT_EQ(label_set_difference(abc, "A", {"a", "b", "d"}, "B"),
+            "label 2 is 'c' in A and 'd' in B");
+  EXPECT_EQ(label_set_difference(abc, "A", {"b", "a", "c"}, "B"),
+            "label 0 is 'a' in A and 'b' in B");
+  EXPECT_EQ(label_set_difference(abc, "A", {"a", "b"}, "B"),
+            "3 label(s) in A, 2 in B (label 2 is 'c' in A alone)");
+  EXPECT_EQ(label_set_difference({"a"}, "A", abc, "B"),
+            "1 label(s) in A, 3 in B (label 1 is 'b' in B alone)");
 }
 
 TEST(LabelFigures, MicroPoolsMacroAveragesOccurringLabels) {
