@@ -13,16 +13,16 @@ namespace mpiformer {
 // One registered path. Entries are never freed (a few bytes a file, for a
 // process that runs one command): the handler may be walking the list on
 // another thread at any moment, so an entry is only ever marked dead.
-struct Entry {
+struct RemovedPath {
   std::atomic<bool> live{true};
   bool directory = false;
   const char* path = nullptr;
-  Entry* next = nullptr;
+  RemovedPath* next = nullptr;
 };
 
 namespace {
 
-std::atomic<Entry*> registered{nullptr};
+std::atomic<RemovedPath*> registered{nullptr};
 
 constexpr int kStopSignals[] = {SIGTERM, SIGINT, SIGHUP};
 struct sigaction saved[3];
@@ -70,7 +70,7 @@ extern "C" void exit_on_stop(int signal) {
   if (exiting.test_and_set()) return;
   // Files first, then the directories they emptied.
   for (const bool directories : {false, true}) {
-    for (Entry* e = registered.load(); e; e = e->next) {
+    for (RemovedPath* e = registered.load(); e; e = e->next) {
       if (!e->live.load() || e->directory != directories) continue;
       if (directories) {
         ::rmdir(e->path);
@@ -93,7 +93,7 @@ extern "C" void exit_on_stop(int signal) {
 RemovedOnStop::RemovedOnStop(const std::string& path, bool directory) {
   char* copy = new char[path.size() + 1];
   std::memcpy(copy, path.c_str(), path.size() + 1);
-  entry_ = new Entry;
+  entry_ = new RemovedPath;
   entry_->directory = directory;
   entry_->path = copy;
   // Published whole: the handler sees the entry complete or not at all.

@@ -30,7 +30,7 @@ class RemovedOnStop {
   void forget();
 
  private:
-  struct Entry* entry_ = nullptr;
+  struct RemovedPath* entry_ = nullptr;
 };
 
 // Installs the handlers for its lifetime and restores the previous ones.
