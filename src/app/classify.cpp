@@ -1,10 +1,13 @@
 // `mpiformer classify`: the best labels of text lines with a classifier
 // checkpoint. Rank 0 scores; other ranks of an mpirun job only wait.
+// --output is written under a temporary name and renamed into place when
+// every line is scored: a fault or a stop signal leaves it as it was.
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -17,7 +20,9 @@
 #include "src/app/options.h"
 #include "src/core/error.h"
 #include "src/data/tokenizer.h"
+#include "src/io/atomic_file.h"
 #include "src/io/checkpoint.h"
+#include "src/io/stop_cleanup.h"
 #include "src/model/model.h"
 #include "src/parallel/agreement.h"
 
@@ -65,6 +70,15 @@ std::string describe(const float* scores, const ModelConfig& m,
   return line;
 }
 
+// What a fault or a stop leaves of the output: "labels.txt was left
+// unchanged" (or "was not written").
+std::string what_is_kept(const ClassifyConfig& cfg) {
+  if (cfg.output.empty()) return "stdout holds the lines scored so far";
+  std::error_code ec;
+  return cfg.output +
+         (std::filesystem::exists(cfg.output, ec) ? " was left unchanged" : " was not written");
+}
+
 int classify_on_root(const ClassifyConfig& cfg) {
   const CheckpointState state = read_checkpoint_state(cfg.checkpoint);
   const std::vector<CheckpointTensor> tensors = read_checkpoint_tensors(cfg.checkpoint, "params");
@@ -105,12 +119,16 @@ int classify_on_root(const ClassifyConfig& cfg) {
   ops->device().copy_to_device(model.parameters().params(), host.data(),
                                host.size() * sizeof(float));
 
-  std::ofstream file;
-  if (!cfg.output.empty()) {
-    file.open(cfg.output);
-    if (!file) throw std::runtime_error(cfg.output + ": " + std::strerror(errno));
-  }
-  std::ostream& out = cfg.output.empty() ? std::cout : file;
+  // A fault of --output names it and says what was kept.
+  std::unique_ptr<StagedTextFile> file;
+  const auto to_file = [&](auto&& write) {
+    try {
+      write();
+    } catch (const std::runtime_error& e) {
+      throw CommandError(std::string("classify: ") + e.what() + "; " + what_is_kept(cfg));
+    }
+  };
+  if (!cfg.output.empty()) to_file([&] { file = std::make_unique<StagedTextFile>(cfg.output); });
   Batch batch;
   batch.per_sequence = true;
   std::vector<float> scores;  // (B, K)
@@ -123,19 +141,35 @@ int classify_on_root(const ClassifyConfig& cfg) {
     }
     scores.resize((last - first) * static_cast<size_t>(m.num_labels));
     model.classify_scores(batch, scores.data());
+    std::string text;
     for (size_t i = first; i < last; ++i) {
-      out << describe(scores.data() + (i - first) * m.num_labels, m, state.label_names, cfg.top)
-          << "\n";
+      text += describe(scores.data() + (i - first) * m.num_labels, m, state.label_names, cfg.top);
+      text += "\n";
     }
-    out.flush();
-    if (!out) throw std::runtime_error("cannot write the output");
+    if (file) {
+      to_file([&] { file->write(text); });
+    } else {
+      errno = 0;
+      std::cout << text << std::flush;
+      if (!std::cout) {
+        const int err = errno;
+        throw CommandError(std::string("classify: cannot write the output (stdout") +
+                           (err != 0 ? std::string(": ") + std::strerror(err) : "") + ")");
+      }
+    }
   }
+  // Every line is scored: a stop now would only lose them.
+  ExitOnStop::finish();
+  if (file) to_file([&] { file->commit(); });
   return 0;
 }
 
 }  // namespace
 
 int run_classify(const ClassifyConfig& cfg, Communicator& comm) {
+  // Rank 0 speaks for the job; the other ranks only wait.
+  const ExitOnStop stop(comm.is_root() ? "mpiformer classify: stopped by " : "",
+                        comm.is_root() ? "; " + what_is_kept(cfg) : "");
   return agree_on_root(
       comm, [&] { return classify_on_root(cfg); }, Faults::kByType, "classify");
 }

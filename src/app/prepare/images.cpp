@@ -21,6 +21,7 @@
 #include "src/io/array_file.h"
 #include "src/io/label_names.h"
 #include "src/io/shard.h"
+#include "src/io/stop_cleanup.h"
 #include "src/parallel/agreement.h"
 
 namespace mpiformer::prepare {
@@ -195,6 +196,7 @@ int run_prepare_images(const PrepareConfig& cfg, Communicator& comm) {
     out.create();
     const std::string refused = out.lock();
     if (!refused.empty()) throw std::runtime_error(refused);
+    out.remove_abandoned_temporaries();
     const std::string origin = fs::path(cfg.input).filename().string();
     for (int64_t k = 0; k < cfg.shards; ++k) {
       out.write_shard(
@@ -215,6 +217,7 @@ int run_prepare_images(const PrepareConfig& cfg, Communicator& comm) {
     out.let_go();
     return kExitFailure;
   }
+  ExitOnStop::finish();  // the set is complete
   if (comm.is_root()) {
     const ShardHeader& h = set.header;
     std::printf(
