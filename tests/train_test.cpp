@@ -192,6 +192,24 @@ TEST_F(RunDirectoryTest, UnfinishedWritesOfAKilledJobAreRemoved) {
             (std::vector<std::string>{"latest", "step_00000005.h5"}));
 }
 
+TEST_F(RunDirectoryTest, AWithdrawnStartLeavesNoDirectoryItMade) {
+  // open() made both directories: withdraw() removes them again.
+  const fs::path fresh = dir_ / "new" / "run";
+  RunDirectory made(fresh.string() + "/");
+  ASSERT_EQ(made.open().code, 0);
+  EXPECT_TRUE(fs::exists(fresh / ".lock"));
+  made.withdraw();
+  EXPECT_FALSE(fs::exists(dir_ / "new"));
+
+  // A directory that was there stays as it was.
+  fs::create_directories(run());
+  std::ofstream(fs::path(run()) / "notes.txt") << "mine";
+  RunDirectory existing(run());
+  ASSERT_EQ(existing.open().code, 0);
+  existing.withdraw();
+  EXPECT_EQ(names(run()), std::vector<std::string>{"notes.txt"});
+}
+
 // ---- memory
 
 TEST(MemoryEstimate, CountsWhatTheModelAllocates) {
