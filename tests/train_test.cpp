@@ -212,6 +212,20 @@ TEST_F(RunDirectoryTest, AWithdrawnStartLeavesNoDirectoryItMade) {
 
 // ---- memory
 
+TEST(MemoryEstimate, AClassifiersScoresAreOneRowPerSequence) {
+  std::unique_ptr<Ops> ops = make_cpu_ops(1);
+  ModelConfig c = testing::tiny(ModelKind::kClassify);
+  c.num_labels = 10000;
+  c.loss = ClassifyLoss::kZlpr;
+  const ModelCapacity per_token{4096, c.max_len}, per_sequence{4096, c.max_len, 64};
+  const size_t tokens = Model::measure(*ops, c, per_token).activation_bytes;
+  const ModelMemory sequences = Model::measure(*ops, c, per_sequence);
+  // Scores and label targets: (4096 - 64) rows of 10000 fewer floats each.
+  EXPECT_GE(tokens - sequences.activation_bytes, size_t{2} * (4096 - 64) * 10000 * 4);
+  Model model(*ops, c, per_sequence);
+  EXPECT_LE(ops->device().peak_allocated_bytes(), sequences.activation_bytes);
+}
+
 TEST(MemoryEstimate, CountsWhatTheModelAllocates) {
   for (ModelKind kind : {ModelKind::kLm, ModelKind::kSeq2seq, ModelKind::kMlm}) {
     for (DType compute : {DType::kF32, DType::kBF16}) {

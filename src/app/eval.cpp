@@ -141,7 +141,7 @@ int run_eval(const EvalConfig& cfg, Communicator& comm) {
     return code;
   const int threads = cfg.threads > 0 ? cfg.threads : comm.cores_per_local_rank();
   std::unique_ptr<Ops> ops = make_cpu_ops(threads);
-  const ModelCapacity capacity{run.max_tokens, run.model.max_len};
+  const ModelCapacity capacity{run.max_tokens, run.model.max_len, data->max_batch_sequences()};
   {
     // The model at this --max-tokens must fit beside the other ranks of the node.
     std::string shortfall;
