@@ -225,7 +225,39 @@ TEST_F(RunDirectoryTest, UnfinishedWritesOfAKilledJobAreRemoved) {
             (std::vector<std::string>{"latest", "step_00000005.h5"}));
 }
 
+TEST_F(RunDirectoryTest, AWithdrawnStartLeavesNoDirectoryItMade) {
+  // open() made both directories: withdraw() removes them again.
+  const fs::path fresh = dir_ / "new" / "run";
+  RunDirectory made(fresh.string() + "/");
+  ASSERT_EQ(made.open().code, 0);
+  EXPECT_TRUE(fs::exists(fresh / ".lock"));
+  made.withdraw();
+  EXPECT_FALSE(fs::exists(dir_ / "new"));
+
+  // A directory that was there stays as it was.
+  fs::create_directories(run());
+  std::ofstream(fs::path(run()) / "notes.txt") << "mine";
+  RunDirectory existing(run());
+  ASSERT_EQ(existing.open().code, 0);
+  existing.withdraw();
+  EXPECT_EQ(names(run()), std::vector<std::string>{"notes.txt"});
+}
+
 // ---- memory
+
+TEST(MemoryEstimate, AClassifiersScoresAreOneRowPerSequence) {
+  std::unique_ptr<Ops> ops = make_cpu_ops(1);
+  ModelConfig c = testing::tiny(ModelKind::kClassify);
+  c.num_labels = 10000;
+  c.loss = ClassifyLoss::kZlpr;
+  const ModelCapacity per_token{4096, c.max_len}, per_sequence{4096, c.max_len, 64};
+  const size_t tokens = Model::measure(*ops, c, per_token).activation_bytes;
+  const ModelMemory sequences = Model::measure(*ops, c, per_sequence);
+  // Scores and label targets: (4096 - 64) rows of 10000 fewer floats each.
+  EXPECT_GE(tokens - sequences.activation_bytes, size_t{2} * (4096 - 64) * 10000 * 4);
+  Model model(*ops, c, per_sequence);
+  EXPECT_LE(ops->device().peak_allocated_bytes(), sequences.activation_bytes);
+}
 
 TEST(MemoryEstimate, CountsWhatTheModelAllocates) {
   for (ModelKind kind : {ModelKind::kLm, ModelKind::kSeq2seq, ModelKind::kMlm}) {

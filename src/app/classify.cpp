@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -25,6 +26,7 @@
 #include "src/io/stop_cleanup.h"
 #include "src/model/model.h"
 #include "src/parallel/agreement.h"
+#include "src/train/memory_budget.h"
 
 namespace mpiformer {
 namespace {
@@ -111,7 +113,36 @@ int classify_on_root(const ClassifyConfig& cfg) {
   }
 
   std::unique_ptr<Ops> ops = make_cpu_ops(cfg.threads);
-  const ModelCapacity room{cfg.batch * m.max_len, m.max_len};
+  // Memory for a batch of --batch lines (no more than there are), estimated
+  // before anything is allocated and refused, naming the --batch that
+  // fits, when this process may not take it.
+  const int lines_at_once =
+      static_cast<int>(std::min<size_t>(cfg.batch, std::max<size_t>(lines.size(), 1)));
+  if (static_cast<int64_t>(lines_at_once) * m.max_len > std::numeric_limits<int32_t>::max()) {
+    usage_error("--batch", std::to_string(lines_at_once) + " lines of max-len " +
+                               std::to_string(m.max_len) + " are more than 2^31 - 1 tokens");
+  }
+  const auto room_for = [&](int b) { return ModelCapacity{b * m.max_len, m.max_len, b}; };
+  const auto need = [&](int b) {
+    return estimate_memory(*ops, m, room_for(b), DType::kF32, /*training=*/false);
+  };
+  const auto fits = [&](int b) { return memory_shortfall(need(b), *ops, 1, "").empty(); };
+  const MemoryEstimate estimate = need(lines_at_once);
+  if (!fits(lines_at_once)) {
+    int most = 0;  // the largest batch that fits: fits(most) (or 0), !fits(above)
+    for (int above = lines_at_once; above - most > 1;) {
+      const int mid = most + (above - most) / 2;
+      (fits(mid) ? most : above) = mid;
+    }
+    usage_error("--batch",
+                "scoring " + std::to_string(lines_at_once) + " lines at a time " +
+                    memory_shortfall(estimate, *ops, 1,
+                                     most > 0 ? "--batch (" + std::to_string(most) + " fits)"
+                                              : "--batch (not even 1 fits)"));
+  }
+  std::cerr << "mpiformer classify: " << lines.size() << " line(s), " << lines_at_once
+            << " at a time: memory about " << estimate.describe() << std::endl;
+  const ModelCapacity room = room_for(lines_at_once);
   Model model(*ops, m, room);
   model.init_parameters(run.seed);  // allocates; the checkpoint's values replace these
   std::vector<float> host(model.parameters().count());  // (count)
@@ -132,8 +163,8 @@ int classify_on_root(const ClassifyConfig& cfg) {
   Batch batch;
   batch.per_sequence = true;
   std::vector<float> scores;  // (B, K)
-  for (size_t first = 0; first < lines.size(); first += cfg.batch) {
-    const size_t last = std::min(lines.size(), first + static_cast<size_t>(cfg.batch));
+  for (size_t first = 0; first < lines.size(); first += lines_at_once) {
+    const size_t last = std::min(lines.size(), first + static_cast<size_t>(lines_at_once));
     batch.clear();
     for (size_t i = first; i < last; ++i) {
       const std::vector<int32_t> ids = encode_line(*tokenizer, lines[i], m);

@@ -140,16 +140,20 @@ int run_eval(const EvalConfig& cfg, Communicator& comm) {
     if (const int code = agree_on(comm, verdict)) return code;
   }
 
+  // The split against the checkpoint's flags and --max-tokens: a refusal is exit 2.
   std::unique_ptr<BatchSource> data;
-  if (!agreed(comm, [&] {
-        resolve_data_config(&run);
-        // The split alone: the training sequences are never read.
-        data = make_batch_source(run, rank, W, SplitChoice{cfg.split, false});
-      }))
-    return kExitFailure;
+  if (const int code = agree_on_inputs(
+          comm,
+          [&] {
+            resolve_data_config(&run);
+            // The split alone: the training sequences are never read.
+            data = make_batch_source(run, rank, W, SplitChoice{cfg.split, false});
+          },
+          "eval"))
+    return code;
   const int threads = cfg.threads > 0 ? cfg.threads : comm.cores_per_local_rank();
   std::unique_ptr<Ops> ops = make_cpu_ops(threads);
-  const ModelCapacity capacity{run.max_tokens, run.model.max_len};
+  const ModelCapacity capacity{run.max_tokens, run.model.max_len, data->max_batch_sequences()};
   {
     // The model at this --max-tokens must fit beside the other ranks of the node.
     std::string shortfall;

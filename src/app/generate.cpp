@@ -91,7 +91,7 @@ struct SplitInputs {
 };
 
 SplitInputs read_split(const GenerateConfig& cfg, const CheckpointState& state, bool lm,
-                       const Tokenizer* tokenizer) {
+                       bool synthetic, const Tokenizer* tokenizer) {
   if (lm) {
     throw UsageError("--data: " + cfg.checkpoint +
                      " holds an lm, and the lines of a split are whole sequences, not sources "
@@ -100,8 +100,9 @@ SplitInputs read_split(const GenerateConfig& cfg, const CheckpointState& state, 
   }
   if (!tokenizer) {
     throw UsageError("--data: " + cfg.checkpoint +
-                     " was trained on a synthetic task, whose ids are not those of " +
-                     cfg.data_dir + "'s shards");
+                     (synthetic ? " was trained on a synthetic task, whose ids are not those of " +
+                                      cfg.data_dir + "'s shards"
+                                : " has no tokenizer to read " + cfg.data_dir + "'s shards"));
   }
   const std::vector<std::string> files = list_shards(cfg.data_dir, cfg.split);
   if (files.empty()) {
@@ -115,9 +116,8 @@ SplitInputs read_split(const GenerateConfig& cfg, const CheckpointState& state, 
   for (const std::string& file : files) {
     const ShardHeader header = read_shard_header(file);
     if (header.kind != "seq2seq") {
-      throw UsageError("--data: " + file +
-                       " holds lm sequences; a seq2seq checkpoint translates "
-                       "the sources of a seq2seq set");
+      throw UsageError("--data: " + file + " is a shard of kind " + header.kind +
+                       "; a seq2seq checkpoint translates the sources of a seq2seq set");
     }
     if (header.vocab_size != state.vocab_size || header.special != state.special ||
         header.tokenizer != state.tokenizer) {
@@ -169,6 +169,14 @@ int generate_on_root(const GenerateConfig& cfg) {
               << std::endl;
     return kExitUsage;
   }
+  if (run.model.kind == ModelKind::kClassify) {
+    usage_error("--checkpoint",
+                cfg.checkpoint + " holds " +
+                    (run.model.images() ? "an image classifier" : "a text classifier") +
+                    ", which scores labels and cannot generate; " +
+                    (run.model.images() ? "score image shards with `mpiformer eval --data DIR`"
+                                        : "use `mpiformer classify`"));
+  }
   const bool lm = run.model.kind == ModelKind::kLm;
   if (cfg.top_k > 0 && !lm) {
     throw UsageError("--top-k: top-k sampling is for lm checkpoints; " + cfg.checkpoint +
@@ -184,7 +192,7 @@ int generate_on_root(const GenerateConfig& cfg) {
   std::vector<std::string> lines;
   SplitInputs split;
   if (!cfg.data_dir.empty()) {
-    split = read_split(cfg, state, lm, tokenizer.get());
+    split = read_split(cfg, state, lm, synthetic, tokenizer.get());
   } else if (!cfg.prompt.empty()) {
     lines.push_back(cfg.prompt);
   } else {

@@ -37,6 +37,13 @@ fs::path new_abandoned_dir(const fs::path& rundir) {
   return dir;
 }
 
+// PATH made absolute, without "." or ".." parts or a trailing separator.
+fs::path absolute_path(const std::string& path, std::error_code& ec) {
+  fs::path p = fs::absolute(path, ec).lexically_normal();
+  if (!p.has_filename() && p.has_parent_path()) p = p.parent_path();
+  return p;
+}
+
 bool same_file(const fs::path& a, const fs::path& b) {
   std::error_code ec;
   return fs::equivalent(a, b, ec);
@@ -75,6 +82,11 @@ std::string run_id_of(const std::string& checkpoint) {
 
 Verdict RunDirectory::open() {
   std::error_code ec;
+  // What does not exist yet, from the outermost missing directory down, is ours.
+  for (fs::path p = absolute_path(path_, ec); !ec && !fs::exists(p, ec); p = p.parent_path()) {
+    created_ = p.string();
+    if (p == p.parent_path()) break;
+  }
   fs::create_directories(path_, ec);
   if (ec || !fs::is_directory(path_)) {
     return {kExitUsage, "mpiformer train: --out: cannot use " + path_ + " as the run directory (" +
@@ -83,6 +95,17 @@ Verdict RunDirectory::open() {
   const std::string refused = lock_.try_acquire(path_);
   if (!refused.empty()) return {kExitUsage, "mpiformer train: --out: " + refused};
   return {};
+}
+
+void RunDirectory::withdraw() {
+  lock_.release();
+  if (created_.empty()) return;
+  std::error_code ec;
+  // fs::remove leaves a directory that is not empty, and so do we.
+  for (fs::path p = absolute_path(path_, ec); !ec && fs::remove(p, ec) && p.string() != created_;
+       p = p.parent_path()) {
+  }
+  created_.clear();
 }
 
 Verdict RunDirectory::choose_start(const std::string& resume, bool other_run, StartPoint* start) {

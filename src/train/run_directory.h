@@ -41,6 +41,11 @@ class RunDirectory {
   // that cannot be created, is a verdict of exit 2, and nothing is changed.
   Verdict open();
 
+  // A start that ends before the run takes the directory (a refusal, or
+  // nothing to do) leaves no trace: the lock is dropped, and the
+  // directories open() created are removed again while they are empty.
+  void withdraw();
+
   // --resume none | auto | PATH. none refuses a directory that holds a run;
   // auto takes `latest` (or, without one, the newest checkpoint), and the one
   // before it when it is damaged; PATH takes that file or fails. A bad
@@ -73,6 +78,7 @@ class RunDirectory {
 
  private:
   std::string path_;
+  std::string created_;  // the outermost directory open() created; "" when none
   DirLock lock_;
   std::string run_id_, origin_;
 };

@@ -154,9 +154,12 @@ struct StartNotes {
 };
 
 // 1. The shards decide what the flags left open. Every input is validated
-// before training, and all ranks agree on it.
+// before training, and all ranks agree on it: a flag the shards contradict
+// is a refusal (exit 2), before the run directory is touched.
 int resolve_inputs(TrainingRun& run, const Communicator& comm) {
-  if (!agreed(comm, [&] {
+  return agree_on_inputs(
+      comm,
+      [&] {
         resolve_data_config(&run.cfg);
         if (comm.is_root() && !run.cfg.data_dir.empty()) {
           const ShardHeader header =
@@ -164,9 +167,8 @@ int resolve_inputs(TrainingRun& run, const Communicator& comm) {
           run.tokenizer = header.tokenizer;
           run.label_names = header.label_names;
         }
-      }))
-    return kExitFailure;
-  return 0;
+      },
+      "train");
 }
 
 // 2. Rank 0 locks the run directory, then reads the checkpoint to resume
@@ -196,7 +198,11 @@ int build(TrainingRun& run, const Communicator& comm, const FaultInjection& faul
           StartNotes* notes) {
   const TrainConfig& cfg = run.cfg;
   const int world = comm.size(), rank = comm.rank(), accum = cfg.accum_steps;
-  if (!agreed(comm, [&] { run.source = make_batch_source(cfg, rank, world); })) return kExitFailure;
+  // The data against the flags (--max-tokens, --too-long, --loss): a refusal
+  // is exit 2, and start_run withdraws from the run directory.
+  if (const int code = agree_on_inputs(
+          comm, [&] { run.source = make_batch_source(cfg, rank, world); }, "train"))
+    return code;
   notes->threads = cfg.threads > 0 ? cfg.threads : comm.cores_per_local_rank();
   // A rank without the device it was given is an agreed failure, not a hang.
   if (!agreed(comm, [&] { run.ops = make_ops(cfg.device, notes->threads, comm, cfg.tf32); })) {
@@ -211,7 +217,8 @@ int build(TrainingRun& run, const Communicator& comm, const FaultInjection& faul
 
   // Memory: estimated from the flags, refused before anything big is
   // allocated when it cannot fit.
-  const ModelCapacity capacity{cfg.max_tokens, cfg.model.max_len};
+  const ModelCapacity capacity{cfg.max_tokens, cfg.model.max_len,
+                               run.source->max_batch_sequences()};
   const DType compute = compute_dtype(cfg.precision);
   const bool reducer_exact = cfg.grad_sum == GradSum::kExact;
   // The MPI transport reads host memory: a GPU's gradients are staged.
@@ -420,7 +427,11 @@ Started start_run(const TrainConfig& flags, const Communicator& comm, const Conf
   TrainingRun& run = *parts;
   run.cfg = flags;
   StartNotes notes;
-  const auto end = [](int code) { return Started{nullptr, code}; };
+  // A start that ends here leaves the run directory as it found it.
+  const auto end = [&run](int code) {
+    if (run.run_dir) run.run_dir->withdraw();
+    return Started{nullptr, code};
+  };
   if (const int code = resolve_inputs(run, comm)) return end(code);
   if (const int code = open_run_directory(run, comm, &notes)) return end(code);
   if (run.start.resumed && run.start.state.step >= run.cfg.steps) {
