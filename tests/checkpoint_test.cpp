@@ -156,8 +156,18 @@ TEST_F(CheckpointTest, RoundTripIsBitwise) {
   EXPECT_EQ(s.vocab_size, w.vocab_size);
   EXPECT_EQ(s.special, w.special);
   EXPECT_EQ(s.tokenizer, w.tokenizer);
+  EXPECT_EQ(s.run_id, "");  // none given, none written: a file of an earlier version
   EXPECT_TRUE(is_checkpoint(path));
   EXPECT_EQ(listing(dir_), std::vector<std::string>{"ckpt.h5"});  // no .tmp left
+}
+
+TEST_F(CheckpointTest, RecordsTheRunId) {
+  TinyModel t;
+  const std::string path = file("ckpt.h5");
+  CheckpointState s = some_state();
+  s.run_id = "0123456789abcdef";
+  write_checkpoint(path, t.params(), t.m.data(), t.v.data(), s);
+  EXPECT_EQ(read_checkpoint_state(path).run_id, "0123456789abcdef");
 }
 
 TEST_F(CheckpointTest, StoresFloat32UnderDottedNamesWithRootAttributes) {
@@ -539,6 +549,26 @@ TEST_F(CheckpointTest, LatestNamesACheckpointOfTheDirectory) {
   EXPECT_EQ(latest_checkpoint(dir_.string()), "");
   std::ofstream(ckpts / "latest") << "../../etc/passwd\n";
   EXPECT_EQ(latest_checkpoint(dir_.string()), "");
+
+  // read_latest refuses each of these, and a link out of the directory.
+  const fs::path latest = ckpts / "latest";
+  const auto refused = [&](const std::string& text, const std::string& words) {
+    std::ofstream(latest) << text;
+    expect_fault([&] { read_latest(dir_.string()); }, latest.string(), words);
+  };
+  refused("", "is empty");
+  refused("step_00000003.h5\n", "names step_00000003.h5, which does not exist");
+  refused("../../etc/passwd\n", "names '../../etc/passwd', outside " + ckpts.string());
+  refused("notes.txt\n", "names 'notes.txt', which is not a checkpoint file");
+  fs::create_directories(dir_ / "elsewhere");
+  fs::copy_file(ckpts / "step_00000007.h5", dir_ / "elsewhere" / "step_00000009.h5");
+  fs::create_symlink(fs::canonical(dir_ / "elsewhere" / "step_00000009.h5"),
+                     ckpts / "step_00000009.h5");
+  refused("step_00000009.h5\n", "names step_00000009.h5, a link to ");
+  std::ofstream(latest) << "step_00000007.h5\n";
+  EXPECT_EQ(read_latest(dir_.string()), (ckpts / "step_00000007.h5").string());
+  fs::remove(latest);
+  EXPECT_EQ(read_latest(dir_.string()), "");
 
   EXPECT_EQ(checkpoint_step("a/b/step_00000042.h5"), 42);
   EXPECT_EQ(checkpoint_step("step_123456789.h5"), 123456789);

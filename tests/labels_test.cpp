@@ -7,6 +7,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "src/io/label_names.h"
 #include "src/loss/cross_entropy.h"
 
 namespace mpiformer {
@@ -39,6 +40,81 @@ TEST(LabelLine, RefusesWhatCannotBeATarget) {
   EXPECT_EQ(error(":0.5"), "':0.5' has no label name");
 }
 
+TEST(LabelLine, AWeightIsAPlainDecimalNumber) {
+  const auto weight = [](const std::string& word) {
+    const auto labels = parse_label_line(word);
+    EXPECT_EQ(labels.size(), 1u);
+    EXPECT_EQ(labels[0].name, "a");
+    return labels[0].weight;
+  };
+  EXPECT_EQ(weight("a:.5"), 0.5f);
+  EXPECT_EQ(weight("a:1."), 1.0f);
+  EXPECT_EQ(weight("a:+0.5"), 0.5f);
+  EXPECT_EQ(weight("a:5E-1"), 0.5f);
+  EXPECT_EQ(weight("a:1e-400"), 0.0f);  // below a double's range: 0, as below a float's
+  EXPECT_FALSE(std::signbit(weight("a:-0")));
+  EXPECT_FALSE(std::signbit(weight("a:-0.0e5")));
+  // A last part that is a word belongs to the name: debtags has interface::3d.
+  for (const std::string name : {"interface::3d", "works-with::3dmodel", "devel::lang:c++"}) {
+    const auto labels = parse_label_line(name);
+    ASSERT_EQ(labels.size(), 1u);
+    EXPECT_EQ(labels[0].name, name);
+    EXPECT_EQ(labels[0].weight, 1.0f);
+  }
+}
+
+TEST(LabelLine, RefusesAWeightThatIsNotOne) {
+  const auto error = [](const std::string& line) {
+    try {
+      parse_label_line(line);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(error("a:1e400"), "weight 1e400 of 'a' is not in [0, 1]");
+  EXPECT_EQ(error("a:1e5"), "weight 1e5 of 'a' is not in [0, 1]");
+  EXPECT_EQ(error("a:0x1p-1"), "weight '0x1p-1' of 'a' is not a decimal number (such as 0.25)");
+  EXPECT_EQ(error("a:0x8"), "weight '0x8' of 'a' is not a decimal number (such as 0.25)");
+  EXPECT_EQ(error("a:0.5abc"), "weight '0.5abc' of 'a' is not a decimal number (such as 0.25)");
+  EXPECT_EQ(error("a:."), "weight '.' of 'a' is not a decimal number (such as 0.25)");
+  EXPECT_EQ(error("a:+-1"), "weight '+-1' of 'a' is not a decimal number (such as 0.25)");
+  EXPECT_EQ(error("a:inf"), "weight 'inf' of 'a' is not a decimal number (such as 0.25)");
+  EXPECT_EQ(error("a:NaN"), "weight 'NaN' of 'a' is not a decimal number (such as 0.25)");
+  EXPECT_EQ(error("a:"), "'a:' has no weight after its ':'");
+  EXPECT_EQ(error(":"), "':' has no label name");
+}
+
+TEST(LabelLine, RefusesANameThatIsNotText) {
+  const auto error = [](const std::string& line) {
+    try {
+      parse_label_line(line);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(error(std::string("a\0b:0.5", 7)),
+            "label 'a\\x00b' holds control character 0x00 at byte 2");
+  EXPECT_EQ(error("\x7f"), "label '\\x7f' holds control character 0x7f at byte 1");
+  EXPECT_EQ(error("ab\xff"), "label 'ab\\xff' is not UTF-8 (byte 0xff at byte 3)");
+  EXPECT_EQ(error("caf\xc3\xa9 na\xc3\xafve"), "");
+}
+
+TEST(LabelNames, NonEmptyUtf8WithoutSpaceOrControls) {
+  EXPECT_EQ(label_name_fault("devel::lang:python"), "");
+  EXPECT_EQ(label_name_fault("\xe4\xb8\xad\xe6\x96\x87"), "");  // two CJK characters
+  EXPECT_EQ(label_name_fault("\xf0\x9f\x90\x88"), "");          // U+1F408
+  EXPECT_EQ(label_name_fault(""), "is empty");
+  EXPECT_EQ(label_name_fault("cat dog"), "holds white space at byte 4");
+  EXPECT_EQ(label_name_fault("a\nb"), "holds control character 0x0a at byte 2");
+  EXPECT_EQ(label_name_fault("a\xc2\x85"), "holds control character U+0085 at byte 2");
+  EXPECT_EQ(label_name_fault("\xc0\xaf"), "is not UTF-8 (byte 0xc0 at byte 1)");       // overlong
+  EXPECT_EQ(label_name_fault("x\xed\xa0\x80"), "is not UTF-8 (byte 0xed at byte 2)");  // surrogate
+  EXPECT_EQ(label_name_fault("\xe4\xb8"), "is not UTF-8 (byte 0xe4 at byte 1)");       // cut short
+  EXPECT_EQ(printable_label_name(std::string("a\0\xff b", 5)), "a\\x00\\xff b");
+}
+
 TEST(LabelVocabulary, MostFrequentFirstTiesByName) {
   LabelVocabulary v;
   v.count(parse_label_line("b c"));
@@ -49,6 +125,19 @@ TEST(LabelVocabulary, MostFrequentFirstTiesByName) {
   EXPECT_EQ(v.id("a"), 2);
   EXPECT_EQ(v.id("z"), -1);
   EXPECT_EQ(split_label_names(join_label_names(v.names())), v.names());
+}
+
+TEST(LabelNames, ADifferentSetNamesTheFirstLabelThatDiffers) {
+  const std::vector<std::string> abc{"a", "b", "c"};
+  EXPECT_EQ(label_set_difference(abc, "A", abc, "B"), "");
+  EXPECT_EQ(label_set_difference(abc, "A", {"a", "b", "d"}, "B"),
+            "label 2 is 'c' in A and 'd' in B");
+  EXPECT_EQ(label_set_difference(abc, "A", {"b", "a", "c"}, "B"),
+            "label 0 is 'a' in A and 'b' in B");
+  EXPECT_EQ(label_set_difference(abc, "A", {"a", "b"}, "B"),
+            "3 label(s) in A, 2 in B (label 2 is 'c' in A alone)");
+  EXPECT_EQ(label_set_difference({"a"}, "A", abc, "B"),
+            "1 label(s) in A, 3 in B (label 1 is 'b' in B alone)");
 }
 
 TEST(LabelFigures, MicroPoolsMacroAveragesOccurringLabels) {

@@ -36,7 +36,7 @@ class MetricsTest : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
 
   static RunAttributes attrs(int world_size) {
-    return {"[model]\nkind = lm\n", "lm", world_size, "2 x cpu", "mpiformer x", "abc123"};
+    return {"[model]\nkind = lm\n", "lm", world_size, "2 x cpu", "mpiformer x", "abc123", ""};
   }
   // Row of step s: every column a distinct function of s.
   static TrainRow train_row(int64_t s) {
@@ -282,6 +282,83 @@ TEST_F(MetricsTest, ADamagedFileIsRefusedAlsoWhenMarkedAsBeingWritten) {
         },
         ::testing::ExitedWithCode(0), "^[^\n]*: truncated or corrupt \\(HDF5 could not ")
         << path;
+  }
+}
+
+TEST_F(MetricsTest, TheRunIdIsAnAttribute) {
+  RunAttributes a = attrs(1);
+  a.run_id = "0123456789abcdef";
+  { MetricsLog log(path_, a, -1); }
+  EXPECT_EQ(read_metrics(path_).attrs.run_id, "0123456789abcdef");
+  { MetricsLog log(path_, attrs(1), -1); }  // a file of a version without ids
+  EXPECT_EQ(read_metrics(path_).attrs.run_id, "");
+}
+
+// Either file of a resumed run rebuilds the other: no row is lost or doubled.
+TEST_F(MetricsTest, AMissingFileIsRebuiltFromTheOther) {
+  const std::string json = (dir_ / "metrics.jsonl").string();
+  {
+    MetricsLog log(path_, attrs(1), -1);
+    for (int64_t s = 1; s <= 4; ++s) log.append(train_row(s));
+    log.append(eval_row(2));
+    log.append(eval_row(4));
+  }
+  const MetricsTable all = read_metrics(path_);
+  // Equal, NaN where NaN: the figures a row lacks.
+  const auto same = [](const std::vector<double>& a, const std::vector<double>& b) {
+    if (a.size() != b.size()) return false;
+    for (size_t c = 0; c < a.size(); ++c)
+      if (!(a[c] == b[c] || (std::isnan(a[c]) && std::isnan(b[c])))) return false;
+    return true;
+  };
+  for (const char* gone : {"metrics.h5", "metrics.jsonl"}) {
+    SCOPED_TRACE(gone);
+    fs::remove(dir_ / gone);
+    {
+      MetricsLog log(path_, attrs(1), 3);
+      EXPECT_EQ(log.note(), std::string(gone) + " was missing: rebuilt from " +
+                                (gone[8] == 'h' ? "metrics.jsonl" : "metrics.h5") +
+                                " (3 train and 1 eval row(s) through step 3)");
+      EXPECT_EQ(log.elapsed_before(), 6.0);
+      log.append(train_row(4));
+      log.append(eval_row(4));
+    }
+    const MetricsTable t = read_metrics(path_);
+    ASSERT_EQ(t.train_rows.size(), 4u);
+    for (size_t r = 0; r < 4; ++r) EXPECT_TRUE(same(t.train_rows[r], all.train_rows[r])) << r;
+    ASSERT_EQ(t.eval_rows.size(), 2u);
+    EXPECT_TRUE(same(t.eval_rows[0], all.eval_rows[0]));
+    const MetricsTable from_lines = read_metrics_jsonl(json);
+    EXPECT_EQ(from_lines.train_rows.size(), 4u);
+    EXPECT_EQ(from_lines.eval_rows.size(), 2u);
+  }
+  fs::remove(path_);
+  fs::remove(json);
+  MetricsLog log(path_, attrs(1), 3);
+  EXPECT_EQ(log.note(),
+            "no metrics.h5 or metrics.jsonl to carry: the rows through step 3 are not in this "
+            "directory");
+}
+
+TEST_F(MetricsTest, LinesReaderSkipsAnUnfinishedLastLineAndNamesABadOne) {
+  const std::string json = (dir_ / "metrics.jsonl").string();
+  std::ofstream(json) << "{\"group\": \"train\", \"step\": 5, \"loss\": 2.5, \"lr\": null}\n"
+                      << "{\"group\": \"eval\", \"step\": 5, \"perplexity\": 12}\n"
+                      << "{\"group\": \"train\", \"step\": 10, \"lo";
+  const MetricsTable t = read_metrics_jsonl(json);
+  ASSERT_EQ(t.train_rows.size(), 1u);
+  EXPECT_EQ(t.train_rows[0][0], 5.0);
+  EXPECT_EQ(t.train_rows[0][1], 2.5);
+  EXPECT_TRUE(std::isnan(t.train_rows[0][4]));  // lr: null
+  EXPECT_TRUE(std::isnan(t.train_rows[0][2]));  // tokens: not in the line
+  ASSERT_EQ(t.eval_rows.size(), 1u);
+  EXPECT_EQ(t.eval_rows[0][2], 12.0);
+  std::ofstream(json) << "{\"group\": \"train\", \"step\": 5}\nnot a row\n{\"group\": \"train\"}\n";
+  try {
+    read_metrics_jsonl(json);
+    FAIL() << "a line that is not a row was read";
+  } catch (const MetricsError& e) {
+    EXPECT_EQ(std::string(e.what()), json + ": line 2 is not a metrics row");
   }
 }
 

@@ -894,6 +894,20 @@ TEST(ShardSource, BudgetTooSmallForOneLongestSequenceIsAUsageError) {
   EXPECT_THROW(ShardSource(config_for(dir, ModelKind::kSeq2seq, 64, 100), 0, 1), UsageError);
 }
 
+TEST(ShardSource, SkippingEverySequenceIsAUsageErrorOfTooLong) {
+  TempDir dir;
+  SetSpec spec;
+  spec.lengths = Lengths{20, 30};
+  write_set(dir, spec);
+  TrainConfig cfg = config_for(dir, ModelKind::kLm, 16, 256);
+  cfg.too_long = TooLong::kSkip;
+  EXPECT_EQ(error_of([&] { ShardSource(cfg, 0, 1); }),
+            "--too-long: skip leaves nothing of the train split of " + dir.str() +
+                ": none of its sequences fits --max-len 16 (360 too long, 0 empty); raise "
+                "--max-len or use --too-long truncate");
+  EXPECT_THROW(ShardSource(cfg, 0, 1), UsageError);
+}
+
 // ---- padding ---------------------------------------------------------------
 
 TEST(ShardSource, PaddingEfficiencyOnNaturalLengths) {

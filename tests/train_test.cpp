@@ -102,9 +102,10 @@ class RunDirectoryTest : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
 
   std::string run() const { return (dir_ / "run").string(); }
-  void save(int64_t step) {
+  void save(int64_t step, const std::string& run_id = "") {
     CheckpointState s;
     s.step = s.optimizer_steps = step;
+    s.run_id = run_id;
     s.vocab_size = model_->config().vocab;
     save_checkpoint(run(), model_->parameters(), moments_.data(), moments_.data(), s, 0);
   }
@@ -151,7 +152,7 @@ TEST_F(RunDirectoryTest, AutoFollowsLatestAndAnOlderCheckpointStartsABranch) {
   // --resume PATH to step 20: 30 and 40 move to abandoned/, latest follows.
   StartPoint start;
   const std::string older = (fs::path(run()) / "checkpoints" / "step_00000020.h5").string();
-  ASSERT_EQ(dir.choose_start(older, &start).code, 0);
+  ASSERT_EQ(dir.choose_start(older, false, &start).code, 0);
   EXPECT_EQ(start.state.step, 20);
   const std::string line = dir.make_head(start);
   EXPECT_NE(line.find("a new branch from step 20: 2 later checkpoint(s) (steps 30 to 40)"),
@@ -170,7 +171,7 @@ TEST_F(RunDirectoryTest, AutoFollowsLatestAndAnOlderCheckpointStartsABranch) {
   save(25);
   point_latest_at(run(), older);
   StartPoint again;
-  ASSERT_EQ(dir.choose_start("auto", &again).code, 0);
+  ASSERT_EQ(dir.choose_start("auto", false, &again).code, 0);
   EXPECT_EQ(again.state.step, 20);
   EXPECT_NE(dir.make_head(again).find("1 later checkpoint(s) (steps 25 to 25)"), std::string::npos);
   EXPECT_EQ(names(fs::path(run()) / "abandoned").size(), 2u);
@@ -178,8 +179,40 @@ TEST_F(RunDirectoryTest, AutoFollowsLatestAndAnOlderCheckpointStartsABranch) {
   // A damaged `latest` falls back to the one before it.
   fs::resize_file(older, fs::file_size(older) / 2);
   StartPoint fallback;
-  ASSERT_EQ(dir.choose_start("auto", &fallback).code, 0);
+  ASSERT_EQ(dir.choose_start("auto", false, &fallback).code, 0);
   EXPECT_EQ(fallback.state.step, 10);
+}
+
+TEST_F(RunDirectoryTest, TheRunIdRefusesACheckpointOfAnotherRun) {
+  // A directory of a version without ids is adopted: make_head gives it one.
+  save(10);
+  RunDirectory dir(run());
+  ASSERT_EQ(dir.open().code, 0);
+  StartPoint old;
+  ASSERT_EQ(dir.choose_start("auto", false, &old).code, 0);
+  EXPECT_EQ(dir.run_id(), "");
+  dir.make_head(old);
+  const std::string id = dir.run_id();
+  EXPECT_EQ(id.size(), 16u);
+  std::ofstream(fs::path(run()) / "config.ini") << "model = lm\n# run-id = " << id << "\n";
+  save(20, id);
+
+  // Another run's checkpoint copied in, later than `latest`: refused by auto.
+  save(30, "0000000000000bad");
+  point_latest_at(run(), (fs::path(run()) / "checkpoints" / "step_00000020.h5").string());
+  StartPoint start;
+  const Verdict foreign = dir.choose_start("auto", false, &start);
+  EXPECT_EQ(foreign.code, 2);
+  EXPECT_NE(foreign.message.find("step_00000030.h5 is a checkpoint of run 0000000000000bad, but " +
+                                 run() + " holds run " + id + " (config.ini)"),
+            std::string::npos)
+      << foreign.message;
+  // By path: only when asked, and the directory keeps its id.
+  const std::string path = (fs::path(run()) / "checkpoints" / "step_00000030.h5").string();
+  EXPECT_EQ(dir.choose_start(path, false, &start).code, 2);
+  ASSERT_EQ(dir.choose_start(path, true, &start).code, 0);
+  EXPECT_EQ(dir.run_id(), id);
+  EXPECT_EQ(dir.origin(), path + " (run 0000000000000bad, step 30)");
 }
 
 TEST_F(RunDirectoryTest, UnfinishedWritesOfAKilledJobAreRemoved) {
@@ -192,7 +225,39 @@ TEST_F(RunDirectoryTest, UnfinishedWritesOfAKilledJobAreRemoved) {
             (std::vector<std::string>{"latest", "step_00000005.h5"}));
 }
 
+TEST_F(RunDirectoryTest, AWithdrawnStartLeavesNoDirectoryItMade) {
+  // open() made both directories: withdraw() removes them again.
+  const fs::path fresh = dir_ / "new" / "run";
+  RunDirectory made(fresh.string() + "/");
+  ASSERT_EQ(made.open().code, 0);
+  EXPECT_TRUE(fs::exists(fresh / ".lock"));
+  made.withdraw();
+  EXPECT_FALSE(fs::exists(dir_ / "new"));
+
+  // A directory that was there stays as it was.
+  fs::create_directories(run());
+  std::ofstream(fs::path(run()) / "notes.txt") << "mine";
+  RunDirectory existing(run());
+  ASSERT_EQ(existing.open().code, 0);
+  existing.withdraw();
+  EXPECT_EQ(names(run()), std::vector<std::string>{"notes.txt"});
+}
+
 // ---- memory
+
+TEST(MemoryEstimate, AClassifiersScoresAreOneRowPerSequence) {
+  std::unique_ptr<Ops> ops = make_cpu_ops(1);
+  ModelConfig c = testing::tiny(ModelKind::kClassify);
+  c.num_labels = 10000;
+  c.loss = ClassifyLoss::kZlpr;
+  const ModelCapacity per_token{4096, c.max_len}, per_sequence{4096, c.max_len, 64};
+  const size_t tokens = Model::measure(*ops, c, per_token).activation_bytes;
+  const ModelMemory sequences = Model::measure(*ops, c, per_sequence);
+  // Scores and label targets: (4096 - 64) rows of 10000 fewer floats each.
+  EXPECT_GE(tokens - sequences.activation_bytes, size_t{2} * (4096 - 64) * 10000 * 4);
+  Model model(*ops, c, per_sequence);
+  EXPECT_LE(ops->device().peak_allocated_bytes(), sequences.activation_bytes);
+}
 
 TEST(MemoryEstimate, CountsWhatTheModelAllocates) {
   for (ModelKind kind : {ModelKind::kLm, ModelKind::kSeq2seq, ModelKind::kMlm}) {

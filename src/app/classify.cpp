@@ -1,12 +1,16 @@
 // `mpiformer classify`: the best labels of text lines with a classifier
 // checkpoint. Rank 0 scores; other ranks of an mpirun job only wait.
+// --output is written under a temporary name and renamed into place when
+// every line is scored: a fault or a stop signal leaves it as it was.
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -17,9 +21,12 @@
 #include "src/app/options.h"
 #include "src/core/error.h"
 #include "src/data/tokenizer.h"
+#include "src/io/atomic_file.h"
 #include "src/io/checkpoint.h"
+#include "src/io/stop_cleanup.h"
 #include "src/model/model.h"
 #include "src/parallel/agreement.h"
+#include "src/train/memory_budget.h"
 
 namespace mpiformer {
 namespace {
@@ -65,6 +72,15 @@ std::string describe(const float* scores, const ModelConfig& m,
   return line;
 }
 
+// What a fault or a stop leaves of the output: "labels.txt was left
+// unchanged" (or "was not written").
+std::string what_is_kept(const ClassifyConfig& cfg) {
+  if (cfg.output.empty()) return "stdout holds the lines scored so far";
+  std::error_code ec;
+  return cfg.output +
+         (std::filesystem::exists(cfg.output, ec) ? " was left unchanged" : " was not written");
+}
+
 int classify_on_root(const ClassifyConfig& cfg) {
   const CheckpointState state = read_checkpoint_state(cfg.checkpoint);
   const std::vector<CheckpointTensor> tensors = read_checkpoint_tensors(cfg.checkpoint, "params");
@@ -97,7 +113,36 @@ int classify_on_root(const ClassifyConfig& cfg) {
   }
 
   std::unique_ptr<Ops> ops = make_cpu_ops(cfg.threads);
-  const ModelCapacity room{cfg.batch * m.max_len, m.max_len};
+  // Memory for a batch of --batch lines (no more than there are), estimated
+  // before anything is allocated and refused, naming the --batch that
+  // fits, when this process may not take it.
+  const int lines_at_once =
+      static_cast<int>(std::min<size_t>(cfg.batch, std::max<size_t>(lines.size(), 1)));
+  if (static_cast<int64_t>(lines_at_once) * m.max_len > std::numeric_limits<int32_t>::max()) {
+    usage_error("--batch", std::to_string(lines_at_once) + " lines of max-len " +
+                               std::to_string(m.max_len) + " are more than 2^31 - 1 tokens");
+  }
+  const auto room_for = [&](int b) { return ModelCapacity{b * m.max_len, m.max_len, b}; };
+  const auto need = [&](int b) {
+    return estimate_memory(*ops, m, room_for(b), DType::kF32, /*training=*/false);
+  };
+  const auto fits = [&](int b) { return memory_shortfall(need(b), *ops, 1, "").empty(); };
+  const MemoryEstimate estimate = need(lines_at_once);
+  if (!fits(lines_at_once)) {
+    int most = 0;  // the largest batch that fits: fits(most) (or 0), !fits(above)
+    for (int above = lines_at_once; above - most > 1;) {
+      const int mid = most + (above - most) / 2;
+      (fits(mid) ? most : above) = mid;
+    }
+    usage_error("--batch",
+                "scoring " + std::to_string(lines_at_once) + " lines at a time " +
+                    memory_shortfall(estimate, *ops, 1,
+                                     most > 0 ? "--batch (" + std::to_string(most) + " fits)"
+                                              : "--batch (not even 1 fits)"));
+  }
+  std::cerr << "mpiformer classify: " << lines.size() << " line(s), " << lines_at_once
+            << " at a time: memory about " << estimate.describe() << std::endl;
+  const ModelCapacity room = room_for(lines_at_once);
   Model model(*ops, m, room);
   model.init_parameters(run.seed);  // allocates; the checkpoint's values replace these
   std::vector<float> host(model.parameters().count());  // (count)
@@ -105,17 +150,21 @@ int classify_on_root(const ClassifyConfig& cfg) {
   ops->device().copy_to_device(model.parameters().params(), host.data(),
                                host.size() * sizeof(float));
 
-  std::ofstream file;
-  if (!cfg.output.empty()) {
-    file.open(cfg.output);
-    if (!file) throw std::runtime_error(cfg.output + ": " + std::strerror(errno));
-  }
-  std::ostream& out = cfg.output.empty() ? std::cout : file;
+  // A fault of --output names it and says what was kept.
+  std::unique_ptr<StagedTextFile> file;
+  const auto to_file = [&](auto&& write) {
+    try {
+      write();
+    } catch (const std::runtime_error& e) {
+      throw CommandError(std::string("classify: ") + e.what() + "; " + what_is_kept(cfg));
+    }
+  };
+  if (!cfg.output.empty()) to_file([&] { file = std::make_unique<StagedTextFile>(cfg.output); });
   Batch batch;
   batch.per_sequence = true;
   std::vector<float> scores;  // (B, K)
-  for (size_t first = 0; first < lines.size(); first += cfg.batch) {
-    const size_t last = std::min(lines.size(), first + static_cast<size_t>(cfg.batch));
+  for (size_t first = 0; first < lines.size(); first += lines_at_once) {
+    const size_t last = std::min(lines.size(), first + static_cast<size_t>(lines_at_once));
     batch.clear();
     for (size_t i = first; i < last; ++i) {
       const std::vector<int32_t> ids = encode_line(*tokenizer, lines[i], m);
@@ -123,19 +172,35 @@ int classify_on_root(const ClassifyConfig& cfg) {
     }
     scores.resize((last - first) * static_cast<size_t>(m.num_labels));
     model.classify_scores(batch, scores.data());
+    std::string text;
     for (size_t i = first; i < last; ++i) {
-      out << describe(scores.data() + (i - first) * m.num_labels, m, state.label_names, cfg.top)
-          << "\n";
+      text += describe(scores.data() + (i - first) * m.num_labels, m, state.label_names, cfg.top);
+      text += "\n";
     }
-    out.flush();
-    if (!out) throw std::runtime_error("cannot write the output");
+    if (file) {
+      to_file([&] { file->write(text); });
+    } else {
+      errno = 0;
+      std::cout << text << std::flush;
+      if (!std::cout) {
+        const int err = errno;
+        throw CommandError(std::string("classify: cannot write the output (stdout") +
+                           (err != 0 ? std::string(": ") + std::strerror(err) : "") + ")");
+      }
+    }
   }
+  // Every line is scored: a stop now would only lose them.
+  ExitOnStop::finish();
+  if (file) to_file([&] { file->commit(); });
   return 0;
 }
 
 }  // namespace
 
 int run_classify(const ClassifyConfig& cfg, Communicator& comm) {
+  // Rank 0 speaks for the job; the other ranks only wait.
+  const ExitOnStop stop(comm.is_root() ? "mpiformer classify: stopped by " : "",
+                        comm.is_root() ? "; " + what_is_kept(cfg) : "");
   return agree_on_root(
       comm, [&] { return classify_on_root(cfg); }, Faults::kByType, "classify");
 }

@@ -35,6 +35,7 @@ void finish_classify(const std::set<std::string>& /*given*/, ClassifyConfig* cfg
     usage_error("--input", "give one of --text TEXT or --input FILE");
   }
   if (!cfg->input.empty()) require_file("--input", cfg->input);
+  if (!cfg->output.empty()) require_output_file("--output", cfg->output);
   require_at_least("--top", cfg->top, 1);
   require_at_least("--batch", cfg->batch, 1);
   validate_cpu(cfg->threads, cfg->blas_core);

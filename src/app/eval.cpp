@@ -14,6 +14,7 @@
 #include "src/core/error.h"
 #include "src/data/make_source.h"
 #include "src/io/checkpoint.h"
+#include "src/io/label_names.h"
 #include "src/io/shard.h"
 #include "src/model/model.h"
 #include "src/parallel/agreement.h"
@@ -94,8 +95,9 @@ int run_eval(const EvalConfig& cfg, Communicator& comm) {
   if (cfg.max_tokens > 0) run.max_tokens = cfg.max_tokens;
 
   // 2. The split must be there, and its shards must speak the checkpoint's
-  //    vocabulary: same ids, same tokenizer. A checkpoint of a synthetic task
-  //    has no tokenizer to match.
+  //    vocabulary: same ids, same tokenizer, a classifier's same labels in
+  //    the same order. A checkpoint of a synthetic task has no tokenizer to
+  //    match.
   {
     Verdict verdict;
     if (comm.is_root()) {
@@ -119,6 +121,16 @@ int run_eval(const EvalConfig& cfg, Communicator& comm) {
                            std::to_string(state.vocab_size) +
                            (state.tokenizer.empty() ? " ids of a synthetic task"
                                                     : " ids with another tokenizer")};
+          } else if (!state.label_names.empty()) {
+            // A classifier's ids mean its labels: another set (renamed,
+            // reordered) would be scored by the wrong names.
+            const std::string differ =
+                label_set_difference(state.label_names, "the checkpoint", header.label_names,
+                                     "the shards of " + cfg.data_dir);
+            if (!differ.empty()) {
+              verdict = {kExitUsage, "mpiformer eval: --data: the label sets differ: " + differ +
+                                         "; evaluate on shards of the checkpoint's labels"};
+            }
           }
         }
       } catch (const std::exception& e) {
@@ -128,16 +140,20 @@ int run_eval(const EvalConfig& cfg, Communicator& comm) {
     if (const int code = agree_on(comm, verdict)) return code;
   }
 
+  // The split against the checkpoint's flags and --max-tokens: a refusal is exit 2.
   std::unique_ptr<BatchSource> data;
-  if (!agreed(comm, [&] {
-        resolve_data_config(&run);
-        // The split alone: the training sequences are never read.
-        data = make_batch_source(run, rank, W, SplitChoice{cfg.split, false});
-      }))
-    return kExitFailure;
+  if (const int code = agree_on_inputs(
+          comm,
+          [&] {
+            resolve_data_config(&run);
+            // The split alone: the training sequences are never read.
+            data = make_batch_source(run, rank, W, SplitChoice{cfg.split, false});
+          },
+          "eval"))
+    return code;
   const int threads = cfg.threads > 0 ? cfg.threads : comm.cores_per_local_rank();
   std::unique_ptr<Ops> ops = make_cpu_ops(threads);
-  const ModelCapacity capacity{run.max_tokens, run.model.max_len};
+  const ModelCapacity capacity{run.max_tokens, run.model.max_len, data->max_batch_sequences()};
   {
     // The model at this --max-tokens must fit beside the other ranks of the node.
     std::string shortfall;

@@ -1,9 +1,12 @@
 #include "src/app/flags.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <boost/program_options.hpp>
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <ostream>
@@ -412,6 +415,28 @@ void require_directory(const char* flag, const std::string& path) {
   struct stat info {};
   if (::stat(path.c_str(), &info) != 0) usage_error(flag, path + ": no such directory");
   if (!S_ISDIR(info.st_mode)) usage_error(flag, path + ": not a directory");
+}
+
+void require_output_file(const char* flag, const std::string& path) {
+  struct stat info {};
+  const bool exists = ::stat(path.c_str(), &info) == 0;
+  if (exists && S_ISDIR(info.st_mode)) usage_error(flag, path + ": is a directory");
+  if (exists && ::access(path.c_str(), W_OK) != 0) {
+    usage_error(flag, path + ": cannot be written (" + std::strerror(errno) + ")");
+  }
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + (slash == 0));
+  if (::stat(dir.c_str(), &info) != 0) {
+    const int err = errno;
+    const bool missing = err == ENOENT || err == ENOTDIR;
+    usage_error(flag,
+                path + ": its directory " + dir +
+                    (missing ? " does not exist" : " (" + std::string(std::strerror(err)) + ")"));
+  }
+  if (!S_ISDIR(info.st_mode)) usage_error(flag, path + ": " + dir + " is not a directory");
+  if (::access(dir.c_str(), W_OK) != 0) {
+    usage_error(flag, path + ": cannot create files in " + dir + " (" + std::strerror(errno) + ")");
+  }
 }
 
 void require_non_negative(const char* flag, double value) {

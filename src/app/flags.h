@@ -218,6 +218,11 @@ void require_file(const char* flag, const std::string& path);
 
 void require_directory(const char* flag, const std::string& path);
 
+// `path` can be written: its directory exists and takes new files (outputs
+// are written beside under a temporary name), and it is not a directory
+// nor a file the user may not write.
+void require_output_file(const char* flag, const std::string& path);
+
 void require_non_negative(const char* flag, double value);
 
 void require_positive(const char* flag, double value);

@@ -1,11 +1,14 @@
 // `mpiformer generate`: translation (seq2seq) and continuation (lm) with a
 // checkpoint. Rank 0 decodes; other ranks of an mpirun job only wait. With
 // --data it translates the source side of a split of a shard set, in order,
-// and writes the split's targets beside the output as references.
+// and writes the split's targets beside the output as references. The
+// output files are written under temporary names and renamed into place
+// when every line is done: a fault or a stop signal leaves them as they were.
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <limits>
@@ -19,8 +22,10 @@
 #include "src/app/options.h"
 #include "src/core/error.h"
 #include "src/data/tokenizer.h"
+#include "src/io/atomic_file.h"
 #include "src/io/checkpoint.h"
 #include "src/io/shard.h"
+#include "src/io/stop_cleanup.h"
 #include "src/model/decoding.h"
 #include "src/model/model.h"
 #include "src/parallel/agreement.h"
@@ -86,7 +91,7 @@ struct SplitInputs {
 };
 
 SplitInputs read_split(const GenerateConfig& cfg, const CheckpointState& state, bool lm,
-                       const Tokenizer* tokenizer) {
+                       bool synthetic, const Tokenizer* tokenizer) {
   if (lm) {
     throw UsageError("--data: " + cfg.checkpoint +
                      " holds an lm, and the lines of a split are whole sequences, not sources "
@@ -95,8 +100,9 @@ SplitInputs read_split(const GenerateConfig& cfg, const CheckpointState& state, 
   }
   if (!tokenizer) {
     throw UsageError("--data: " + cfg.checkpoint +
-                     " was trained on a synthetic task, whose ids are not those of " +
-                     cfg.data_dir + "'s shards");
+                     (synthetic ? " was trained on a synthetic task, whose ids are not those of " +
+                                      cfg.data_dir + "'s shards"
+                                : " has no tokenizer to read " + cfg.data_dir + "'s shards"));
   }
   const std::vector<std::string> files = list_shards(cfg.data_dir, cfg.split);
   if (files.empty()) {
@@ -110,9 +116,8 @@ SplitInputs read_split(const GenerateConfig& cfg, const CheckpointState& state, 
   for (const std::string& file : files) {
     const ShardHeader header = read_shard_header(file);
     if (header.kind != "seq2seq") {
-      throw UsageError("--data: " + file +
-                       " holds lm sequences; a seq2seq checkpoint translates "
-                       "the sources of a seq2seq set");
+      throw UsageError("--data: " + file + " is a shard of kind " + header.kind +
+                       "; a seq2seq checkpoint translates the sources of a seq2seq set");
     }
     if (header.vocab_size != state.vocab_size || header.special != state.special ||
         header.tokenizer != state.tokenizer) {
@@ -136,6 +141,21 @@ SplitInputs read_split(const GenerateConfig& cfg, const CheckpointState& state, 
   return split;
 }
 
+// What a fault or a stop leaves of the outputs: "hyp.txt was left
+// unchanged, ref.txt was not written".
+std::string what_is_kept(const GenerateConfig& cfg) {
+  std::string kept;
+  for (const std::string& path : {cfg.output, cfg.references}) {
+    if (path.empty()) continue;
+    std::error_code ec;
+    kept += (kept.empty() ? "" : ", ") + path +
+            (std::filesystem::exists(path, ec) ? " was left unchanged" : " was not written");
+  }
+  if (cfg.output.empty())
+    kept += std::string(kept.empty() ? "" : ", ") + "stdout holds the lines done so far";
+  return kept;
+}
+
 int generate_on_root(const GenerateConfig& cfg) {
   const CheckpointState state = read_checkpoint_state(cfg.checkpoint);
   const std::vector<CheckpointTensor> tensors = read_checkpoint_tensors(cfg.checkpoint, "params");
@@ -148,6 +168,14 @@ int generate_on_root(const GenerateConfig& cfg) {
               << " holds an mlm, which fills masks rather than generating; use an lm or seq2seq"
               << std::endl;
     return kExitUsage;
+  }
+  if (run.model.kind == ModelKind::kClassify) {
+    usage_error("--checkpoint",
+                cfg.checkpoint + " holds " +
+                    (run.model.images() ? "an image classifier" : "a text classifier") +
+                    ", which scores labels and cannot generate; " +
+                    (run.model.images() ? "score image shards with `mpiformer eval --data DIR`"
+                                        : "use `mpiformer classify`"));
   }
   const bool lm = run.model.kind == ModelKind::kLm;
   if (cfg.top_k > 0 && !lm) {
@@ -164,7 +192,7 @@ int generate_on_root(const GenerateConfig& cfg) {
   std::vector<std::string> lines;
   SplitInputs split;
   if (!cfg.data_dir.empty()) {
-    split = read_split(cfg, state, lm, tokenizer.get());
+    split = read_split(cfg, state, lm, synthetic, tokenizer.get());
   } else if (!cfg.prompt.empty()) {
     lines.push_back(cfg.prompt);
   } else {
@@ -218,32 +246,36 @@ int generate_on_root(const GenerateConfig& cfg) {
   options.max_new_tokens = cfg.max_new_tokens;
   options.top_k = cfg.top_k;
   options.temperature = cfg.temperature;
-  std::ofstream file;
-  if (!cfg.output.empty()) {
-    file.open(cfg.output);
-    if (!file) throw OutputError(cfg.output + ": " + std::strerror(errno));
-  }
-  std::ostream& out = cfg.output.empty() ? std::cout : file;
-  const std::string out_name = cfg.output.empty() ? "stdout" : cfg.output;
-  // A full disk or a closed pipe shows only as a failed stream, after the
-  // write or at the flush: each line is checked once flushed.
-  const auto check = [](std::ostream& stream, const std::string& name) {
-    if (!stream) {
-      const int err = errno;
-      throw OutputError(name + (err != 0 ? std::string(": ") + std::strerror(err) : ""));
+  // The files under temporary names until every line is done; a fault of
+  // one names it and says what was kept.
+  std::unique_ptr<StagedTextFile> file, references;
+  const auto to_files = [&](auto&& write) {
+    try {
+      write();
+    } catch (const std::runtime_error& e) {
+      throw CommandError(std::string("generate: ") + e.what() + "; " + what_is_kept(cfg));
     }
   };
-  const auto check_output = [&] { check(out, out_name); };
-  // The references first, whole: they are known, and a decoding cut short
-  // still leaves them complete.
-  if (!cfg.references.empty()) {
-    std::ofstream references(cfg.references);
-    if (!references) throw OutputError(cfg.references + ": " + std::strerror(errno));
-    errno = 0;
-    for (const std::string& line : split.references) references << line << "\n";
-    references.close();
-    check(references, cfg.references);
-  }
+  // A full disk or a closed pipe shows only as a failed stream, after the
+  // write or at the flush: each line is checked once flushed.
+  const auto check_stdout = [] {
+    if (!std::cout) {
+      const int err = errno;
+      throw OutputError(std::string("stdout") +
+                        (err != 0 ? std::string(": ") + std::strerror(err) : ""));
+    }
+  };
+  // The references whole, at once: they are known. Both files are renamed
+  // into place together at the end, so they always pair up.
+  to_files([&] {
+    if (!cfg.output.empty()) file = std::make_unique<StagedTextFile>(cfg.output);
+    if (!cfg.references.empty()) {
+      references = std::make_unique<StagedTextFile>(cfg.references);
+      std::string text;
+      for (const std::string& line : split.references) text += line + "\n";
+      references->write(text);
+    }
+  });
   if (!cfg.data_dir.empty()) {
     std::cerr << "mpiformer generate: translating the " << inputs.size()
               << " source sentence(s) of the " << cfg.split << " split of " << cfg.data_dir
@@ -260,9 +292,13 @@ int generate_on_root(const GenerateConfig& cfg) {
     const Hypothesis h = lm ? continue_text(model, inputs[i], layout, options)
                             : translate(model, inputs[i], layout, options);
     const std::string text = to_text(tokenizer.get(), h.ids);
-    errno = 0;
-    out << text << "\n" << std::flush;
-    check_output();
+    if (file) {
+      to_files([&] { file->write(text + "\n"); });
+    } else {
+      errno = 0;
+      std::cout << text << "\n" << std::flush;
+      check_stdout();
+    }
     const auto now = Clock::now();
     if (std::chrono::duration<double>(now - last_report).count() >= kProgressSeconds &&
         i + 1 < inputs.size()) {
@@ -274,10 +310,13 @@ int generate_on_root(const GenerateConfig& cfg) {
       std::fflush(stderr);
     }
   }
+  // Every line is done: a stop now would only lose them.
+  ExitOnStop::finish();
+  to_files([&] {
+    if (references) references->commit();
+    if (file) file->commit();
+  });
   if (!cfg.output.empty()) {
-    errno = 0;
-    file.close();
-    check_output();
     std::cerr << "mpiformer generate: " << inputs.size() << " line(s) to " << cfg.output
               << (cfg.references.empty() ? "" : ", their references to " + cfg.references)
               << std::endl;
@@ -288,6 +327,9 @@ int generate_on_root(const GenerateConfig& cfg) {
 }  // namespace
 
 int run_generate(const GenerateConfig& cfg, Communicator& comm) {
+  // Rank 0 speaks for the job; the other ranks only wait.
+  const ExitOnStop stop(comm.is_root() ? "mpiformer generate: stopped by " : "",
+                        comm.is_root() ? "; " + what_is_kept(cfg) : "");
   return agree_on_root(
       comm, [&] { return generate_on_root(cfg); }, Faults::kByType, "generate");
 }

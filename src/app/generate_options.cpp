@@ -59,7 +59,9 @@ void finish_generate(const std::set<std::string>& given, GenerateConfig* cfg) {
     if (!cfg->references.empty() && cfg->references == cfg->output) {
       usage_error("--references", "the same file as --output");
     }
+    if (!cfg->references.empty()) require_output_file("--references", cfg->references);
   }
+  if (!cfg->output.empty()) require_output_file("--output", cfg->output);
   require_at_least("--beam", cfg->beam, 1);
   require_at_least("--max-new-tokens", cfg->max_new_tokens, 0);
   require_at_least("--top-k", cfg->top_k, 0);

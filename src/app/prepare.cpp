@@ -16,7 +16,9 @@
 //      tokenizer.model;
 //   4. everything is written under temporary names and renamed only when
 //      every rank has succeeded; on any failure every rank removes what it
-//      wrote, so the output directory never holds a partial shard set.
+//      wrote, so the output directory never holds a partial shard set. A
+//      stop signal (TERM, INT, HUP) ends every rank at once, removing the
+//      same (src/io/stop_cleanup.h): exit 128 + the signal's number.
 //
 // Rank 0 reports each phase on stdout, and every kProgressSeconds within a
 // long one (tokenizer training, encoding), so a large corpus is never silent
@@ -45,12 +47,17 @@
 #include "src/core/error.h"
 #include "src/data/labels.h"
 #include "src/data/tokenizer.h"
+#include "src/io/stop_cleanup.h"
 #include "src/parallel/agreement.h"
 
 namespace mpiformer {
 
 int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
   using namespace prepare;
+  // SentencePiece cannot be asked to stop: a stop signal ends each rank at
+  // once, and what it wrote goes with it.
+  const ExitOnStop stop(comm.is_root() ? "mpiformer prepare: stopped by " : "",
+                        comm.is_root() ? "; removed its unfinished files from " + cfg.out_dir : "");
   if (cfg.kind == "image") return run_prepare_images(cfg, comm);
   const auto start = Clock::now();
   // Rank 0's report: one line at a time, on stdout, flushed at once.
@@ -112,6 +119,10 @@ int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
             const std::string refused = out.lock();
             if (!refused.empty()) usage_error("--out", refused);
             require_fresh_output(cfg.out_dir);
+            if (const int stale = out.remove_abandoned_temporaries()) {
+              say("removed " + std::to_string(stale) + " temporary file(s) left in " + cfg.out_dir +
+                  " by a prepare that no longer runs");
+            }
           },
           Faults::kOfInput, "prepare") != 0) {
     return give_up(kExitUsage);
@@ -166,6 +177,7 @@ int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
   // 5. All or nothing: rename only when every rank succeeded.
   if (ok) ok = agreed(comm, [&] { out.commit(); });
   if (!ok) return give_up(kExitFailure);
+  ExitOnStop::finish();  // the set is complete on every rank
   if (comm.is_root()) encoding.print_summary(start);
   return 0;
 }

@@ -55,6 +55,9 @@ void add_train_flags(FlagTable& t, TrainConfig* c) {
   t.add("resume", &c->resume, "auto|none|PATH",
         "continue from a checkpoint: auto takes the newest complete one in --out (none there: "
         "start); none refuses an --out that holds a run");
+  t.add_switch("resume-other-run", &c->resume_other_run,
+               "with --resume PATH: continue a checkpoint of another run in an --out that "
+               "holds a run of its own (refused without it; ignored with auto and none)");
   t.add("accum-steps", &c->accum_steps, "K", "micro-batches per rank and optimizer step");
   t.add("steps", &c->steps, "S", "optimizer steps");
   t.add("seed", &c->seed, "S", "seed of data order, initialisation and dropout");

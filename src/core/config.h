@@ -151,6 +151,7 @@ struct TrainConfig {
   std::string out_dir;
   std::string config_file;
   std::string resume = "none";
+  bool resume_other_run = false;  // --resume PATH of another run into a directory holding one
   int accum_steps = 1;
   int64_t steps = 1000;
   uint64_t seed = 1;

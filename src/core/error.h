@@ -11,8 +11,9 @@ namespace mpiformer {
 
 constexpr int kExitUsage = 2;
 constexpr int kExitFailure = 1;
-// Training stopped early on SIGTERM or SIGUSR1 after writing a checkpoint:
-// "resume me" (EX_TEMPFAIL of sysexits.h). slurm/ scripts requeue on it.
+// Training stopped early on SIGTERM, SIGUSR1, SIGINT or SIGHUP after
+// writing a checkpoint: "resume me" (EX_TEMPFAIL of sysexits.h). slurm/
+// scripts requeue on it.
 constexpr int kExitStopped = 75;
 // Training stopped because the loss or the gradient norm was not finite
 // (--on-divergence): nothing of the diverged step was saved, and the last

@@ -33,6 +33,10 @@ class BatchSource {
   // Evaluation batches available (0: any number, synthetic).
   virtual uint64_t eval_batch_count() const { return 0; }
 
+  // The most sequences one batch of any stream holds (0: not known; as many
+  // as its tokens): a classifier's per-sequence buffers are sized by it.
+  virtual int max_batch_sequences() const { return 0; }
+
   // A summary for the run's log (sequences, skipped, batches, padding); may be empty.
   virtual std::string describe() const { return ""; }
 };

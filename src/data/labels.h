@@ -2,6 +2,14 @@
 // line i of FILE holds the labels of line i of the text, space-separated,
 // each NAME (a hard label, weight 1) or NAME:WEIGHT (a soft label, weight in
 // [0, 1]). A blank line is an example with no label (every label negative).
+//
+// The last ':' of a word splits off the weight, a plain decimal number
+// (`1`, `0.25`, `.5`, `5e-1`; `-0` reads as 0). What follows it belongs to
+// the name when it is a word (`devel::lang:python`, `interface::3d`:
+// letters and digits, not starting with a sign or a point). Anything else
+// there is a weight that cannot be read and is refused: nothing (`a:`),
+// `0.5abc`, `0x1p-1`, `inf`, `nan`, and a number outside [0, 1] (`1e400`).
+// A name is UTF-8 without control characters (label_name_fault).
 #pragma once
 
 #include <cstdint>
@@ -20,7 +28,7 @@ struct LabelWeight {
 
 // The labels of one line, in the order given. Throws std::invalid_argument
 // saying what is wrong ("weight 1.5 of 'x' is not in [0, 1]", "label 'a'
-// given twice").
+// given twice", "weight '0.5abc' of 'a' is not a decimal number").
 std::vector<LabelWeight> parse_label_line(const std::string& line);
 
 // The label vocabulary of a data set: the names seen in the training lines,

@@ -189,14 +189,24 @@ ShardSource::ShardSource(const TrainConfig& cfg, int rank, int world_size,
   if (!splits.train) idle_ = true;
   if (!idle_) load_split(mine, &train_);
   load_split(valid_files, &eval_);
+  // Nothing to train on is a refusal: of --too-long skip (its default for
+  // seq2seq) when sequences were too long, of the data when all were empty.
   const auto nothing_fits = [&](const Split& split, const char* what) {
-    throw std::runtime_error("--data: no " + std::string(what) + " sequence of " + dir_ +
-                             (file_sharding_ && &split == &train_
-                                  ? " (rank " + std::to_string(rank) + "'s files)"
-                                  : std::string()) +
-                             " fits --max-len " + std::to_string(model_.max_len) + ": " +
-                             std::to_string(split.stats.skipped) + " too long, " +
-                             std::to_string(split.stats.empty) + " empty");
+    const std::string split_of =
+        "the " + std::string(what) + " split of " + dir_ +
+        (file_sharding_ && &split == &train_ ? " (rank " + std::to_string(rank) + "'s files)"
+                                             : std::string());
+    const std::string counts = std::to_string(split.stats.skipped) + " too long, " +
+                               std::to_string(split.stats.empty) + " empty";
+    if (split.stats.skipped == 0) {
+      usage_error("--data", split_of + " holds no usable sequence (" + counts + ")");
+    }
+    usage_error("--too-long", std::string("skip") +
+                                  (cfg.too_long == TooLong::kAuto ? " (seq2seq's default)" : "") +
+                                  " leaves nothing of " + split_of +
+                                  ": none of its sequences fits --max-len " +
+                                  std::to_string(model_.max_len) + " (" + counts +
+                                  "); raise --max-len or use --too-long truncate");
   };
   if (train_.examples.empty() && !idle_) nothing_fits(train_, "train");
   if (eval_.examples.empty()) nothing_fits(eval_, splits.eval.c_str());
@@ -467,10 +477,10 @@ void ShardSource::check_labels(const Shard& shard, const std::string& file) cons
   for (size_t i = 0; i < labels.count(); ++i) {
     const uint64_t n = labels.offsets[i + 1] - labels.offsets[i];
     if (n != 1 || labels.weights[labels.offsets[i]] != 1.0f) {
-      throw ShardError(file + ": example " + std::to_string(i) + " has " + std::to_string(n) +
-                       (n == 1 ? " soft label" : " labels") +
-                       "; --loss softmax needs exactly one hard label per example (use --loss "
-                       "zlpr for multi-label or soft targets)");
+      usage_error("--loss", "softmax needs exactly one hard label per example; " + file +
+                                ": example " + std::to_string(i) + " has " + std::to_string(n) +
+                                (n == 1 ? " soft label" : " labels") +
+                                " (use --loss zlpr for multi-label or soft targets)");
     }
   }
 }

@@ -87,6 +87,7 @@ class ShardSource : public BatchSource {
   bool global_indices() const override { return !file_sharding_; }
   void prefetch(uint64_t first_index, uint64_t stride) override;
   uint64_t eval_batch_count() const override { return eval_plan_.batches.size(); }
+  int max_batch_sequences() const override { return max_batch_sequences_; }
 
   // 0 on a rank with no train shard under --sharding file.
   uint64_t batches_per_epoch() const override {

@@ -1,8 +1,11 @@
 #include "src/io/atomic_file.h"
 
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -75,6 +78,84 @@ void write_file_atomically(const std::string& path, const std::string& text) {
     fail(tmp, "cannot write", saved);
   }
   commit_file(tmp, path);
+}
+
+std::string temporary_name(const std::string& path) {
+  return path + ".tmp-" + std::to_string(::getpid());
+}
+
+bool abandoned_temporary(const std::string& name, std::string* final_name) {
+  const size_t at = name.rfind(".tmp-");
+  if (at == std::string::npos || at == 0) return false;
+  const std::string digits = name.substr(at + 5);
+  if (digits.empty() || digits.size() > 9 ||
+      !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return false;
+  }
+  // Only a process that is certainly gone: one that runs, even as another
+  // user (EPERM), keeps its files.
+  const pid_t pid = static_cast<pid_t>(std::stol(digits));
+  if (pid <= 0 || pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) return false;
+  *final_name = name.substr(0, at);
+  return true;
+}
+
+StagedTextFile::StagedTextFile(const std::string& path) : path_(path), target_(path) {
+  struct stat info {};
+  if (::stat(path.c_str(), &info) == 0 && !S_ISREG(info.st_mode)) {
+    // A device or a FIFO (/dev/null, a named pipe) has no content to keep
+    // and cannot be renamed onto: written in place.
+    fd_ = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd_ < 0) fail(path_, "cannot open", errno);
+    return;
+  }
+  // Through a symbolic link the file it names is replaced, not the link.
+  std::error_code ec;
+  if (fs::is_symlink(path, ec)) {
+    const fs::path resolved = fs::weakly_canonical(path, ec);
+    if (!ec) target_ = resolved.string();
+  }
+  temporary_ = temporary_name(target_);
+  on_stop_ = RemovedOnStop(temporary_);
+  fd_ = ::open(temporary_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) {
+    const int err = errno;
+    temporary_.clear();
+    fail(path_, "cannot create", err);
+  }
+}
+
+StagedTextFile::~StagedTextFile() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!temporary_.empty()) ::unlink(temporary_.c_str());
+}
+
+void StagedTextFile::write(const std::string& text) {
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd_, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) fail(path_, "cannot write", n < 0 ? errno : EIO);
+    done += static_cast<size_t>(n);
+  }
+}
+
+void StagedTextFile::commit() {
+  if (temporary_.empty()) {  // written in place
+    const bool closed = ::close(fd_) == 0;
+    fd_ = -1;
+    if (!closed) fail(path_, "cannot write", errno);
+    return;
+  }
+  const bool synced = ::fsync(fd_) == 0;
+  const int sync_error = errno;
+  const bool closed = ::close(fd_) == 0;
+  const int close_error = errno;
+  fd_ = -1;
+  if (!synced || !closed) fail(path_, "cannot write", synced ? close_error : sync_error);
+  commit_file(temporary_, target_);
+  temporary_.clear();
+  on_stop_.forget();
 }
 
 }  // namespace mpiformer

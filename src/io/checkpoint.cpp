@@ -207,6 +207,7 @@ void write_checkpoint_file(const std::string& tmp, const Faults& faults, const P
   hdf5::write_int_attr(root, "vocab_size", H5T_STD_I32LE, H5T_NATIVE_INT, &state.vocab_size,
                        faults);
   hdf5::write_special_token_attrs(root, state.special, faults);
+  if (!state.run_id.empty()) hdf5::write_string_attr(root, "run_id", state.run_id, faults);
   if (!state.tokenizer.empty())
     hdf5::write_bytes_dataset(root, "tokenizer", state.tokenizer, faults);
   if (!state.label_names.empty())
@@ -408,6 +409,9 @@ CheckpointState read_checkpoint_state(const std::string& path) {
   state.vocab_size = hdf5::read_int_attr<int>(root, "vocab_size", faults);
   if (state.vocab_size < 1) faults.fail("attribute 'vocab_size' is < 1");
   state.special = hdf5::read_special_token_attrs(root, state.vocab_size, faults);
+  if (hdf5::attr_exists(root, "run_id", faults)) {
+    state.run_id = hdf5::read_string_attr(root, "run_id", faults);
+  }
   if (hdf5::link_exists(root, "tokenizer", faults)) {
     state.tokenizer = hdf5::read_bytes_dataset(root, "tokenizer", faults);
   }
@@ -508,6 +512,35 @@ std::string latest_checkpoint(const std::string& rundir) {
   }
   std::error_code ec;
   return fs::is_regular_file(dir / name, ec) ? (dir / name).string() : "";
+}
+
+std::string read_latest(const std::string& rundir) {
+  const fs::path dir = fs::path(rundir) / "checkpoints", file = dir / "latest";
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(file, ec))) return "";
+  const Faults faults = faults_of(file.string());
+  std::ifstream in(file);
+  if (!in) faults.fail_errno("cannot read");
+  std::string name;
+  std::getline(in, name);
+  const std::string hint = "; point it at a checkpoint of this run or remove it";
+  if (name.empty()) faults.fail("is empty (it should name the head checkpoint of the run)" + hint);
+  if (name.find('/') != std::string::npos) {
+    faults.fail("names '" + name + "', outside " + dir.string() + hint);
+  }
+  if (checkpoint_step(name) < 0) {
+    faults.fail("names '" + name + "', which is not a checkpoint file (step_NNNNNNNN.h5)" + hint);
+  }
+  const fs::path path = dir / name;
+  if (!fs::exists(path, ec)) faults.fail("names " + name + ", which does not exist" + hint);
+  // A link that leads out of the directory is a file of another run.
+  const fs::path real = fs::canonical(path, ec);
+  if (ec || real.parent_path() != fs::canonical(dir, ec)) {
+    faults.fail("names " + name + ", a link to " + (ec ? std::string("nowhere") : real.string()) +
+                " outside " + dir.string() + hint);
+  }
+  if (!fs::is_regular_file(real, ec)) faults.fail("names " + name + ", which is not a file" + hint);
+  return path.string();
 }
 
 void point_latest_at(const std::string& rundir, const std::string& path) {

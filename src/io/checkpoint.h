@@ -22,6 +22,8 @@
 //                             is positioned (see CheckpointState)
 //     loss_scale, loss_scale_good_steps
 //     vocab_size, pad_id, bos_id, eos_id, unk_id, mask_id, sep_id
+//     run_id                  the run that wrote it (absent in files of
+//                             earlier versions)
 #pragma once
 
 #include <cstdint>
@@ -80,6 +82,10 @@ struct CheckpointState {
   SpecialTokens special;
   std::string tokenizer;                 // SentencePiece model bytes; empty for synthetic tasks
   std::vector<std::string> label_names;  // classify: the shards' label vocabulary
+
+  // The run that wrote it (RUNDIR/config.ini's run id); "" for a file of a
+  // version that had no run ids, and not written when "".
+  std::string run_id;
 };
 
 // Writes every tensor of `params` and its moments to `path`: the data goes
@@ -154,6 +160,13 @@ int64_t checkpoint_step(const std::string& path);
 // The checkpoint RUNDIR/checkpoints/latest names, when that file exists;
 // "" when there is no `latest` or it names no step_*.h5 file there.
 std::string latest_checkpoint(const std::string& rundir);
+
+// The checkpoint RUNDIR/checkpoints/latest names; "" when there is no
+// `latest`. Throws CheckpointError "RUNDIR/checkpoints/latest: ..." when it
+// is empty, names no step_*.h5 file, names one outside that directory or one
+// that does not exist: the head of the run is then unknown, and taking
+// another checkpoint silently could start from the wrong one.
+std::string read_latest(const std::string& rundir);
 
 // Points RUNDIR/checkpoints/latest at `path` (a file in that directory),
 // atomically and durably. Throws CheckpointError.

@@ -53,7 +53,8 @@ std::string holder_line() {
 DirLock::DirLock(DirLock&& other) noexcept
     : fd_(std::exchange(other.fd_, -1)),
       held_(std::exchange(other.held_, false)),
-      path_(std::move(other.path_)) {}
+      path_(std::move(other.path_)),
+      on_stop_(std::move(other.on_stop_)) {}
 
 DirLock& DirLock::operator=(DirLock&& other) noexcept {
   if (this != &other) {
@@ -61,6 +62,7 @@ DirLock& DirLock::operator=(DirLock&& other) noexcept {
     fd_ = std::exchange(other.fd_, -1);
     held_ = std::exchange(other.held_, false);
     path_ = std::move(other.path_);
+    on_stop_ = std::move(other.on_stop_);
   }
   return *this;
 }
@@ -90,6 +92,7 @@ std::string DirLock::try_acquire(const std::string& dir) {
         }
         ::close(fd);
         held_ = true;
+        on_stop_ = RemovedOnStop(path_);
         return "";
       }
       ::close(fd);
@@ -109,6 +112,7 @@ std::string DirLock::try_acquire(const std::string& dir) {
       }
       fd_ = fd;
       held_ = true;
+      on_stop_ = RemovedOnStop(path_);
       return "";
     }
     ::close(fd);
@@ -118,6 +122,7 @@ std::string DirLock::try_acquire(const std::string& dir) {
 
 void DirLock::release() {
   if (!held_) return;
+  on_stop_.forget();
   // Removed while still locked: a process waiting on this file finds it
   // gone once it gets the lock, and tries the path again.
   ::unlink(path_.c_str());

@@ -3,10 +3,13 @@
 // RUNDIR). It is flock(LOCK_EX | LOCK_NB) on DIR/.lock, which holds the
 // holder's "host pid" so the refused process can name it. The kernel drops
 // the lock when the holder exits, however it exits, so a crash leaves no
-// stale lock: the next holder simply overwrites the file.
+// stale lock: the next holder simply overwrites the file. A stop signal
+// that ends a command at once (stop_cleanup.h) removes it as release does.
 #pragma once
 
 #include <string>
+
+#include "src/io/stop_cleanup.h"
 
 namespace mpiformer {
 
@@ -43,6 +46,7 @@ class DirLock {
   int fd_ = -1;
   bool held_ = false;
   std::string path_;
+  RemovedOnStop on_stop_;
 };
 
 }  // namespace mpiformer

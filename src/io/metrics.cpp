@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <utility>
 
 #include "src/io/hdf5_file.h"
@@ -72,6 +74,8 @@ MetricsLog::MetricsLog(const std::string& path, const RunAttributes& attrs,
   // Rewriting rather than reopening also recovers the file of a writer that
   // was killed, which HDF5 leaves marked as open for writing.
   const bool resume = keep_through_step >= 0 && fs::exists(status);
+  const std::string json_path = json_path_of(path);
+  const bool json_exists = fs::exists(json_path, ec);
   MetricsTable old;
   if (resume) {
     {
@@ -86,6 +90,27 @@ MetricsLog::MetricsLog(const std::string& path, const RunAttributes& attrs,
       throw MetricsError(std::string(e.what()) +
                          "; move it away to resume without the rows it held");
     }
+  } else if (keep_through_step >= 0 && json_exists) {
+    // The same rows as lines: a deleted metrics.h5 is rebuilt, not begun anew.
+    old = read_metrics_jsonl(json_path);
+  }
+  const auto kept = [&](const std::vector<std::vector<double>>& rows) {
+    return std::count_if(rows.begin(), rows.end(), [&](const std::vector<double>& row) {
+      return row[0] <= static_cast<double>(keep_through_step);
+    });
+  };
+  const std::string rows_kept = std::to_string(kept(old.train_rows)) + " train and " +
+                                std::to_string(kept(old.eval_rows)) + " eval row(s) through step " +
+                                std::to_string(keep_through_step);
+  const std::string h5_name = fs::path(path).filename().string();
+  const std::string json_name = fs::path(json_path).filename().string();
+  if (keep_through_step > 0 && resume && !json_exists) {
+    note_ = json_name + " was missing: rebuilt from " + h5_name + " (" + rows_kept + ")";
+  } else if (keep_through_step > 0 && !resume && json_exists) {
+    note_ = h5_name + " was missing: rebuilt from " + json_name + " (" + rows_kept + ")";
+  } else if (keep_through_step > 0 && !resume) {
+    note_ = "no " + h5_name + " or " + json_name + " to carry: the rows through step " +
+            std::to_string(keep_through_step) + " are not in this directory";
   }
   hdf5::Session session;
   const std::string target = resume ? path + ".tmp" : path;
@@ -105,8 +130,9 @@ MetricsLog::MetricsLog(const std::string& path, const RunAttributes& attrs,
   hdf5::write_string_attr(root, "devices", attrs.devices, faults);
   hdf5::write_string_attr(root, "versions", attrs.versions, faults);
   hdf5::write_string_attr(root, "git_commit", attrs.git_commit, faults);
+  if (!attrs.run_id.empty()) hdf5::write_string_attr(root, "run_id", attrs.run_id, faults);
   std::vector<int64_t> resumed = old.resumed_at_steps;
-  if (resume) resumed.push_back(keep_through_step);
+  if (resume || (keep_through_step >= 0 && json_exists)) resumed.push_back(keep_through_step);
   {
     const hsize_t dims[1] = {resumed.size()};
     const char* name = "resumed_at_steps";
@@ -127,7 +153,6 @@ MetricsLog::MetricsLog(const std::string& path, const RunAttributes& attrs,
     for (const std::vector<double>& row : old.eval_rows)
       if (row[0] <= static_cast<double>(keep_through_step)) write_row(eval_, &eval_rows_, row);
     // metrics.jsonl is rewritten from the rows kept: it follows the branch.
-    const std::string json_path = json_path_of(path);
     const std::string json_target = json_path + ".tmp";
     json_ = std::fopen(json_target.c_str(), "w");
     if (json_ == nullptr) faults.fail_errno("cannot create " + json_target);
@@ -322,6 +347,9 @@ MetricsTable read_metrics(const std::string& path) {
   t.attrs.devices = hdf5::read_string_attr(root, "devices", faults);
   t.attrs.versions = hdf5::read_string_attr(root, "versions", faults);
   t.attrs.git_commit = hdf5::read_string_attr(root, "git_commit", faults);
+  if (hdf5::attr_exists(root, "run_id", faults)) {
+    t.attrs.run_id = hdf5::read_string_attr(root, "run_id", faults);
+  }
   if (hdf5::attr_exists(root, "resumed_at_steps", faults)) {
     Hid attr(H5Aopen(root, "resumed_at_steps", H5P_DEFAULT), H5Aclose);
     Hid space(attr.ok() ? H5Aget_space(attr.get()) : H5I_INVALID_HID, H5Sclose);
@@ -336,6 +364,75 @@ MetricsTable read_metrics(const std::string& path) {
              &t.train_rows);
   read_group(root, "eval", kEvalColumns, kVersion1EvalColumns, faults, &t.eval_columns,
              &t.eval_rows);
+  return t;
+}
+
+namespace {
+
+// One line of metrics.jsonl, {"group": "train", "step": 5, "loss": 3.4, ...}
+// as append_json writes it, into `columns`' order; false when it is not one.
+bool parse_json_row(const std::string& line, const Columns& columns, const char* group,
+                    std::vector<double>* row) {
+  row->assign(columns.size(), std::nan(""));
+  bool has_step = false, in_group = false;
+  size_t at = line.find('{');
+  if (at == std::string::npos || line.find_last_not_of(" \t\r") != line.rfind('}')) return false;
+  for (++at;;) {
+    at = line.find_first_not_of(" ,", at);
+    if (at == std::string::npos || line[at] == '}') break;
+    if (line[at] != '"') return false;
+    const size_t key_end = line.find('"', at + 1);
+    const size_t colon = key_end == std::string::npos ? key_end : line.find(':', key_end);
+    if (colon == std::string::npos) return false;
+    const std::string key = line.substr(at + 1, key_end - at - 1);
+    const size_t value_at = line.find_first_not_of(' ', colon + 1);
+    if (value_at == std::string::npos) return false;
+    size_t value_end = line.find_first_of(",}", value_at);
+    if (value_end == std::string::npos) return false;
+    const std::string value = line.substr(value_at, value_end - value_at);
+    at = value_end;
+    if (key == "group") {
+      if (value.size() < 2 || value.front() != '"' || value.back() != '"') return false;
+      in_group = value.substr(1, value.size() - 2) == group;
+      continue;
+    }
+    double number = std::nan("");
+    if (value != "null") {
+      char* end = nullptr;
+      number = std::strtod(value.c_str(), &end);
+      if (end == value.c_str() || *end != '\0') return false;
+    }
+    for (size_t c = 0; c < columns.size(); ++c) {
+      if (key != columns[c].first) continue;
+      (*row)[c] = number;
+      has_step = has_step || (c == 0 && std::isfinite(number));
+    }
+  }
+  return has_step && in_group;
+}
+
+}  // namespace
+
+MetricsTable read_metrics_jsonl(const std::string& path) {
+  const Faults faults = faults_of(path);
+  std::ifstream in(path);
+  if (!in) faults.fail_errno("cannot read");
+  MetricsTable t;
+  for (const auto& [name, integer] : kTrainColumns) t.train_columns.push_back(name);
+  for (const auto& [name, integer] : kEvalColumns) t.eval_columns.push_back(name);
+  std::string line;
+  std::vector<double> row;
+  for (int number = 1; std::getline(in, line); ++number) {
+    if (line.empty()) continue;
+    if (parse_json_row(line, kTrainColumns, "train", &row)) {
+      t.train_rows.push_back(row);
+    } else if (parse_json_row(line, kEvalColumns, "eval", &row)) {
+      t.eval_rows.push_back(row);
+    } else if (!in.eof()) {  // an unfinished last line is a writer killed mid-row
+      faults.fail("line " + std::to_string(number) + " is not a metrics row");
+    }
+  }
+  if (in.bad()) faults.fail_errno("cannot read");
   return t;
 }
 

@@ -17,12 +17,14 @@
 // files the label figures; carried into a version 3 file on resume, those
 // read as NaN.)
 //   root attributes: format = "mpiformer-metrics", version, config, model,
-//          world_size, devices, versions, git_commit, resumed_at_steps
+//          world_size, devices, versions, git_commit, resumed_at_steps,
+//          run_id (the run's id, as in config.ini; absent in earlier files)
 // Columns grow one at a time: a reader that catches a row half-written sees
 // columns of different lengths and should use the shortest.
 //
 // metrics.jsonl beside it holds the same rows for tools that read lines:
 // {"group": "train"|"eval", "step": 10, "loss": ..., ...}, NaN as null.
+// Either file rebuilds the other on resume when one is missing.
 #pragma once
 
 #include <hdf5.h>
@@ -76,6 +78,7 @@ struct RunAttributes {
   std::string model;   // lm | seq2seq | mlm | classify
   int world_size = 1;
   std::string devices, versions, git_commit;
+  std::string run_id;  // "" in a file of a version without run ids
 };
 
 class MetricsLog {
@@ -83,9 +86,11 @@ class MetricsLog {
   // Creates `path` (keep_through_step < 0). Resuming (keep_through_step >=
   // 0, the step the run resumes from), the rows of an existing file up to
   // that step are carried into a new one that replaces it, with the step
-  // appended to resumed_at_steps (a missing file is created). Then SWMR
-  // writing starts. Throws MetricsError for a path that is not a writable
-  // metrics file, leaving a file that is not ours untouched.
+  // appended to resumed_at_steps. A missing metrics.h5 is rebuilt from the
+  // rows of metrics.jsonl, a missing metrics.jsonl from metrics.h5's (see
+  // note()). Then SWMR writing starts. Throws MetricsError for a path that
+  // is not a writable metrics file, leaving a file that is not ours
+  // untouched.
   MetricsLog(const std::string& path, const RunAttributes& attrs, int64_t keep_through_step);
   ~MetricsLog();
   MetricsLog(const MetricsLog&) = delete;
@@ -98,6 +103,9 @@ class MetricsLog {
   const std::string& path() const { return path_; }
   // elapsed_s of the last row carried over on resume (0 for a new run).
   double elapsed_before() const { return elapsed_before_; }
+  // On resume, one line when a file was missing and rebuilt from the other
+  // (or both were missing); "" otherwise.
+  const std::string& note() const { return note_; }
 
  private:
   struct Column {
@@ -122,6 +130,7 @@ class MetricsLog {
   hsize_t train_rows_ = 0, eval_rows_ = 0;
   std::FILE* json_ = nullptr;  // metrics.jsonl
   double elapsed_before_ = 0;
+  std::string note_;
 };
 
 // A metrics file as read back (also while a run writes it, or after one was
@@ -136,6 +145,12 @@ struct MetricsTable {
 
 // Throws MetricsError "PATH: fault".
 MetricsTable read_metrics(const std::string& path);
+
+// The rows of a metrics.jsonl, in the columns of this version (a key the
+// line lacks reads as NaN; attrs stay empty). An unfinished last line (a
+// writer killed mid-line) is left out. Throws MetricsError "PATH line N:
+// fault" for a line that is not a row.
+MetricsTable read_metrics_jsonl(const std::string& path);
 
 // True when `path` is an HDF5 file whose root attribute `format` says
 // "mpiformer-metrics"; never throws.

@@ -330,7 +330,7 @@ struct Model::Impl {
     // Two micro-batches of uploads in flight: both sides and the targets
     // (a classifier's label targets and image patches too).
     size_t batch_upload = 2 * DeviceSequences::upload_bytes(N) + size_t(N) * 4;
-    if (classify) batch_upload += size_t(N) * config.num_labels * 4;
+    if (classify) batch_upload += size_t(capacity.sequences()) * config.num_labels * 4;
     if (config.images()) {
       batch_upload += size_t(N) * config.patch_features() * dtype_bytes(compute_dtype);
     }
@@ -341,16 +341,16 @@ struct Model::Impl {
   // The head of --model classify, registered after the stack so that its
   // gradients are final first.
   void build_classifier() {
-    const int C = config.d_model, K = config.num_labels, N = capacity.max_tokens;
+    const int C = config.d_model, K = config.num_labels, B = capacity.sequences();
     if (K <= 0) throw std::invalid_argument("a classifier needs --num-labels > 0");
     class_w = params.add("classifier.weight", {K, C}, true, Init::kNormal, 0.02f);
     class_b = params.add("classifier.bias", {K}, false, Init::kZeros);
-    // A batch has at most one sequence per row.
-    pooled = arena.acts(static_cast<size_t>(N) * C);
-    dpooled = arena.acts(static_cast<size_t>(N) * C);
-    class_logits = arena.acts(static_cast<size_t>(N) * K);
+    // One row per sequence: with many labels, (B, K) is the head's largest buffer.
+    pooled = arena.acts(static_cast<size_t>(B) * C);
+    dpooled = arena.acts(static_cast<size_t>(B) * C);
+    class_logits = arena.acts(static_cast<size_t>(B) * K);
     if (config.loss == ClassifyLoss::kZlpr) {
-      label_targets = arena.floats(static_cast<size_t>(N) * K);
+      label_targets = arena.floats(static_cast<size_t>(B) * K);
       train_counts = static_cast<int64_t*>(arena.bytes(3 * sizeof(int64_t) * K));
       eval_counts = static_cast<int64_t*>(arena.bytes(3 * sizeof(int64_t) * K));
     }
@@ -368,12 +368,14 @@ struct Model::Impl {
   }
 
   void check(const PackedSequences& s, const char* side) const {
-    if (s.total() > capacity.max_tokens || s.max_len() > capacity.max_len)
-      throw std::runtime_error(std::string("batch ") + side + " side (" +
-                               std::to_string(s.total()) + " tokens, longest " +
-                               std::to_string(s.max_len()) + ") exceeds the model capacity (" +
-                               std::to_string(capacity.max_tokens) + " tokens, length " +
-                               std::to_string(capacity.max_len) + ")");
+    if (s.total() > capacity.max_tokens || s.max_len() > capacity.max_len ||
+        s.batch() > capacity.sequences())
+      throw std::runtime_error(
+          std::string("batch ") + side + " side (" + std::to_string(s.batch()) + " sequences, " +
+          std::to_string(s.total()) + " tokens, longest " + std::to_string(s.max_len()) +
+          ") exceeds the model capacity (" + std::to_string(capacity.sequences()) + " sequences, " +
+          std::to_string(capacity.max_tokens) + " tokens, length " +
+          std::to_string(capacity.max_len) + ")");
     for (int32_t id : s.tokens)
       if (id < 0 || id >= config.vocab)
         throw std::runtime_error(std::string("batch ") + side + " token id " + std::to_string(id) +

@@ -21,6 +21,13 @@ namespace mpiformer {
 struct ModelCapacity {
   int max_tokens = 0;  // packed rows of one side (decoder, or encoder)
   int max_len = 0;     // longest sequence
+  // Sequences of one batch, when fewer than max_tokens: a classifier's
+  // per-sequence buffers (scores, label targets) are (max_sequences, labels).
+  int max_sequences = 0;  // 0: max_tokens (one-row sequences)
+
+  int sequences() const {
+    return max_sequences > 0 && max_sequences < max_tokens ? max_sequences : max_tokens;
+  }
 };
 
 // Which dropout masks a forward pass uses: a pass is identified by

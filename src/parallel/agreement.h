@@ -81,6 +81,19 @@ bool agreed(const Communicator& comm, Fn&& what) {
   return agree(comm, attempt(comm, std::forward<Fn>(what))) == 0;
 }
 
+// Runs `check` of the given flags and files on every rank; returns the agreed
+// exit code (0: go on). Faults read as kByType. The ranks check the same
+// inputs and so refuse alike: the lowest rank with a refusal (UsageError,
+// exit 2) prints it once for all, not one line per rank.
+template <class Fn>
+int agree_on_inputs(const Communicator& comm, Fn&& check, const std::string& command) {
+  Verdict mine = attempt(comm, std::forward<Fn>(check), Faults::kByType, command);
+  const bool refused = mine.code == kExitUsage;
+  const int speaker = comm.min_with_rank(refused ? 0 : 1).second;  // a collective
+  if (refused && comm.rank() != speaker) mine.message.clear();
+  return agree(comm, mine);
+}
+
 // Runs `step` on rank 0 alone; every rank learns the exit code (0: go on).
 template <class Fn>
 int agree_on_root(const Communicator& comm, Fn&& step, Faults faults, const std::string& command) {

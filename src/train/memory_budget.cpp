@@ -1,5 +1,8 @@
 #include "src/train/memory_budget.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -65,6 +68,18 @@ size_t cgroup_available() {
     best = std::min(best, usage == kUnlimited ? limit : limit - std::min(limit, usage));
   }
   return best;
+}
+
+// What RLIMIT_AS (ulimit -v, a batch system's address-space limit) leaves
+// this process: the limit less the address space it maps already.
+size_t address_space_left() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return kUnlimited;
+  std::ifstream in("/proc/self/statm");
+  size_t pages = 0;  // the first field: the whole address space, in pages
+  if (!(in >> pages)) pages = 0;
+  const size_t used = pages * static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return limit.rlim_cur > used ? static_cast<size_t>(limit.rlim_cur) - used : 0;
 }
 
 }  // namespace
@@ -134,19 +149,33 @@ MemoryEstimate estimate_memory(Ops& ops, const ModelConfig& model, const ModelCa
   return e;
 }
 
-size_t host_memory_available(int local_ranks) {
+namespace {
+
+// This rank's share of what the node (and its cgroup) has available.
+size_t node_share(int local_ranks) {
   const size_t available = std::min(meminfo_available(), cgroup_available());
   if (available == kUnlimited) return kUnlimited;
   return available / static_cast<size_t>(std::max(local_ranks, 1));
 }
 
+}  // namespace
+
+size_t host_memory_available(int local_ranks) {
+  return std::min(node_share(local_ranks), address_space_left());
+}
+
 std::string memory_shortfall(const MemoryEstimate& e, const Ops& ops, int local_ranks,
                              const std::string& sized_by) {
-  const size_t host_free = host_memory_available(local_ranks);
+  const size_t share = node_share(local_ranks), address_space = address_space_left();
+  const size_t host_free = std::min(share, address_space);
   if (e.host_total() > host_free) {
     return "needs about " + e.describe() + " per rank, more than the " +
-           format_bytes(static_cast<double>(host_free)) + " of host memory available to each of " +
-           std::to_string(std::max(local_ranks, 1)) + " rank(s) on this node; lower " + sized_by;
+           format_bytes(static_cast<double>(host_free)) +
+           (address_space < share
+                ? " that the address-space limit (ulimit -v) leaves this process"
+                : " of host memory available to each of " +
+                      std::to_string(std::max(local_ranks, 1)) + " rank(s) on this node") +
+           "; lower " + sized_by;
   }
   if (!e.device_is_host) {
     const size_t device_free = ops.device().device_memory_free();

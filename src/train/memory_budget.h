@@ -49,7 +49,8 @@ MemoryEstimate estimate_memory(Ops& ops, const ModelConfig& model, const ModelCa
 
 // Bytes this process may still take on the host: the smaller of the node's
 // MemAvailable and what its cgroup (a SLURM job's --mem) has left, shared
-// evenly by the `local_ranks` processes of the node.
+// evenly by the `local_ranks` processes of the node, and of what its own
+// address-space limit (ulimit -v) leaves.
 size_t host_memory_available(int local_ranks);
 
 // "" when the estimate fits; otherwise the reason, e.g. "needs about 48.2

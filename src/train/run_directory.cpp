@@ -4,12 +4,15 @@
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
+#include <fstream>
+#include <random>
 #include <stdexcept>
 #include <vector>
 
 #include "src/core/error.h"
 #include "src/core/run_log.h"
 #include "src/io/atomic_file.h"
+#include "src/io/metrics.h"
 
 namespace mpiformer {
 
@@ -34,15 +37,56 @@ fs::path new_abandoned_dir(const fs::path& rundir) {
   return dir;
 }
 
+// PATH made absolute, without "." or ".." parts or a trailing separator.
+fs::path absolute_path(const std::string& path, std::error_code& ec) {
+  fs::path p = fs::absolute(path, ec).lexically_normal();
+  if (!p.has_filename() && p.has_parent_path()) p = p.parent_path();
+  return p;
+}
+
 bool same_file(const fs::path& a, const fs::path& b) {
   std::error_code ec;
   return fs::equivalent(a, b, ec);
+}
+
+// The value of config.ini's record line "# KEY = value", or "".
+std::string config_record(const fs::path& config_ini, const std::string& key) {
+  std::ifstream in(config_ini);
+  const std::string prefix = "# " + key + " = ";
+  for (std::string line; std::getline(in, line);) {
+    if (line.compare(0, prefix.size(), prefix) == 0) return line.substr(prefix.size());
+  }
+  return "";
+}
+
+// 64 random bits as 16 hex digits: unique among runs for any practical count.
+std::string new_run_id() {
+  std::random_device device;
+  const uint64_t bits = (uint64_t{device()} << 32) ^ device();
+  char id[17];
+  std::snprintf(id, sizeof id, "%016llx", static_cast<unsigned long long>(bits));
+  return id;
+}
+
+// The run id a checkpoint records; "" when it records none or cannot be read
+// (a damaged file is the resume's concern, not this check's).
+std::string run_id_of(const std::string& checkpoint) {
+  try {
+    return read_checkpoint_state(checkpoint).run_id;
+  } catch (const CheckpointError&) {
+    return "";
+  }
 }
 
 }  // namespace
 
 Verdict RunDirectory::open() {
   std::error_code ec;
+  // What does not exist yet, from the outermost missing directory down, is ours.
+  for (fs::path p = absolute_path(path_, ec); !ec && !fs::exists(p, ec); p = p.parent_path()) {
+    created_ = p.string();
+    if (p == p.parent_path()) break;
+  }
   fs::create_directories(path_, ec);
   if (ec || !fs::is_directory(path_)) {
     return {kExitUsage, "mpiformer train: --out: cannot use " + path_ + " as the run directory (" +
@@ -53,16 +97,57 @@ Verdict RunDirectory::open() {
   return {};
 }
 
-Verdict RunDirectory::choose_start(const std::string& resume, StartPoint* start) const {
+void RunDirectory::withdraw() {
+  lock_.release();
+  if (created_.empty()) return;
+  std::error_code ec;
+  // fs::remove leaves a directory that is not empty, and so do we.
+  for (fs::path p = absolute_path(path_, ec); !ec && fs::remove(p, ec) && p.string() != created_;
+       p = p.parent_path()) {
+  }
+  created_.clear();
+}
+
+Verdict RunDirectory::choose_start(const std::string& resume, bool other_run, StartPoint* start) {
   const fs::path rundir(path_);
   const std::vector<std::string> found = list_checkpoints(path_);
+  const fs::path metrics = rundir / "metrics.h5";
+  std::error_code ec;
+  const bool has_metrics = fs::exists(metrics, ec);
+  // The run the directory holds: config.ini says, else metrics.h5 (else,
+  // below, the checkpoint resumed; a directory of an earlier version, none).
+  run_id_ = config_record(rundir / "config.ini", "run-id");
+  origin_ = config_record(rundir / "config.ini", "started-from");
+  std::string recorded_in = "config.ini";
   if (resume == "none") {
-    if (!found.empty() || fs::exists(rundir / "metrics.h5")) {
+    if (!found.empty() || has_metrics) {
       return {kExitUsage, "mpiformer train: --out: " + path_ +
                               " already holds a run; continue it with --resume auto, or choose "
                               "another --out"};
     }
     return {};
+  }
+  const std::string flag = resume == "auto" ? "--resume auto" : "--resume";
+  const auto refuse_foreign = [&](const std::string& file, const std::string& what,
+                                  const std::string& id, const std::string& remedy) {
+    return Verdict{kExitUsage, "mpiformer train: " + flag + ": " + file + " " + what + " of run " +
+                                   id + ", but " + path_ + " holds run " + run_id_ + " (" +
+                                   recorded_in + "); " + remedy};
+  };
+  if (has_metrics) {
+    std::string metrics_id;
+    try {
+      metrics_id = read_metrics(metrics.string()).attrs.run_id;
+    } catch (const MetricsError&) {
+      // A damaged file is refused when the run opens it.
+    }
+    if (run_id_.empty()) {
+      run_id_ = metrics_id;
+      recorded_in = "metrics.h5";
+    } else if (!metrics_id.empty() && metrics_id != run_id_) {
+      return refuse_foreign(metrics.string(), "holds the metrics", metrics_id,
+                            "move it away or choose another --out");
+    }
   }
   // auto: `latest`, then older checkpoints; later ones belong to a branch
   // that was given up (make_head moves them away).
@@ -70,7 +155,12 @@ Verdict RunDirectory::choose_start(const std::string& resume, StartPoint* start)
   if (resume != "auto") {
     candidates.push_back(resume);
   } else {
-    const std::string head = latest();
+    std::string head;
+    try {
+      head = read_latest(path_);
+    } catch (const CheckpointError& e) {
+      return {kExitUsage, "mpiformer train: --resume auto: " + std::string(e.what())};
+    }
     if (!head.empty()) candidates.push_back(head);
     const int64_t head_step = head.empty() ? INT64_MAX : checkpoint_step(head);
     for (const std::string& path : found) {
@@ -80,15 +170,44 @@ Verdict RunDirectory::choose_start(const std::string& resume, StartPoint* start)
   for (const std::string& path : candidates) {
     try {
       start->checkpoint = read_checkpoint(path);
-      start->state = start->checkpoint.state;
-      start->resumed = true;
-      return {};
     } catch (const CheckpointError& e) {
       if (resume != "auto") return {kExitFailure, std::string("cannot resume: ") + e.what()};
       // A newest checkpoint that is damaged: say so and take the one before.
       say(stderr, "[rank 0] skipping a damaged checkpoint: %s\n", e.what());
       std::fflush(stderr);
+      continue;
     }
+    start->state = start->checkpoint.state;
+    start->resumed = true;
+    const std::string& id = start->state.run_id;
+    const int64_t step = start->state.step;
+    if (resume == "auto") {
+      // The head and the later checkpoints make_head would move aside as
+      // this run's branch must all be this run's.
+      if (run_id_.empty()) {
+        run_id_ = id;
+        recorded_in = path;
+      }
+      for (const std::string& other : found) {
+        if (other != path && checkpoint_step(other) <= step) continue;
+        const std::string other_id = other == path ? id : run_id_of(other);
+        if (!other_id.empty() && !run_id_.empty() && other_id != run_id_) {
+          return refuse_foreign(other, "is a checkpoint", other_id,
+                                "move it out of " + (rundir / "checkpoints").string() +
+                                    ", or continue that run in a new --out with --resume PATH");
+        }
+      }
+    } else if (!id.empty() && id != run_id_) {
+      // A checkpoint of another run: into a directory that holds a run only
+      // when asked; a new directory starts a run of its own either way.
+      if (!run_id_.empty() && (!found.empty() || has_metrics) && !other_run) {
+        return refuse_foreign(path, "is a checkpoint", id,
+                              "continue that run here with --resume-other-run, or choose "
+                              "a new --out");
+      }
+      origin_ = path + " (run " + id + ", step " + std::to_string(step) + ")";
+    }
+    return {};
   }
   if (!candidates.empty()) {
     return {kExitFailure, "cannot resume: none of the " + std::to_string(candidates.size()) +
@@ -100,6 +219,7 @@ Verdict RunDirectory::choose_start(const std::string& resume, StartPoint* start)
 
 std::string RunDirectory::make_head(const StartPoint& start) {
   const fs::path rundir(path_), checkpoints = rundir / "checkpoints";
+  if (run_id_.empty()) run_id_ = new_run_id();
   const int64_t head_step = start.resumed ? start.state.step : 0;
   std::vector<std::string> later;
   for (const std::string& path : list_checkpoints(path_)) {

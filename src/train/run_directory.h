@@ -9,6 +9,11 @@
 // the command line. Resuming from an older checkpoint starts a new branch:
 // the checkpoints of later steps move to abandoned/ (never deleted), and
 // `latest` and metrics.h5 follow the new branch.
+//
+// Each run has an id, made when its directory first holds it and recorded
+// in config.ini ("# run-id = ..."), metrics.h5 and every checkpoint, so a
+// file of another run copied in is refused instead of merged. A directory
+// of a version without ids is adopted: it gets one on its next start.
 #pragma once
 
 #include <string>
@@ -36,17 +41,31 @@ class RunDirectory {
   // that cannot be created, is a verdict of exit 2, and nothing is changed.
   Verdict open();
 
+  // A start that ends before the run takes the directory (a refusal, or
+  // nothing to do) leaves no trace: the lock is dropped, and the
+  // directories open() created are removed again while they are empty.
+  void withdraw();
+
   // --resume none | auto | PATH. none refuses a directory that holds a run;
   // auto takes `latest` (or, without one, the newest checkpoint), and the one
-  // before it when it is damaged; PATH takes that file or fails.
-  Verdict choose_start(const std::string& resume, StartPoint* start) const;
+  // before it when it is damaged; PATH takes that file or fails. A bad
+  // `latest`, or a checkpoint or metrics.h5 of another run, is refused;
+  // PATH of another run into a directory that holds a run only with
+  // `other_run` (--resume-other-run). Learns the run's id.
+  Verdict choose_start(const std::string& resume, bool other_run, StartPoint* start);
 
   // Once every check has passed: the resumed checkpoint becomes the head of
   // the run. Checkpoints of later steps move to abandoned/<UTC time>/ with a
   // copy of metrics.h5 and config.ini, and `latest` names the resumed
-  // checkpoint. Returns a line for the log ("" when nothing moved). Throws
-  // std::runtime_error.
+  // checkpoint. A run without an id gets one. Returns a line for the log
+  // ("" when nothing moved). Throws std::runtime_error.
   std::string make_head(const StartPoint& start);
+
+  // The run's id (known after make_head) for config.ini, metrics.h5 and
+  // checkpoints, and, for a run started from a checkpoint of another run,
+  // "PATH (run ID, step S)" (else "").
+  const std::string& run_id() const { return run_id_; }
+  const std::string& origin() const { return origin_; }
 
   // Removes temporary files of checkpoint writes that never finished (a
   // killed job): nobody else writes here while the lock is held. Returns
@@ -59,7 +78,9 @@ class RunDirectory {
 
  private:
   std::string path_;
+  std::string created_;  // the outermost directory open() created; "" when none
   DirLock lock_;
+  std::string run_id_, origin_;
 };
 
 }  // namespace mpiformer

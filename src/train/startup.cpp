@@ -13,6 +13,7 @@
 #include "src/data/make_source.h"
 #include "src/io/atomic_file.h"
 #include "src/io/hdf5_file.h"
+#include "src/io/label_names.h"
 #include "src/io/shard.h"
 #include "src/parallel/agreement.h"
 #include "src/parallel/checkpoint_broadcast.h"
@@ -27,7 +28,8 @@ namespace {
 // Rank 0: the checkpoint against the flags of this run. The model's shape
 // is checked when its tensors are unpacked.
 Verdict check_resumable(const TrainConfig& cfg, const CheckpointState& state,
-                        const std::string& tokenizer, int world_size) {
+                        const std::string& tokenizer, const std::vector<std::string>& label_names,
+                        int world_size) {
   const std::string sharding = to_string(cfg.sharding);
   if (state.sharding != sharding) {
     return {kExitUsage, "mpiformer train: --sharding: the checkpoint was trained with --sharding " +
@@ -48,6 +50,16 @@ Verdict check_resumable(const TrainConfig& cfg, const CheckpointState& state,
     return {kExitUsage,
             "mpiformer train: --data: the shards' tokenizer differs from the one the "
             "checkpoint was trained with; resume on the same shards"};
+  }
+  // Likewise a classifier's labels: the same number renamed or reordered
+  // fits every tensor and trains the wrong names.
+  if (!cfg.data_dir.empty() && !state.label_names.empty()) {
+    const std::string differ = label_set_difference(state.label_names, "the checkpoint",
+                                                    label_names, "the shards of " + cfg.data_dir);
+    if (!differ.empty()) {
+      return {kExitUsage, "mpiformer train: --data: the label sets differ: " + differ +
+                              "; resume on shards of the checkpoint's labels"};
+    }
   }
   return {};
 }
@@ -113,10 +125,12 @@ std::string changed_batching(const TrainConfig& cfg, const ConfigText& config_te
 }
 
 // The run's description in metrics.h5.
-RunAttributes run_attributes(const TrainConfig& cfg, const std::string& config_ini, const Ops& ops,
-                             int world_size, int threads) {
+RunAttributes run_attributes(const TrainConfig& cfg, const std::string& config_ini,
+                             const std::string& run_id, const Ops& ops, int world_size,
+                             int threads) {
   RunAttributes a;
   a.config = config_ini;
+  a.run_id = run_id;
   a.model = to_string(cfg.model.kind);
   a.world_size = world_size;
   a.devices = std::to_string(world_size) + " x " + ops.device().name() + " (" +
@@ -140,9 +154,12 @@ struct StartNotes {
 };
 
 // 1. The shards decide what the flags left open. Every input is validated
-// before training, and all ranks agree on it.
+// before training, and all ranks agree on it: a flag the shards contradict
+// is a refusal (exit 2), before the run directory is touched.
 int resolve_inputs(TrainingRun& run, const Communicator& comm) {
-  if (!agreed(comm, [&] {
+  return agree_on_inputs(
+      comm,
+      [&] {
         resolve_data_config(&run.cfg);
         if (comm.is_root() && !run.cfg.data_dir.empty()) {
           const ShardHeader header =
@@ -150,9 +167,8 @@ int resolve_inputs(TrainingRun& run, const Communicator& comm) {
           run.tokenizer = header.tokenizer;
           run.label_names = header.label_names;
         }
-      }))
-    return kExitFailure;
-  return 0;
+      },
+      "train");
 }
 
 // 2. Rank 0 locks the run directory, then reads the checkpoint to resume
@@ -163,9 +179,10 @@ int open_run_directory(TrainingRun& run, const Communicator& comm, StartNotes* n
   if (comm.is_root()) {
     run.run_dir = std::make_unique<RunDirectory>(cfg.out_dir);
     verdict = run.run_dir->open();
-    if (verdict.code == 0) verdict = run.run_dir->choose_start(cfg.resume, &run.start);
+    if (verdict.code == 0)
+      verdict = run.run_dir->choose_start(cfg.resume, cfg.resume_other_run, &run.start);
     if (verdict.code == 0 && run.start.resumed)
-      verdict = check_resumable(cfg, run.start.state, run.tokenizer, comm.size());
+      verdict = check_resumable(cfg, run.start.state, run.tokenizer, run.label_names, comm.size());
   }
   if (const int code = agree_on(comm, verdict)) return code;
   broadcast_start(comm, &run.start);
@@ -181,7 +198,11 @@ int build(TrainingRun& run, const Communicator& comm, const FaultInjection& faul
           StartNotes* notes) {
   const TrainConfig& cfg = run.cfg;
   const int world = comm.size(), rank = comm.rank(), accum = cfg.accum_steps;
-  if (!agreed(comm, [&] { run.source = make_batch_source(cfg, rank, world); })) return kExitFailure;
+  // The data against the flags (--max-tokens, --too-long, --loss): a refusal
+  // is exit 2, and start_run withdraws from the run directory.
+  if (const int code = agree_on_inputs(
+          comm, [&] { run.source = make_batch_source(cfg, rank, world); }, "train"))
+    return code;
   notes->threads = cfg.threads > 0 ? cfg.threads : comm.cores_per_local_rank();
   // A rank without the device it was given is an agreed failure, not a hang.
   if (!agreed(comm, [&] { run.ops = make_ops(cfg.device, notes->threads, comm, cfg.tf32); })) {
@@ -196,7 +217,8 @@ int build(TrainingRun& run, const Communicator& comm, const FaultInjection& faul
 
   // Memory: estimated from the flags, refused before anything big is
   // allocated when it cannot fit.
-  const ModelCapacity capacity{cfg.max_tokens, cfg.model.max_len};
+  const ModelCapacity capacity{cfg.max_tokens, cfg.model.max_len,
+                               run.source->max_batch_sequences()};
   const DType compute = compute_dtype(cfg.precision);
   const bool reducer_exact = cfg.grad_sum == GradSum::kExact;
   // The MPI transport reads host memory: a GPU's gradients are staged.
@@ -284,19 +306,26 @@ int claim_directory(TrainingRun& run, const Communicator& comm, const ConfigText
         say(stdout, "removed %d unfinished checkpoint write(s) of an earlier job\n", removed);
       }
       branch_line = run.run_dir->make_head(run.start);
-      // What ran is recorded beside the flags, as comments the reader skips:
-      // runs on other BLAS kernels differ in their last bits.
-      write_file_atomically((rundir / "config.ini").string(),
-                            config_text.write(cfg) + "\n# This run (a record; not read back)\n" +
-                                "# devices = " + std::to_string(comm.size()) + " x " +
-                                run.ops->device().name() + "\n# blas = " + describe_blas_kernels() +
-                                "\n");
+      // What ran is recorded beside the flags, as comments --config skips:
+      // runs on other BLAS kernels differ in their last bits. The run id
+      // (and where a run of another's checkpoint started) is the
+      // directory's own, read back on resume.
+      const RunDirectory& dir = *run.run_dir;
+      write_file_atomically(
+          (rundir / "config.ini").string(),
+          config_text.write(cfg) + "\n# This run (a record; --config does not read it)\n" +
+              "# run-id = " + dir.run_id() + "\n" +
+              (dir.origin().empty() ? "" : "# started-from = " + dir.origin() + "\n") +
+              "# devices = " + std::to_string(comm.size()) + " x " + run.ops->device().name() +
+              "\n# blas = " + describe_blas_kernels() + "\n");
       // Rank 0's output, start-up lines first, appended over every start.
       attach_run_log((rundir / "train.log").string());
       run.metrics = std::make_unique<MetricsLog>(
           (rundir / "metrics.h5").string(),
-          run_attributes(cfg, config_text.write(cfg), *run.ops, comm.size(), notes.threads),
+          run_attributes(cfg, config_text.write(cfg), dir.run_id(), *run.ops, comm.size(),
+                         notes.threads),
           cfg.resume == "none" ? -1 : (run.start.resumed ? run.start.state.step : 0));
+      if (!run.metrics->note().empty()) say(stdout, "note: %s\n", run.metrics->note().c_str());
     } catch (const std::exception& e) {
       verdict = {kExitUsage, std::string("mpiformer train: --out: ") + e.what()};
     }
@@ -360,6 +389,10 @@ void print_start(const TrainingRun& run, const Communicator& comm, const ConfigT
                              : cfg.resume.c_str(),
         static_cast<long long>(resumed.step), static_cast<unsigned long long>(resumed.next_batch),
         static_cast<unsigned long long>(resumed.epoch), resumed.world_size);
+    if (!resumed.run_id.empty() && resumed.run_id != run.run_dir->run_id()) {
+      say(stdout, "  a checkpoint of run %s: it goes on here as run %s\n", resumed.run_id.c_str(),
+          run.run_dir->run_id().c_str());
+    }
     if (resumed.batches_per_step != run.cursor.batches_per_step) {
       say(stdout,
           "  a step now reads %lld micro-batches (the checkpoint's run read %lld): the "
@@ -394,7 +427,11 @@ Started start_run(const TrainConfig& flags, const Communicator& comm, const Conf
   TrainingRun& run = *parts;
   run.cfg = flags;
   StartNotes notes;
-  const auto end = [](int code) { return Started{nullptr, code}; };
+  // A start that ends here leaves the run directory as it found it.
+  const auto end = [&run](int code) {
+    if (run.run_dir) run.run_dir->withdraw();
+    return Started{nullptr, code};
+  };
   if (const int code = resolve_inputs(run, comm)) return end(code);
   if (const int code = open_run_directory(run, comm, &notes)) return end(code);
   if (run.start.resumed && run.start.state.step >= run.cfg.steps) {

@@ -74,6 +74,11 @@ StopSignals::StopSignals() {
   sigaction(SIGTERM, &action, &saved_term_);
   sigaction(SIGUSR1, &action, &saved_usr1_);
   sigaction(SIGINT, &action, &saved_int_);
+  // A hang-up loses the run since its last checkpoint unless it stops like
+  // TERM; but nohup asked for hang-ups to be ignored.
+  struct sigaction hup {};
+  sigaction(SIGHUP, nullptr, &hup);
+  hup_handled_ = hup.sa_handler != SIG_IGN && sigaction(SIGHUP, &action, &saved_hup_) == 0;
   // A reader of the output that went away (a pipe to `tee` ended by the
   // same Ctrl-C) must not end the run before its checkpoint: writes fail
   // with EPIPE instead.
@@ -87,6 +92,7 @@ StopSignals::~StopSignals() {
   sigaction(SIGTERM, &saved_term_, nullptr);
   sigaction(SIGUSR1, &saved_usr1_, nullptr);
   sigaction(SIGINT, &saved_int_, nullptr);
+  if (hup_handled_) sigaction(SIGHUP, &saved_hup_, nullptr);
   sigaction(SIGPIPE, &saved_pipe_, nullptr);
   restore_outputs();
 }
@@ -103,6 +109,8 @@ const char* StopSignals::name(int signal) {
       return "SIGUSR1";
     case SIGINT:
       return "SIGINT";
+    case SIGHUP:
+      return "SIGHUP";
     default:
       return "a signal";
   }

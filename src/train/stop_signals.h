@@ -1,11 +1,12 @@
 // The signals that stop a run at the next step boundary, with a checkpoint:
 // SIGTERM (scancel, preemption, a time limit; mpirun passes its own TERM or
 // INT on to the ranks as TERM), SIGUSR1 (SLURM's warning before the limit,
-// forwarded by srun and mpirun) and SIGINT (Ctrl-C). A handler only records
+// forwarded by srun and mpirun), SIGINT (Ctrl-C) and SIGHUP (the terminal
+// closed, the ssh session dropped; left ignored under nohup). A handler only records
 // the signal; the loop agrees on it over the ranks at the next step boundary.
 // A second SIGINT ends the process at once, as Ctrl-C does elsewhere.
-// While a run trains, SIGPIPE is ignored, and after SIGTERM or SIGINT
-// output to a pipe no longer blocks (stop_signals.cpp says why).
+// While a run trains, SIGPIPE is ignored, and after SIGTERM, SIGINT or
+// SIGHUP output to a pipe no longer blocks (stop_signals.cpp says why).
 #pragma once
 
 #include <signal.h>
@@ -21,13 +22,15 @@ class StopSignals {
 
   // The last stop signal received, 0 if none.
   static int pending();
-  // "SIGTERM", "SIGUSR1", "SIGINT".
+  // "SIGTERM", "SIGUSR1", "SIGINT", "SIGHUP".
   static const char* name(int signal);
 
  private:
   struct sigaction saved_term_ {};
   struct sigaction saved_usr1_ {};
   struct sigaction saved_int_ {};
+  struct sigaction saved_hup_ {};
+  bool hup_handled_ = false;
   struct sigaction saved_pipe_ {};
 };
 

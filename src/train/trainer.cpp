@@ -213,6 +213,7 @@ void Trainer::write_checkpoint_on_root(int64_t step) {
   state.special = run_.cfg.model.special;
   state.tokenizer = run_.tokenizer;
   state.label_names = run_.label_names;
+  state.run_id = run_.run_dir->run_id();
   const std::string path =
       save_checkpoint(run_.cfg.out_dir, run_.model->parameters(), run_.optimizer->m(),
                       run_.optimizer->v(), state, run_.cfg.keep_checkpoints);

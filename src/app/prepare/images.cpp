@@ -7,8 +7,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "src/app/prepare/corpus.h"
@@ -17,7 +19,9 @@
 #include "src/app/prepare/progress.h"
 #include "src/core/error.h"
 #include "src/io/array_file.h"
+#include "src/io/label_names.h"
 #include "src/io/shard.h"
+#include "src/io/stop_cleanup.h"
 #include "src/parallel/agreement.h"
 
 namespace mpiformer::prepare {
@@ -34,18 +38,41 @@ struct ImageSet {
   size_t count() const { return labels.size(); }
 };
 
+// The faults of the file are the user's: each names --input and the file.
+std::vector<std::pair<std::string, ArrayData>> read_image_arrays(const std::string& path) {
+  try {
+    return read_arrays(path, {{"images"}, {"labels"}, {"label_names", /*required=*/false}});
+  } catch (const std::runtime_error& e) {
+    usage_error("--input", e.what());
+  }
+}
+
+// Every size taken from the file is checked before it sizes anything: the
+// images' (no empty image), and the labels', which count the label
+// vocabulary: without 'label_names' a label above the number of images is
+// a mistake (one image in a class of its own at best), not a reason to
+// write millions of labels.
 ImageSet read_image_set(const std::string& path) {
-  const auto arrays =
-      read_arrays(path, {{"images"}, {"labels"}, {"label_names", /*required=*/false}});
-  const ArrayData& images = arrays[0].second;
+  auto arrays = read_image_arrays(path);
+  ArrayData& images = arrays[0].second;
   const ArrayData& labels = arrays[1].second;
   if (images.kind != 'u' || images.itemsize != 1) {
-    usage_error("--input", path + ": 'images' must hold uint8 pixels; got " +
-                               std::string(1, images.kind) + std::to_string(images.itemsize));
+    usage_error("--input", path + ": 'images' must hold uint8 pixels; got " + images.type);
   }
   if (images.shape.size() != 3 && images.shape.size() != 4) {
     usage_error("--input", path + ": 'images' must be (N, H, W) or (N, H, W, C); it has " +
                                std::to_string(images.shape.size()) + " dimensions");
+  }
+  std::string shape;
+  for (int64_t d : images.shape) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
+  for (size_t d = 1; d < images.shape.size(); ++d) {
+    if (images.shape[d] == 0) {
+      usage_error("--input", path + ": 'images' of shape (" + shape +
+                                 ") are empty; an image needs at least one pixel");
+    }
+    if (images.shape[d] > std::numeric_limits<int>::max()) {
+      usage_error("--input", path + ": 'images' of shape (" + shape + ") are too large");
+    }
   }
   ImageSet set;
   ShardHeader& h = set.header;
@@ -59,23 +86,43 @@ ImageSet read_image_set(const std::string& path) {
     usage_error("--input", path + ": 'labels' must be (N) with N = " + std::to_string(n) +
                                " (one integer label per image)");
   }
+  const bool named = arrays.size() > 2;
+  if (named) {
+    h.label_names = arrays[2].second.strings(path + ": 'label_names'");
+    for (size_t k = 0; k < h.label_names.size(); ++k) {
+      const std::string fault = label_name_fault(h.label_names[k]);
+      if (!fault.empty()) {
+        usage_error("--input", path + ": 'label_names' entry " + std::to_string(k) + " '" +
+                                   printable_label_name(h.label_names[k]) + "' " + fault);
+      }
+    }
+  }
+  // Labels are int32 in a shard; without names, fewer than the images.
+  const int64_t bound = named ? std::min<int64_t>(static_cast<int64_t>(h.label_names.size()),
+                                                  std::numeric_limits<int32_t>::max())
+                              : n;
   int64_t most = -1;
-  for (int64_t label : labels.integers(path + ": 'labels'")) {
-    if (label < 0)
-      usage_error("--input", path + ": label " + std::to_string(label) + " is negative");
+  set.labels.reserve(static_cast<size_t>(n));
+  const std::vector<int64_t> values = labels.integers(path + ": 'labels'");
+  for (size_t i = 0; i < values.size(); ++i) {
+    const int64_t label = values[i];
+    const std::string which = "labels[" + std::to_string(i) + "] = " + std::to_string(label);
+    if (label < 0) usage_error("--input", path + ": " + which + " is negative");
+    if (label >= bound) {
+      usage_error("--input",
+                  path + ": " + which +
+                      (named ? " has no name in the " + std::to_string(h.label_names.size()) +
+                                   " 'label_names'"
+                             : " is not below the number of images (" + std::to_string(n) +
+                                   "); name the labels in 'label_names' to have more"));
+    }
     most = std::max(most, label);
     set.labels.push_back(static_cast<int32_t>(label));
   }
-  if (arrays.size() > 2) {
-    h.label_names = arrays[2].second.strings(path + ": 'label_names'");
-    if (static_cast<int64_t>(h.label_names.size()) <= most) {
-      usage_error("--input", path + ": label " + std::to_string(most) + " has no name in the " +
-                                 std::to_string(h.label_names.size()) + " 'label_names'");
-    }
-  } else {
+  if (!named) {
     for (int64_t k = 0; k <= most; ++k) h.label_names.push_back(std::to_string(k));
   }
-  set.pixels = images.bytes;
+  set.pixels = std::move(images.bytes);
   return set;
 }
 
@@ -105,6 +152,7 @@ int run_prepare_images(const PrepareConfig& cfg, Communicator& comm) {
   }
   ImageSet set;
   size_t valid = 0, test = 0, train = 0;
+  std::vector<std::string> warnings;
   if (agree_on_root(
           comm,
           [&] {
@@ -113,6 +161,18 @@ int run_prepare_images(const PrepareConfig& cfg, Communicator& comm) {
             valid = std::min(static_cast<size_t>(cfg.valid_lines), most);
             test = std::min(static_cast<size_t>(cfg.test_lines), most);
             train = set.count() - valid - test;
+            // As for text: only a number the user chose is worth a word.
+            const auto capped = [&](const char* flag, int wanted, size_t got) {
+              warnings.push_back("warning: " + std::string(flag) + " " + std::to_string(wanted) +
+                                 ": holding out " + std::to_string(got) + " images, a tenth of " +
+                                 "the " + std::to_string(set.count()) + " images of " + cfg.input);
+            };
+            if (cfg.valid_lines_given && valid < static_cast<size_t>(cfg.valid_lines)) {
+              capped("--valid-lines", cfg.valid_lines, valid);
+            }
+            if (test > 0 && test < static_cast<size_t>(cfg.test_lines)) {
+              capped("--test-lines", cfg.test_lines, test);
+            }
             if (valid == 0) {
               usage_error("--input", cfg.input + " has " + std::to_string(set.count()) +
                                          " images; at least " + std::to_string(kHoldOut) +
@@ -126,12 +186,17 @@ int run_prepare_images(const PrepareConfig& cfg, Communicator& comm) {
           Faults::kOfInput, "prepare") != 0) {
     return kExitUsage;
   }
+  if (comm.is_root()) {
+    for (const std::string& w : warnings)
+      std::fprintf(stderr, "mpiformer prepare: %s\n", w.c_str());
+  }
   OutputDir out(cfg.out_dir);
   const bool ok = agreed(comm, [&] {
     if (!comm.is_root()) return;
     out.create();
     const std::string refused = out.lock();
     if (!refused.empty()) throw std::runtime_error(refused);
+    out.remove_abandoned_temporaries();
     const std::string origin = fs::path(cfg.input).filename().string();
     for (int64_t k = 0; k < cfg.shards; ++k) {
       out.write_shard(
@@ -152,6 +217,7 @@ int run_prepare_images(const PrepareConfig& cfg, Communicator& comm) {
     out.let_go();
     return kExitFailure;
   }
+  ExitOnStop::finish();  // the set is complete
   if (comm.is_root()) {
     const ShardHeader& h = set.header;
     std::printf(

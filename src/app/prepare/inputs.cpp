@@ -114,10 +114,12 @@ std::string check_text_inputs(const PrepareConfig& cfg) {
   const bool seq2seq = cfg.kind == "seq2seq";
   require_text_file("--input", cfg.input);
   if (seq2seq) require_text_file("--target", cfg.target);
+  if (cfg.kind == "classify") require_readable_file("--labels", cfg.labels);
   for (const auto& [flag, files] : {std::pair{"--valid", cfg.valid}, {"--test", cfg.test}}) {
     if (!files.given()) continue;
     require_readable_file(flag, files.input);
-    if (seq2seq) require_readable_file(flag, files.target);
+    // seq2seq's targets, classify's labels
+    if (!files.target.empty()) require_readable_file(flag, files.target);
   }
   require_fresh_output(cfg.out_dir);
   return cfg.tokenizer.empty() ? "" : load_given_tokenizer(cfg);

@@ -3,8 +3,6 @@
 // once every rank has succeeded, and the rollback when one has not.
 #include "src/app/prepare/output.h"
 
-#include <unistd.h>
-
 #include <cstdio>
 #include <fstream>
 #include <stdexcept>
@@ -22,11 +20,23 @@ std::string shard_name(const char* prefix, int64_t index) {
   return name;
 }
 
+bool is_prepare_file(const std::string& name) {
+  for (const char* prefix : {kTrainPrefix, kValidPrefix, kTestPrefix}) {
+    const std::string head = std::string(prefix) + "-";
+    if (name.size() > head.size() + 3 && name.compare(0, head.size(), head) == 0 &&
+        name.compare(name.size() - 3, 3, ".h5") == 0 &&
+        name.find_first_not_of("0123456789", head.size()) == name.size() - 3) {
+      return true;
+    }
+  }
+  return name == kTokenizerFile || name == kTokenizerInputFile || name == kTokenizerTargetFile;
+}
+
 std::string PendingFiles::add(const std::string& name) {
   const fs::path final_path = dir_ / name;
-  fs::path temporary = final_path;
-  temporary += ".tmp-" + std::to_string(::getpid());
-  files_.push_back({temporary, final_path, false});
+  const fs::path temporary = temporary_name(final_path.string());
+  files_.push_back({temporary, final_path, false, RemovedOnStop(temporary.string()),
+                    RemovedOnStop(final_path.string())});
   return temporary.string();
 }
 
@@ -59,8 +69,26 @@ void PendingFiles::remove_all() {
 
 void OutputDir::create() {
   std::error_code ec;
+  // Registered before it is made: a stop in between would leave it behind.
+  // A stop removes it only if empty.
+  if (!fs::exists(path_, ec)) created_on_stop_ = RemovedOnStop(dir_, true);
   created_ = fs::create_directories(path_, ec);
   if (ec) throw std::runtime_error(dir_ + ": cannot create (" + ec.message() + ")");
+  if (!created_) created_on_stop_.forget();
+}
+
+int OutputDir::remove_abandoned_temporaries() {
+  if (!lock_.enforced()) return 0;
+  int removed = 0;
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(path_, ec)) {
+    std::string final_name;
+    if (abandoned_temporary(e.path().filename().string(), &final_name) &&
+        is_prepare_file(final_name) && e.is_regular_file(ec) && fs::remove(e.path(), ec)) {
+      ++removed;
+    }
+  }
+  return removed;
 }
 
 void OutputDir::write_shard(const std::string& name, const Shard& shard) {
@@ -82,6 +110,7 @@ void OutputDir::write_bytes(const std::string& name, const std::string& bytes) {
 
 void OutputDir::let_go() {
   lock_.release();
+  created_on_stop_.forget();
   if (created_) {
     std::error_code ec;
     fs::remove(path_, ec);

@@ -4,6 +4,9 @@
 // prepare into it is refused; every rank writes under temporary names and
 // renames only when every rank has succeeded; on any failure every rank
 // removes what it wrote, so the directory never holds a partial shard set.
+// A stop signal ends prepare at once (src/io/stop_cleanup.h): what each
+// rank wrote, renamed or not, the lock, and the directory if prepare made it
+// are removed on the way out.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +16,7 @@
 
 #include "src/io/dir_lock.h"
 #include "src/io/shard.h"
+#include "src/io/stop_cleanup.h"
 
 namespace mpiformer::prepare {
 
@@ -20,9 +24,16 @@ constexpr const char* kTrainPrefix = "train";
 constexpr const char* kValidPrefix = "valid";
 constexpr const char* kTestPrefix = "test";
 constexpr const char* kTokenizerFile = "tokenizer.model";
+// The training lines for SentencePiece, beside the shards while it trains.
+constexpr const char* kTokenizerInputFile = "tokenizer-input.txt";
+constexpr const char* kTokenizerTargetFile = "tokenizer-target.txt";
 
 // "train-00003.h5"
 std::string shard_name(const char* prefix, int64_t index);
+
+// Whether `name` is one of the files prepare writes (shards, the tokenizer,
+// the tokenizer's training text), whose temporaries it may clear.
+bool is_prepare_file(const std::string& name);
 
 // Files this rank has written under temporary names, and their final names.
 class PendingFiles {
@@ -45,6 +56,9 @@ class PendingFiles {
   struct File {
     std::filesystem::path temporary, final_path;
     bool renamed;
+    // Both: a stop during the renaming leaves neither (the final name was
+    // checked free under the lock).
+    RemovedOnStop temporary_on_stop, final_on_stop;
   };
   std::filesystem::path dir_;
   std::vector<File> files_;
@@ -62,6 +76,11 @@ class OutputDir {
 
   // Rank 0: locks it; "" or one line saying why not (DirLock::try_acquire).
   std::string lock() { return lock_.try_acquire(dir_); }
+
+  // Rank 0, holding the lock: removes the temporaries of prepare's files
+  // that a prepare no longer running (killed) left here; returns how many.
+  // Nothing when the lock cannot be enforced: another may be writing.
+  int remove_abandoned_temporaries();
 
   // Writes `shard` as `name`, under its temporary name for now; a fault
   // names the file as the user will know it.
@@ -84,6 +103,7 @@ class OutputDir {
   std::string dir_;
   std::filesystem::path path_;
   bool created_ = false;
+  RemovedOnStop created_on_stop_;
   DirLock lock_;
   PendingFiles pending_;
 };

@@ -4,8 +4,6 @@
 // told in the user's file names.
 #include "src/app/prepare/tokenizer.h"
 
-#include <unistd.h>
-
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -13,7 +11,10 @@
 #include <stdexcept>
 #include <vector>
 
+#include "src/app/prepare/output.h"
 #include "src/data/tokenizer.h"
+#include "src/io/atomic_file.h"
+#include "src/io/stop_cleanup.h"
 
 namespace mpiformer::prepare {
 namespace {
@@ -33,8 +34,8 @@ class TrainingText {
   TrainingText(const fs::path& dir, const Span& train) {
     const Text& t = *train.text;
     try {
-      add(dir / "tokenizer-input.txt", t.input_path, t.input, train);
-      if (t.seq2seq()) add(dir / "tokenizer-target.txt", t.target_path, t.target, train);
+      add(dir / kTokenizerInputFile, t.input_path, t.input, train);
+      if (t.seq2seq()) add(dir / kTokenizerTargetFile, t.target_path, t.target, train);
     } catch (...) {
       remove_all();
       throw;
@@ -63,12 +64,13 @@ class TrainingText {
  private:
   struct File {
     std::string temporary, given;
+    RemovedOnStop on_stop;  // a stop signal during the training removes it too
   };
 
   void add(fs::path path, const std::string& given, const std::vector<std::string>& lines,
            const Span& train) {
-    path += ".tmp-" + std::to_string(::getpid());
-    files_.push_back({path.string(), given});
+    path = temporary_name(path.string());
+    files_.push_back({path.string(), given, RemovedOnStop(path.string())});
     errno = 0;
     std::ofstream out(path, std::ios::binary | std::ios::trunc);
     for (size_t s = train.begin; s < train.end && out; ++s) {

@@ -1,0 +1,193 @@
+// Staged outputs (src/io/atomic_file.h) and the stop handler that removes
+// unfinished files (src/io/stop_cleanup.h): the previous file survives
+// anything short of commit(), and a stop signal exits 128 + its number
+// with the registered files gone.
+#include "src/io/atomic_file.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+#include "src/io/stop_cleanup.h"
+
+namespace mpiformer {
+namespace {
+
+namespace fs = std::filesystem;
+
+class StagedFiles : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(::testing::TempDir()) / ("staged-" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+  static std::string read(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    std::ostringstream text;
+    text << in.rdbuf();
+    return text.str();
+  }
+  static void write(const std::string& path, const std::string& text) {
+    std::ofstream(path, std::ios::binary) << text;
+  }
+  // The number of entries of the directory: no temporary is left over.
+  size_t entries() const {
+    size_t n = 0;
+    for ([[maybe_unused]] const auto& e : fs::directory_iterator(dir_)) ++n;
+    return n;
+  }
+
+  fs::path dir_;
+};
+
+// A pid that certainly ran and is gone: a child that was waited for.
+pid_t dead_pid() {
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ::waitpid(child, nullptr, 0);
+  return child;
+}
+
+// Runs `body` in a child process; its exit status (or 128 + a signal).
+template <class Fn>
+int in_child(Fn&& body) {
+  const pid_t child = ::fork();
+  if (child == 0) {
+    body();
+    ::_exit(0);
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+TEST_F(StagedFiles, ReplacesThePreviousFileOnlyOnCommit) {
+  const std::string out = path("hyp.txt");
+  write(out, "old\n");
+  StagedTextFile staged(out);
+  staged.write("new 1\n");
+  staged.write("new 2\n");
+  EXPECT_EQ(read(out), "old\n");
+  EXPECT_TRUE(fs::exists(temporary_name(out)));
+  staged.commit();
+  EXPECT_EQ(read(out), "new 1\nnew 2\n");
+  EXPECT_EQ(entries(), 1u);
+}
+
+TEST_F(StagedFiles, AnUncommittedFileLeavesThePreviousOneAndNoTemporary) {
+  const std::string out = path("hyp.txt");
+  write(out, "old\n");
+  {
+    StagedTextFile staged(out);
+    staged.write("half of it\n");
+  }
+  EXPECT_EQ(read(out), "old\n");
+  EXPECT_EQ(entries(), 1u);
+  { StagedTextFile never(path("absent.txt")); }
+  EXPECT_FALSE(fs::exists(path("absent.txt")));
+  EXPECT_EQ(entries(), 1u);
+}
+
+TEST_F(StagedFiles, ADeviceIsWrittenInPlaceAndALinkKeepsPointing) {
+  StagedTextFile null("/dev/null");
+  null.write("nothing\n");
+  null.commit();
+  struct stat info {};
+  ASSERT_EQ(::stat("/dev/null", &info), 0);
+  EXPECT_TRUE(S_ISCHR(info.st_mode));
+
+  write(path("target.txt"), "old\n");
+  fs::create_symlink("target.txt", path("link.txt"));
+  StagedTextFile through(path("link.txt"));
+  through.write("new\n");
+  through.commit();
+  EXPECT_TRUE(fs::is_symlink(path("link.txt")));
+  EXPECT_EQ(read(path("target.txt")), "new\n");
+}
+
+TEST_F(StagedFiles, AFileThatCannotBeCreatedIsNamed) {
+  const std::string out = path("missing/hyp.txt");
+  try {
+    StagedTextFile staged(out);
+    FAIL() << "created " << out;
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find(out + ": cannot create"), std::string::npos) << e.what();
+  }
+}
+
+TEST(AbandonedTemporary, OnlyThoseOfAProcessThatIsGone) {
+  std::string final_name;
+  const std::string dead = std::to_string(dead_pid());
+  EXPECT_TRUE(abandoned_temporary("train-00000.h5.tmp-" + dead, &final_name));
+  EXPECT_EQ(final_name, "train-00000.h5");
+  EXPECT_FALSE(abandoned_temporary("x.txt.tmp-" + std::to_string(::getpid()), &final_name));
+  EXPECT_FALSE(abandoned_temporary("x.txt.tmp-1", &final_name));  // init runs
+  EXPECT_FALSE(abandoned_temporary("x.txt.tmp-12ab", &final_name));
+  EXPECT_FALSE(abandoned_temporary("x.txt.tmp-", &final_name));
+  EXPECT_FALSE(abandoned_temporary(".tmp-" + dead, &final_name));
+  EXPECT_FALSE(abandoned_temporary("x.txt", &final_name));
+}
+
+TEST_F(StagedFiles, AStopRemovesTheUnfinishedFilesAndExitsWith128PlusTheSignal) {
+  const std::string out = path("hyp.txt");
+  write(out, "old\n");
+  const std::string made = path("made");
+  const int status = in_child([&] {
+    const ExitOnStop stop("", "");  // silent
+    fs::create_directory(made);
+    const RemovedOnStop directory(made, true);
+    StagedTextFile staged(made + "/part.txt");
+    StagedTextFile other(out);
+    other.write("half\n");
+    ::raise(SIGTERM);
+  });
+  EXPECT_EQ(status, 128 + SIGTERM);
+  EXPECT_EQ(read(out), "old\n");
+  EXPECT_FALSE(fs::exists(made));
+  EXPECT_EQ(entries(), 1u);
+
+  EXPECT_EQ(in_child([] {
+              const ExitOnStop stop("", "");
+              ::raise(SIGHUP);
+            }),
+            128 + SIGHUP);
+}
+
+TEST_F(StagedFiles, AfterFinishAStopChangesNothing) {
+  const std::string out = path("hyp.txt");
+  const int status = in_child([&] {
+    const ExitOnStop stop("", "");
+    StagedTextFile staged(out);
+    staged.write("all of it\n");
+    ExitOnStop::finish();
+    ::raise(SIGTERM);
+    staged.commit();
+  });
+  EXPECT_EQ(status, 0);
+  EXPECT_EQ(read(out), "all of it\n");
+}
+
+TEST(ExitOnStop, AnIgnoredHangUpStaysIgnored) {
+  const int status = in_child([] {
+    ::signal(SIGHUP, SIG_IGN);  // nohup
+    const ExitOnStop stop("", "");
+    ::raise(SIGHUP);
+  });
+  EXPECT_EQ(status, 0);
+}
+
+}  // namespace
+}  // namespace mpiformer
