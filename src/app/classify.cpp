@@ -82,9 +82,9 @@ std::string what_is_kept(const ClassifyConfig& cfg) {
 }
 
 int classify_on_root(const ClassifyConfig& cfg) {
-  const CheckpointState state = read_checkpoint_state(cfg.checkpoint);
-  const std::vector<CheckpointTensor> tensors = read_checkpoint_tensors(cfg.checkpoint, "params");
-  require_finite(cfg.checkpoint, tensors, "params");
+  const ModelCheckpoint checkpoint = read_model_checkpoint(cfg.checkpoint, "--checkpoint");
+  const CheckpointState& state = checkpoint.state;
+  const std::vector<CheckpointTensor>& tensors = checkpoint.params;
   TrainConfig run = train_config_from_ini(state.config_ini, cfg.checkpoint + " (its config)");
   run.model.vocab = state.vocab_size;
   run.model.special = state.special;

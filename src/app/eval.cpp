@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -79,11 +80,11 @@ int run_eval(const EvalConfig& cfg, Communicator& comm) {
   if (const int code = agree_on_root(
           comm,
           [&] {
-            state = read_checkpoint_state(cfg.checkpoint);
-            tensors = read_checkpoint_tensors(cfg.checkpoint, "params");
-            require_finite(cfg.checkpoint, tensors, "params");
+            ModelCheckpoint model = read_model_checkpoint(cfg.checkpoint, "--checkpoint");
+            state = std::move(model.state);
+            tensors = std::move(model.params);
           },
-          Faults::kOfRank, "eval")) {
+          Faults::kByType, "eval")) {
     return code;
   }
   std::string ini = state.config_ini;

@@ -19,6 +19,7 @@
 #include <map>
 #include <utility>
 
+#include "src/core/error.h"
 #include "src/io/atomic_file.h"
 #include "src/io/hdf5_file.h"
 #include "src/io/label_names.h"
@@ -471,6 +472,16 @@ void unpack_checkpoint_tensors(const std::string& path,
   }
   if (!by_name.empty()) {
     mismatch("holds tensor '" + by_name.begin()->first + "', which these flags do not build");
+  }
+}
+
+ModelCheckpoint read_model_checkpoint(const std::string& path, const std::string& flag) {
+  try {
+    ModelCheckpoint model{read_checkpoint_state(path), read_checkpoint_tensors(path, "params")};
+    require_finite(path, model.params, "params");
+    return model;
+  } catch (const CheckpointError& e) {
+    usage_error(flag, e.what());
   }
 }
 

@@ -150,6 +150,18 @@ void unpack_checkpoint_tensors(const std::string& path,
 void require_finite(const std::string& path, const std::vector<CheckpointTensor>& tensors,
                     const std::string& group);
 
+// The model a command scores or decodes with (eval, generate, classify):
+// the checkpoint's state and its finite parameters.
+struct ModelCheckpoint {
+  CheckpointState state;
+  std::vector<CheckpointTensor> params;
+};
+
+// Reads the model of `path`, given as `flag`. The file is what the user gave,
+// so any fault of it (not HDF5, damaged, not a checkpoint, non-finite
+// parameters) is a UsageError "FLAG: PATH: what", exit code 2.
+ModelCheckpoint read_model_checkpoint(const std::string& path, const std::string& flag);
+
 // RUNDIR/checkpoints/step_*.h5, newest (highest step) first. Temporary
 // files of a write that never finished are not listed.
 std::vector<std::string> list_checkpoints(const std::string& rundir);

@@ -171,7 +171,9 @@ Verdict RunDirectory::choose_start(const std::string& resume, bool other_run, St
     try {
       start->checkpoint = read_checkpoint(path);
     } catch (const CheckpointError& e) {
-      if (resume != "auto") return {kExitFailure, std::string("cannot resume: ") + e.what()};
+      if (resume != "auto") {
+        return {kExitUsage, std::string("mpiformer train: --resume: cannot resume: ") + e.what()};
+      }
       // A newest checkpoint that is damaged: say so and take the one before.
       say(stderr, "[rank 0] skipping a damaged checkpoint: %s\n", e.what());
       std::fflush(stderr);

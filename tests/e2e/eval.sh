@@ -84,7 +84,7 @@ expect_one_line_error "--split train" 2 "--split: expected valid or test"
 run_eval --checkpoint missing.h5 --data shards
 expect_one_line_error "a missing checkpoint" 2 "--checkpoint" "missing.h5: no such file"
 run_eval --checkpoint text.txt --data shards
-expect_one_line_error "a file that is not a checkpoint" 1 "text.txt: not an HDF5 file"
+expect_one_line_error "a file that is not a checkpoint" 2 "--checkpoint: text.txt: not an HDF5 file"
 run_eval --checkpoint "$checkpoint" --data other
 expect_one_line_error "shards of another vocabulary" 2 "--data" "280 ids" "300 ids"
 run_eval --checkpoint "$checkpoint"

@@ -118,10 +118,10 @@ with h5py.File("poisoned.h5", "r+") as f:
 EOF
 rc=0
 "$bin" generate --checkpoint poisoned.h5 --prompt "3 4 5" >"$out" 2>"$err" || rc=$?
-refused "generate with a NaN parameter" 1 "poisoned.h5: params tensor 'output.bias' holds non-finite values (nan)"
+refused "generate with a NaN parameter" 2 "--checkpoint: poisoned.h5: params tensor 'output.bias' holds non-finite values (nan)"
 rc=0
 "$bin" train "${model[@]}" --steps 10 --resume poisoned.h5 --out fromnan >"$out" 2>"$err" || rc=$?
-refused "resuming from a NaN checkpoint" 1 "cannot resume: poisoned.h5: params tensor 'output.bias'"
+refused "resuming from a NaN checkpoint" 2 "--resume: cannot resume: poisoned.h5: params tensor 'output.bias'"
 
 # ---- one job per run directory
 "$bin" train "${model[@]}" --steps 100000 --log-every 10 --eval-every 0 --out busy \
@@ -343,7 +343,7 @@ EOF
   rc=0
   "$bin" train "${model[@]}" --steps 10 --resume edited/checkpoints/step_00000008.h5 --out edited \
     >"$out" 2>"$err" || rc=$?
-  refused "$name = $value" 1 "attribute '$name' = "
+  refused "$name = $value" 2 "attribute '$name' = "
 done
 
 # ---- resuming with another --max-tokens says the order changes

@@ -5,10 +5,10 @@
 # (HDF5 marks that one as still open for SWMR writing: it is read as an SWMR
 # reader, whose checksum retries must be bounded), a metrics.h5 cut in half,
 # and a checkpoint with 3 KB of such bytes over its metadata:
-#   H1 train --resume auto (1 rank and mpirun -np 2),
-#   H2 inspect,
-#   H3 analysis/plot_run.py and to_tensorboard.py (python3, and Debian's
-#      /usr/bin/python3 with its HDF5 1.10 where it has h5py),
+#   train --resume auto (1 rank and mpirun -np 2),
+#   inspect, and eval, generate and classify of the checkpoint,
+#   analysis/plot_run.py and to_tensorboard.py (python3, and Debian's
+#   /usr/bin/python3 with its HDF5 1.10 where it has h5py),
 #   the other Python tools (export_hf.py, label_baseline.py)
 # each end (well within `timeout`) with one line naming the file, exit 2;
 # the damaged bytes hit checksummed metadata (the messages say so), where
@@ -66,10 +66,11 @@ PY
 
 # 30 KB over the middle of metrics.h5 (about 100 KB: the columns' chunk
 # indexes), 3 KB from 1 KB into the checkpoint (its root attributes and the
-# first tensors' object headers).
+# first tensors' object headers). Each damaged directory holds run's
+# checkpoints and config.ini, so that the damage alone stands in the way.
 for name in run killed; do
   mkdir -p "$name-damaged/checkpoints"
-  cp "$name/metrics.h5" "$name/config.ini" "$name-damaged/"
+  cp "$name/metrics.h5" run/config.ini "$name-damaged/"
   cp run/checkpoints/* "$name-damaged/checkpoints/"
   damage "$name-damaged/metrics.h5" 36000 30000 1
 done
@@ -78,7 +79,7 @@ truncate -s $(($(stat -c %s cut/metrics.h5) / 2)) cut/metrics.h5
 cp run/checkpoints/step_00000060.h5 damaged-ckpt.h5
 damage damaged-ckpt.h5 1024 3072 2
 
-# ---- H1: train --resume auto on a damaged metrics.h5: one line, exit 2, nothing changed
+# ---- train --resume auto on a damaged metrics.h5: one line, exit 2, nothing changed
 for name in run-damaged killed-damaged; do
   for ranks in 1 2; do
     before=$(cksum "$name/metrics.h5" "$name/checkpoints"/*)
@@ -94,7 +95,7 @@ for name in run-damaged killed-damaged; do
   done
 done
 
-# ---- H2: inspect
+# ---- inspect
 for file in run-damaged/metrics.h5 killed-damaged/metrics.h5 damaged-ckpt.h5; do
   try "$bin" inspect "$file"
   refused "inspect $file" 2 "mpiformer inspect: $file: truncated or corrupt" "checksum"
@@ -106,7 +107,23 @@ refused "inspect a directory" 2 "mpiformer inspect: run: is a directory"
 try "$bin" inspect run/config.ini
 refused "inspect a text file" 2 "mpiformer inspect: run/config.ini: not an HDF5 file"
 
-# ---- H3 and the other Python tools, on each Python that has h5py
+# ---- the commands that score or decode with a --checkpoint: the file is
+# what the user gave (exit 2), as a missing one is
+try "$bin" eval --checkpoint damaged-ckpt.h5 --data run --threads 1
+refused "eval of a damaged checkpoint" 2 "mpiformer eval: --checkpoint: damaged-ckpt.h5: truncated or corrupt"
+try "${mpirun[@]}" -np 2 "$bin" eval --checkpoint damaged-ckpt.h5 --data run --threads 1
+refused "eval -np 2 of a damaged checkpoint" 2 "mpiformer eval: --checkpoint: damaged-ckpt.h5: truncated or corrupt"
+try "$bin" generate --checkpoint damaged-ckpt.h5 --prompt "3 4"
+refused "generate of a damaged checkpoint" 2 "mpiformer generate: --checkpoint: damaged-ckpt.h5: truncated or corrupt"
+echo "a line" >line.txt
+try "$bin" classify --checkpoint damaged-ckpt.h5 --input line.txt
+refused "classify of a damaged checkpoint" 2 "mpiformer classify: --checkpoint: damaged-ckpt.h5: truncated or corrupt"
+try "$bin" train "${tiny[@]}" --steps 80 --out fromdamaged --resume damaged-ckpt.h5
+refused "train --resume of a damaged checkpoint" 2 \
+  "mpiformer train: --resume: cannot resume: damaged-ckpt.h5: truncated or corrupt"
+check "a refused --resume leaves no new --out" test ! -e fromdamaged
+
+# ---- plot_run.py, to_tensorboard.py and the other Python tools, on each Python that has h5py
 pythons=(python3)
 if [[ -x /usr/bin/python3 && $(command -v python3) != /usr/bin/python3 ]] &&
   /usr/bin/python3 -c "import h5py, matplotlib" 2>/dev/null; then
