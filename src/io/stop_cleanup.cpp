@@ -50,18 +50,6 @@ void write_all(const char* text) {
   }
 }
 
-const char* signal_name(int signal) {
-  switch (signal) {
-    case SIGTERM:
-      return "SIGTERM";
-    case SIGINT:
-      return "SIGINT";
-    case SIGHUP:
-      return "SIGHUP";
-    default:
-      return "a signal";
-  }
-}
 
 // Async-signal-safe: unlink, rmdir, write, _exit.
 extern "C" void exit_on_stop(int signal) {
@@ -81,7 +69,7 @@ extern "C" void exit_on_stop(int signal) {
   }
   if (line_before[0] != '\0' || line_after[0] != '\0') {
     write_all(line_before);
-    write_all(signal_name(signal));
+    write_all(stop_signal_name(signal));
     write_all(line_after);
     write_all("\n");
   }
@@ -89,6 +77,21 @@ extern "C" void exit_on_stop(int signal) {
 }
 
 }  // namespace
+
+const char* stop_signal_name(int signal) {
+  switch (signal) {
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGUSR1:
+      return "SIGUSR1";
+    case SIGINT:
+      return "SIGINT";
+    case SIGHUP:
+      return "SIGHUP";
+    default:
+      return "a signal";
+  }
+}
 
 RemovedOnStop::RemovedOnStop(const std::string& path, bool directory) {
   char* copy = new char[path.size() + 1];

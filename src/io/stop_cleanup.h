@@ -14,6 +14,10 @@
 
 namespace mpiformer {
 
+// "SIGTERM", "SIGUSR1", "SIGINT", "SIGHUP"; "a signal" for any other.
+// Async-signal-safe.
+const char* stop_signal_name(int signal);
+
 // A file, or a directory removed if empty, that a stop signal removes while
 // this object lives (with or without an ExitOnStop installed: one may come
 // later). Forgetting it does not remove it: that is its owner's business.

@@ -7,6 +7,7 @@
 #include <csignal>
 #include <cstdlib>
 
+#include "src/io/stop_cleanup.h"
 #include "src/parallel/communicator.h"
 
 namespace mpiformer {
@@ -102,18 +103,7 @@ int StopSignals::pending() {
 }
 
 const char* StopSignals::name(int signal) {
-  switch (signal) {
-    case SIGTERM:
-      return "SIGTERM";
-    case SIGUSR1:
-      return "SIGUSR1";
-    case SIGINT:
-      return "SIGINT";
-    case SIGHUP:
-      return "SIGHUP";
-    default:
-      return "a signal";
-  }
+  return stop_signal_name(signal);
 }
 
 }  // namespace mpiformer

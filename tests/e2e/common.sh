@@ -80,6 +80,20 @@ expect_one_line_error() {
   done
 }
 
+# try CMD...: runs CMD under a time limit of $try_seconds (60 unless the
+# test sets it) and, when the test sets $try_memory_kb, an address-space
+# limit (a reader that believes a size fails fast instead of swapping);
+# stdout and stderr in $out and $err, the exit code in $rc. A hang is a
+# failure, never a wait.
+try() {
+  rc=0
+  (
+    [[ -z ${try_memory_kb:-} ]] || ulimit -v "$try_memory_kb"
+    exec timeout "${try_seconds:-60}" "$@"
+  ) >"$out" 2>"$err" || rc=$?
+  [[ $rc -ne 124 ]] || fail "$*: hung (killed after ${try_seconds:-60} s)"
+}
+
 # refused WHAT EXPECTED NEEDLE...: expect_one_line_error that goes on after a
 # failure, so that one run of a test of many cases shows every case failing.
 refused() { expect_one_line_error "$@" || true; }

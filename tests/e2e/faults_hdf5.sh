@@ -22,12 +22,7 @@ rm -rf "$work" && mkdir -p "$work" && cd "$work"
 failures=0 out=$work/out.txt err=$work/err.txt
 mpirun=("${MPIEXEC:-mpirun}" -q)
 
-# try CMD...: runs CMD with a time limit (a hang fails); exit code in $rc.
-try() {
-  rc=0
-  timeout 30 "$@" >"$out" 2>"$err" || rc=$?
-  [[ $rc -ne 124 ]] || fail "$*: hung (killed after 30 s)"
-}
+try_seconds=30  # the limit of `try` (common.sh)
 
 # damage FILE OFFSET BYTES SEED: overwrites BYTES bytes at OFFSET with
 # pseudo-random ones of a seeded generator (the same bytes on every run).

@@ -10,13 +10,6 @@ bin=$1 work=$2
 rm -rf "$work" && mkdir -p "$work" && cd "$work"
 failures=0 out=$work/out.txt err=$work/err.txt
 
-# try CMD...: runs CMD with a time limit (a hang fails); exit code in $rc.
-try() {
-  rc=0
-  timeout 60 "$@" >"$out" 2>"$err" || rc=$?
-  [[ $rc -ne 124 ]] || fail "$*: hung (killed after 60 s)"
-}
-
 grep -v '^[[:space:]]*$' /usr/share/common-licenses/GPL-3 >gpl.txt
 head -n 400 gpl.txt >text.txt
 

@@ -13,15 +13,7 @@ bin=$1 work=$2
 rm -rf "$work" && mkdir -p "$work" && cd "$work"
 failures=0 out=$work/out.txt err=$work/err.txt
 
-# try CMD...: runs CMD with a time and memory limit; exit code in $rc.
-try() {
-  rc=0
-  (
-    ulimit -v 2000000
-    exec timeout 60 "$@"
-  ) >"$out" 2>"$err" || rc=$?
-  [[ $rc -ne 124 ]] || fail "$*: hung (killed after 60 s)"
-}
+try_memory_kb=2000000  # `try` (common.sh) runs each command under 2 GB
 
 # refused_image NAME NEEDLE...: prepare --kind image of NAME.npz (or NAME
 # when it has a suffix) is refused and leaves no --out.

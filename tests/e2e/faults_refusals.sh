@@ -17,12 +17,7 @@ rm -rf "$work" && mkdir -p "$work" && cd "$work"
 mpirun=("${MPIEXEC:-mpirun}" -q)
 failures=0 out=$work/out.txt err=$work/err.txt
 
-# try CMD...: runs CMD with a time limit (a hang fails); exit code in $rc.
-try() {
-  rc=0
-  timeout 120 "$@" >"$out" 2>"$err" || rc=$?
-  [[ $rc -ne 124 ]] || fail "$*: hung (killed after 120 s)"
-}
+try_seconds=120  # the limit of `try` (common.sh)
 
 # ---- fixtures: tiny shard sets of each kind and 1-step checkpoints
 grep -v '^[[:space:]]*$' /usr/share/common-licenses/GPL-3 >gpl.txt
