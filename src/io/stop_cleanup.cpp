@@ -50,7 +50,6 @@ void write_all(const char* text) {
   }
 }
 
-
 // Async-signal-safe: unlink, rmdir, write, _exit.
 extern "C" void exit_on_stop(int signal) {
   if (finished.load()) return;
