@@ -82,6 +82,16 @@ TEST(LossWatch, WarnsOncePerRiseFarAboveTheLowest) {
   LossWatch resumed(32);
   const std::string first = resumed.observe(5, 46.8);
   EXPECT_NE(first.find("far above 3.466, the loss of a uniform guess"), std::string::npos) << first;
+
+  // A classifier's uniform guess is over its labels, not the vocabulary:
+  // 60,000 labels start near ln 60000 = 11.0, which is no divergence.
+  LossWatch labels(60000, "the labels");
+  EXPECT_EQ(labels.observe(5, 11.02), "");
+  EXPECT_NE(LossWatch(20).observe(5, 11.02), "") << "ln 20 = 3.0: far below 11.02";
+  const std::string diverging = LossWatch(60000, "the labels").observe(5, 40.0);
+  EXPECT_NE(diverging.find("far above 11, the loss of a uniform guess over the labels"),
+            std::string::npos)
+      << diverging;
 }
 
 // ---- the run directory

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <utility>
 
 namespace mpiformer {
 
@@ -26,7 +27,9 @@ DivergenceGuard::Action DivergenceGuard::judge(bool loss_finite, bool norm_finit
   return Action::kStop;
 }
 
-LossWatch::LossWatch(int vocab) : min_loss_(std::log(static_cast<double>(std::max(vocab, 2)))) {}
+LossWatch::LossWatch(int outcomes, std::string outcomes_name)
+    : outcomes_name_(std::move(outcomes_name)),
+      min_loss_(std::log(static_cast<double>(std::max(outcomes, 2)))) {}
 
 std::string LossWatch::observe(int64_t step, double window_loss) {
   if (!std::isfinite(window_loss)) return "";  // the guard's business
@@ -46,8 +49,8 @@ std::string LossWatch::observe(int64_t step, double window_loss) {
     std::snprintf(lowest, sizeof lowest, "its lowest, %.4g at step %lld", min_loss_,
                   static_cast<long long>(min_step_));
   } else {
-    std::snprintf(lowest, sizeof lowest, "%.4g, the loss of a uniform guess over the vocabulary",
-                  min_loss_);
+    std::snprintf(lowest, sizeof lowest, "%.4g, the loss of a uniform guess over %s", min_loss_,
+                  outcomes_name_.c_str());
   }
   char line[320];
   std::snprintf(line, sizeof line,

@@ -52,17 +52,21 @@ class DivergenceGuard {
 
 // Warns, once per excursion, when the loss of a progress window rises far
 // above the lowest loss so far: above twice it and more than 1 nat over it.
-// The lowest starts at ln(vocab), the loss of a uniform guess, which any
-// sane model is below, so a run that starts (or resumes) diverging is caught
-// at its first window. The warning comes back when the loss has come down
-// below that line again and rises anew.
+// The lowest starts at ln(outcomes), the loss of a uniform guess over the
+// vocabulary (a classifier: over its labels), which any sane model is
+// below, so a run that starts (or resumes) diverging is caught at its first
+// window. The warning comes back when the loss has come down below that line
+// again and rises anew.
 class LossWatch {
  public:
-  explicit LossWatch(int vocab = 2);
+  // outcomes: the vocabulary size, or a classifier's number of labels,
+  // named by `outcomes_name` in the warning ("the vocabulary", "the labels").
+  explicit LossWatch(int outcomes = 2, std::string outcomes_name = "the vocabulary");
   // Returns the warning for this window ("" when none).
   std::string observe(int64_t step, double window_loss);
 
  private:
+  std::string outcomes_name_;
   bool warned_ = false;
   double min_loss_;
   int64_t min_step_ = 0;  // 0: the uniform guess

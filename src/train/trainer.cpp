@@ -40,7 +40,9 @@ class Trainer {
         config_text_(config_text),
         faults_(faults),
         state_(std::move(state)),
-        loss_watch_(run.cfg.model.vocab),
+        loss_watch_(run.cfg.model.kind == ModelKind::kClassify
+                        ? LossWatch(run.cfg.model.num_labels, "the labels")
+                        : LossWatch(run.cfg.model.vocab, "the vocabulary")),
         job_start_(job_start) {}
 
   // The steps from the start point to --steps. Returns the exit code.
