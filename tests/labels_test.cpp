@@ -13,6 +13,16 @@
 namespace mpiformer {
 namespace {
 
+// What parse_label_line says of `line`; "" when it takes it.
+std::string label_line_error(const std::string& line) {
+  try {
+    parse_label_line(line);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
 TEST(LabelLine, NamesWeightsAndColonsInNames) {
   const auto labels = parse_label_line("  devel::lang:python  a:0.25 b:1 c:0  ");
   ASSERT_EQ(labels.size(), 4u);
@@ -26,18 +36,10 @@ TEST(LabelLine, NamesWeightsAndColonsInNames) {
 }
 
 TEST(LabelLine, RefusesWhatCannotBeATarget) {
-  const auto error = [](const std::string& line) {
-    try {
-      parse_label_line(line);
-    } catch (const std::invalid_argument& e) {
-      return std::string(e.what());
-    }
-    return std::string();
-  };
-  EXPECT_EQ(error("a b:1.5"), "weight 1.5 of 'b' is not in [0, 1]");
-  EXPECT_EQ(error("b:-0.5"), "weight -0.5 of 'b' is not in [0, 1]");
-  EXPECT_EQ(error("a b a:0.5"), "label 'a' given twice");
-  EXPECT_EQ(error(":0.5"), "':0.5' has no label name");
+  EXPECT_EQ(label_line_error("a b:1.5"), "weight 1.5 of 'b' is not in [0, 1]");
+  EXPECT_EQ(label_line_error("b:-0.5"), "weight -0.5 of 'b' is not in [0, 1]");
+  EXPECT_EQ(label_line_error("a b a:0.5"), "label 'a' given twice");
+  EXPECT_EQ(label_line_error(":0.5"), "':0.5' has no label name");
 }
 
 TEST(LabelLine, AWeightIsAPlainDecimalNumber) {
@@ -64,41 +66,31 @@ TEST(LabelLine, AWeightIsAPlainDecimalNumber) {
 }
 
 TEST(LabelLine, RefusesAWeightThatIsNotOne) {
-  const auto error = [](const std::string& line) {
-    try {
-      parse_label_line(line);
-    } catch (const std::invalid_argument& e) {
-      return std::string(e.what());
-    }
-    return std::string();
-  };
-  EXPECT_EQ(error("a:1e400"), "weight 1e400 of 'a' is not in [0, 1]");
-  EXPECT_EQ(error("a:1e5"), "weight 1e5 of 'a' is not in [0, 1]");
-  EXPECT_EQ(error("a:0x1p-1"), "weight '0x1p-1' of 'a' is not a decimal number (such as 0.25)");
-  EXPECT_EQ(error("a:0x8"), "weight '0x8' of 'a' is not a decimal number (such as 0.25)");
-  EXPECT_EQ(error("a:0.5abc"), "weight '0.5abc' of 'a' is not a decimal number (such as 0.25)");
-  EXPECT_EQ(error("a:."), "weight '.' of 'a' is not a decimal number (such as 0.25)");
-  EXPECT_EQ(error("a:+-1"), "weight '+-1' of 'a' is not a decimal number (such as 0.25)");
-  EXPECT_EQ(error("a:inf"), "weight 'inf' of 'a' is not a decimal number (such as 0.25)");
-  EXPECT_EQ(error("a:NaN"), "weight 'NaN' of 'a' is not a decimal number (such as 0.25)");
-  EXPECT_EQ(error("a:"), "'a:' has no weight after its ':'");
-  EXPECT_EQ(error(":"), "':' has no label name");
+  EXPECT_EQ(label_line_error("a:1e400"), "weight 1e400 of 'a' is not in [0, 1]");
+  EXPECT_EQ(label_line_error("a:1e5"), "weight 1e5 of 'a' is not in [0, 1]");
+  EXPECT_EQ(label_line_error("a:0x1p-1"),
+            "weight '0x1p-1' of 'a' is not a decimal number (such as 0.25)");
+  EXPECT_EQ(label_line_error("a:0x8"),
+            "weight '0x8' of 'a' is not a decimal number (such as 0.25)");
+  EXPECT_EQ(label_line_error("a:0.5abc"),
+            "weight '0.5abc' of 'a' is not a decimal number (such as 0.25)");
+  EXPECT_EQ(label_line_error("a:."), "weight '.' of 'a' is not a decimal number (such as 0.25)");
+  EXPECT_EQ(label_line_error("a:+-1"),
+            "weight '+-1' of 'a' is not a decimal number (such as 0.25)");
+  EXPECT_EQ(label_line_error("a:inf"),
+            "weight 'inf' of 'a' is not a decimal number (such as 0.25)");
+  EXPECT_EQ(label_line_error("a:NaN"),
+            "weight 'NaN' of 'a' is not a decimal number (such as 0.25)");
+  EXPECT_EQ(label_line_error("a:"), "'a:' has no weight after its ':'");
+  EXPECT_EQ(label_line_error(":"), "':' has no label name");
 }
 
 TEST(LabelLine, RefusesANameThatIsNotText) {
-  const auto error = [](const std::string& line) {
-    try {
-      parse_label_line(line);
-    } catch (const std::invalid_argument& e) {
-      return std::string(e.what());
-    }
-    return std::string();
-  };
-  EXPECT_EQ(error(std::string("a\0b:0.5", 7)),
+  EXPECT_EQ(label_line_error(std::string("a\0b:0.5", 7)),
             "label 'a\\x00b' holds control character 0x00 at byte 2");
-  EXPECT_EQ(error("\x7f"), "label '\\x7f' holds control character 0x7f at byte 1");
-  EXPECT_EQ(error("ab\xff"), "label 'ab\\xff' is not UTF-8 (byte 0xff at byte 3)");
-  EXPECT_EQ(error("caf\xc3\xa9 na\xc3\xafve"), "");
+  EXPECT_EQ(label_line_error("\x7f"), "label '\\x7f' holds control character 0x7f at byte 1");
+  EXPECT_EQ(label_line_error("ab\xff"), "label 'ab\\xff' is not UTF-8 (byte 0xff at byte 3)");
+  EXPECT_EQ(label_line_error("caf\xc3\xa9 na\xc3\xafve"), "");
 }
 
 TEST(LabelNames, NonEmptyUtf8WithoutSpaceOrControls) {
