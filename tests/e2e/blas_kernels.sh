@@ -22,7 +22,7 @@ bench() {
 }
 
 # What OpenBLAS loads by itself here (inspect never starts again).
-own=$(OPENBLAS_VERBOSE=2 "$bin" --version 2>&1 | sed -n 's/^Core: //p' | head -n 1)
+own=$(OPENBLAS_VERBOSE=2 "$bin" --version 2>&1 | sed -n 's/^Core: //p' | sed -n 1p)
 echo "OpenBLAS's own choice here: ${own:-unknown}"
 
 bench

@@ -1,5 +1,7 @@
 # Shared by the end-to-end tests: run the trainer and read its final figures.
 # Usage from a test: source common.sh; then `train_and_check ... `.
+# Under pipefail a reader that stops early (head, grep -q) fails its pipeline
+# whenever the writer is still writing (SIGPIPE): read to the end (sed -n 1p).
 set -euo pipefail
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
@@ -154,7 +156,7 @@ same() {
   if cmp -s "$1" "$2"; then
     echo "PASS: $3 ($(wc -l <"$1") lines)"
   else
-    diff "$1" "$2" | head -n 10 >&2
+    diff "$1" "$2" | sed -n 1,10p >&2 || true
     fail "$3: $1 and $2 differ"
   fi
 }

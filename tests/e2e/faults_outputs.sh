@@ -37,7 +37,7 @@ signal_when_written() {
     sleep 0.1
   done
   local target
-  target=$(pgrep -P "$started" | head -n 1)
+  target=$(pgrep -P "$started" | sed -n 1p)
   # to_ranks=1: the processes mpirun started, each signalled (as scancel does)
   [[ ${to_ranks:-0} == 0 ]] || target=$(pgrep -P "$target" | tr '\n' ' ')
   kill -"$signal" $target 2>/dev/null || true

@@ -166,7 +166,7 @@ check "an old run directory resumes (exit $rc)" test "$rc" -eq 0
 ido=$(config_id old)
 check "and is given an id ('$ido') in config.ini, metrics.h5 and the new checkpoint" \
   test -n "$ido" -a "$(attr old/metrics.h5) $(attr old/checkpoints/step_00000015.h5)" == "$ido $ido"
-check "its rows are kept" test "$(rows old | head -n 1)" == "train 5 train 10 train 15 eval 10 eval 15"
+check "its rows are kept" test "$(rows old | sed -n 1p)" == "train 5 train 10 train 15 eval 10 eval 15"
 cp -r old old2
 train --steps 20 --resume old/checkpoints/step_00000010.h5 --out old2
 check "its checkpoints without an id resume anywhere (exit $rc)" test "$rc" -eq 0

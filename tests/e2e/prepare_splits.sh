@@ -156,7 +156,8 @@ prepared "seq2seq --valid-lines 50 --test-lines 30" \
   "1,919 training sequences in 2 shard(s), 50 validation, 30 test"
 paste src.txt tgt.txt | awk -F'\t' '$1 ~ /[^ \t]/ && $2 ~ /[^ \t]/' >pairs.kept
 tail -n 30 pairs.kept >pairs.test
-tail -n 80 pairs.kept | head -n 50 >pairs.valid
+kept=$(wc -l <pairs.kept)
+sed -n "$((kept - 79)),$((kept - 30))p" pairs.kept >pairs.valid
 for split in valid test; do
   cut -f1 "pairs.$split" >"pairs.$split.en"
   cut -f2 "pairs.$split" >"pairs.$split.de"

@@ -21,7 +21,7 @@ mpirun=("$MPIEXEC" -q -np 2)
 # eval_losses LOG: every held-out loss the run printed, in order.
 eval_losses() { sed -n 's/^\(eval step [0-9]*\|final eval\) | loss \([0-9.]*\).*/\2/p' "$1"; }
 # padding_efficiency LOG: the epoch's figure from the data summary.
-padding_efficiency() { sed -n 's/.*padding efficiency \([0-9.]*\).*/\1/p' "$1" | head -n 1; }
+padding_efficiency() { sed -n 's/.*padding efficiency \([0-9.]*\).*/\1/p' "$1" | sed -n 1p; }
 
 check_run() {
   local name=$1 data=$2
@@ -32,7 +32,7 @@ check_run() {
     --log-every 20 --eval-every 20 --eval-batches 1000 --seed 1 "$@"
   expect_at_least "$name padding efficiency" "$(padding_efficiency "$work/$name.log")" 0.90
   local first last
-  first=$(eval_losses "$work/$name.log" | head -n 1)
+  first=$(eval_losses "$work/$name.log" | sed -n 1p)
   last=$(eval_losses "$work/$name.log" | tail -n 1)
   if awk -v a="$first" -v b="$last" 'BEGIN { exit !(a != "" && b != "" && b + 0 < a - 0.2) }'; then
     echo "PASS: $name validation loss falls: $first -> $last" \
