@@ -91,6 +91,14 @@ void add_train_flags(FlagTable& t, TrainConfig* c) {
   add_reducer_flags(t, &c->bucket_mb, &c->overlap, &c->grad_sum, &c->transport, &c->deterministic);
   t.add("check-every", &c->check_every, "N",
         "steps between checks that all replicas hold identical parameters (0: off)");
+  t.add("shard-optimizer", &c->shard_optimizer, "true|false",
+        "each rank keeps the master weights and Adam moments of its 1/W slice only (ZeRO-1): "
+        "gradients are reduce-scattered, weights all-gathered after the update");
+  t.group("Memory");
+  t.add_choice("recompute", &c->recompute,
+               {{"none", Recompute::kNone}, {"layer", Recompute::kLayer}},
+               "what backward recomputes: none keeps every layer's activations; layer keeps "
+               "only each layer's input and reruns its forward in backward");
 }
 
 void validate_train(const TrainConfig& c) {

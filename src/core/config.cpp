@@ -188,6 +188,16 @@ const char* to_string(Transport k) {
   return "?";
 }
 
+const char* to_string(Recompute k) {
+  switch (k) {
+    case Recompute::kNone:
+      return "none";
+    case Recompute::kLayer:
+      return "layer";
+  }
+  return "?";
+}
+
 const char* to_string(OnDivergence k) {
   switch (k) {
     case OnDivergence::kStop:

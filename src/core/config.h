@@ -41,6 +41,9 @@ enum class GradSum { kExact, kFloat };
 enum class Transport { kAuto, kNccl, kMpi };
 // What a step with a non-finite loss or gradient norm does (src/train/divergence_guard.h).
 enum class OnDivergence { kStop, kSkip };
+// What backward recomputes: none keeps every layer's activations; layer keeps
+// each layer's input and reruns the layer's forward in backward.
+enum class Recompute { kNone, kLayer };
 
 const char* to_string(ModelKind k);
 const char* to_string(PositionKind k);
@@ -56,6 +59,7 @@ const char* to_string(LrScaling k);
 const char* to_string(GradSum k);
 const char* to_string(Transport k);
 const char* to_string(OnDivergence k);
+const char* to_string(Recompute k);
 const char* to_string(PoolKind k);
 const char* to_string(ClassifyLoss k);
 
@@ -180,6 +184,10 @@ struct TrainConfig {
   bool deterministic = true;  // GPU: no algorithm whose sums depend on timing
   AttentionPath attention = AttentionPath::kAuto;
   int check_every = 100;  // steps between replica checks (0: off)
+  // Each rank keeps masters and moments of its slice of the flat buffer only
+  // (ZeRO-1): gradients reduce-scattered, weights all-gathered after the update.
+  bool shard_optimizer = false;
+  Recompute recompute = Recompute::kNone;
 };
 
 // The text of a held-out split given as files (prepare --valid, --test).
