@@ -290,11 +290,12 @@ TEST(MemoryEstimate, CountsWhatTheModelAllocates) {
       EXPECT_LE(measured.activation_bytes, activations + 64 * 200);
 
       // The attention scratch is the ops' own, outside the model's buffers.
-      const MemoryEstimate e = estimate_memory(*ops, c, capacity, compute, true);
-      EXPECT_GT(e.attention_bytes, 0u);
-      EXPECT_GE(e.device_total() + 64 * 200, total + e.attention_bytes) << to_string(kind);
-      EXPECT_LE(e.device_total(), total + 64 * 200 + e.activation_bytes -
-                                      measured.activation_bytes + e.attention_bytes)
+      const MemoryEstimate e =
+          estimate_memory(*ops, c, capacity, compute, MemoryPlan{.training = true});
+      EXPECT_GT(e.buffer_bytes, 0u);
+      EXPECT_GE(e.device_total() + 64 * 200, total + e.buffer_bytes) << to_string(kind);
+      EXPECT_LE(e.device_total(),
+                total + 64 * 200 + e.activation_bytes - measured.activation_bytes + e.buffer_bytes)
           << to_string(kind);
     }
   }
@@ -305,14 +306,46 @@ TEST(MemoryEstimate, AttentionScratchGrowsWithTheSquareOfTheLongestSequence) {
   ModelConfig c = testing::tiny(ModelKind::kLm);
   c.max_len = 4096;
   const auto scratch = [&](int longest, bool training) {
-    return estimate_memory(*ops, c, ModelCapacity{4096, longest}, DType::kF32, training)
-        .attention_bytes;
+    // Without the exact sum's buffer, the buffers are the attention scratch.
+    return estimate_memory(*ops, c, ModelCapacity{4096, longest}, DType::kF32,
+                           MemoryPlan{.training = training})
+        .buffer_bytes;
   };
   // The same tokens in sequences twice as long: four times the scores.
   EXPECT_EQ(scratch(2048, true), 4 * scratch(1024, true));
   // Backward keeps the probabilities and their gradient; forward only one.
   EXPECT_EQ(scratch(1024, true), 2 * scratch(1024, false));
   EXPECT_GE(scratch(1024, false), sizeof(float) * 1024 * 1024);
+}
+
+TEST(MemoryEstimate, ShardingDividesMastersAndMomentsByTheRanks) {
+  std::unique_ptr<Ops> ops = make_cpu_ops(1);
+  const ModelConfig c = testing::tiny(ModelKind::kLm);
+  const ModelCapacity capacity{64, c.max_len};
+  const MemoryPlan whole{.training = true, .world = 4, .reducer_exact_sum = true};
+  MemoryPlan sharded = whole;
+  sharded.shard_optimizer = true;
+  for (DType compute : {DType::kF32, DType::kBF16}) {
+    const MemoryEstimate a = estimate_memory(*ops, c, capacity, compute, whole);
+    const MemoryEstimate b = estimate_memory(*ops, c, capacity, compute, sharded);
+    const size_t P = a.parameters, slice = (P + 3) / 4;
+    EXPECT_EQ(a.owned_parameters, P);
+    EXPECT_EQ(b.owned_parameters, slice);
+    EXPECT_EQ(a.moment_bytes, 8 * P);
+    EXPECT_EQ(b.moment_bytes, 8 * slice);
+    // fp32 runs have no masters apart from the weights; bf16 keeps a slice.
+    EXPECT_EQ(b.master_bytes, compute == DType::kF32 ? 0 : 4 * slice);
+    // Weights, gradients and the exact sum stay whole on every rank.
+    EXPECT_EQ(a.weight_bytes, b.weight_bytes);
+    EXPECT_EQ(b.gradient_bytes, 4 * P);
+    EXPECT_EQ(a.buffer_bytes, b.buffer_bytes);
+    EXPECT_NE(b.describe().find(std::to_string(slice) + " in this rank's slice: weights "),
+              std::string::npos)
+        << b.describe();
+  }
+  // Scoring keeps no gradients and no moments.
+  const MemoryEstimate scoring = estimate_memory(*ops, c, capacity, DType::kF32);
+  EXPECT_EQ(scoring.gradient_bytes + scoring.moment_bytes + scoring.master_bytes, 0u);
 }
 
 TEST(MemoryEstimate, BytesAreWrittenInTheLargestUnitBelowThem) {
@@ -330,8 +363,8 @@ TEST(MemoryEstimate, AModelLargerThanTheHostIsNamed) {
   c.heads = 4;
   c.d_ff = 1 << 18;
   c.layers = 64;
-  const MemoryEstimate e =
-      estimate_memory(*ops, c, ModelCapacity{1 << 20, c.max_len}, DType::kF32, true);
+  const MemoryEstimate e = estimate_memory(*ops, c, ModelCapacity{1 << 20, c.max_len}, DType::kF32,
+                                           MemoryPlan{.training = true});
   EXPECT_GT(e.host_total(), size_t{1} << 44);  // far beyond any host
   const std::string why = memory_shortfall(e, *ops, 2, "--d-model");
   EXPECT_EQ(why.rfind("needs about ", 0), 0u) << why;
@@ -340,7 +373,8 @@ TEST(MemoryEstimate, AModelLargerThanTheHostIsNamed) {
       << why;
   const ModelConfig small_model = testing::tiny(ModelKind::kLm);
   const MemoryEstimate small =
-      estimate_memory(*ops, small_model, ModelCapacity{64, small_model.max_len}, DType::kF32, true);
+      estimate_memory(*ops, small_model, ModelCapacity{64, small_model.max_len}, DType::kF32,
+                      MemoryPlan{.training = true});
   EXPECT_EQ(memory_shortfall(small, *ops, 1, "--max-tokens"), "");
 }
 

@@ -123,9 +123,7 @@ int classify_on_root(const ClassifyConfig& cfg) {
                                std::to_string(m.max_len) + " are more than 2^31 - 1 tokens");
   }
   const auto room_for = [&](int b) { return ModelCapacity{b * m.max_len, m.max_len, b}; };
-  const auto need = [&](int b) {
-    return estimate_memory(*ops, m, room_for(b), DType::kF32, /*training=*/false);
-  };
+  const auto need = [&](int b) { return estimate_memory(*ops, m, room_for(b), DType::kF32); };
   const auto fits = [&](int b) { return memory_shortfall(need(b), *ops, 1, "").empty(); };
   const MemoryEstimate estimate = need(lines_at_once);
   if (!fits(lines_at_once)) {

@@ -159,9 +159,9 @@ int run_eval(const EvalConfig& cfg, Communicator& comm) {
     // The model at this --max-tokens must fit beside the other ranks of the node.
     std::string shortfall;
     if (!agreed(comm, [&] {
-          shortfall = memory_shortfall(
-              estimate_memory(*ops, run.model, capacity, DType::kF32, false), *ops,
-              comm.local_size(), "--max-tokens (" + std::to_string(run.max_tokens) + ")");
+          shortfall = memory_shortfall(estimate_memory(*ops, run.model, capacity, DType::kF32),
+                                       *ops, comm.local_size(),
+                                       "--max-tokens (" + std::to_string(run.max_tokens) + ")");
         }))
       return kExitFailure;
     if (const int code = refuse_on_shortfall(comm, shortfall, "mpiformer eval: --max-tokens: "))

@@ -230,7 +230,7 @@ int generate_on_root(const GenerateConfig& cfg) {
   }
   const ModelCapacity room{static_cast<int>(capacity), run.model.max_len};
   const std::string shortfall = memory_shortfall(
-      estimate_memory(*ops, run.model, room, DType::kF32, false), *ops, 1,
+      estimate_memory(*ops, run.model, room, DType::kF32), *ops, 1,
       "--beam (each beam holds max-len " + std::to_string(run.model.max_len) + " tokens)");
   if (!shortfall.empty()) usage_error("--beam", "decoding " + shortfall);
   Model model(*ops, run.model, room);

@@ -24,6 +24,8 @@ struct ModelCapacity {
   // Sequences of one batch, when fewer than max_tokens: a classifier's
   // per-sequence buffers (scores, label targets) are (max_sequences, labels).
   int max_sequences = 0;  // 0: max_tokens (one-row sequences)
+  // What backward recomputes: layer keeps each layer's input only.
+  Recompute recompute = Recompute::kNone;
 
   int sequences() const {
     return max_sequences > 0 && max_sequences < max_tokens ? max_sequences : max_tokens;

@@ -112,12 +112,14 @@ std::string MemoryEstimate::describe() const {
   const auto part = [](size_t bytes) { return format_bytes(static_cast<double>(bytes)); };
   std::ostringstream s;
   s << part(device_is_host ? host_total() : device_total())
-    << (device_is_host ? "" : " of device memory") << " (" << parameters << " parameters: weights "
-    << part(weight_bytes);
-  if (optimizer_bytes > 0) s << ", AdamW " << part(optimizer_bytes);
+    << (device_is_host ? "" : " of device memory") << " (" << parameters << " parameters";
+  if (owned_parameters != parameters) s << ", " << owned_parameters << " in this rank's slice";
+  s << ": weights " << part(weight_bytes);
+  if (master_bytes > 0) s << ", masters " << part(master_bytes);
+  if (moment_bytes > 0) s << ", moments " << part(moment_bytes);
+  if (gradient_bytes > 0) s << ", gradients " << part(gradient_bytes);
   s << ", activations " << part(activation_bytes);
-  if (attention_bytes > 0) s << ", attention scratch " << part(attention_bytes);
-  if (reducer_bytes > 0) s << ", gradient sum " << part(reducer_bytes);
+  if (buffer_bytes > 0) s << ", buffers " << part(buffer_bytes);
   if (host_bytes > 0)
     s << (device_is_host ? ", " : "; host: ") << "gradient staging " << part(host_bytes);
   s << ")";
@@ -125,28 +127,64 @@ std::string MemoryEstimate::describe() const {
 }
 
 MemoryEstimate estimate_memory(Ops& ops, const ModelConfig& model, const ModelCapacity& capacity,
-                               DType compute, bool training, bool reducer_exact_sum,
-                               bool reducer_staged) {
+                               DType compute, const MemoryPlan& plan) {
   const ModelMemory m = Model::measure(ops, model, capacity, compute);
   MemoryEstimate e;
-  e.parameters = m.parameters;
   const size_t P = m.parameters;
-  const size_t copy = compute == DType::kF32 ? 0 : P * dtype_bytes(compute);
-  e.weight_bytes = 2 * P * sizeof(float) + copy;  // master and gradients
-  e.optimizer_bytes = training ? 2 * P * sizeof(float) : 0;
+  const size_t W = static_cast<size_t>(std::max(plan.world, 1));
+  e.parameters = P;
+  // A slice is at most a W-th, rounded up (the plan's slices are balanced).
+  e.owned_parameters = plan.training && plan.shard_optimizer ? (P + W - 1) / W : P;
+  const bool separate_copy = compute != DType::kF32;
+  e.weight_bytes = P * (separate_copy ? dtype_bytes(compute) : sizeof(float));
+  if (separate_copy) e.master_bytes = e.owned_parameters * sizeof(float);
   e.activation_bytes = m.activation_bytes + m.upload_bytes;
   AttentionConfig attention;
   attention.heads = model.heads;
   attention.head_dim = model.d_model / std::max(model.heads, 1);
   const size_t longest = static_cast<size_t>(std::min(capacity.max_len, capacity.max_tokens));
-  e.attention_bytes = ops.attention_scratch_bytes(compute, static_cast<size_t>(capacity.max_tokens),
-                                                  longest, attention, training);
-  if (training) {
-    if (reducer_exact_sum) e.reducer_bytes = (P + 1) * sizeof(int64_t);
-    if (reducer_staged) e.host_bytes = reducer_exact_sum ? e.reducer_bytes : P * sizeof(float);
+  e.buffer_bytes = ops.attention_scratch_bytes(compute, static_cast<size_t>(capacity.max_tokens),
+                                               longest, attention, plan.training);
+  if (plan.training) {
+    e.moment_bytes = 2 * e.owned_parameters * sizeof(float);
+    e.gradient_bytes = P * sizeof(float);
+    const size_t exact_sum = plan.reducer_exact_sum ? (P + 1) * sizeof(int64_t) : 0;
+    e.buffer_bytes += exact_sum;
+    if (plan.reducer_staged) e.host_bytes = plan.reducer_exact_sum ? exact_sum : P * sizeof(float);
   }
   e.device_is_host = ops.device().host_accessible();
   return e;
+}
+
+std::string fitting_flags(Ops& ops, const ModelConfig& model, const ModelCapacity& capacity,
+                          DType compute, const MemoryPlan& plan, int local_ranks) {
+  struct Option {
+    bool shard, recompute;
+    const char* flags;
+  };
+  const Option options[] = {{true, false, "--shard-optimizer true"},
+                            {false, true, "--recompute layer"},
+                            {true, true, "--shard-optimizer true with --recompute layer"}};
+  for (const Option& o : options) {
+    const bool shard = plan.shard_optimizer || o.shard;
+    const bool recompute = capacity.recompute == Recompute::kLayer || o.recompute;
+    // Sharding needs ranks to share with; a flag already given is no hint.
+    if ((o.shard && (plan.shard_optimizer || plan.world < 2)) ||
+        (o.recompute && capacity.recompute == Recompute::kLayer))
+      continue;
+    MemoryPlan p = plan;
+    p.shard_optimizer = shard;
+    ModelCapacity c = capacity;
+    c.recompute = recompute ? Recompute::kLayer : Recompute::kNone;
+    const MemoryEstimate e = estimate_memory(ops, model, c, compute, p);
+    if (memory_shortfall(e, ops, local_ranks, "").empty()) {
+      return std::string(o.flags) + " would make it fit (about " +
+             format_bytes(
+                 static_cast<double>(e.device_is_host ? e.host_total() : e.device_total())) +
+             " per rank)";
+    }
+  }
+  return "";
 }
 
 namespace {

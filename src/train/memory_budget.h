@@ -3,12 +3,15 @@
 // fit is refused with one line naming the flags that size it, instead of
 // dying in an allocation (or being killed by the kernel) minutes later.
 //
-// Counted: the parameters (fp32 master, gradients, the compute copy), the
-// AdamW moments, the model's activation buffers at its capacity (--max-tokens,
-// or --beam x max-len for generate), the attention ops' scratch (the scores
-// of the longest sequence), the upload staging and the gradient reducer's
-// host buffers. Not counted: the data set in memory and library
-// workspaces (cuBLAS, cuDNN), so the estimate is a floor.
+// Counted per rank, by kind: the weights' compute copy (fp32: the master
+// weights themselves), separate fp32 masters (bf16, fp16), the AdamW
+// moments, the gradients, the model's activation buffers at its capacity
+// (--max-tokens, or --beam x max-len for generate; what --recompute keeps),
+// and buffers: the attention ops' scratch (the scores of the longest
+// sequence), the exact sum's fixed-point buffer and the reducer's host
+// staging. --shard-optimizer keeps masters and moments for the rank's slice
+// only. Not counted: the data set in memory and library workspaces (cuBLAS,
+// cuDNN), so the estimate is a floor.
 #pragma once
 
 #include <cstddef>
@@ -21,31 +24,46 @@
 
 namespace mpiformer {
 
+// What a command keeps besides the model's weights and activations.
+struct MemoryPlan {
+  bool training = false;           // gradients and AdamW moments
+  int world = 1;                   // ranks of the run
+  bool shard_optimizer = false;    // masters and moments of 1/world of the parameters
+  bool reducer_exact_sum = false;  // the fixed-point sum: 8 bytes a float, backend memory
+  bool reducer_staged = false;     // host staging for a transport that wants host memory
+};
+
 struct MemoryEstimate {
   size_t parameters = 0;
-  size_t weight_bytes = 0;      // master weights, gradients, compute copy
-  size_t optimizer_bytes = 0;   // AdamW m and v
+  size_t owned_parameters = 0;  // those whose masters and moments this rank keeps
+  size_t weight_bytes = 0;      // the compute copy (fp32: the master weights themselves)
+  size_t master_bytes = 0;      // fp32 masters beside a bf16 or fp16 compute copy
+  size_t moment_bytes = 0;      // AdamW m and v
+  size_t gradient_bytes = 0;    // fp32 gradients
   size_t activation_bytes = 0;  // the model's buffers, uploads included
-  size_t attention_bytes = 0;   // the attention ops' scratch
-  size_t reducer_bytes = 0;     // the exact sum's fixed-point buffer (backend memory)
+  size_t buffer_bytes = 0;      // attention scratch and the exact sum (backend memory)
   size_t host_bytes = 0;        // host-only buffers (the reducer's staging)
   bool device_is_host = true;   // CPU backend: everything is host memory
 
   size_t device_total() const {
-    return weight_bytes + optimizer_bytes + activation_bytes + attention_bytes + reducer_bytes;
+    return weight_bytes + master_bytes + moment_bytes + gradient_bytes + activation_bytes +
+           buffer_bytes;
   }
   size_t host_total() const { return host_bytes + (device_is_host ? device_total() : 0); }
-  // "1.2 GiB (19232 parameters: weights 0.2 MiB, AdamW 0.1 MiB, activations 1.0 GiB)"
+  // "1.2 GiB (19232 parameters: weights 75.1 KiB, moments 150.2 KiB,
+  // gradients 75.1 KiB, activations 1.0 GiB, buffers 0.2 MiB)"
   std::string describe() const;
 };
 
-// training: AdamW moments and gradient reducer buffers are counted.
-// exact_sum / staged: the reducer's fixed-point sum (8 bytes a float, in
-// the backend's memory) and its host staging for a transport that wants
-// host memory (the sum's 8 bytes, or 4 for the float sum).
 MemoryEstimate estimate_memory(Ops& ops, const ModelConfig& model, const ModelCapacity& capacity,
-                               DType compute, bool training, bool reducer_exact_sum = false,
-                               bool reducer_staged = false);
+                               DType compute, const MemoryPlan& plan = {});
+
+// For a run whose estimate under `plan` and `capacity` falls short: the
+// first of --shard-optimizer true (on more than one rank), --recompute layer,
+// and both, that would make it fit, e.g. "--shard-optimizer true would make
+// it fit (about 1.1 GiB per rank)"; "" when none would.
+std::string fitting_flags(Ops& ops, const ModelConfig& model, const ModelCapacity& capacity,
+                          DType compute, const MemoryPlan& plan, int local_ranks);
 
 // Bytes this process may still take on the host: the smaller of the node's
 // MemAvailable and what its cgroup (a SLURM job's --mem) has left, shared

@@ -217,19 +217,28 @@ int build(TrainingRun& run, const Communicator& comm, const FaultInjection& faul
 
   // Memory: estimated from the flags, refused before anything big is
   // allocated when it cannot fit.
-  const ModelCapacity capacity{cfg.max_tokens, cfg.model.max_len,
-                               run.source->max_batch_sequences()};
+  const ModelCapacity capacity{cfg.max_tokens, cfg.model.max_len, run.source->max_batch_sequences(),
+                               cfg.recompute};
   const DType compute = compute_dtype(cfg.precision);
-  const bool reducer_exact = cfg.grad_sum == GradSum::kExact;
+  MemoryPlan plan;
+  plan.training = true;
+  plan.world = world;
+  plan.shard_optimizer = cfg.shard_optimizer && world > 1;
+  plan.reducer_exact_sum = cfg.grad_sum == GradSum::kExact;  // on one rank too
   // The MPI transport reads host memory: a GPU's gradients are staged.
-  const bool reducer_staged =
+  plan.reducer_staged =
       world > 1 && notes->transport == Transport::kMpi && !ops.device().host_accessible();
   std::string shortfall;
   if (!agreed(comm, [&] {
-        notes->memory =
-            estimate_memory(ops, cfg.model, capacity, compute, true, reducer_exact, reducer_staged);
+        notes->memory = estimate_memory(ops, cfg.model, capacity, compute, plan);
         shortfall = memory_shortfall(notes->memory, ops, comm.local_size(),
                                      "--max-tokens, --d-model, --d-ff, --layers or --max-len");
+        // Where sharding or recomputation would make it fit, say which.
+        if (!shortfall.empty()) {
+          const std::string fits =
+              fitting_flags(ops, cfg.model, capacity, compute, plan, comm.local_size());
+          if (!fits.empty()) shortfall += ", or train with " + fits;
+        }
       }))
     return kExitFailure;
   if (const int code = refuse_on_shortfall(comm, shortfall, "mpiformer train: ")) return code;
