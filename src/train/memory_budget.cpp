@@ -119,7 +119,11 @@ std::string MemoryEstimate::describe() const {
   if (moment_bytes > 0) s << ", moments " << part(moment_bytes);
   if (gradient_bytes > 0) s << ", gradients " << part(gradient_bytes);
   s << ", activations " << part(activation_bytes);
-  if (buffer_bytes > 0) s << ", buffers " << part(buffer_bytes);
+  if (buffer_bytes > 0) {
+    s << ", buffers " << part(buffer_bytes);
+    // The scores of the longest sequence can dwarf the rest: named apart.
+    if (attention_bytes > 0) s << " (attention scratch " << part(attention_bytes) << ")";
+  }
   if (host_bytes > 0)
     s << (device_is_host ? ", " : "; host: ") << "gradient staging " << part(host_bytes);
   s << ")";
@@ -143,8 +147,9 @@ MemoryEstimate estimate_memory(Ops& ops, const ModelConfig& model, const ModelCa
   attention.heads = model.heads;
   attention.head_dim = model.d_model / std::max(model.heads, 1);
   const size_t longest = static_cast<size_t>(std::min(capacity.max_len, capacity.max_tokens));
-  e.buffer_bytes = ops.attention_scratch_bytes(compute, static_cast<size_t>(capacity.max_tokens),
-                                               longest, attention, plan.training);
+  e.attention_bytes = ops.attention_scratch_bytes(compute, static_cast<size_t>(capacity.max_tokens),
+                                                  longest, attention, plan.training);
+  e.buffer_bytes = e.attention_bytes;
   if (plan.training) {
     e.moment_bytes = 2 * e.owned_parameters * sizeof(float);
     e.gradient_bytes = P * sizeof(float);

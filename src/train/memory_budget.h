@@ -42,6 +42,7 @@ struct MemoryEstimate {
   size_t gradient_bytes = 0;    // fp32 gradients
   size_t activation_bytes = 0;  // the model's buffers, uploads included
   size_t buffer_bytes = 0;      // attention scratch and the exact sum (backend memory)
+  size_t attention_bytes = 0;   // the attention scratch, of buffer_bytes
   size_t host_bytes = 0;        // host-only buffers (the reducer's staging)
   bool device_is_host = true;   // CPU backend: everything is host memory
 
@@ -51,7 +52,8 @@ struct MemoryEstimate {
   }
   size_t host_total() const { return host_bytes + (device_is_host ? device_total() : 0); }
   // "1.2 GiB (19232 parameters: weights 75.1 KiB, moments 150.2 KiB,
-  // gradients 75.1 KiB, activations 1.0 GiB, buffers 0.2 MiB)"
+  // gradients 75.1 KiB, activations 1.0 GiB, buffers 0.2 MiB (attention
+  // scratch 0.1 MiB))"
   std::string describe() const;
 };
 
