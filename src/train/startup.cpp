@@ -1,5 +1,6 @@
 #include "src/train/startup.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
@@ -228,6 +229,11 @@ int build(TrainingRun& run, const Communicator& comm, const FaultInjection& faul
   if (!agreed(comm, [&] {
         notes->memory =
             estimate_memory(ops, cfg.model, capacity, compute, true, reducer_exact, reducer_staged);
+        // Sharded, a rank holds the moments of its slice only (the largest).
+        if (cfg.shard_optimizer)
+          notes->memory.optimizer_bytes =
+              2 * sizeof(float) *
+              plan_shards(notes->memory.optimizer_bytes / (2 * sizeof(float)), world).largest();
         shortfall = memory_shortfall(notes->memory, ops, comm.local_size(),
                                      "--max-tokens, --d-model, --d-ff, --layers or --max-len");
       }))
@@ -243,7 +249,10 @@ int build(TrainingRun& run, const Communicator& comm, const FaultInjection& faul
   optim.lr = static_cast<float>(optim.lr * notes->lr_factor);
   optim.end_lr = static_cast<float>(optim.end_lr * notes->lr_factor);
   notes->lr = optim.lr;
-  run.optimizer = std::make_unique<AdamW>(run.model->parameters(), optim);
+  if (cfg.shard_optimizer)
+    run.shards =
+        std::make_unique<ShardLink>(comm, ops, plan_shards(run.model->parameters().count(), world));
+  run.optimizer = std::make_unique<AdamW>(run.model->parameters(), optim, run.shards.get());
   run.schedule = std::make_unique<LrSchedule>(optim, cfg.steps);
   run.scaler = std::make_unique<LossScaler>(cfg.precision == Precision::kFp16, cfg.loss_scale,
                                             cfg.loss_scale_window);
@@ -280,8 +289,10 @@ int restore(TrainingRun& run, const Communicator& comm) {
   }
   if (const int code = agree_on(comm, verdict)) return code;
   broadcast_tensors(comm, c.path, c.params, params, params.params());
-  broadcast_tensors(comm, c.path, c.m, params, run.optimizer->m());
-  broadcast_tensors(comm, c.path, c.v, params, run.optimizer->v());
+  // A sharded optimizer takes its slice of the moments (any layout resumes any).
+  const size_t begin = run.optimizer->shard_begin(), end = run.optimizer->shard_end();
+  broadcast_tensors(comm, c.path, c.m, params, run.optimizer->m(), begin, end);
+  broadcast_tensors(comm, c.path, c.v, params, run.optimizer->v(), begin, end);
   params.refresh_compute();
   run.optimizer->set_steps_taken(run.start.state.optimizer_steps);
   run.scaler->restore(static_cast<float>(run.start.state.loss_scale),
@@ -372,6 +383,16 @@ void print_start(const TrainingRun& run, const Communicator& comm, const ConfigT
         reducer->buckets().size(), bucket_mb_for(cfg.bucket_mb, notes.transport),
         reducer->transport().name().c_str(),
         cfg.overlap ? "overlapped with backward" : "after backward");
+  if (run.shards) {
+    const ShardPlan& plan = run.shards->plan();
+    size_t fewest = plan.largest();
+    for (int r = 0; r < world; ++r) fewest = std::min(fewest, plan.size(r));
+    say(stdout,
+        "  optimizer sharded (ZeRO-1): each rank updates and keeps the AdamW moments of its "
+        "slice, %zu to %zu parameters (at most %.1f MiB of m and v); weights all-gathered "
+        "after each update\n",
+        fewest, plan.largest(), 2.0 * sizeof(float) * plan.largest() / double(1 << 20));
+  }
   if (!cfg.deterministic) {
     say(stdout, "  --deterministic false: %s\n",
         ops.device().host_accessible()
@@ -451,6 +472,13 @@ Started start_run(const TrainConfig& flags, const Communicator& comm, const Conf
                                    run.cfg.grad_sum, notes.transport, comm);
       }))
     return end(kExitFailure);
+  // Sharded: each bucket goes to the owners of its elements, and the updated
+  // slices come back over the same transport.
+  if (run.shards && run.reducer) {
+    run.reducer->set_owners(run.shards->plan().bounds, comm.rank());
+    run.shards->use_transport(run.reducer->transport(),
+                              static_cast<int>(run.reducer->buckets().size()) + 1);
+  }
   if (const int code = claim_directory(run, comm, config_text, notes)) return end(code);
   print_start(run, comm, config_text, notes);
   return Started{std::move(parts), 0};
