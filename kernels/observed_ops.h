@@ -224,6 +224,14 @@ class ObservedOps : public Ops {
     observe({"sum_squares", OpFamily::kOptimizer, DType::kF32, {{"n", n}}},
             [&] { inner_.sum_squares(out, x, n); });
   }
+  void sum_squares_blocks(double* partial, const float* x, size_t n) override {
+    observe({"sum_squares_blocks", OpFamily::kOptimizer, DType::kF32, {{"n", n}}},
+            [&] { inner_.sum_squares_blocks(partial, x, n); });
+  }
+  void sum_doubles(double* out, const double* x, size_t n) override {
+    observe({"sum_doubles", OpFamily::kOptimizer, DType::kF32, {{"n", n}}},
+            [&] { inner_.sum_doubles(out, x, n); });
+  }
   void adamw_update(float* params, const float* grads, float* m, float* v, Act compute, size_t n,
                     const AdamWRange* ranges, int range_count, const AdamWConfig& cfg,
                     const double* grad_norm_sq) override {

@@ -117,6 +117,14 @@ struct LossSums {
 // A contiguous run of the flat parameter buffer with one weight decay (at
 // most kAdamWRangeFloats long, so the runs spread over a GPU's blocks).
 constexpr size_t kAdamWRangeFloats = size_t{1} << 16;
+
+// The gradient norm's block: sum_squares_blocks writes one partial sum per
+// block of this many floats, and a sharded optimizer's slices start on a
+// block boundary, so every rank's partials are the unsharded run's.
+constexpr size_t kNormBlockFloats = 4096;
+inline size_t norm_blocks(size_t n) {
+  return (n + kNormBlockFloats - 1) / kNormBlockFloats;
+}
 struct AdamWRange {
   size_t begin = 0, end = 0;  // floats from the start of the buffer
   float weight_decay = 0.0f;  // decoupled: p -= lr * wd * p
@@ -319,6 +327,15 @@ class Ops {
   // *out = sum of x[i]^2, accumulated in double in an order that depends on
   // n only.  x: (n), out: backend (1)
   virtual void sum_squares(double* out, const float* x, size_t n) = 0;
+  // partial[b] = sum of x[i]^2 over block b, i in [b * kNormBlockFloats,
+  // min(n, (b + 1) * kNormBlockFloats)), in double, in an order that depends
+  // on the block's length only (the gradient norm: any slice of x that
+  // starts on a block boundary gives the same partials).
+  // x: (n), partial: backend (norm_blocks(n))
+  virtual void sum_squares_blocks(double* partial, const float* x, size_t n) = 0;
+  // *out = sum of x[0, n) in an order that depends on n only (0 when n is 0).
+  // x: backend (n), out: backend (1)
+  virtual void sum_doubles(double* out, const double* x, size_t n) = 0;
   // One AdamW update of every range of the flat buffers, in one pass (one
   // launch on a GPU, a block per range). Gradients are multiplied by cfg.inv_loss_scale and by
   // clip_factor(sqrt(*grad_norm_sq) * inv_loss_scale, max_norm) first, so

@@ -595,6 +595,38 @@ TEST_P(CudaOpsTest, CrossEntropyAdamWAndNorm) {
   if (compute_gpu) compare(compute, n, elementwise_tolerance(t()), "adamw compute copy");
 }
 
+// The gradient norm's block partials on the GPU: close to the CPU
+// reference, and bitwise the same over a block-aligned slice as over the
+// whole buffer (what keeps a sharded optimizer's norm the unsharded one's).
+TEST_P(CudaOpsTest, SumSquaresBlocksMatchCpuAndSlices) {
+  const size_t n = 5 * kNormBlockFloats + 123, blocks = norm_blocks(n);
+  const FloatPair x = b_->floats(random(n));
+  const Pair whole = b_->acts(std::vector<float>(2 * blocks), DType::kF32);   // (blocks) doubles
+  const Pair sliced = b_->acts(std::vector<float>(2 * blocks), DType::kF32);  // (blocks) doubles
+  const Pair total = b_->acts(std::vector<float>(2), DType::kF32);            // one double
+  b_->gpu->sum_squares_blocks(static_cast<double*>(whole.gpu.data), x.gpu, n);
+  b_->cpu->sum_squares_blocks(static_cast<double*>(whole.cpu.data), x.cpu, n);
+  b_->gpu->sum_squares_blocks(static_cast<double*>(sliced.gpu.data), x.gpu, 3 * kNormBlockFloats);
+  b_->gpu->sum_squares_blocks(static_cast<double*>(sliced.gpu.data) + 3,
+                              x.gpu + 3 * kNormBlockFloats, n - 3 * kNormBlockFloats);
+  std::vector<double> gpu(blocks), cpu(blocks), gpu_sliced(blocks);
+  b_->gpu->device().copy_to_host(gpu.data(), whole.gpu.data, blocks * sizeof(double));
+  b_->cpu->device().copy_to_host(cpu.data(), whole.cpu.data, blocks * sizeof(double));
+  b_->gpu->device().copy_to_host(gpu_sliced.data(), sliced.gpu.data, blocks * sizeof(double));
+  for (size_t b = 0; b < blocks; ++b) {
+    EXPECT_NEAR(gpu[b], cpu[b], 1e-12 * cpu[b]) << "block " << b;
+    EXPECT_EQ(gpu_sliced[b], gpu[b]) << "block " << b;
+  }
+  b_->gpu->sum_doubles(static_cast<double*>(total.gpu.data), static_cast<double*>(whole.gpu.data),
+                       blocks);
+  b_->cpu->sum_doubles(static_cast<double*>(total.cpu.data), static_cast<double*>(whole.cpu.data),
+                       blocks);
+  double total_gpu = 0, total_cpu = 0;
+  b_->gpu->device().copy_to_host(&total_gpu, total.gpu.data, sizeof total_gpu);
+  b_->cpu->device().copy_to_host(&total_cpu, total.cpu.data, sizeof total_cpu);
+  EXPECT_NEAR(total_gpu, total_cpu, 1e-12 * total_cpu);
+}
+
 // The classifier's ops: pooling over ragged rows (an empty sequence, one
 // longer than a block), and the ZLPR loss with soft targets, scores of
 // +-1e4 and a padded row stride. Sums and counts are computed in double

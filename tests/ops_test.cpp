@@ -1384,6 +1384,51 @@ TEST_F(OpsTest, AdamWClipsWithTheGivenSquaredNorm) {
   }
 }
 
+// The gradient norm's partials: one per kNormBlockFloats block, each the
+// same whether taken over the whole buffer or over a slice that starts on a
+// block boundary (a sharded optimizer's), and their sum in index order.
+TEST_F(OpsTest, SumSquaresBlocksAreTheSameForAnyBlockAlignedSlice) {
+  const size_t n = 5 * kNormBlockFloats + 123;
+  const Vec x = random_vec(n, 55);
+  ASSERT_EQ(norm_blocks(n), 6u);
+  std::vector<double> whole(norm_blocks(n), -1.0);  // (blocks)
+  ops->sum_squares_blocks(whole.data(), x.data(), n);
+  for (size_t b = 0; b < whole.size(); ++b) {
+    double expected = 0.0;
+    for (size_t i = b * kNormBlockFloats; i < std::min(n, (b + 1) * kNormBlockFloats); ++i)
+      expected += static_cast<double>(x[i]) * x[i];
+    EXPECT_NEAR(whole[b], expected, 1e-12 * expected) << "block " << b;
+  }
+  // Slices [2, 4) and [4, end) of the blocks, as two ranks would take them.
+  std::vector<double> sliced(whole.size(), 0.0);
+  ops->sum_squares_blocks(sliced.data() + 2, x.data() + 2 * kNormBlockFloats, 2 * kNormBlockFloats);
+  ops->sum_squares_blocks(sliced.data() + 4, x.data() + 4 * kNormBlockFloats,
+                          n - 4 * kNormBlockFloats);
+  ops->sum_squares_blocks(sliced.data(), x.data(), 2 * kNormBlockFloats);
+  for (size_t b = 0; b < whole.size(); ++b) EXPECT_EQ(sliced[b], whole[b]) << "block " << b;
+
+  double total = -1.0, expected = 0.0;
+  for (double p : whole) expected += p;  // index order
+  ops->sum_doubles(&total, whole.data(), whole.size());
+  EXPECT_EQ(total, expected);
+  ops->sum_doubles(&total, whole.data(), 0);
+  EXPECT_EQ(total, 0.0);
+}
+
+TEST_F(OpsTest, SumSquaresBlocksIndependentOfThreadCount) {
+  const Vec x = random_vec(200003, 56);
+  const int threads = omp_get_max_threads();
+  std::vector<std::vector<double>> partials;
+  for (int t : {1, 2, 3}) {
+    omp_set_num_threads(t);
+    partials.emplace_back(norm_blocks(x.size()));
+    ops->sum_squares_blocks(partials.back().data(), x.data(), x.size());
+  }
+  omp_set_num_threads(threads);
+  EXPECT_EQ(partials[0], partials[1]);
+  EXPECT_EQ(partials[0], partials[2]);
+}
+
 TEST_F(OpsTest, SumSquares) {
   const Vec x = random_vec(3 * 16384 + 17, 53);
   double expected = 0.0;

@@ -12,6 +12,7 @@
 #include "kernels/backend.h"
 #include "src/core/config.h"
 #include "src/core/parameters.h"
+#include "src/core/shard_plan.h"
 #include "src/optim/adamw.h"
 #include "src/optim/schedule.h"
 
@@ -372,6 +373,41 @@ TEST_F(OptimTest, ClipsWithTheNormMeasuredOnTheBackend) {
   expect_close(read(p.params(), 8), ref.p, "clipped params");
   expect_close(read(adam.m(), 8), ref.m, "clipped m");
   EXPECT_NEAR(read(adam.m(), 8)[7], (1 - cfg.beta1) * 12 * 0.25 * clip, 1e-7);
+}
+
+// The sharded optimizer's slices: in rank order, covering the buffer,
+// starting on norm blocks, as even as whole blocks go; empty for ranks
+// beyond the blocks of a tiny model.
+TEST(ShardPlan, SlicesCoverTheBufferInRankOrderOnNormBlocks) {
+  const size_t B = kNormBlockFloats;
+  for (const size_t count : {size_t{0}, size_t{1}, B - 1, B, 3 * B + 7, 10 * B, 101 * B + 5}) {
+    for (int world : {1, 2, 3, 4, 7}) {
+      const ShardPlan plan = plan_shards(count, world);
+      ASSERT_EQ(plan.world(), world);
+      EXPECT_EQ(plan.begin(0), 0u);
+      EXPECT_EQ(plan.end(world - 1), count);
+      const size_t blocks = norm_blocks(count);
+      for (int r = 0; r < world; ++r) {
+        EXPECT_LE(plan.begin(r), plan.end(r));
+        if (r > 0) {
+          EXPECT_EQ(plan.begin(r), plan.end(r - 1));
+        }
+        if (plan.begin(r) < count) {
+          EXPECT_EQ(plan.begin(r) % B, 0u) << count << " / " << world;
+        }
+        // Whole blocks, at most one more than the fewest.
+        const size_t mine = norm_blocks(plan.end(r)) - plan.begin(r) / B;
+        EXPECT_GE(mine, blocks / world);
+        EXPECT_LE(mine, blocks / world + 1);
+      }
+    }
+  }
+  // Uneven: 10 blocks over 3 ranks are 3, 3 and 4.
+  const ShardPlan three = plan_shards(10 * B, 3);
+  EXPECT_EQ(three.bounds, (std::vector<size_t>{0, 3 * B, 6 * B, 10 * B}));
+  // Fewer blocks than ranks: some slices are empty.
+  const ShardPlan tiny = plan_shards(B + 1, 4);
+  EXPECT_EQ(tiny.bounds, (std::vector<size_t>{0, 0, B, B, B + 1}));
 }
 
 }  // namespace

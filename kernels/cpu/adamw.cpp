@@ -83,4 +83,19 @@ void CpuOps::sum_squares(double* out, const float* x, size_t n) {
   *out = total;
 }
 
+void CpuOps::sum_squares_blocks(double* partial, const float* x, size_t n) {
+  const size_t blocks = norm_blocks(n);
+#pragma omp parallel for schedule(static) if (cpu::worth_threading(n))
+  for (size_t b = 0; b < blocks; ++b) {
+    const size_t begin = b * kNormBlockFloats;
+    partial[b] = sum_squares_chunk(x + begin, std::min(kNormBlockFloats, n - begin));
+  }
+}
+
+void CpuOps::sum_doubles(double* out, const double* x, size_t n) {
+  double total = 0.0;  // in index order, on one thread
+  for (size_t i = 0; i < n; ++i) total += x[i];
+  *out = total;
+}
+
 }  // namespace mpiformer

@@ -35,6 +35,29 @@ __global__ void sum_partials_kernel(double* out, const double* partial, int bloc
   if (threadIdx.x == 0) *out = sum;
 }
 
+// partial[block] = sum of x[i]^2 over norm block blockIdx.x (one CUDA block
+// per kNormBlockFloats floats, so a block's order depends on its length only).
+// x: (n), partial: (norm_blocks(n))
+__global__ void sum_squares_blocks_kernel(double* partial, const float* x, size_t n) {
+  __shared__ double shared[32];
+  const size_t begin = static_cast<size_t>(blockIdx.x) * kNormBlockFloats;
+  const size_t end = begin + kNormBlockFloats < n ? begin + kNormBlockFloats : n;
+  double sum = 0.0;
+  for (size_t i = begin + threadIdx.x; i < end; i += blockDim.x)
+    sum += static_cast<double>(x[i]) * x[i];
+  sum = cuda::block_sum(sum, shared);
+  if (threadIdx.x == 0) partial[blockIdx.x] = sum;
+}
+
+// *out = sum of x[0 .. n) in a tree fixed by n.  One block.  x: (n)
+__global__ void sum_doubles_kernel(double* out, const double* x, size_t n) {
+  __shared__ double shared[32];
+  double sum = 0.0;
+  for (size_t i = threadIdx.x; i < n; i += blockDim.x) sum += x[i];
+  sum = cuda::block_sum(sum, shared);
+  if (threadIdx.x == 0) *out = sum;
+}
+
 struct AdamWStep {
   float lr, beta1, beta2, eps, inv_bias1, inv_bias2, inv_loss_scale, max_norm;
 };
@@ -75,6 +98,18 @@ void CudaOps::sum_squares(double* out, const float* x, size_t n) {
     cuda::check(cudaMemsetAsync(partial, 0, sizeof(double), stream_), "cudaMemsetAsync");
   sum_partials_kernel<<<1, 1024, 0, stream_>>>(out, partial, n > 0 ? blocks : 1);
   cuda::check(cudaGetLastError(), "sum_squares");
+}
+
+void CudaOps::sum_squares_blocks(double* partial, const float* x, size_t n) {
+  const size_t blocks = norm_blocks(n);
+  if (blocks == 0) return;
+  sum_squares_blocks_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream_>>>(partial, x, n);
+  cuda::check(cudaGetLastError(), "sum_squares_blocks");
+}
+
+void CudaOps::sum_doubles(double* out, const double* x, size_t n) {
+  sum_doubles_kernel<<<1, 1024, 0, stream_>>>(out, x, n);
+  cuda::check(cudaGetLastError(), "sum_doubles");
 }
 
 void CudaOps::adamw_update(float* params, const float* grads, float* m, float* v, Act compute,

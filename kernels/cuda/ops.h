@@ -114,6 +114,8 @@ class CudaOps final : public Ops {
 
   // ---- optimizer (adamw.cu) -------------------------------------------------
   void sum_squares(double* out, const float* x, size_t n) override;
+  void sum_squares_blocks(double* partial, const float* x, size_t n) override;
+  void sum_doubles(double* out, const double* x, size_t n) override;
   void adamw_update(float* params, const float* grads, float* m, float* v, Act compute, size_t n,
                     const AdamWRange* ranges, int range_count, const AdamWConfig& cfg,
                     const double* grad_norm_sq) override;

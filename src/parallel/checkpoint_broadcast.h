@@ -2,6 +2,8 @@
 // --resume`, `eval`).
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -15,9 +17,11 @@ namespace mpiformer {
 // elsewhere), into `dest` on every rank. Rank 0 throws CheckpointMismatch
 // when the names or shapes differ from params (check first with
 // unpack_checkpoint_tensors to agree on it).
-// dest: backend (params.count()), laid out like params.params()
+// Only elements [begin, end) of the flat layout land in dest (a sharded
+// optimizer's slice of the moments); all of them by default.
+// dest: backend (end - begin), laid out like params.params() + begin
 void broadcast_tensors(const Communicator& comm, const std::string& path,
                        const std::vector<CheckpointTensor>& tensors, const ParameterSet& params,
-                       float* dest);
+                       float* dest, size_t begin = 0, size_t end = SIZE_MAX);
 
 }  // namespace mpiformer

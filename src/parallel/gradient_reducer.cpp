@@ -64,6 +64,7 @@ GradientReducer::GradientReducer(const ParameterSet& params, float* grads, size_
       start_time_(buckets_.size()),
       done_time_(buckets_.size()),
       done_(buckets_.size(), false) {
+  own_end_ = count_;
   staged_ = staging == HostStaging::kAlways ||
             (!transport_.takes_device_memory() && !ops_.device().host_accessible());
   if (sum_ == GradSum::kExact) {
@@ -94,6 +95,15 @@ GradientReducer::~GradientReducer() {
   ops_.device().release(fixed_);
   ops_.device().release_host(host_fixed_);
   ops_.device().release_host(host_grads_);
+}
+
+void GradientReducer::set_owners(std::vector<size_t> bounds, int rank) {
+  if (active_) throw std::logic_error("GradientReducer: set_owners during a step");
+  if (rank < 0 || static_cast<size_t>(rank) + 1 >= bounds.size() || bounds.back() != count_)
+    throw std::logic_error("GradientReducer: slices that do not cover the parameters");
+  own_begin_ = bounds[rank];
+  own_end_ = bounds[rank + 1];
+  owners_ = std::move(bounds);
 }
 
 size_t GradientReducer::bytes_per_step() const {
@@ -172,13 +182,30 @@ void GradientReducer::start_next() {
 void GradientReducer::send_ready() {
   // In bucket order: every rank starts the same collectives in the same order.
   while (sent_ < started_ && (!staged_ || ops_.device().host_copy_done(sent_))) {
-    size_t first = 0, n = 0;
-    bucket_span(sent_, &first, &n);
-    if (sum_ == GradSum::kExact)
-      transport_.start(sent_, (staged_ ? host_fixed_ : fixed_) + first, n);
-    else
-      transport_.start(sent_, (staged_ ? host_grads_ : grads_) + first, n);
+    send(sent_);
     ++sent_;
+  }
+}
+
+void GradientReducer::send(int i) {
+  int64_t* fixed = staged_ ? host_fixed_ : fixed_;
+  float* grads = staged_ ? host_grads_ : grads_;
+  if (owners_.empty()) {
+    size_t first = 0, n = 0;
+    bucket_span(i, &first, &n);
+    if (sum_ == GradSum::kExact)
+      transport_.start(i, fixed + first, n);
+    else
+      transport_.start(i, grads + first, n);
+    return;
+  }
+  const GradientBucket& b = buckets_[i];
+  if (sum_ == GradSum::kExact) {
+    transport_.start_reduce_to_owners(i, fixed + 1 + b.begin, b.begin, b.size(), owners_);
+    // Every rank needs the count: any element out of range spoils the step.
+    if (b.begin == 0) transport_.start(count_slot(), fixed, 1);
+  } else {
+    transport_.start_reduce_to_owners(i, grads + b.begin, b.begin, b.size(), owners_);
   }
 }
 
@@ -213,15 +240,30 @@ ReduceTiming GradientReducer::finish() {
     poll();
     if (std::all_of(done_.begin(), done_.end(), [](bool d) { return d; })) break;
   }
+  if (!owners_.empty() && sum_ == GradSum::kExact) {
+    while (!transport_.test(count_slot())) {
+    }
+  }
   transport_.join();
   const size_t n = buckets_.empty() ? 0 : buckets_.front().end;
+  // What this rank reads of the sum: all of it, or its own slice.
+  const size_t lo = std::min(own_begin_, n), hi = std::min(own_end_, n);
   // Queued, not waited for: the host buffers change again only after the
   // next step's copies to the host, which are queued behind these.
   if (sum_ == GradSum::kExact && n > 0) {
-    if (staged_) ops_.device().copy_to_device_async(fixed_, host_fixed_, (n + 1) * sizeof(int64_t));
-    ops_.fixed_point_to_float(grads_, fixed_ + 1, fixed_, n, kExactFractionBits - scale_exponent_);
-  } else if (staged_ && n > 0) {
-    ops_.device().copy_to_device_async(grads_, host_grads_, n * sizeof(float));
+    if (staged_ && lo == 0) {
+      ops_.device().copy_to_device_async(fixed_, host_fixed_, (hi + 1) * sizeof(int64_t));
+    } else if (staged_) {
+      ops_.device().copy_to_device_async(fixed_, host_fixed_, sizeof(int64_t));
+      if (hi > lo)
+        ops_.device().copy_to_device_async(fixed_ + 1 + lo, host_fixed_ + 1 + lo,
+                                           (hi - lo) * sizeof(int64_t));
+    }
+    if (hi > lo)
+      ops_.fixed_point_to_float(grads_ + lo, fixed_ + 1 + lo, fixed_, hi - lo,
+                                kExactFractionBits - scale_exponent_);
+  } else if (staged_ && hi > lo) {
+    ops_.device().copy_to_device_async(grads_ + lo, host_grads_ + lo, (hi - lo) * sizeof(float));
   }
   const Clock::time_point end = Clock::now();
   active_ = false;

@@ -20,6 +20,13 @@
 //          ops (Ops::fixed_point_accumulate, a kernel on a GPU), so the
 //          fixed-point sum lives where the gradients do.
 //
+// Sharded optimizer (ZeRO-1, set_owners): each bucket is reduced to the
+// owners of its elements instead (ReduceTransport::start_reduce_to_owners),
+// so after finish() a rank holds the summed gradient of its own slice only;
+// the rest of grads is garbage and must not be read. With the exact sum the
+// out-of-range count is all-reduced beside the bucket at offset 0, so an
+// overflow makes every rank's slice NaN, and only the slice is converted.
+//
 // Memory: a transport that takes the backend's memory (NCCL, or the local
 // one) reads the gradients (or the fixed-point sum) in place. One that
 // wants host memory (MPI) on a backend whose memory is a GPU's gets each
@@ -108,6 +115,9 @@ class GradientReducer : public GradientListener {
   GradientReducer& operator=(const GradientReducer&) = delete;
 
   bool stages_through_host() const { return staged_; }
+  // Sharded optimizer: bounds (world + 1) of the ranks' slices
+  // (src/core/shard_plan.h), and this rank. Before the first step.
+  void set_owners(std::vector<size_t> bounds, int rank);
 
   const std::vector<GradientBucket>& buckets() const { return buckets_; }
   ReduceTransport& transport() { return transport_; }
@@ -141,6 +151,10 @@ class GradientReducer : public GradientListener {
   // Where bucket i's all-reduce reads: the fixed-point sum (exact) or the
   // gradients, elements [first, first + n).
   void bucket_span(int i, size_t* first, size_t* n) const;
+  // Starts bucket i's sum (all ranks, or to its owners when sharded).
+  void send(int i);
+  // The slot of the exact sum's out-of-range count when sharded.
+  int count_slot() const { return static_cast<int>(buckets_.size()); }
   // Exact sum: fixed_[1 + i] += grads[i] in fixed point for i in [begin, end).
   void absorb(size_t begin, size_t end);
 
@@ -159,6 +173,10 @@ class GradientReducer : public GradientListener {
   float* host_grads_ = nullptr;    // (count) float sum
   int64_t* host_fixed_ = nullptr;  // (1 + count) exact sum
   std::vector<GradientBucket> buckets_;
+  // Sharded: the ranks' slices (world + 1) and this rank's [own_begin_,
+  // own_end_); empty owners_: every rank receives the whole sum.
+  std::vector<size_t> owners_;
+  size_t own_begin_ = 0, own_end_ = 0;
   ReduceTransport& transport_;
   bool overlap_;
   bool active_ = false;

@@ -107,6 +107,17 @@ class NcclCollective final : public StreamCollective {
   void all_reduce(int64_t* x, size_t n) override {
     check(ncclAllReduce(x, x, n, ncclInt64, ncclSum, comm_, stream_), "ncclAllReduce");
   }
+  void reduce(float* x, size_t n, int root) override {
+    check(ncclReduce(x, x, n, ncclFloat32, ncclSum, root, comm_, stream_), "ncclReduce");
+  }
+  void reduce(int64_t* x, size_t n, int root) override {
+    check(ncclReduce(x, x, n, ncclInt64, ncclSum, root, comm_, stream_), "ncclReduce");
+  }
+  void broadcast(float* x, size_t n, int root) override {
+    check(ncclBroadcast(x, x, n, ncclFloat32, root, comm_, stream_), "ncclBroadcast");
+  }
+  void group_start() override { check(ncclGroupStart(), "ncclGroupStart"); }
+  void group_end() override { check(ncclGroupEnd(), "ncclGroupEnd"); }
   std::string async_error() override {
     if (!comm_) return error_;  // aborted already
     ncclResult_t async = ncclSuccess;

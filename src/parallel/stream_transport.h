@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,24 @@ class StreamCollective {
   virtual ~StreamCollective() = default;
   virtual void all_reduce(float* x, size_t n) = 0;    // x: device (n)
   virtual void all_reduce(int64_t* x, size_t n) = 0;  // x: device (n)
+  // A sharded optimizer's collectives (ReduceTransport::start_reduce_to_owners,
+  // start_all_gather): the SUM of x over ranks in place on `root` only, and
+  // root's x to every rank; several queued between group_start() and
+  // group_end() run as one (NCCL's groups).  x: device (n)
+  virtual void reduce(float* x, size_t n, int root) {
+    (void)x, (void)n, (void)root;
+    throw std::logic_error("this stream collective has no reduce");
+  }
+  virtual void reduce(int64_t* x, size_t n, int root) {
+    (void)x, (void)n, (void)root;
+    throw std::logic_error("this stream collective has no reduce");
+  }
+  virtual void broadcast(float* x, size_t n, int root) {
+    (void)x, (void)n, (void)root;
+    throw std::logic_error("this stream collective has no broadcast");
+  }
+  virtual void group_start() {}
+  virtual void group_end() {}
   // What went wrong with the collectives queued so far after they were
   // queued (a peer died, the network failed), or "" while nothing has. A
   // query, no wait.
@@ -64,12 +83,22 @@ class StreamTransport : public ReduceTransport {
   bool takes_device_memory() const override { return true; }
   void start(int slot, float* x, size_t n) override;
   void start(int slot, int64_t* x, size_t n) override;
+  void start_reduce_to_owners(int slot, float* x, size_t offset, size_t n,
+                              const std::vector<size_t>& bounds) override;
+  void start_reduce_to_owners(int slot, int64_t* x, size_t offset, size_t n,
+                              const std::vector<size_t>& bounds) override;
+  void start_all_gather(int slot, float* x, const std::vector<size_t>& bounds) override;
   bool test(int slot) override;
   void join() override;
 
  private:
   template <typename T>
   void start_typed(int slot, T* x, size_t n);
+  template <typename T>
+  void reduce_to_owners(int slot, T* x, size_t offset, size_t n, const std::vector<size_t>& bounds);
+  // Checks the slot is free and puts the communication stream behind the
+  // compute stream's work so far.
+  void open_slot(int slot);
 
   std::string name_;
   std::unique_ptr<StreamQueue> queue_;

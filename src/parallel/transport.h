@@ -8,7 +8,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace mpiformer {
 
@@ -27,6 +29,31 @@ class ReduceTransport {
   virtual void start(int slot, float* x, size_t n) = 0;
   // The same for 64-bit integers (exact, order-independent sums).  x: (n)
   virtual void start(int slot, int64_t* x, size_t n) = 0;
+
+  // A sharded optimizer (ZeRO-1; src/core/shard_plan.h) needs each summed
+  // element only on the rank that owns it. x holds elements [offset,
+  // offset + n) of the flat buffer; bounds (world + 1) are the slices. Starts
+  // the in-place SUM over all ranks of x delivered to the owners only: rank
+  // r receives the sum of the part of x within [bounds[r], bounds[r + 1]);
+  // the rest of x is undefined afterwards. Slots and order as start().
+  // x: (n), memory as start()
+  virtual void start_reduce_to_owners(int slot, float* x, size_t offset, size_t n,
+                                      const std::vector<size_t>& bounds) {
+    (void)slot, (void)x, (void)offset, (void)n, (void)bounds;
+    throw std::logic_error(name() + " transport: no reduce to owners");
+  }
+  virtual void start_reduce_to_owners(int slot, int64_t* x, size_t offset, size_t n,
+                                      const std::vector<size_t>& bounds) {
+    (void)slot, (void)x, (void)offset, (void)n, (void)bounds;
+    throw std::logic_error(name() + " transport: no reduce to owners");
+  }
+  // The sharded update's way back: each rank r's slice x[bounds[r],
+  // bounds[r + 1]) to every rank, in place. test() and join() as above.
+  // x: (bounds.back()), memory as start()
+  virtual void start_all_gather(int slot, float* x, const std::vector<size_t>& bounds) {
+    (void)slot, (void)x, (void)bounds;
+    throw std::logic_error(name() + " transport: no all-gather");
+  }
   // True when the reduction in `slot` has completed; also drives progress of
   // every reduction in flight. Waiting is polling this, so each bucket's
   // completion time is seen. Throws std::runtime_error when the reduction
@@ -45,6 +72,9 @@ class LocalTransport : public ReduceTransport {
   bool takes_device_memory() const override { return true; }  // touches nothing
   void start(int, float*, size_t) override {}
   void start(int, int64_t*, size_t) override {}
+  void start_reduce_to_owners(int, float*, size_t, size_t, const std::vector<size_t>&) override {}
+  void start_reduce_to_owners(int, int64_t*, size_t, size_t, const std::vector<size_t>&) override {}
+  void start_all_gather(int, float*, const std::vector<size_t>&) override {}
   bool test(int) override { return true; }
 };
 

@@ -11,6 +11,7 @@
 
 #include "src/core/error.h"
 #include "src/core/run_log.h"
+#include "src/core/shard_plan.h"
 #include "src/parallel/agreement.h"
 
 namespace mpiformer {
@@ -137,11 +138,14 @@ MemoryEstimate estimate_memory(Ops& ops, const ModelConfig& model, const ModelCa
   const size_t P = m.parameters;
   const size_t W = static_cast<size_t>(std::max(plan.world, 1));
   e.parameters = P;
-  // A slice is at most a W-th, rounded up (the plan's slices are balanced).
-  e.owned_parameters = plan.training && plan.shard_optimizer ? (P + W - 1) / W : P;
+  // Sharded, the largest slice of the plan (whole norm blocks).
+  e.owned_parameters =
+      plan.training && plan.shard_optimizer ? plan_shards(P, static_cast<int>(W)).largest() : P;
   const bool separate_copy = compute != DType::kF32;
   e.weight_bytes = P * (separate_copy ? dtype_bytes(compute) : sizeof(float));
-  if (separate_copy) e.master_bytes = e.owned_parameters * sizeof(float);
+  // Masters stay whole on every rank, sharded or not: the all-gather sends
+  // them, and the replica check and checkpoints read them.
+  if (separate_copy) e.master_bytes = P * sizeof(float);
   e.activation_bytes = m.activation_bytes + m.upload_bytes;
   AttentionConfig attention;
   attention.heads = model.heads;

@@ -9,9 +9,9 @@
 // (--max-tokens, or --beam x max-len for generate; what --recompute keeps),
 // and buffers: the attention ops' scratch (the scores of the longest
 // sequence), the exact sum's fixed-point buffer and the reducer's host
-// staging. --shard-optimizer keeps masters and moments for the rank's slice
-// only. Not counted: the data set in memory and library workspaces (cuBLAS,
-// cuDNN), so the estimate is a floor.
+// staging. --shard-optimizer keeps the moments of the rank's slice only
+// (masters stay whole: the weights' all-gather sends them). Not counted: the data set in memory and
+// library workspaces (cuBLAS, cuDNN), so the estimate is a floor.
 #pragma once
 
 #include <cstddef>
@@ -28,14 +28,14 @@ namespace mpiformer {
 struct MemoryPlan {
   bool training = false;           // gradients and AdamW moments
   int world = 1;                   // ranks of the run
-  bool shard_optimizer = false;    // masters and moments of 1/world of the parameters
+  bool shard_optimizer = false;    // the moments of 1/world of the parameters
   bool reducer_exact_sum = false;  // the fixed-point sum: 8 bytes a float, backend memory
   bool reducer_staged = false;     // host staging for a transport that wants host memory
 };
 
 struct MemoryEstimate {
   size_t parameters = 0;
-  size_t owned_parameters = 0;  // those whose masters and moments this rank keeps
+  size_t owned_parameters = 0;  // those whose moments this rank keeps
   size_t weight_bytes = 0;      // the compute copy (fp32: the master weights themselves)
   size_t master_bytes = 0;      // fp32 masters beside a bf16 or fp16 compute copy
   size_t moment_bytes = 0;      // AdamW m and v

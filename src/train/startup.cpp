@@ -1,5 +1,6 @@
 #include "src/train/startup.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
@@ -252,7 +253,10 @@ int build(TrainingRun& run, const Communicator& comm, const FaultInjection& faul
   optim.lr = static_cast<float>(optim.lr * notes->lr_factor);
   optim.end_lr = static_cast<float>(optim.end_lr * notes->lr_factor);
   notes->lr = optim.lr;
-  run.optimizer = std::make_unique<AdamW>(run.model->parameters(), optim);
+  if (cfg.shard_optimizer)
+    run.shards =
+        std::make_unique<ShardLink>(comm, ops, plan_shards(run.model->parameters().count(), world));
+  run.optimizer = std::make_unique<AdamW>(run.model->parameters(), optim, run.shards.get());
   run.schedule = std::make_unique<LrSchedule>(optim, cfg.steps);
   run.scaler = std::make_unique<LossScaler>(cfg.precision == Precision::kFp16, cfg.loss_scale,
                                             cfg.loss_scale_window);
@@ -289,8 +293,10 @@ int restore(TrainingRun& run, const Communicator& comm) {
   }
   if (const int code = agree_on(comm, verdict)) return code;
   broadcast_tensors(comm, c.path, c.params, params, params.params());
-  broadcast_tensors(comm, c.path, c.m, params, run.optimizer->m());
-  broadcast_tensors(comm, c.path, c.v, params, run.optimizer->v());
+  // A sharded optimizer takes its slice of the moments (any layout resumes any).
+  const size_t begin = run.optimizer->shard_begin(), end = run.optimizer->shard_end();
+  broadcast_tensors(comm, c.path, c.m, params, run.optimizer->m(), begin, end);
+  broadcast_tensors(comm, c.path, c.v, params, run.optimizer->v(), begin, end);
   params.refresh_compute();
   run.optimizer->set_steps_taken(run.start.state.optimizer_steps);
   run.scaler->restore(static_cast<float>(run.start.state.loss_scale),
@@ -381,6 +387,16 @@ void print_start(const TrainingRun& run, const Communicator& comm, const ConfigT
         reducer->buckets().size(), bucket_mb_for(cfg.bucket_mb, notes.transport),
         reducer->transport().name().c_str(),
         cfg.overlap ? "overlapped with backward" : "after backward");
+  if (run.shards) {
+    const ShardPlan& plan = run.shards->plan();
+    size_t fewest = plan.largest();
+    for (int r = 0; r < world; ++r) fewest = std::min(fewest, plan.size(r));
+    say(stdout,
+        "  optimizer sharded (ZeRO-1): each rank updates and keeps the AdamW moments of its "
+        "slice, %zu to %zu parameters (at most %.1f MiB of m and v); weights all-gathered "
+        "after each update\n",
+        fewest, plan.largest(), 2.0 * sizeof(float) * plan.largest() / double(1 << 20));
+  }
   if (!cfg.deterministic) {
     say(stdout, "  --deterministic false: %s\n",
         ops.device().host_accessible()
@@ -460,6 +476,13 @@ Started start_run(const TrainConfig& flags, const Communicator& comm, const Conf
                                    run.cfg.grad_sum, notes.transport, comm);
       }))
     return end(kExitFailure);
+  // Sharded: each bucket goes to the owners of its elements, and the updated
+  // slices come back over the same transport.
+  if (run.shards && run.reducer) {
+    run.reducer->set_owners(run.shards->plan().bounds, comm.rank());
+    run.shards->use_transport(run.reducer->transport(),
+                              static_cast<int>(run.reducer->buckets().size()) + 1);
+  }
   if (const int code = claim_directory(run, comm, config_text, notes)) return end(code);
   print_start(run, comm, config_text, notes);
   return Started{std::move(parts), 0};

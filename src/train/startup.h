@@ -33,6 +33,7 @@
 #include "src/optim/schedule.h"
 #include "src/parallel/communicator.h"
 #include "src/parallel/gradient_reducer.h"
+#include "src/parallel/optimizer_shards.h"
 #include "src/train/fault_injection.h"
 #include "src/train/run_directory.h"
 
@@ -85,6 +86,8 @@ struct TrainingRun {
   std::unique_ptr<BatchSource> source;
   std::unique_ptr<Ops> ops;
   std::unique_ptr<Model> model;
+  // --shard-optimizer true: the ranks' slices; the optimizer holds only its own.
+  std::unique_ptr<ShardLink> shards;
   std::unique_ptr<AdamW> optimizer;
   std::unique_ptr<LrSchedule> schedule;
   std::unique_ptr<LossScaler> scaler;

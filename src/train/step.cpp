@@ -94,6 +94,7 @@ int train_step(TrainingRun& run, int64_t step, const FaultInjection& faults,
   state->measured_scale = loss_scale;
   if (!run.check_each_step) {
     optimizer.step(state->lr, 1.0f / loss_scale);
+    optimizer.await_weights();  // sharded: every rank's weights whole again
     window.add_step(LossSums{}, gradients.reduce);
     return 0;
   }
@@ -107,6 +108,7 @@ int train_step(TrainingRun& run, int64_t step, const FaultInjection& faults,
       scaler.update(true);
       // 6. Clip and update on the device.
       optimizer.step(state->lr, 1.0f / loss_scale);
+      optimizer.await_weights();  // sharded: every rank's weights whole again
       state->grad_norm = norm / loss_scale;
       window.add_step(local, gradients.reduce);
       return 0;

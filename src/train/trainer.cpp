@@ -56,7 +56,8 @@ class Trainer {
   // kExitDiverged when the state holds a NaN or an infinity (nothing is
   // written), or kExitFailure when the write failed.
   int save(int64_t step);
-  void write_checkpoint_on_root(int64_t step);
+  // adam_m, adam_v: rank 0, backend (params.count())
+  void write_checkpoint_on_root(int64_t step, const float* adam_m, const float* adam_v);
   // Held-out evaluation, printed and logged. Returns 0 or an exit code.
   int evaluate_and_log(int64_t step, bool final_eval);
   void log_eval_on_root(int64_t step, bool final_eval, const LossSummary& eval);
@@ -191,12 +192,20 @@ int Trainer::save(int64_t step) {
         comm_, run_.run_dir.get(), step,
         "non-finite values in " + std::string(bad ? bad : "the state") + " after the update");
   }
+  // A sharded optimizer's moments meet whole on rank 0 for the one writer.
+  std::unique_ptr<WholeMoments> whole;
+  if (run_.shards) {
+    whole = std::make_unique<WholeMoments>(comm_, run_.shards->plan(), *run_.ops,
+                                           run_.optimizer->m(), run_.optimizer->v());
+  }
+  const float* m = whole ? whole->m() : run_.optimizer->m();
+  const float* v = whole ? whole->v() : run_.optimizer->v();
   // Rank 0 writes; every rank learns whether it could (a full disk is one
   // line and exit 1, the previous checkpoints and `latest` untouched).
-  return agreed(comm_, [&] { write_checkpoint_on_root(step); }) ? 0 : kExitFailure;
+  return agreed(comm_, [&] { write_checkpoint_on_root(step, m, v); }) ? 0 : kExitFailure;
 }
 
-void Trainer::write_checkpoint_on_root(int64_t step) {
+void Trainer::write_checkpoint_on_root(int64_t step, const float* adam_m, const float* adam_v) {
   if (!comm_.is_root()) return;
   CheckpointState state;
   state.step = step;
@@ -216,9 +225,8 @@ void Trainer::write_checkpoint_on_root(int64_t step) {
   state.tokenizer = run_.tokenizer;
   state.label_names = run_.label_names;
   state.run_id = run_.run_dir->run_id();
-  const std::string path =
-      save_checkpoint(run_.cfg.out_dir, run_.model->parameters(), run_.optimizer->m(),
-                      run_.optimizer->v(), state, run_.cfg.keep_checkpoints);
+  const std::string path = save_checkpoint(run_.cfg.out_dir, run_.model->parameters(), adam_m,
+                                           adam_v, state, run_.cfg.keep_checkpoints);
   say(stdout, "checkpoint step %lld: %s\n", static_cast<long long>(step), path.c_str());
   std::fflush(stdout);
 }

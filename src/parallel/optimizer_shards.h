@@ -1,0 +1,68 @@
+// The ranks' side of a sharded optimizer (train --shard-optimizer true,
+// ZeRO-1; src/optim/adamw.h): the norm partials summed over ranks, the
+// updated slices all-gathered over the gradient reducer's transport, and
+// the moments of a checkpoint moved between slices and whole tensors.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "kernels/ops.h"
+#include "src/core/shard_plan.h"
+#include "src/optim/shard_link.h"
+#include "src/parallel/communicator.h"
+#include "src/parallel/transport.h"
+
+namespace mpiformer {
+
+class ShardLink final : public OptimizerShardLink {
+ public:
+  // The gather goes over a local transport (one rank) until use_transport().
+  ShardLink(const Communicator& comm, Ops& ops, ShardPlan plan);
+  ~ShardLink() override;
+  ShardLink(const ShardLink&) = delete;
+  ShardLink& operator=(const ShardLink&) = delete;
+
+  const std::vector<size_t>& bounds() const override { return plan_.bounds; }
+  int rank() const override { return comm_.rank(); }
+  const ShardPlan& plan() const { return plan_; }
+  // The gradient reducer's transport, once it exists, and a slot it does not use.
+  void use_transport(ReduceTransport& transport, int slot);
+  void sum_partials(double* partial, size_t n) override;
+  void start_gather(float* params) override;
+  void finish_gather() override;
+
+ private:
+  const Communicator& comm_;
+  Ops& ops_;
+  ShardPlan plan_;
+  LocalTransport local_;
+  ReduceTransport* transport_ = &local_;
+  int slot_ = 0;
+  // A GPU's weights under a host transport go through this pinned copy.
+  bool staged_ = false;
+  float* host_ = nullptr;    // (plan_.bounds.back())
+  float* params_ = nullptr;  // the backend buffer being gathered
+};
+
+// Checkpoints of a sharded run in the single-writer format (to be replaced
+// by a collective writer): the moments' slices of every rank, whole on rank
+// 0 in backend memory for save_checkpoint (null elsewhere). Collective.
+class WholeMoments {
+ public:
+  // m, v: backend (plan.size(rank)), this rank's slices
+  WholeMoments(const Communicator& comm, const ShardPlan& plan, Ops& ops, const float* m,
+               const float* v);
+  ~WholeMoments();
+  WholeMoments(const WholeMoments&) = delete;
+  WholeMoments& operator=(const WholeMoments&) = delete;
+  const float* m() const { return m_; }  // rank 0: backend (plan.bounds.back())
+  const float* v() const { return v_; }
+
+ private:
+  Ops& ops_;
+  float* m_ = nullptr;
+  float* v_ = nullptr;
+};
+
+}  // namespace mpiformer
