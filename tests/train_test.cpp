@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "src/core/shard_plan.h"
 #include "src/io/checkpoint.h"
 #include "src/model/model.h"
 #include "src/optim/adamw.h"

@@ -10,8 +10,9 @@
 // and buffers: the attention ops' scratch (the scores of the longest
 // sequence), the exact sum's fixed-point buffer and the reducer's host
 // staging. --shard-optimizer keeps the moments of the rank's slice only
-// (masters stay whole: the weights' all-gather sends them). Not counted: the data set in memory and
-// library workspaces (cuBLAS, cuDNN), so the estimate is a floor.
+// (masters stay whole: the weights' all-gather sends them). Not counted:
+// the data set in memory and library workspaces (cuBLAS, cuDNN), so the
+// estimate is a floor.
 #pragma once
 
 #include <cstddef>
