@@ -24,6 +24,10 @@ struct ModelCapacity {
   // Sequences of one batch, when fewer than max_tokens: a classifier's
   // per-sequence buffers (scores, label targets) are (max_sequences, labels).
   int max_sequences = 0;  // 0: max_tokens (one-row sequences)
+  // layer: the layers of a stack take turns in one set of activation
+  // buffers, each keeping only its input; backward reruns a layer's forward
+  // before its backward (docs/DESIGN.md section 3).
+  Recompute recompute = Recompute::kNone;
 
   int sequences() const {
     return max_sequences > 0 && max_sequences < max_tokens ? max_sequences : max_tokens;

@@ -217,8 +217,8 @@ int build(TrainingRun& run, const Communicator& comm, const FaultInjection& faul
 
   // Memory: estimated from the flags, refused before anything big is
   // allocated when it cannot fit.
-  const ModelCapacity capacity{cfg.max_tokens, cfg.model.max_len,
-                               run.source->max_batch_sequences()};
+  const ModelCapacity capacity{cfg.max_tokens, cfg.model.max_len, run.source->max_batch_sequences(),
+                               cfg.recompute};
   const DType compute = compute_dtype(cfg.precision);
   const bool reducer_exact = cfg.grad_sum == GradSum::kExact;
   // The MPI transport reads host memory: a GPU's gradients are staged.
