@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -184,6 +185,145 @@ TEST(Model, FlopsFollowTheDesignConvention) {
   // table (the tied token table counts once, as the projection)
   const double all = static_cast<double>(f.model->parameters().count());
   EXPECT_DOUBLE_EQ(N, all - m.max_len * m.d_model);
+}
+
+// ---- --recompute layer
+
+// The offsets backward reports final, in order (what the reducer hears).
+struct OffsetLog : GradientListener {
+  std::vector<size_t> offsets;
+  void gradients_final(size_t offset) override { offsets.push_back(offset); }
+};
+
+// One model of a capacity (64 rows) and recompute mode.
+std::unique_ptr<Model> model_with(Ops& ops, const ModelConfig& m, Recompute recompute,
+                                  DType compute = DType::kF32) {
+  auto model = std::make_unique<Model>(ops, m, ModelCapacity{64, m.max_len, 0, recompute}, compute);
+  model->init_parameters(7);
+  return model;
+}
+
+// Two micro-batches of training with dropout: --recompute layer must give
+// the gradients, loss sums and reported offsets of --recompute none, bit for
+// bit (each layer's forward is rerun from its kept input with the same masks).
+void expect_recompute_same_bits(ModelConfig m, const Batch& a, const Batch& b,
+                                DType compute = DType::kF32) {
+  m.dropout = 0.1f;
+  std::unique_ptr<Ops> ops = make_cpu_ops(1);
+  std::unique_ptr<Model> none = model_with(*ops, m, Recompute::kNone, compute);
+  std::unique_ptr<Model> layer = model_with(*ops, m, Recompute::kLayer, compute);
+  OffsetLog heard_none, heard_layer;
+  LossSums sums[2];
+  for (Model* model : {none.get(), layer.get()}) {
+    OffsetLog& heard = model == none.get() ? heard_none : heard_layer;
+    model->parameters().zero_grads();
+    model->forward_backward(a, 0.1f, 0.01f, PassId{3, 2, 0}, &heard);
+    model->forward_backward(b, 0.1f, 0.01f, PassId{3, 2, 1}, &heard);
+    sums[model == layer.get()] = model->take_train_sums();
+  }
+  const ParameterSet& pn = none->parameters();
+  const ParameterSet& pl = layer->parameters();
+  ASSERT_EQ(pn.count(), pl.count());
+  EXPECT_EQ(std::memcmp(pn.grads(), pl.grads(), pn.count() * sizeof(float)), 0)
+      << "gradients differ with --recompute layer";
+  double norm = 0.0;
+  for (size_t i = 0; i < pn.count(); ++i) norm += std::fabs(pn.grads()[i]);
+  EXPECT_GT(norm, 0.0);
+  EXPECT_EQ(sums[0].loss, sums[1].loss);
+  EXPECT_EQ(sums[0].nll, sums[1].nll);
+  EXPECT_EQ(sums[0].tokens, sums[1].tokens);
+  EXPECT_EQ(sums[0].correct, sums[1].correct);
+  EXPECT_EQ(heard_none.offsets, heard_layer.offsets);
+  EXPECT_EQ(heard_layer.offsets.back(), 0u);
+
+  // Evaluation (no backward) runs through the shared set too.
+  none->evaluate(a, 0.1f);
+  layer->evaluate(a, 0.1f);
+  EXPECT_EQ(none->take_eval_sums().loss, layer->take_eval_sums().loss);
+}
+
+TEST(Recompute, LmGradientsAreTheSameBits) {
+  ModelConfig m = tiny(ModelKind::kLm);
+  m.layers = 3;
+  expect_recompute_same_bits(m, random_batch(m, {5, 2, 9}, {}, 21),
+                             random_batch(m, {12, 4}, {}, 22));
+}
+
+TEST(Recompute, LmPostNormBf16GradientsAreTheSameBits) {
+  ModelConfig m = tiny(ModelKind::kLm);
+  m.layers = 3;
+  m.pre_norm = false;
+  m.positions = PositionKind::kSinusoidal;
+  expect_recompute_same_bits(m, random_batch(m, {7, 3, 12}, {}, 23), random_batch(m, {6}, {}, 24),
+                             DType::kBF16);
+}
+
+TEST(Recompute, Seq2seqGradientsAreTheSameBits) {
+  ModelConfig m = tiny(ModelKind::kSeq2seq);
+  m.enc_layers = 3;
+  m.dec_layers = 2;
+  expect_recompute_same_bits(m, random_batch(m, {4, 7, 1}, {6, 2, 9}, 25),
+                             random_batch(m, {8}, {3}, 26));
+}
+
+TEST(Recompute, Seq2seqPostNormGradientsAreTheSameBits) {
+  ModelConfig m = tiny(ModelKind::kSeq2seq);
+  m.pre_norm = false;
+  m.enc_layers = 2;
+  m.dec_layers = 3;
+  expect_recompute_same_bits(m, random_batch(m, {3, 8}, {10, 4}, 27),
+                             random_batch(m, {5, 5}, {5, 5}, 28));
+}
+
+TEST(Recompute, MlmGradientsAreTheSameBits) {
+  ModelConfig m = tiny(ModelKind::kMlm);
+  expect_recompute_same_bits(m, random_batch(m, {6, 11, 2}, {}, 29), random_batch(m, {9}, {}, 30));
+}
+
+TEST(Recompute, ClassifyGradientsAreTheSameBits) {
+  ModelConfig m = tiny(ModelKind::kClassify);
+  m.num_labels = 3;
+  auto labelled = [&](const std::vector<int>& lengths, uint32_t seed) {
+    Batch batch = random_batch(m, lengths, {}, seed);
+    batch.targets.clear();
+    for (int s = 0; s < batch.decoder.batch(); ++s) batch.targets.push_back(s % m.num_labels);
+    return batch;
+  };
+  expect_recompute_same_bits(m, labelled({6, 11, 2}, 31), labelled({4, 9}, 32));
+}
+
+TEST(Recompute, MeasureCountsWhatEachModeAllocates) {
+  const auto bytes = [](const ModelConfig& m, Recompute r, bool measure) {
+    std::unique_ptr<Ops> ops = make_cpu_ops(1);
+    const ModelCapacity capacity{64, m.max_len, 0, r};
+    if (measure) return Model::measure(*ops, m, capacity).activation_bytes;
+    Model model(*ops, m, capacity);
+    return ops->device().peak_allocated_bytes();
+  };
+  for (ModelKind kind : {ModelKind::kLm, ModelKind::kSeq2seq, ModelKind::kMlm}) {
+    for (bool pre : {true, false}) {
+      ModelConfig m = tiny(kind);
+      m.pre_norm = pre;
+      m.layers = m.enc_layers = m.dec_layers = 4;
+      for (Recompute r : {Recompute::kNone, Recompute::kLayer}) {
+        // The arena rounds each buffer to 64 bytes, as the backends align.
+        const size_t measured = bytes(m, r, true), allocated = bytes(m, r, false);
+        EXPECT_GE(measured, allocated) << to_string(kind) << " " << to_string(r);
+        EXPECT_LE(measured, allocated + 64 * 200) << to_string(kind) << " " << to_string(r);
+      }
+      // With layer, each further layer costs its kept (N, C) input only.
+      ModelConfig deeper = m;
+      deeper.layers = deeper.enc_layers = deeper.dec_layers = 5;
+      const size_t stacks = kind == ModelKind::kSeq2seq ? 2 : 1;
+      const size_t input = size_t{64} * m.d_model * sizeof(float);
+      EXPECT_EQ(bytes(deeper, Recompute::kLayer, true) - bytes(m, Recompute::kLayer, true),
+                stacks * input)
+          << to_string(kind);
+      EXPECT_GT(bytes(deeper, Recompute::kNone, true) - bytes(m, Recompute::kNone, true),
+                stacks * 8 * input)
+          << to_string(kind);
+    }
+  }
 }
 
 }  // namespace

@@ -155,7 +155,8 @@ int run_bench(const BenchConfig& cfg, Communicator& comm) {
   std::vector<Batch> batch(1, make_bench_batch(cfg, comm.rank()));
   const int longest = std::max(batch[0].decoder.max_len(), batch[0].encoder.max_len());
   const int rows = std::max(batch[0].decoder.total(), batch[0].encoder.total());
-  Model model(*ops, cfg.model, ModelCapacity{rows, longest}, compute_dtype(cfg.precision));
+  Model model(*ops, cfg.model, ModelCapacity{rows, longest, 0, cfg.recompute},
+              compute_dtype(cfg.precision));
   model.init_parameters(cfg.seed);
   AdamW optimizer(model.parameters(), cfg.optim);
   // On a GPU the MPI transport stages gradients through host buffers; NCCL
@@ -233,14 +234,16 @@ int run_bench(const BenchConfig& cfg, Communicator& comm) {
     std::printf(
         "{\"model\": \"%s\", \"device\": \"%s\", \"ranks\": %d, \"threads\": %d, "
         "\"batch\": %d, \"seq\": %d, \"real_tokens\": %.0f, \"padded_tokens\": %lld, "
-        "\"precision\": \"%s\", \"parameters\": %zu, \"tokens_per_s\": %.1f, \"step_ms\": %.2f, "
+        "\"precision\": \"%s\", \"recompute\": \"%s\", \"parameters\": %zu, \"tokens_per_s\": "
+        "%.1f, \"step_ms\": %.2f, "
         "\"mfu\": %.4f, \"peak_flops\": %.4g, \"peak_mem_bytes\": %zu, \"allocated_bytes\": %zu, "
         "\"allreduce_bytes\": %zu, \"buckets\": %zu, \"comm_wait_ms\": %.3f, "
         "\"hidden_share\": %.3f, \"transport\": \"%s\"%s%s}\n",
         to_string(cfg.model.kind), backend->device().name().c_str(), W, threads, cfg.batch, cfg.seq,
         tokens, static_cast<long long>(batch[0].padded_tokens()) * W, to_string(cfg.precision),
-        model.parameters().count(), tokens / step_s, 1000.0 * step_s, mfu, peak, peak_rss_bytes(),
-        backend->device().peak_allocated_bytes(), W > 1 && reducer ? reducer->bytes_per_step() : 0,
+        to_string(cfg.recompute), model.parameters().count(), tokens / step_s, 1000.0 * step_s, mfu,
+        peak, peak_rss_bytes(), backend->device().peak_allocated_bytes(),
+        W > 1 && reducer ? reducer->bytes_per_step() : 0,
         W > 1 && reducer ? reducer->buckets().size() : 0, 1000.0 * reduce_sums[0] / (W * cfg.steps),
         reduce_sums[1] > 0 ? reduce_sums[2] / reduce_sums[1] : 0.0,
         reducer ? reducer->transport().name().c_str() : "none", kernels.c_str(),

@@ -32,6 +32,7 @@ void add_bench_flags(FlagTable& t, BenchConfig* c) {
   t.add("peak-tflops", &c->peak_tflops, "TF", "device peak for MFU (0: estimate for the device)");
   t.add_switch("profile", &c->profile,
                "also time the ops by family (GEMM, attention, layer norm, ...) and print a table");
+  add_recompute_flag(t, &c->recompute);
   add_device_flags(t, &c->device, &c->precision, &c->tf32, &c->threads, &c->blas_core,
                    &c->attention);
   t.group("Distribution (under mpirun: every rank runs its own batch of the shape)");

@@ -195,6 +195,12 @@ void validate_device(DeviceKind device, Precision precision, bool tf32, int thre
   validate_cpu(threads, blas_core);
 }
 
+void add_recompute_flag(FlagTable& t, Recompute* recompute) {
+  t.add_choice("recompute", recompute, {{"none", Recompute::kNone}, {"layer", Recompute::kLayer}},
+               "what backward recomputes: none keeps every layer's activations; layer keeps "
+               "only each layer's input and reruns its forward in backward");
+}
+
 void add_reducer_flags(FlagTable& t, float* bucket_mb, bool* overlap, GradSum* grad_sum,
                        Transport* transport, bool* deterministic) {
   t.add("bucket-mb", bucket_mb, "MB",

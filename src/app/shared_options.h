@@ -38,4 +38,7 @@ void add_reducer_flags(FlagTable& t, float* bucket_mb, bool* overlap, GradSum* g
                        Transport* transport, bool* deterministic);
 void validate_transport(DeviceKind device, Transport transport);
 
+// --recompute: what backward recomputes to save activation memory (train, bench).
+void add_recompute_flag(FlagTable& t, Recompute* recompute);
+
 }  // namespace mpiformer

@@ -95,10 +95,7 @@ void add_train_flags(FlagTable& t, TrainConfig* c) {
         "each rank keeps the master weights and Adam moments of its 1/W slice only (ZeRO-1): "
         "gradients are reduce-scattered, weights all-gathered after the update");
   t.group("Memory");
-  t.add_choice("recompute", &c->recompute,
-               {{"none", Recompute::kNone}, {"layer", Recompute::kLayer}},
-               "what backward recomputes: none keeps every layer's activations; layer keeps "
-               "only each layer's input and reruns its forward in backward");
+  add_recompute_flag(t, &c->recompute);
 }
 
 void validate_train(const TrainConfig& c) {

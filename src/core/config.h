@@ -279,7 +279,8 @@ struct BenchConfig {
   std::string blas_core = "auto";
   double peak_tflops = 0.0;  // 0: estimate for the device
   bool profile = false;      // time per op family
-  float bucket_mb = 0.0f;    // under mpirun: the gradient reducer's buckets (0: by transport)
+  Recompute recompute = Recompute::kNone;
+  float bucket_mb = 0.0f;  // under mpirun: the gradient reducer's buckets (0: by transport)
   bool overlap = true;
   GradSum grad_sum = GradSum::kExact;
   Transport transport = Transport::kAuto;

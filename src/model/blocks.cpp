@@ -45,10 +45,17 @@ Dropout dropout_at(const BlockContext& ctx, uint64_t site) {
 
 // ---- layer norm -----------------------------------------------------------
 
-void LayerNorm::init(BlockContext& ctx, ActivationArena& arena, const std::string& name, int rows) {
+void LayerNorm::init(BlockContext& ctx, ActivationArena& arena, const std::string& name, int rows,
+                     const LayerNorm* shared) {
   const int C = ctx.config->d_model;
   gamma = ctx.params->add(name + ".gamma", {C}, false, Init::kOnes);
   beta = ctx.params->add(name + ".beta", {C}, false, Init::kZeros);
+  if (shared) {
+    out = shared->out;
+    mean = shared->mean;
+    rstd = shared->rstd;
+    return;
+  }
   out = arena.acts(static_cast<size_t>(rows) * C);
   mean = arena.floats(rows);
   rstd = arena.floats(rows);
@@ -81,8 +88,8 @@ void BlockScratch::init(ActivationArena& arena, int rows, int memory_rows, int C
 // ---- sub-layer ------------------------------------------------------------
 
 void Sublayer::init(BlockContext& ctx, ActivationArena& arena, const std::string& name, Kind kind,
-                    bool causal, int rows, int memory_rows, uint64_t site,
-                    float residual_init_std) {
+                    bool causal, int rows, int memory_rows, uint64_t site, float residual_init_std,
+                    const Sublayer* shared, bool own_output) {
   const ModelConfig& m = *ctx.config;
   const int C = m.d_model, F = m.d_ff;
   const size_t N = rows;
@@ -91,8 +98,7 @@ void Sublayer::init(BlockContext& ctx, ActivationArena& arena, const std::string
   ParameterSet& p = *ctx.params;
   const float std = 0.02f;
 
-  norm_.init(ctx, arena, name + ".norm", rows);
-  sum_ = arena.acts(N * C);
+  norm_.init(ctx, arena, name + ".norm", rows, shared ? &shared->norm_ : nullptr);
 
   attention_.heads = m.heads;
   attention_.head_dim = C / m.heads;
@@ -106,9 +112,6 @@ void Sublayer::init(BlockContext& ctx, ActivationArena& arena, const std::string
       b_in_ = p.add(name + ".qkv.bias", {3 * C}, false, Init::kZeros);
       w_out_ = p.add(name + ".out.weight", {C, C}, true, Init::kNormal, residual_init_std);
       b_out_ = p.add(name + ".out.bias", {C}, false, Init::kZeros);
-      qkv_ = arena.acts(N * 3 * C);
-      stats_ = arena.floats(N * m.heads);
-      att_ = arena.acts(N * C);
       break;
     case Kind::kCrossAttention:
       w_in_ = p.add(name + ".q.weight", {C, C}, true, Init::kNormal, std);
@@ -117,22 +120,53 @@ void Sublayer::init(BlockContext& ctx, ActivationArena& arena, const std::string
       b_kv_ = p.add(name + ".kv.bias", {2 * C}, false, Init::kZeros);
       w_out_ = p.add(name + ".out.weight", {C, C}, true, Init::kNormal, residual_init_std);
       b_out_ = p.add(name + ".out.bias", {C}, false, Init::kZeros);
-      qkv_ = arena.acts(N * C);
-      kv_ = arena.acts(static_cast<size_t>(memory_rows) * 2 * C);
-      stats_ = arena.floats(N * m.heads);
-      att_ = arena.acts(N * C);
       break;
     case Kind::kMlp:
       w_in_ = p.add(name + ".fc.weight", {F, C}, true, Init::kNormal, std);
       b_in_ = p.add(name + ".fc.bias", {F}, false, Init::kZeros);
       w_out_ = p.add(name + ".proj.weight", {C, F}, true, Init::kNormal, residual_init_std);
       b_out_ = p.add(name + ".proj.bias", {C}, false, Init::kZeros);
-      ff_ = arena.acts(N * F);
-      ff_act_ = arena.acts(N * F);
       break;
   }
   param_ids_ = {norm_.gamma, norm_.beta, w_in_, b_in_, w_out_, b_out_};
   if (w_kv_ >= 0) param_ids_.insert(param_ids_.end(), {w_kv_, b_kv_});
+
+  if (shared) {
+    sum_ = shared->sum_;
+    qkv_ = shared->qkv_;
+    kv_ = shared->kv_;
+    stats_ = shared->stats_;
+    att_ = shared->att_;
+    ff_ = shared->ff_;
+    ff_act_ = shared->ff_act_;
+    if (own_output) {
+      // The next layer's input outlives this layer's turn in the shared set.
+      if (m.pre_norm) {
+        sum_ = arena.acts(N * C);
+      } else {
+        norm_.out = arena.acts(N * C);
+      }
+    }
+    return;
+  }
+  sum_ = arena.acts(N * C);
+  switch (kind) {
+    case Kind::kSelfAttention:
+      qkv_ = arena.acts(N * 3 * C);
+      stats_ = arena.floats(N * m.heads);
+      att_ = arena.acts(N * C);
+      break;
+    case Kind::kCrossAttention:
+      qkv_ = arena.acts(N * C);
+      kv_ = arena.acts(static_cast<size_t>(memory_rows) * 2 * C);
+      stats_ = arena.floats(N * m.heads);
+      att_ = arena.acts(N * C);
+      break;
+    case Kind::kMlp:
+      ff_ = arena.acts(N * F);
+      ff_act_ = arena.acts(N * F);
+      break;
+  }
 }
 
 size_t Sublayer::first_offset(const ParameterSet& params) const {

@@ -65,7 +65,9 @@ struct LayerNorm {
   float* mean = nullptr;      // (N)
   float* rstd = nullptr;      // (N)
 
-  void init(BlockContext& ctx, ActivationArena& arena, const std::string& name, int rows);
+  // shared: a norm whose buffers this one takes turns with (null: its own).
+  void init(BlockContext& ctx, ActivationArena& arena, const std::string& name, int rows,
+            const LayerNorm* shared = nullptr);
   // out = LN(x).  x: (N, C)
   void forward(BlockContext& ctx, Act x, int N);
   // dx (= or +=): (N, C), dout: (N, C), x: the forward input (N, C)
@@ -95,9 +97,14 @@ class Sublayer {
   enum class Kind { kSelfAttention, kCrossAttention, kMlp };
 
   // rows: capacity of the stream (N); memory_rows: capacity of the encoder
-  // memory that cross-attention reads (Nk).
+  // memory that cross-attention reads (Nk). shared: the sub-layer of the
+  // same kind in another layer whose activation buffers this one takes turns
+  // with (--recompute layer); null: buffers of its own. own_output (with
+  // shared): the stream it hands the next layer (pre-LN: its sum; post-LN:
+  // its norm's output) stays its own, as that layer's kept input.
   void init(BlockContext& ctx, ActivationArena& arena, const std::string& name, Kind kind,
-            bool causal, int rows, int memory_rows, uint64_t site, float residual_init_std);
+            bool causal, int rows, int memory_rows, uint64_t site, float residual_init_std,
+            const Sublayer* shared = nullptr, bool own_output = false);
 
   // y = f(u) into scratch.y.  u: (N, C) the sub-layer's input (LN(s) in
   // pre-LN models, s in post-LN); memory: (Nk, C) encoder output.

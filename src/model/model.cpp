@@ -82,7 +82,8 @@ struct DeviceSequences {
 };
 
 // A stack of residual sub-layers over one embedded sequence side, with the
-// final layer norm of pre-LN models.
+// final layer norm of pre-LN models. A layer is per_layer sub-layers in a
+// row (self-attention, cross-attention in a decoder with memory, MLP).
 struct Stack {
   Embedding embedding;
   PatchEmbedding patch_embedding;  // images (classify --patch): instead of `embedding`
@@ -94,6 +95,11 @@ struct Stack {
   bool has_final_norm = false;
   Act last;  // stream after the last sub-layer (N, C)
   Act out;   // the stack's output (N, C)
+  int per_layer = 1;
+  // --recompute layer: the layers take turns in one set of activation
+  // buffers; each keeps its input (the previous layer's output, a buffer of
+  // its own), and backward reruns a layer's forward before its backward.
+  bool recompute = false;
 
   // The layer norm that follows sub-layer i's residual add: its own in
   // post-LN models; in pre-LN models the next sub-layer's, or the final one.
@@ -129,6 +135,39 @@ struct Stack {
     return out;
   }
 
+  // --recompute layer: the forward of the layer whose first sub-layer is
+  // `first`, again from its kept input inputs[first], rebuilding in the
+  // shared set what its backward reads. The same ops on the same bits with
+  // the same dropout masks (a hash of the pass and site, kernels/dropout_mask.h)
+  // store the same bits; the loss sums and every other count come from the
+  // head, which is not rerun.
+  void rerun_layer(BlockContext& ctx, BlockScratch& scratch, const DeviceSequences& seq, Act memory,
+                   const Ragged& memory_rows, size_t first) {
+    const int N = seq.rows.total;
+    const bool pre = ctx.config->pre_norm;
+    const size_t end = first + static_cast<size_t>(per_layer);
+    Act x = inputs[first];
+    Act u = x;
+    if (pre) {
+      // Forward fused this norm with the previous layer's last residual add;
+      // that op normalises the stored sum exactly as layernorm_forward does.
+      LayerNorm& norm = sublayers[first].norm();
+      norm.forward(ctx, x, N);
+      u = norm.out;
+    }
+    for (size_t i = first; i < end; ++i) {
+      sublayers[i].inner_forward(ctx, scratch, u, seq.rows, memory, memory_rows);
+      // pre-LN: the last residual add made the next layer's input, which is
+      // kept, and the next layer's norm, whose buffers this layer's first
+      // norm shares: it is not redone.
+      if (pre && i + 1 == end) break;
+      LayerNorm& next = norm_after(ctx, i);
+      const Act sum = sublayers[i].residual_forward(ctx, scratch, x, N, next);
+      x = pre ? sum : next.out;
+      u = next.out;
+    }
+  }
+
   // dout: (N, C) d(out), in `spare` on entry; the stream buffers are swapped freely.
   // Tells `listener` (may be null) as each block's gradients become final.
   void backward(BlockContext& ctx, BlockScratch& scratch, Act& dstream, Act& spare,
@@ -143,6 +182,10 @@ struct Stack {
       std::swap(dstream, spare);
     }
     for (size_t i = sublayers.size(); i-- > 0;) {
+      // Entering a layer from its top. The last layer's activations are
+      // still in the shared set from the forward pass: nothing ran since.
+      if (recompute && (i + 1) % per_layer == 0 && i + 1 < sublayers.size())
+        rerun_layer(ctx, scratch, seq, memory, memory_rows, i + 1 - per_layer);
       sublayers[i].backward(ctx, scratch, dstream, spare, inputs[i], seq.rows, memory, dmemory,
                             memory_rows);
       if (listener) listener->gradients_final(sublayers[i].first_offset(params));
@@ -238,20 +281,28 @@ struct Model::Impl {
     }
     uint64_t site = site_base + 1;
     const int memory_rows = cross ? capacity.max_tokens : 0;
+    stack.per_layer = per_layer;
+    stack.recompute = capacity.recompute == Recompute::kLayer;
+    // --recompute layer: layer 0 allocates the set, the others share it (by
+    // address: the vector never grows past its reservation).
+    stack.sublayers.reserve(static_cast<size_t>(layers) * per_layer);
+    const auto shared = [&](int l, int k) -> const Sublayer* {
+      return stack.recompute && l > 0 ? &stack.sublayers[static_cast<size_t>(k)] : nullptr;
+    };
     for (int l = 0; l < layers; ++l) {
       const std::string prefix = name + ".layers." + std::to_string(l);
-      stack.sublayers.emplace_back();
-      stack.sublayers.back().init(ctx, arena, prefix + ".self_attn", Sublayer::Kind::kSelfAttention,
-                                  causal, rows, 0, site++, residual_std);
+      int k = 0;  // the sub-layer's place in its layer
+      stack.sublayers.emplace_back().init(ctx, arena, prefix + ".self_attn",
+                                          Sublayer::Kind::kSelfAttention, causal, rows, 0, site++,
+                                          residual_std, shared(l, k++));
       if (cross) {
-        stack.sublayers.emplace_back();
-        stack.sublayers.back().init(ctx, arena, prefix + ".cross_attn",
-                                    Sublayer::Kind::kCrossAttention, false, rows, memory_rows,
-                                    site++, residual_std);
+        stack.sublayers.emplace_back().init(ctx, arena, prefix + ".cross_attn",
+                                            Sublayer::Kind::kCrossAttention, false, rows,
+                                            memory_rows, site++, residual_std, shared(l, k++));
       }
-      stack.sublayers.emplace_back();
-      stack.sublayers.back().init(ctx, arena, prefix + ".mlp", Sublayer::Kind::kMlp, false, rows, 0,
-                                  site++, residual_std);
+      stack.sublayers.emplace_back().init(ctx, arena, prefix + ".mlp", Sublayer::Kind::kMlp, false,
+                                          rows, 0, site++, residual_std, shared(l, k++),
+                                          /*own_output=*/true);
     }
     stack.inputs.assign(stack.sublayers.size(), Act());
     stack.has_final_norm = config.pre_norm;

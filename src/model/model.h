@@ -24,7 +24,9 @@ struct ModelCapacity {
   // Sequences of one batch, when fewer than max_tokens: a classifier's
   // per-sequence buffers (scores, label targets) are (max_sequences, labels).
   int max_sequences = 0;  // 0: max_tokens (one-row sequences)
-  // What backward recomputes: layer keeps each layer's input only.
+  // layer: the layers of a stack take turns in one set of activation
+  // buffers, each keeping only its input; backward reruns a layer's forward
+  // before its backward (docs/DESIGN.md section 3).
   Recompute recompute = Recompute::kNone;
 
   int sequences() const {
