@@ -350,6 +350,20 @@ TEST(MemoryEstimate, ShardingDividesTheMomentsByTheRanks) {
   EXPECT_EQ(scoring.gradient_bytes + scoring.moment_bytes + scoring.master_bytes, 0u);
 }
 
+TEST(MemoryEstimate, RecomputeCountsFewerActivationsAndNothingElseChanges) {
+  std::unique_ptr<Ops> ops = make_cpu_ops(1);
+  ModelConfig c = testing::tiny(ModelKind::kLm);
+  c.layers = 6;
+  const MemoryPlan plan{.training = true};
+  const MemoryEstimate keep =
+      estimate_memory(*ops, c, ModelCapacity{256, c.max_len}, DType::kF32, plan);
+  const MemoryEstimate rerun = estimate_memory(
+      *ops, c, ModelCapacity{256, c.max_len, 0, Recompute::kLayer}, DType::kF32, plan);
+  EXPECT_LT(rerun.activation_bytes, keep.activation_bytes);
+  EXPECT_EQ(rerun.device_total() - rerun.activation_bytes,
+            keep.device_total() - keep.activation_bytes);
+}
+
 TEST(MemoryEstimate, BytesAreWrittenInTheLargestUnitBelowThem) {
   EXPECT_EQ(format_bytes(512), "0.5 KiB");
   EXPECT_EQ(format_bytes(1536), "1.5 KiB");

@@ -175,22 +175,20 @@ std::string fitting_flags(Ops& ops, const ModelConfig& model, const ModelCapacit
                             {false, true, "--recompute layer"},
                             {true, true, "--shard-optimizer true with --recompute layer"}};
   for (const Option& o : options) {
-    const bool shard = plan.shard_optimizer || o.shard;
-    const bool recompute = capacity.recompute == Recompute::kLayer || o.recompute;
     // Sharding needs ranks to share with; a flag already given is no hint.
     if ((o.shard && (plan.shard_optimizer || plan.world < 2)) ||
         (o.recompute && capacity.recompute == Recompute::kLayer))
       continue;
     MemoryPlan p = plan;
-    p.shard_optimizer = shard;
+    p.shard_optimizer = plan.shard_optimizer || o.shard;
     ModelCapacity c = capacity;
-    c.recompute = recompute ? Recompute::kLayer : Recompute::kNone;
+    if (o.recompute) c.recompute = Recompute::kLayer;
     const MemoryEstimate e = estimate_memory(ops, model, c, compute, p);
     if (memory_shortfall(e, ops, local_ranks, "").empty()) {
-      return std::string(o.flags) + " would make it fit (about " +
+      return std::string(o.flags) + " (about " +
              format_bytes(
                  static_cast<double>(e.device_is_host ? e.host_total() : e.device_total())) +
-             " per rank)";
+             " per rank, which fits)";
     }
   }
   return "";

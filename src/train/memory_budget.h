@@ -63,8 +63,8 @@ MemoryEstimate estimate_memory(Ops& ops, const ModelConfig& model, const ModelCa
 
 // For a run whose estimate under `plan` and `capacity` falls short: the
 // first of --shard-optimizer true (on more than one rank), --recompute layer,
-// and both, that would make it fit, e.g. "--shard-optimizer true would make
-// it fit (about 1.1 GiB per rank)"; "" when none would.
+// and both, that would make it fit, e.g. "--shard-optimizer true (about 1.1
+// GiB per rank, which fits)"; "" when none would.
 std::string fitting_flags(Ops& ops, const ModelConfig& model, const ModelCapacity& capacity,
                           DType compute, const MemoryPlan& plan, int local_ranks);
 
