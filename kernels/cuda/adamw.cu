@@ -26,15 +26,6 @@ __global__ void sum_squares_kernel(double* partial, const float* x, size_t n) {
   if (threadIdx.x == 0) partial[blockIdx.x] = sum;
 }
 
-// *out = sum of partial[0 .. blocks) in a fixed tree.  One block.
-__global__ void sum_partials_kernel(double* out, const double* partial, int blocks) {
-  __shared__ double shared[32];
-  double sum = 0.0;
-  for (int b = threadIdx.x; b < blocks; b += blockDim.x) sum += partial[b];
-  sum = cuda::block_sum(sum, shared);
-  if (threadIdx.x == 0) *out = sum;
-}
-
 // partial[block] = sum of x[i]^2 over norm block blockIdx.x (one CUDA block
 // per kNormBlockFloats floats, so a block's order depends on its length only).
 // x: (n), partial: (norm_blocks(n))
@@ -96,7 +87,7 @@ void CudaOps::sum_squares(double* out, const float* x, size_t n) {
     sum_squares_kernel<<<blocks, kThreads, 0, stream_>>>(partial, x, n);
   else
     cuda::check(cudaMemsetAsync(partial, 0, sizeof(double), stream_), "cudaMemsetAsync");
-  sum_partials_kernel<<<1, 1024, 0, stream_>>>(out, partial, n > 0 ? blocks : 1);
+  sum_doubles_kernel<<<1, 1024, 0, stream_>>>(out, partial, n > 0 ? blocks : 1);
   cuda::check(cudaGetLastError(), "sum_squares");
 }
 

@@ -26,10 +26,11 @@ ShardLink::~ShardLink() {
 
 void ShardLink::sum_partials(double* partial, size_t n) {
   // One double per 4096 floats: small enough to cross the host every step.
-  std::vector<double> host(n);  // (n)
-  ops_.device().copy_to_host(host.data(), partial, n * sizeof(double));
-  comm_.allreduce_sum(host.data(), static_cast<int>(n));
-  ops_.device().copy_to_device(partial, host.data(), n * sizeof(double));
+  host_partials_.resize(n);  // (n); allocated by the first step only
+  double* host = host_partials_.data();
+  ops_.device().copy_to_host(host, partial, n * sizeof(double));
+  comm_.allreduce_sum(host, static_cast<int>(n));
+  ops_.device().copy_to_device(partial, host, n * sizeof(double));
 }
 
 void ShardLink::start_gather(float* params) {

@@ -36,6 +36,7 @@ class ShardLink final : public OptimizerShardLink {
   const Communicator& comm_;
   Ops& ops_;
   ShardPlan plan_;
+  std::vector<double> host_partials_;  // the norm partials' trip through the host, kept
   LocalTransport local_;
   ReduceTransport* transport_ = &local_;
   int slot_ = 0;
