@@ -134,6 +134,26 @@ void Communicator::broadcast(float* x, size_t n, int root) const {
   }
 }
 
+void Communicator::gather_slices(const float* mine, float* whole,
+                                 const std::vector<size_t>& bounds) const {
+  constexpr size_t kPiece = size_t{1} << 30;  // MPI counts are int
+  const size_t own = bounds[rank_ + 1] - bounds[rank_];
+  if (rank_ != 0) {
+    for (size_t done = 0; done < own; done += kPiece) {
+      MPI_Send(mine + done, static_cast<int>(std::min(kPiece, own - done)), MPI_FLOAT, 0, 0,
+               MPI_COMM_WORLD);
+    }
+    return;
+  }
+  std::copy(mine, mine + own, whole + bounds[0]);
+  for (int r = 1; r < size_; ++r) {
+    for (size_t done = bounds[r]; done < bounds[r + 1]; done += kPiece) {
+      MPI_Recv(whole + done, static_cast<int>(std::min(kPiece, bounds[r + 1] - done)), MPI_FLOAT, r,
+               0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    }
+  }
+}
+
 void Communicator::barrier() const {
   MPI_Barrier(MPI_COMM_WORLD);
 }

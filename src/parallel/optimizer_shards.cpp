@@ -1,9 +1,6 @@
 #include "src/parallel/optimizer_shards.h"
 
-#include <mpi.h>
-
 #include <algorithm>
-#include <climits>
 #include <utility>
 
 namespace mpiformer {
@@ -52,39 +49,6 @@ void ShardLink::finish_gather() {
   if (staged_) ops_.device().copy_to_device(params_, host_, plan_.bounds.back() * sizeof(float));
 }
 
-namespace {
-
-// Every rank's slice to rank 0's `whole` (backend memory there).
-// slice: backend (plan.size(rank)), whole: rank 0, backend (plan.bounds.back())
-void gather_to_root(const Communicator& comm, const ShardPlan& plan, Ops& ops, const float* slice,
-                    float* whole) {
-  const int rank = comm.rank();
-  std::vector<float> mine(plan.size(rank));  // (plan.size(rank))
-  ops.device().copy_to_host(mine.data(), slice, mine.size() * sizeof(float));
-  // Point to point in pieces of at most INT_MAX floats, rank by rank.
-  constexpr size_t kChunk = static_cast<size_t>(INT_MAX);
-  if (rank != 0) {
-    for (size_t done = 0; done < mine.size();) {
-      const int count = static_cast<int>(std::min(mine.size() - done, kChunk));
-      MPI_Send(mine.data() + done, count, MPI_FLOAT, 0, 0, MPI_COMM_WORLD);
-      done += static_cast<size_t>(count);
-    }
-    return;
-  }
-  std::vector<float> host(plan.bounds.back());  // (plan.bounds.back())
-  std::copy(mine.begin(), mine.end(), host.begin() + static_cast<ptrdiff_t>(plan.begin(0)));
-  for (int r = 1; r < plan.world(); ++r) {
-    for (size_t done = plan.begin(r); done < plan.end(r);) {
-      const int count = static_cast<int>(std::min(plan.end(r) - done, kChunk));
-      MPI_Recv(host.data() + done, count, MPI_FLOAT, r, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-      done += static_cast<size_t>(count);
-    }
-  }
-  ops.device().copy_to_device(whole, host.data(), host.size() * sizeof(float));
-}
-
-}  // namespace
-
 WholeMoments::WholeMoments(const Communicator& comm, const ShardPlan& plan, Ops& ops,
                            const float* m, const float* v)
     : ops_(ops) {
@@ -93,8 +57,14 @@ WholeMoments::WholeMoments(const Communicator& comm, const ShardPlan& plan, Ops&
     m_ = static_cast<float*>(ops.device().allocate(bytes));
     v_ = static_cast<float*>(ops.device().allocate(bytes));
   }
-  gather_to_root(comm, plan, ops, m, m_);
-  gather_to_root(comm, plan, ops, v, v_);
+  // Through the host, one moment at a time.
+  std::vector<float> mine(plan.size(comm.rank()));                    // (plan.size(rank))
+  std::vector<float> whole(comm.is_root() ? plan.bounds.back() : 0);  // rank 0 (count)
+  for (auto [slice, dest] : {std::pair{m, m_}, std::pair{v, v_}}) {
+    ops.device().copy_to_host(mine.data(), slice, mine.size() * sizeof(float));
+    comm.gather_slices(mine.data(), whole.data(), plan.bounds);
+    if (dest) ops.device().copy_to_device(dest, whole.data(), whole.size() * sizeof(float));
+  }
 }
 
 WholeMoments::~WholeMoments() {
