@@ -70,7 +70,6 @@ void durably(Fn&& operation) {
 
 // ---------------------------------------------------------------- writing
 
-
 // One float32 tensor, chunked and Fletcher32-checksummed so a damaged
 // checkpoint is refused at resume instead of training from garbage.
 // data: host (product of shape)
@@ -490,8 +489,7 @@ LoadedCheckpoint read_checkpoint_layout(const std::string& path) {
   return read_whole_or_layout(path, false);
 }
 
-void check_checkpoint_tensors(const std::string& path,
-                              const std::vector<CheckpointTensor>& tensors,
+void check_checkpoint_tensors(const std::string& path, const std::vector<CheckpointTensor>& tensors,
                               const ParameterSet& params) {
   const auto mismatch = [&](const std::string& what) {
     throw CheckpointMismatch(path + ": " + what);

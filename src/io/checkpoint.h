@@ -154,8 +154,7 @@ LoadedCheckpoint read_checkpoint_layout(const std::string& path);
 
 // Throws CheckpointMismatch "PATH: ..." naming the first tensor whose name or
 // shape differs from params.info().
-void check_checkpoint_tensors(const std::string& path,
-                              const std::vector<CheckpointTensor>& tensors,
+void check_checkpoint_tensors(const std::string& path, const std::vector<CheckpointTensor>& tensors,
                               const ParameterSet& params);
 
 // Copies `tensors` (one group of a LoadedCheckpoint) into `dest`, laid out
