@@ -332,7 +332,7 @@ SavedCheckpoint save_checkpoint_collectively(const Communicator& comm, const std
         prune_checkpoints(rundir, saved.path, keep_last);
       });
     }
-    if (!failed.ok()) {
+    if (!written_everywhere || !failed.ok()) {
       std::error_code ec;
       fs::remove(tmp, ec);
     }
