@@ -19,6 +19,10 @@ Communicator::Communicator(int* argc, char*** argv) {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized) throw std::runtime_error("MPI was already finalized");
+    // Open MPI's MPI-IO: ROMIO, which reports a failed write (a full disk)
+    // as an error code for the checkpoint's one line, where OMPIO also
+    // prints lines of its own. A choice in the environment stands.
+    setenv("OMPI_MCA_io", "romio321", /*overwrite=*/0);
     // FUNNELED: only the main thread calls MPI; OpenMP workers never do.
     int provided = 0;
     MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
