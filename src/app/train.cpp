@@ -17,7 +17,8 @@ int64_t env_integer(const char* name) {
   return text ? std::atoll(text) : 0;
 }
 
-// The end-to-end tests' faults (tests/e2e/faults.sh, resume.sh, precision.sh),
+// The end-to-end tests' faults (tests/e2e/faults.sh, faults_checkpoint.sh, resume.sh,
+// precision.sh),
 // read once here; the trainer only sees the struct.
 FaultInjection faults_from_environment() {
   FaultInjection f;
@@ -34,6 +35,13 @@ FaultInjection faults_from_environment() {
   }
   // The divergence tests: check as a GPU step in fp32 or bf16 does.
   f.deferred_divergence_check = env_integer("MPIFORMER_TEST_DEFERRED_DIVERGENCE_CHECK") != 0;
+  // The checkpoint tests: rank R fails in the middle of the collective write
+  // of step S's checkpoint (MPIFORMER_TEST_FAIL_IN_CHECKPOINT=S:R, R 0 when left out).
+  if (const char* text = std::getenv("MPIFORMER_TEST_FAIL_IN_CHECKPOINT")) {
+    f.fail_in_checkpoint_step = std::atoll(text);
+    const char* colon = std::strchr(text, ':');
+    f.fail_in_checkpoint_rank = colon ? std::atoi(colon + 1) : 0;
+  }
   return f;
 }
 

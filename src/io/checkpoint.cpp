@@ -21,6 +21,7 @@
 
 #include "src/core/error.h"
 #include "src/io/atomic_file.h"
+#include "src/io/checkpoint_layout.h"
 #include "src/io/hdf5_file.h"
 #include "src/io/label_names.h"
 
@@ -35,11 +36,6 @@ constexpr const char* kRngStreams =
     "counter-based streams keyed by rng_seed: init (seed); dropout (seed, step, micro-batch of "
     "the step); data order (seed, epoch); masking and synthetic data (seed, batch index)";
 
-// The crash tests' fault injection (see write_checkpoint).
-bool kill_requested(int64_t step) {
-  const char* at = std::getenv("MPIFORMER_TEST_KILL_IN_CHECKPOINT");
-  return at && *at && std::strtoll(at, nullptr, 10) == step;
-}
 // Bounds of the resume attributes read back (see read_checkpoint_state).
 constexpr uint64_t kMaxNextBatch = uint64_t{1} << 48;
 // 4 MiB chunks: large enough for streaming, small enough that a checksum
@@ -74,18 +70,6 @@ void durably(Fn&& operation) {
 
 // ---------------------------------------------------------------- writing
 
-// Chunk dimensions of at most kChunkElements elements, shrinking the
-// outermost dimensions first so a chunk is a run of whole rows.
-std::vector<hsize_t> chunk_dims(const std::vector<hsize_t>& dims) {
-  std::vector<hsize_t> chunk = dims;
-  for (size_t i = 0; i < chunk.size(); ++i) {
-    hsize_t rest = 1;
-    for (size_t j = 0; j < chunk.size(); ++j) rest *= j == i ? 1 : chunk[j];
-    chunk[i] = std::clamp<hsize_t>(kChunkElements / rest, 1, chunk[i]);
-  }
-  return chunk;
-}
-
 // One float32 tensor, chunked and Fletcher32-checksummed so a damaged
 // checkpoint is refused at resume instead of training from garbage.
 // data: host (product of shape)
@@ -94,7 +78,7 @@ void write_tensor(hid_t group, const std::string& name, const std::vector<int>& 
   std::vector<hsize_t> dims(shape.begin(), shape.end());
   Hid space = faults.checked(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
                              H5Sclose, what);
-  Hid dcpl = hdf5::checksummed_chunks(chunk_dims(dims), faults, what);
+  Hid dcpl = hdf5::checksummed_chunks(checkpoint_chunk_dims(dims), faults, what);
   Hid dset = faults.checked(H5Dcreate2(group, name.c_str(), H5T_IEEE_F32LE, space.get(),
                                        H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
                             H5Dclose, what);
@@ -146,6 +130,13 @@ void validate_for_write(const Faults& faults, const ParameterSet& params, const 
                         const float* adam_v, const CheckpointState& state) {
   if (!params.params()) faults.fail("cannot write: the parameters are not allocated");
   if (!adam_m || !adam_v) faults.fail("cannot write: the optimizer moments are missing");
+  check_checkpoint_writable(faults, params, state);
+}
+
+}  // namespace
+
+void check_checkpoint_writable(const Faults& faults, const ParameterSet& params,
+                               const CheckpointState& state) {
   if (state.step < 0) faults.fail("cannot write: step " + std::to_string(state.step) + " < 0");
   if (state.world_size < 1) {
     faults.fail("cannot write: world size " + std::to_string(state.world_size) + " < 1");
@@ -166,23 +157,7 @@ void validate_for_write(const Faults& faults, const ParameterSet& params, const 
   }
 }
 
-void write_checkpoint_file(const std::string& tmp, const Faults& faults, const ParameterSet& params,
-                           const float* adam_m, const float* adam_v, const CheckpointState& state) {
-  Ops& ops = params.ops();
-  ops.device().synchronize();  // the last update must have landed before it is copied
-
-  hdf5::Session session;
-  // File format 1.8 or later: the config attribute may outgrow the 64 KiB
-  // an attribute gets in the oldest format. No file locking: only this
-  // process ever opens the temporary name, and parallel file systems often
-  // lack flock().
-  Hid fapl = faults.checked(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, "the file");
-  faults.check(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_LATEST), "the file");
-  faults.check(H5Pset_file_locking(fapl.get(), 0, 1), "the file");
-  Hid file = faults.checked(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()),
-                            H5Fclose, "the file");
-  const hid_t root = file.get();
-
+void write_checkpoint_attributes(hid_t root, const CheckpointState& state, const Faults& faults) {
   hdf5::write_string_attr(root, "format", kCheckpointFormat, faults);
   const int version = kCheckpointVersion;
   hdf5::write_int_attr(root, "version", H5T_STD_I32LE, H5T_NATIVE_INT, &version, faults);
@@ -209,6 +184,43 @@ void write_checkpoint_file(const std::string& tmp, const Faults& faults, const P
                        faults);
   hdf5::write_special_token_attrs(root, state.special, faults);
   if (!state.run_id.empty()) hdf5::write_string_attr(root, "run_id", state.run_id, faults);
+}
+
+std::vector<hsize_t> checkpoint_chunk_dims(const std::vector<hsize_t>& dims) {
+  std::vector<hsize_t> chunk = dims;
+  for (size_t i = 0; i < chunk.size(); ++i) {
+    hsize_t rest = 1;
+    for (size_t j = 0; j < chunk.size(); ++j) rest *= j == i ? 1 : chunk[j];
+    chunk[i] = std::clamp<hsize_t>(kChunkElements / rest, 1, chunk[i]);
+  }
+  return chunk;
+}
+
+bool checkpoint_kill_requested(int64_t step) {
+  const char* at = std::getenv("MPIFORMER_TEST_KILL_IN_CHECKPOINT");
+  return at && *at && std::strtoll(at, nullptr, 10) == step;
+}
+
+namespace {
+
+void write_checkpoint_file(const std::string& tmp, const Faults& faults, const ParameterSet& params,
+                           const float* adam_m, const float* adam_v, const CheckpointState& state) {
+  Ops& ops = params.ops();
+  ops.device().synchronize();  // the last update must have landed before it is copied
+
+  hdf5::Session session;
+  // File format 1.8 or later: the config attribute may outgrow the 64 KiB
+  // an attribute gets in the oldest format. No file locking: only this
+  // process ever opens the temporary name, and parallel file systems often
+  // lack flock().
+  Hid fapl = faults.checked(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, "the file");
+  faults.check(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_LATEST), "the file");
+  faults.check(H5Pset_file_locking(fapl.get(), 0, 1), "the file");
+  Hid file = faults.checked(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()),
+                            H5Fclose, "the file");
+  const hid_t root = file.get();
+
+  write_checkpoint_attributes(root, state, faults);
   if (!state.tokenizer.empty())
     hdf5::write_bytes_dataset(root, "tokenizer", state.tokenizer, faults);
   if (!state.label_names.empty())
@@ -225,7 +237,7 @@ void write_checkpoint_file(const std::string& tmp, const Faults& faults, const P
 
   std::vector<float> host;  // staging, reused: (largest tensor)
   for (const auto& [prefix, target] : groups) {
-    if (prefix == groups[1].first && kill_requested(state.step)) {
+    if (prefix == groups[1].first && checkpoint_kill_requested(state.step)) {
       H5Fflush(root, H5F_SCOPE_LOCAL);  // half a file on disk, as a crash leaves it
       std::raise(SIGKILL);
     }
@@ -250,7 +262,13 @@ void write_checkpoint_file(const std::string& tmp, const Faults& faults, const P
 // Opens `path` and checks the format and version attributes.
 Hid open_checkpoint(const Faults& faults) {
   Hid file = hdf5::open_for_reading(faults, "checkpoint file");
-  const hid_t root = file.get();
+  check_checkpoint_format(file.get(), faults);
+  return file;
+}
+
+}  // namespace
+
+void check_checkpoint_format(hid_t root, const Faults& faults) {
   const std::string format = hdf5::read_format(root, faults);
   if (format.empty()) faults.fail("not an mpiformer checkpoint (no 'format' attribute)");
   if (format != kCheckpointFormat)
@@ -260,8 +278,9 @@ Hid open_checkpoint(const Faults& faults) {
     faults.fail("unsupported checkpoint version " + std::to_string(version) +
                 " (this build reads version " + std::to_string(kCheckpointVersion) + ")");
   }
-  return file;
 }
+
+namespace {
 
 // "optimizer/m" -> "/optimizer/m"; refuses empty components.
 std::string group_path(const std::string& group, const Faults& faults) {
@@ -272,9 +291,11 @@ std::string group_path(const std::string& group, const Faults& faults) {
   return "/" + g;
 }
 
-// Reads one member of `group` named `name`; `where` is "/group/name".
-CheckpointTensor read_tensor(hid_t group, const std::string& name, const std::string& where,
-                             const Faults& faults) {
+}  // namespace
+
+CheckpointTensor read_checkpoint_tensor(hid_t group, const std::string& name,
+                                        const std::string& where, const Faults& faults,
+                                        bool with_data) {
   Hid object(H5Oopen(group, name.c_str(), H5P_DEFAULT), H5Oclose);
   if (!object.ok()) faults.fail_corrupt("open " + where);
   if (H5Iget_type(object.get()) != H5I_DATASET) faults.fail(where + " is not a dataset");
@@ -303,6 +324,7 @@ CheckpointTensor read_tensor(hid_t group, const std::string& name, const std::st
     t.shape.push_back(static_cast<int>(d));
     count *= static_cast<size_t>(d);
   }
+  if (!with_data) return t;
   t.data.resize(count);  // (product of shape)
   if (count > 0 &&
       H5Dread(object.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data.data()) < 0) {
@@ -310,8 +332,6 @@ CheckpointTensor read_tensor(hid_t group, const std::string& name, const std::st
   }
   return t;
 }
-
-}  // namespace
 
 void write_checkpoint(const std::string& path, const ParameterSet& params, const float* adam_m,
                       const float* adam_v, const CheckpointState& state) {
@@ -329,35 +349,43 @@ void write_checkpoint(const std::string& path, const ParameterSet& params, const
   durably([&] { commit_file(tmp, path); });
 }
 
-std::string save_checkpoint(const std::string& rundir, const ParameterSet& params,
-                            const float* adam_m, const float* adam_v, const CheckpointState& state,
-                            int keep_last) {
+std::string checkpoint_path_for(const std::string& rundir, int64_t step) {
   const fs::path dir = fs::path(rundir) / "checkpoints";
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) faults_of(dir.string()).fail("cannot create the directory (" + ec.message() + ")");
-  if (state.step < 0) {
-    faults_of(dir.string()).fail("cannot write a checkpoint of step " + std::to_string(state.step));
+  if (step < 0) {
+    faults_of(dir.string()).fail("cannot write a checkpoint of step " + std::to_string(step));
   }
   char name[32];
-  std::snprintf(name, sizeof name, "step_%08lld.h5", static_cast<long long>(state.step));
-  const std::string path = (dir / name).string();
-  write_checkpoint(path, params, adam_m, adam_v, state);
-  point_latest_at(rundir, path);
+  std::snprintf(name, sizeof name, "step_%08lld.h5", static_cast<long long>(step));
+  return (dir / name).string();
+}
 
-  if (keep_last <= 0) return path;
+void prune_checkpoints(const std::string& rundir, const std::string& kept, int keep_last) {
+  if (keep_last <= 0) return;
   // Older step_*.h5 by step number; pruning is best effort, a file that will
   // not go is left for the next save.
   std::vector<std::string> others = list_checkpoints(rundir);
-  others.erase(std::remove(others.begin(), others.end(), path), others.end());
+  others.erase(std::remove(others.begin(), others.end(), kept), others.end());
+  std::error_code ec;
   for (size_t i = static_cast<size_t>(keep_last) - 1; i < others.size(); ++i) {
     fs::remove(others[i], ec);
   }
+}
+
+std::string save_checkpoint(const std::string& rundir, const ParameterSet& params,
+                            const float* adam_m, const float* adam_v, const CheckpointState& state,
+                            int keep_last) {
+  const std::string path = checkpoint_path_for(rundir, state.step);
+  write_checkpoint(path, params, adam_m, adam_v, state);
+  point_latest_at(rundir, path);
+  prune_checkpoints(rundir, path, keep_last);
   return path;
 }
 
 std::vector<CheckpointTensor> read_checkpoint_tensors(const std::string& path,
-                                                      const std::string& group) {
+                                                      const std::string& group, bool with_data) {
   const Faults faults = faults_of(path);
   hdf5::Session session;
   Hid file = open_checkpoint(faults);
@@ -381,7 +409,7 @@ std::vector<CheckpointTensor> read_checkpoint_tensors(const std::string& path,
       faults.fail_corrupt("list " + where);
     }
     name.resize(static_cast<size_t>(len));
-    tensors.push_back(read_tensor(g.get(), name, where + "/" + name, faults));
+    tensors.push_back(read_checkpoint_tensor(g.get(), name, where + "/" + name, faults, with_data));
   }
   return tensors;
 }
@@ -425,13 +453,15 @@ CheckpointState read_checkpoint_state(const std::string& path) {
   return state;
 }
 
-LoadedCheckpoint read_checkpoint(const std::string& path) {
+namespace {
+
+LoadedCheckpoint read_whole_or_layout(const std::string& path, bool with_data) {
   LoadedCheckpoint c;
   c.path = path;
   c.state = read_checkpoint_state(path);
-  c.params = read_checkpoint_tensors(path, "params");
-  c.m = read_checkpoint_tensors(path, "optimizer/m");
-  c.v = read_checkpoint_tensors(path, "optimizer/v");
+  c.params = read_checkpoint_tensors(path, "params", with_data);
+  c.m = read_checkpoint_tensors(path, "optimizer/m", with_data);
+  c.v = read_checkpoint_tensors(path, "optimizer/v", with_data);
   const auto same_names = [](const std::vector<CheckpointTensor>& a,
                              const std::vector<CheckpointTensor>& b) {
     if (a.size() != b.size()) return false;
@@ -442,15 +472,25 @@ LoadedCheckpoint read_checkpoint(const std::string& path) {
   if (!same_names(c.params, c.m) || !same_names(c.params, c.v)) {
     faults_of(path).fail("the optimizer moments do not match the parameters tensor by tensor");
   }
+  return c;
+}
+
+}  // namespace
+
+LoadedCheckpoint read_checkpoint(const std::string& path) {
+  LoadedCheckpoint c = read_whole_or_layout(path, true);
   require_finite(path, c.params, "params");
   require_finite(path, c.m, "optimizer/m");
   require_finite(path, c.v, "optimizer/v");
   return c;
 }
 
-void unpack_checkpoint_tensors(const std::string& path,
-                               const std::vector<CheckpointTensor>& tensors,
-                               const ParameterSet& params, float* dest) {
+LoadedCheckpoint read_checkpoint_layout(const std::string& path) {
+  return read_whole_or_layout(path, false);
+}
+
+void check_checkpoint_tensors(const std::string& path, const std::vector<CheckpointTensor>& tensors,
+                              const ParameterSet& params) {
   const auto mismatch = [&](const std::string& what) {
     throw CheckpointMismatch(path + ": " + what);
   };
@@ -467,11 +507,22 @@ void unpack_checkpoint_tensors(const std::string& path,
       mismatch("tensor '" + info.name + "' has shape " + shape_string(t.shape) +
                "; these flags build " + shape_string(info.shape));
     }
-    std::copy(t.data.begin(), t.data.end(), dest + info.offset);
     by_name.erase(it);
   }
   if (!by_name.empty()) {
     mismatch("holds tensor '" + by_name.begin()->first + "', which these flags do not build");
+  }
+}
+
+void unpack_checkpoint_tensors(const std::string& path,
+                               const std::vector<CheckpointTensor>& tensors,
+                               const ParameterSet& params, float* dest) {
+  check_checkpoint_tensors(path, tensors, params);
+  std::map<std::string, const CheckpointTensor*> by_name;
+  for (const CheckpointTensor& t : tensors) by_name[t.name] = &t;
+  for (const ParamInfo& info : params.info()) {
+    const CheckpointTensor& t = *by_name.at(info.name);
+    std::copy(t.data.begin(), t.data.end(), dest + info.offset);
   }
 }
 
@@ -560,15 +611,19 @@ void point_latest_at(const std::string& rundir, const std::string& path) {
   durably([&] { write_file_atomically((dir / "latest").string(), name + "\n"); });
 }
 
+std::string non_finite_fault(const std::string& group, const std::string& name, float bad) {
+  return group + " tensor '" + name + "' holds non-finite values (" +
+         (std::isnan(bad) ? "nan" : "inf") +
+         "): the run that wrote it had diverged; use an earlier checkpoint";
+}
+
 void require_finite(const std::string& path, const std::vector<CheckpointTensor>& tensors,
                     const std::string& group) {
   for (const CheckpointTensor& t : tensors) {
     const auto bad =
         std::find_if(t.data.begin(), t.data.end(), [](float x) { return !std::isfinite(x); });
     if (bad == t.data.end()) continue;
-    faults_of(path).fail(group + " tensor '" + t.name + "' holds non-finite values (" +
-                         (std::isnan(*bad) ? "nan" : "inf") +
-                         "): the run that wrote it had diverged; use an earlier checkpoint");
+    faults_of(path).fail(non_finite_fault(group, t.name, *bad));
   }
 }
 

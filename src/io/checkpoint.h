@@ -111,6 +111,14 @@ std::string save_checkpoint(const std::string& rundir, const ParameterSet& param
                             const float* adam_m, const float* adam_v, const CheckpointState& state,
                             int keep_last);
 
+// RUNDIR/checkpoints/step_XXXXXXXX.h5 for `step`, the directory created as
+// needed. Throws CheckpointError.
+std::string checkpoint_path_for(const std::string& rundir, int64_t step);
+
+// Deletes all but the newest `keep_last` step_*.h5 files of RUNDIR (as
+// save_checkpoint does; `kept` is never deleted).
+void prune_checkpoints(const std::string& rundir, const std::string& kept, int keep_last);
+
 struct CheckpointTensor {
   std::string name;
   std::vector<int> shape;   // row-major
@@ -121,8 +129,10 @@ struct CheckpointTensor {
 // by name. Throws CheckpointError "PATH: fault" for a missing file, a file
 // that is not HDF5 or not a checkpoint, a missing group, or a member that is
 // not a float32 dataset.
+// Without `with_data`, names and shapes only (the data is left empty).
 std::vector<CheckpointTensor> read_checkpoint_tensors(const std::string& path,
-                                                      const std::string& group);
+                                                      const std::string& group,
+                                                      bool with_data = true);
 
 // The root attributes and /tokenizer. Throws CheckpointError like
 // read_checkpoint_tensors.
@@ -135,6 +145,17 @@ struct LoadedCheckpoint {
   std::vector<CheckpointTensor> params, m, v;  // each sorted by name
 };
 LoadedCheckpoint read_checkpoint(const std::string& path);
+
+// The state and every tensor's name and shape, no data: what rank 0 checks
+// before the ranks read the tensors collectively (src/parallel/
+// collective_checkpoint.h). Faults as read_checkpoint, but a damaged chunk
+// or a non-finite value is found only by reading the data.
+LoadedCheckpoint read_checkpoint_layout(const std::string& path);
+
+// Throws CheckpointMismatch "PATH: ..." naming the first tensor whose name or
+// shape differs from params.info().
+void check_checkpoint_tensors(const std::string& path, const std::vector<CheckpointTensor>& tensors,
+                              const ParameterSet& params);
 
 // Copies `tensors` (one group of a LoadedCheckpoint) into `dest`, laid out
 // like params.params(). Throws CheckpointMismatch "PATH: ..." when the names
@@ -149,6 +170,9 @@ void unpack_checkpoint_tensors(const std::string& path,
 // had diverged, and nothing can start from it.
 void require_finite(const std::string& path, const std::vector<CheckpointTensor>& tensors,
                     const std::string& group);
+
+// The reason require_finite gives for tensor `name` of `group` holding `bad`.
+std::string non_finite_fault(const std::string& group, const std::string& name, float bad);
 
 // The model a command scores or decodes with (eval, generate, classify):
 // the checkpoint's state and its finite parameters.

@@ -1,5 +1,5 @@
-// Checkpoint tensors read by rank 0 put into every rank's memory (`train
-// --resume`, `eval`).
+// Checkpoint tensors read by rank 0 put into every rank's memory (`eval`;
+// `train --resume` reads collectively, src/parallel/collective_checkpoint.h).
 #pragma once
 
 #include <cstddef>

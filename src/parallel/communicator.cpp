@@ -19,6 +19,10 @@ Communicator::Communicator(int* argc, char*** argv) {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized) throw std::runtime_error("MPI was already finalized");
+    // Open MPI's MPI-IO: ROMIO, which reports a failed write (a full disk)
+    // as an error code for the checkpoint's one line, where OMPIO also
+    // prints lines of its own. A choice in the environment stands.
+    setenv("OMPI_MCA_io", "romio321", /*overwrite=*/0);
     // FUNNELED: only the main thread calls MPI; OpenMP workers never do.
     int provided = 0;
     MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
@@ -131,26 +135,6 @@ void Communicator::broadcast(float* x, size_t n, int root) const {
   for (size_t done = 0; done < n; done += kPiece) {
     MPI_Bcast(x + done, static_cast<int>(std::min(kPiece, n - done)), MPI_FLOAT, root,
               MPI_COMM_WORLD);
-  }
-}
-
-void Communicator::gather_slices(const float* mine, float* whole,
-                                 const std::vector<size_t>& bounds) const {
-  constexpr size_t kPiece = size_t{1} << 30;  // MPI counts are int
-  const size_t own = bounds[rank_ + 1] - bounds[rank_];
-  if (rank_ != 0) {
-    for (size_t done = 0; done < own; done += kPiece) {
-      MPI_Send(mine + done, static_cast<int>(std::min(kPiece, own - done)), MPI_FLOAT, 0, 0,
-               MPI_COMM_WORLD);
-    }
-    return;
-  }
-  std::copy(mine, mine + own, whole + bounds[0]);
-  for (int r = 1; r < size_; ++r) {
-    for (size_t done = bounds[r]; done < bounds[r + 1]; done += kPiece) {
-      MPI_Recv(whole + done, static_cast<int>(std::min(kPiece, bounds[r + 1] - done)), MPI_FLOAT, r,
-               0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-    }
   }
 }
 

@@ -46,10 +46,6 @@ class Communicator {
   void broadcast(std::string* text, int root) const;
   // x: host (n), root's values to every rank; n may pass 2^31.
   void broadcast(float* x, size_t n, int root) const;
-  // Rank r's slice [bounds[r], bounds[r + 1]) to rank 0's `whole`; slices
-  // may pass 2^31. mine: host (bounds[r + 1] - bounds[r]),
-  // whole: rank 0, host (bounds.back()); ignored elsewhere
-  void gather_slices(const float* mine, float* whole, const std::vector<size_t>& bounds) const;
   void barrier() const;
   // A barrier that sleeps instead of spinning: while one rank works alone
   // (rank 0 training a tokenizer), the waiting ranks leave their cores to it.

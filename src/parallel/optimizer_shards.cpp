@@ -49,27 +49,4 @@ void ShardLink::finish_gather() {
   if (staged_) ops_.device().copy_to_device(params_, host_, plan_.bounds.back() * sizeof(float));
 }
 
-WholeMoments::WholeMoments(const Communicator& comm, const ShardPlan& plan, Ops& ops,
-                           const float* m, const float* v)
-    : ops_(ops) {
-  const size_t bytes = std::max<size_t>(plan.bounds.back(), 1) * sizeof(float);
-  if (comm.is_root()) {
-    m_ = static_cast<float*>(ops.device().allocate(bytes));
-    v_ = static_cast<float*>(ops.device().allocate(bytes));
-  }
-  // Through the host, one moment at a time.
-  std::vector<float> mine(plan.size(comm.rank()));                    // (plan.size(rank))
-  std::vector<float> whole(comm.is_root() ? plan.bounds.back() : 0);  // rank 0 (count)
-  for (auto [slice, dest] : {std::pair{m, m_}, std::pair{v, v_}}) {
-    ops.device().copy_to_host(mine.data(), slice, mine.size() * sizeof(float));
-    comm.gather_slices(mine.data(), whole.data(), plan.bounds);
-    if (dest) ops.device().copy_to_device(dest, whole.data(), whole.size() * sizeof(float));
-  }
-}
-
-WholeMoments::~WholeMoments() {
-  ops_.device().release(m_);
-  ops_.device().release(v_);
-}
-
 }  // namespace mpiformer

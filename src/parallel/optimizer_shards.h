@@ -46,24 +46,4 @@ class ShardLink final : public OptimizerShardLink {
   float* params_ = nullptr;  // the backend buffer being gathered
 };
 
-// Checkpoints of a sharded run in the single-writer format (to be replaced
-// by a collective writer): the moments' slices of every rank, whole on rank
-// 0 in backend memory for save_checkpoint (null elsewhere). Collective.
-class WholeMoments {
- public:
-  // m, v: backend (plan.size(rank)), this rank's slices
-  WholeMoments(const Communicator& comm, const ShardPlan& plan, Ops& ops, const float* m,
-               const float* v);
-  ~WholeMoments();
-  WholeMoments(const WholeMoments&) = delete;
-  WholeMoments& operator=(const WholeMoments&) = delete;
-  const float* m() const { return m_; }  // rank 0: backend (plan.bounds.back())
-  const float* v() const { return v_; }
-
- private:
-  Ops& ops_;
-  float* m_ = nullptr;
-  float* v_ = nullptr;
-};
-
 }  // namespace mpiformer

@@ -1,5 +1,5 @@
 // Faults the end-to-end tests inject into a training run (tests/e2e/faults.sh,
-// resume.sh, precision.sh), so that the stop, loss-scaling and divergence
+// faults_checkpoint.sh, resume.sh, precision.sh), so that the stop, loss-scaling and divergence
 // paths run on a CPU with ordinary data. The train command reads them from
 // the environment once (src/app/train.cpp) and hands them down; the trainer
 // sees only this struct. All zero, the default: no fault.
@@ -20,6 +20,11 @@ struct FaultInjection {
   // The divergence guard checks as a GPU step in fp32 or bf16 does: at the
   // progress line and before a checkpoint (src/train/divergence_guard.h).
   bool deferred_divergence_check = false;
+  // This rank fails in the middle of the collective write of this step's
+  // checkpoint (after its part of /params), and keeps making the collective
+  // calls with nothing to write.
+  int64_t fail_in_checkpoint_step = 0;
+  int fail_in_checkpoint_rank = -1;
 
   // The loss scale this rank's backward passes of `step` use: `scale`, or on
   // the last rank an infinity or a NaN where a fault is due.

@@ -1,5 +1,6 @@
 #include "src/train/run_directory.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <ctime>
@@ -168,8 +169,10 @@ Verdict RunDirectory::choose_start(const std::string& resume, bool other_run, St
     }
   }
   for (const std::string& path : candidates) {
+    if (std::find(damaged_.begin(), damaged_.end(), path) != damaged_.end()) continue;
     try {
-      start->checkpoint = read_checkpoint(path);
+      // Names, shapes and attributes: the ranks read the data (restore).
+      start->checkpoint = read_checkpoint_layout(path);
     } catch (const CheckpointError& e) {
       if (resume != "auto") {
         return {kExitUsage, std::string("mpiformer train: --resume: cannot resume: ") + e.what()};

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "src/io/checkpoint.h"
 #include "src/io/dir_lock.h"
@@ -25,11 +26,11 @@
 namespace mpiformer {
 
 // Where a run starts: fresh, or the state of a checkpoint (rank 0 also holds
-// its tensors until they are broadcast).
+// its tensors' names and shapes; the ranks read the data collectively).
 struct StartPoint {
   bool resumed = false;
   CheckpointState state;        // every rank (scalars only)
-  LoadedCheckpoint checkpoint;  // rank 0
+  LoadedCheckpoint checkpoint;  // rank 0: path, state, tensors without data
 };
 
 class RunDirectory {
@@ -67,6 +68,11 @@ class RunDirectory {
   const std::string& run_id() const { return run_id_; }
   const std::string& origin() const { return origin_; }
 
+  // A checkpoint whose data turned out damaged when the ranks read it
+  // (src/parallel/collective_checkpoint.h): the next choose_start under
+  // --resume auto passes over it, to the one before.
+  void skip_damaged(const std::string& path) { damaged_.push_back(path); }
+
   // Removes temporary files of checkpoint writes that never finished (a
   // killed job): nobody else writes here while the lock is held. Returns
   // how many were removed.
@@ -81,6 +87,7 @@ class RunDirectory {
   std::string created_;  // the outermost directory open() created; "" when none
   DirLock lock_;
   std::string run_id_, origin_;
+  std::vector<std::string> damaged_;  // passed over by --resume auto
 };
 
 }  // namespace mpiformer

@@ -17,7 +17,7 @@
 #include "src/io/label_names.h"
 #include "src/io/shard.h"
 #include "src/parallel/agreement.h"
-#include "src/parallel/checkpoint_broadcast.h"
+#include "src/parallel/collective_checkpoint.h"
 #include "src/parallel/data_parallel.h"
 #include "src/parallel/rank_device.h"
 #include "src/train/memory_budget.h"
@@ -178,8 +178,11 @@ int open_run_directory(TrainingRun& run, const Communicator& comm, StartNotes* n
   TrainConfig& cfg = run.cfg;
   Verdict verdict;
   if (comm.is_root()) {
-    run.run_dir = std::make_unique<RunDirectory>(cfg.out_dir);
-    verdict = run.run_dir->open();
+    // Open once; a second pass (a damaged checkpoint) only chooses again.
+    if (!run.run_dir) {
+      run.run_dir = std::make_unique<RunDirectory>(cfg.out_dir);
+      verdict = run.run_dir->open();
+    }
     if (verdict.code == 0)
       verdict = run.run_dir->choose_start(cfg.resume, cfg.resume_other_run, &run.start);
     if (verdict.code == 0 && run.start.resumed)
@@ -274,8 +277,16 @@ int build(TrainingRun& run, const Communicator& comm, const FaultInjection& faul
   return 0;
 }
 
+// restore's verdict when the data of a checkpoint --resume auto chose is
+// damaged: start again from the one before.
+constexpr int kRestoreDamaged = -1;
+
 // 4. Parameters, moments and the update count from the checkpoint. A
-// checkpoint of another model shape is a flag fault, found here.
+// checkpoint of another model shape is a flag fault, found here. Rank 0
+// checks the names and shapes; then every rank reads the parameters and
+// its range of the moments (all of them: the optimizer is replicated)
+// collectively. A damaged chunk or a non-finite value found there is
+// kRestoreDamaged under --resume auto, exit 2 for --resume PATH.
 int restore(TrainingRun& run, const Communicator& comm) {
   if (!run.start.resumed) return 0;
   ParameterSet& params = run.model->parameters();
@@ -283,8 +294,7 @@ int restore(TrainingRun& run, const Communicator& comm) {
   Verdict verdict;
   if (comm.is_root()) {
     try {
-      std::vector<float> scratch(params.count());  // (params.count())
-      unpack_checkpoint_tensors(c.path, c.params, params, scratch.data());
+      check_checkpoint_tensors(c.path, c.params, params);
     } catch (const CheckpointMismatch& e) {
       verdict = {kExitUsage, std::string("mpiformer train: --resume: ") + e.what() +
                                  "; resume with the flags it was trained with (its config "
@@ -292,16 +302,29 @@ int restore(TrainingRun& run, const Communicator& comm) {
     }
   }
   if (const int code = agree_on(comm, verdict)) return code;
-  broadcast_tensors(comm, c.path, c.params, params, params.params());
-  // A sharded optimizer takes its slice of the moments (any layout resumes any).
+  // A sharded optimizer reads its slice of the moments (any layout resumes any).
   const size_t begin = run.optimizer->shard_begin(), end = run.optimizer->shard_end();
-  broadcast_tensors(comm, c.path, c.m, params, run.optimizer->m(), begin, end);
-  broadcast_tensors(comm, c.path, c.v, params, run.optimizer->v(), begin, end);
+  comm.broadcast(&c.path, 0);
+  const std::string fault = read_checkpoint_collectively(
+      comm, c.path, params, params.params(), begin, end, run.optimizer->m(), run.optimizer->v());
+  // One line, from the lowest rank that found a fault.
+  const int speaker = comm.min_with_rank(fault.empty() ? 1 : 0).second;
+  if (comm.any(!fault.empty())) {
+    const bool retry = run.cfg.resume == "auto";
+    Verdict mine{retry ? 0 : kExitUsage, ""};
+    if (comm.rank() == speaker) {
+      mine.message = retry ? "[rank " + std::to_string(comm.rank()) +
+                                 "] skipping a damaged checkpoint: " + fault
+                           : "mpiformer train: --resume: cannot resume: " + fault;
+    }
+    const int code = agree(comm, mine);
+    if (retry && comm.is_root()) run.run_dir->skip_damaged(c.path);
+    return retry ? kRestoreDamaged : code;
+  }
   params.refresh_compute();
   run.optimizer->set_steps_taken(run.start.state.optimizer_steps);
   run.scaler->restore(static_cast<float>(run.start.state.loss_scale),
                       run.start.state.loss_scale_good_steps);
-  // The host copy is no longer needed; its path is.
   c.params = c.m = c.v = {};
   return 0;
 }
@@ -458,17 +481,33 @@ Started start_run(const TrainConfig& flags, const Communicator& comm, const Conf
     return Started{nullptr, code};
   };
   if (const int code = resolve_inputs(run, comm)) return end(code);
-  if (const int code = open_run_directory(run, comm, &notes)) return end(code);
-  if (run.start.resumed && run.start.state.step >= run.cfg.steps) {
-    if (comm.is_root()) {
-      say(stdout, "%s: the checkpoint of step %lld already reaches --steps %lld; nothing to do\n",
-          run.start.checkpoint.path.c_str(), static_cast<long long>(run.start.state.step),
-          static_cast<long long>(run.cfg.steps));
+  const TrainConfig resolved = run.cfg;
+  for (;;) {
+    if (const int code = open_run_directory(run, comm, &notes)) return end(code);
+    if (run.start.resumed && run.start.state.step >= run.cfg.steps) {
+      if (comm.is_root()) {
+        say(stdout, "%s: the checkpoint of step %lld already reaches --steps %lld; nothing to do\n",
+            run.start.checkpoint.path.c_str(), static_cast<long long>(run.start.state.step),
+            static_cast<long long>(run.cfg.steps));
+      }
+      return end(0);
     }
-    return end(0);
+    if (const int code = build(run, comm, faults, &notes)) return end(code);
+    const int code = restore(run, comm);
+    if (code == 0) break;
+    if (code != kRestoreDamaged) return end(code);
+    // The checkpoint before the damaged one sets the seed, the cursor and
+    // the values: build again from it. Parts go in the reverse order of
+    // their making (the model's memory is the backend's).
+    run.scaler.reset();
+    run.schedule.reset();
+    run.optimizer.reset();
+    run.model.reset();
+    run.ops.reset();
+    run.source.reset();
+    run.start = StartPoint{};
+    run.cfg = resolved;
   }
-  if (const int code = build(run, comm, faults, &notes)) return end(code);
-  if (const int code = restore(run, comm)) return end(code);
   // 5. The gradient all-reduce: buckets of whole tensors, started during the
   // last backward pass of each step.
   if (!agreed(comm, [&] {

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "src/core/error.h"
@@ -14,6 +15,7 @@
 #include "src/io/checkpoint.h"
 #include "src/loss/cross_entropy.h"
 #include "src/parallel/agreement.h"
+#include "src/parallel/collective_checkpoint.h"
 #include "src/parallel/replica_check.h"
 #include "src/train/divergence_guard.h"
 #include "src/train/held_out.h"
@@ -52,12 +54,13 @@ class Trainer {
   // The progress line and its metrics.h5 row. Returns 0 or an exit code
   // (metrics.h5 could not be written).
   int log_progress(int64_t step);
-  // Rank 0 writes for all: the replicas are identical. Returns 0, or
-  // kExitDiverged when the state holds a NaN or an infinity (nothing is
-  // written), or kExitFailure when the write failed.
+  // Every rank writes its part of the checkpoint (collectively). Returns 0,
+  // or kExitDiverged when the state holds a NaN or an infinity (nothing is
+  // written), or kExitFailure when the write failed on any rank.
   int save(int64_t step);
-  // adam_m, adam_v: rank 0, backend (params.count())
-  void write_checkpoint_on_root(int64_t step, const float* adam_m, const float* adam_v);
+  // What the checkpoint of `step` records besides the tensors (the strings
+  // are rank 0's).
+  CheckpointState checkpoint_state(int64_t step) const;
   // Held-out evaluation, printed and logged. Returns 0 or an exit code.
   int evaluate_and_log(int64_t step, bool final_eval);
   void log_eval_on_root(int64_t step, bool final_eval, const LossSummary& eval);
@@ -192,21 +195,43 @@ int Trainer::save(int64_t step) {
         comm_, run_.run_dir.get(), step,
         "non-finite values in " + std::string(bad ? bad : "the state") + " after the update");
   }
-  // A sharded optimizer's moments meet whole on rank 0 for the one writer.
-  std::unique_ptr<WholeMoments> whole;
+  // Every rank writes its part of the file through MPI-IO: a sharded
+  // optimizer its own slice (the only moments it holds), else an even share.
+  // A fault anywhere (a full disk) is one line and exit 1 on every rank, the
+  // previous checkpoints and `latest` untouched.
+  const ParameterSet& params = run_.model->parameters();
+  CheckpointSlice slice;
   if (run_.shards) {
-    whole = std::make_unique<WholeMoments>(comm_, run_.shards->plan(), *run_.ops,
-                                           run_.optimizer->m(), run_.optimizer->v());
+    slice.begin = run_.optimizer->shard_begin();
+    slice.end = run_.optimizer->shard_end();
+    slice.m = run_.optimizer->m();  // (end - begin): the slice alone
+    slice.v = run_.optimizer->v();
+  } else {
+    std::tie(slice.begin, slice.end) = even_share(params.count(), comm_.rank(), comm_.size());
+    slice.m = run_.optimizer->m() + slice.begin;
+    slice.v = run_.optimizer->v() + slice.begin;
   }
-  const float* m = whole ? whole->m() : run_.optimizer->m();
-  const float* v = whole ? whole->v() : run_.optimizer->v();
-  // Rank 0 writes; every rank learns whether it could (a full disk is one
-  // line and exit 1, the previous checkpoints and `latest` untouched).
-  return agreed(comm_, [&] { write_checkpoint_on_root(step, m, v); }) ? 0 : kExitFailure;
+  slice.params = params.params() + slice.begin;
+  const SavedCheckpoint saved = save_checkpoint_collectively(
+      comm_, run_.cfg.out_dir, params, slice, checkpoint_state(step), run_.cfg.keep_checkpoints,
+      CheckpointWriteFault{faults_.fail_in_checkpoint_step, faults_.fail_in_checkpoint_rank});
+  if (saved.code) return saved.code;
+  if (comm_.is_root()) {
+    const double mib = static_cast<double>(saved.bytes) / (1 << 20);
+    char size[32];
+    if (mib >= 1024.0) {
+      std::snprintf(size, sizeof size, "%.2f GiB", mib / 1024.0);
+    } else {
+      std::snprintf(size, sizeof size, "%.1f MiB", mib);
+    }
+    say(stdout, "checkpoint step %lld: %s (%.2f s, %s)\n", static_cast<long long>(step),
+        saved.path.c_str(), saved.seconds, size);
+    std::fflush(stdout);
+  }
+  return 0;
 }
 
-void Trainer::write_checkpoint_on_root(int64_t step, const float* adam_m, const float* adam_v) {
-  if (!comm_.is_root()) return;
+CheckpointState Trainer::checkpoint_state(int64_t step) const {
   CheckpointState state;
   state.step = step;
   state.world_size = comm_.size();
@@ -222,13 +247,11 @@ void Trainer::write_checkpoint_on_root(int64_t step, const float* adam_m, const 
   state.loss_scale_good_steps = run_.scaler->good_steps();
   state.vocab_size = run_.cfg.model.vocab;
   state.special = run_.cfg.model.special;
+  // Rank 0's: it read the shards and holds the run directory.
   state.tokenizer = run_.tokenizer;
   state.label_names = run_.label_names;
-  state.run_id = run_.run_dir->run_id();
-  const std::string path = save_checkpoint(run_.cfg.out_dir, run_.model->parameters(), adam_m,
-                                           adam_v, state, run_.cfg.keep_checkpoints);
-  say(stdout, "checkpoint step %lld: %s\n", static_cast<long long>(step), path.c_str());
-  std::fflush(stdout);
+  if (run_.run_dir) state.run_id = run_.run_dir->run_id();
+  return state;
 }
 
 int Trainer::evaluate_and_log(int64_t step, bool final_eval) {

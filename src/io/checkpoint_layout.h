@@ -1,0 +1,45 @@
+// The pieces of the checkpoint format (data/CHECKPOINT.md) that a writer or
+// reader other than src/io/checkpoint.cpp's needs: the collective one of
+// src/parallel/collective_checkpoint.h writes the same file through MPI-IO.
+#pragma once
+
+#include <hdf5.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "src/core/parameters.h"
+#include "src/io/checkpoint.h"
+#include "src/io/hdf5_file.h"
+
+namespace mpiformer {
+
+// Chunk elements of /tokenizer and /label_names (or the whole dataset when smaller).
+constexpr hsize_t kCheckpointBytesChunk = hsize_t{64} << 10;
+
+// Refuses (faults.fail "cannot write: ...") a state or parameter set the
+// readers would refuse, before anything touches the disk.
+void check_checkpoint_writable(const hdf5::Faults& faults, const ParameterSet& params,
+                               const CheckpointState& state);
+
+// Every root attribute of `state` (format, version, step, ..., run_id).
+void write_checkpoint_attributes(hid_t root, const CheckpointState& state,
+                                 const hdf5::Faults& faults);
+
+// A tensor's chunks: at most 2^20 elements, whole rows (outermost dimension cut first).
+std::vector<hsize_t> checkpoint_chunk_dims(const std::vector<hsize_t>& dims);
+
+// The crash tests' MPIFORMER_TEST_KILL_IN_CHECKPOINT=STEP names `step`.
+bool checkpoint_kill_requested(int64_t step);
+
+// Fails unless the open file's format and version attributes are a checkpoint's.
+void check_checkpoint_format(hid_t root, const hdf5::Faults& faults);
+
+// Member `name` of an open group (`where` is "/group/name"): a float32
+// dataset, its name and shape, and with `with_data` its values.
+CheckpointTensor read_checkpoint_tensor(hid_t group, const std::string& name,
+                                        const std::string& where, const hdf5::Faults& faults,
+                                        bool with_data);
+
+}  // namespace mpiformer

@@ -1,0 +1,84 @@
+// Checkpoints written and read by every rank at once through MPI-IO
+// (parallel HDF5): the file data/CHECKPOINT.md describes, each rank writing
+// the range of the flat parameter buffer it holds, so no rank gathers the
+// whole state and one write takes the ranks' combined bandwidth. The same
+// functions serve replicated runs (each rank writes an even share) and a
+// sharded optimizer (each rank writes the slice it owns).
+//
+// Every metadata call (the file, attributes, groups, datasets) is made by
+// every rank in the same order, as parallel HDF5 requires. A rank that fails
+// in the middle of the data keeps making the remaining collective calls
+// with an empty selection and reports its fault only after them, so no
+// rank waits in a collective for one that gave up; the ranks then agree.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "src/core/parameters.h"
+#include "src/io/checkpoint.h"
+#include "src/parallel/communicator.h"
+
+namespace mpiformer {
+
+// What one rank writes: [begin, end) of the flat buffer (params.count()
+// elements, laid out like params.params()) and that range of the fp32
+// master weights and both AdamW moments.
+struct CheckpointSlice {
+  size_t begin = 0, end = 0;
+  const float* params = nullptr;  // backend (end - begin)
+  const float* m = nullptr;       // backend (end - begin)
+  const float* v = nullptr;       // backend (end - begin)
+};
+
+// [begin, end) of rank `rank`'s share of n elements split evenly over `world` ranks.
+std::pair<size_t, size_t> even_share(size_t n, int rank, int world);
+
+// The end-to-end tests' fault (MPIFORMER_TEST_FAIL_IN_CHECKPOINT=STEP:RANK):
+// rank `rank` fails in the middle of the write of step `step`'s checkpoint,
+// after its part of /params was written.
+struct CheckpointWriteFault {
+  int64_t step = 0;  // 0: none
+  int rank = -1;
+};
+
+// What a collective save left.
+struct SavedCheckpoint {
+  int code = 0;          // 0, or kExitFailure on every rank (one line printed by one rank)
+  std::string path;      // RUNDIR/checkpoints/step_XXXXXXXX.h5
+  double seconds = 0.0;  // from the start of the write to `latest` pointing at it
+  uint64_t bytes = 0;    // the file's size (rank 0)
+};
+
+// Writes RUNDIR/checkpoints/step_XXXXXXXX.h5 with every rank: the data goes
+// to PATH.tmp, which every rank closes; rank 0 then fsyncs it, renames it,
+// points `latest` at it and keeps the newest `keep_last` (as
+// save_checkpoint). A fault on any rank is agreed: the temporary file is
+// removed, the previous checkpoints and `latest` are left as they were, the
+// lowest rank that failed prints "[rank r] PATH: what" and every rank
+// returns kExitFailure. `state` counts on rank 0; its strings (config,
+// run id, tokenizer, label names) are sent from there to every rank.
+// The slices of the ranks together must cover [0, params.count()) once.
+// For the crash tests, MPIFORMER_TEST_KILL_IN_CHECKPOINT=STEP makes rank 0
+// kill itself (SIGKILL) once /params of that step is on disk.
+SavedCheckpoint save_checkpoint_collectively(const Communicator& comm, const std::string& rundir,
+                                             const ParameterSet& params,
+                                             const CheckpointSlice& slice, CheckpointState state,
+                                             int keep_last, const CheckpointWriteFault& fault);
+
+// Reads checkpoint `path` with every rank: all of /params into params_dest
+// (every rank needs the whole model), and [begin, end) of the flat buffer
+// of /optimizer/m and /optimizer/v into m and v. The names and shapes must
+// have been checked against `params` (check_checkpoint_tensors on rank 0's
+// read_checkpoint_layout). Returns "" or this rank's fault, "PATH: what"
+// (a damaged chunk, a NaN or an infinity in what it read, a file that will
+// not open); every rank has made every collective call either way, so the
+// caller agrees on the faults next.
+// params_dest: backend (params.count()); m, v: backend (end - begin)
+std::string read_checkpoint_collectively(const Communicator& comm, const std::string& path,
+                                         const ParameterSet& params, float* params_dest,
+                                         size_t begin, size_t end, float* m, float* v);
+
+}  // namespace mpiformer
