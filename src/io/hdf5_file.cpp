@@ -118,7 +118,13 @@ void Faults::fail_errno(const std::string& what) const {
 
 void Faults::check(herr_t status, const std::string& what) const {
   if (status < 0) {
-    const std::string detail = reason();
+    const int system_error = errno;
+    std::string detail = reason();
+    // Through MPI-IO, ROMIO reports a failed write as its generic
+    // MPI_ERR_IO, without the system's reason; the failed write() left it
+    // in errno (writers through MPI-IO clear errno before the call).
+    if (detail.find("MPI_ERR_IO") != std::string::npos && system_error != 0)
+      detail = std::strerror(system_error);
     fail("cannot write " + what + (detail.empty() ? "" : " (" + detail + ")"));
   }
 }
