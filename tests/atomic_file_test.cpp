@@ -141,6 +141,30 @@ TEST(AbandonedTemporary, OnlyThoseOfAProcessThatIsGone) {
   EXPECT_FALSE(abandoned_temporary("x.txt", &final_name));
 }
 
+// A rank killed after its mpirun exited is a zombie where nothing reaps
+// orphans: ended, so its temporaries are abandoned; a child that still runs
+// keeps its own.
+TEST(AbandonedTemporary, AZombieHasEndedARunningChildHasNot) {
+  const pid_t running = ::fork();
+  ASSERT_GE(running, 0);
+  if (running == 0) {
+    ::pause();
+    ::_exit(0);
+  }
+  const pid_t zombie = ::fork();
+  ASSERT_GE(zombie, 0);
+  if (zombie == 0) ::_exit(0);
+  siginfo_t info{};
+  ASSERT_EQ(::waitid(P_PID, static_cast<id_t>(zombie), &info, WEXITED | WNOWAIT), 0);  // not reaped
+  std::string final_name;
+  EXPECT_TRUE(abandoned_temporary("tok.txt.tmp-" + std::to_string(zombie), &final_name));
+  EXPECT_EQ(final_name, "tok.txt");
+  EXPECT_FALSE(abandoned_temporary("tok.txt.tmp-" + std::to_string(running), &final_name));
+  ::kill(running, SIGKILL);
+  ::waitpid(running, nullptr, 0);
+  ::waitpid(zombie, nullptr, 0);
+}
+
 TEST_F(StagedFiles, AStopRemovesTheUnfinishedFilesAndExitsWith128PlusTheSignal) {
   const std::string out = path("hyp.txt");
   write(out, "old\n");

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <stdexcept>
 
 namespace mpiformer {
@@ -25,6 +26,18 @@ namespace fs = std::filesystem;
 std::string parent_dir(const std::string& path) {
   const fs::path parent = fs::path(path).parent_path();
   return parent.empty() ? "." : parent.string();
+}
+
+// Whether process `pid` has ended but not been reaped (state Z or X in
+// /proc/PID/stat, after the parenthesised command name).
+bool ended(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const size_t name_end = line.rfind(')');
+  if (name_end == std::string::npos || name_end + 2 >= line.size()) return false;
+  const char state = line[name_end + 2];
+  return state == 'Z' || state == 'X';
 }
 
 }  // namespace
@@ -93,9 +106,12 @@ bool abandoned_temporary(const std::string& name, std::string* final_name) {
     return false;
   }
   // Only a process that is certainly gone: one that runs, even as another
-  // user (EPERM), keeps its files.
+  // user (EPERM), keeps its files. A zombie has ended: a rank killed after
+  // its mpirun exited stays one where nothing reaps orphans (PID 1 of a
+  // container that is not an init).
   const pid_t pid = static_cast<pid_t>(std::stol(digits));
-  if (pid <= 0 || pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) return false;
+  if (pid <= 0 || pid == ::getpid()) return false;
+  if ((::kill(pid, 0) == 0 || errno != ESRCH) && !ended(pid)) return false;
   *final_name = name.substr(0, at);
   return true;
 }
