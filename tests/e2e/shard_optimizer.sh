@@ -8,6 +8,11 @@
 #   - resume across layouts: 6 steps sharded on -np 3, 6 more sharded on
 #     -np 2, 6 more unsharded on -np 1 equal 18 steps straight on -np 1;
 #   - a model of fewer norm blocks than ranks (empty slices) works;
+#   - bf16 and fp16 compute (fp32 masters, fp16's loss scale) sharded on
+#     -np 2 equal unsharded -np 2; --on-divergence skip drops the same steps
+#     sharded and unsharded (a NaN on the last rank), with equal results;
+#   - a NaN that reaches a rank's slice (found before the checkpoint, as a
+#     GPU step checks) stops every rank with exit 3 and writes nothing;
 #   - the comparison would see a changed bit: a run with another --lr differs.
 source "$(dirname "$0")/common.sh"
 bin=$1 work=$2
@@ -89,6 +94,42 @@ grep -q "slice, 0 to" "$work/lm-tiny-zero-np4.log" ||
   { echo "FAIL: the tiny model has no empty slice on 4 ranks" >&2; exit 1; }
 same "lm tiny (empty slices): sharded -np 4 x 3 vs unsharded -np 1 x 12" lm-tiny-zero-np4 \
   lm-tiny-np1 3
+
+# Half-precision compute keeps fp32 masters, sliced like fp32's moments;
+# fp16 scales its loss (a scale that backs off on an overflow, all ranks alike).
+for precision in bf16 fp16; do
+  train "lm-$precision-np2" 2 6 lm "$work/kjv" 3 --precision "$precision"
+  train "lm-$precision-zero-np2" 2 6 lm "$work/kjv" 3 --precision "$precision" \
+    --shard-optimizer true
+  same "lm $precision: sharded -np 2 vs unsharded -np 2" "lm-$precision-zero-np2" \
+    "lm-$precision-np2" 3
+done
+
+# --on-divergence skip: the NaN of steps 2 and 3 on the last rank drops both
+# steps everywhere, sharded or not.
+MPIFORMER_TEST_NAN_AT_STEP=2:2 train lm-skip-np1 1 12 lm "$work/kjv" 5 --on-divergence skip
+MPIFORMER_TEST_NAN_AT_STEP=2:2 train lm-skip-zero-np3 3 4 lm "$work/kjv" 5 \
+  --on-divergence skip --shard-optimizer true
+grep -q "non-finite steps skipped 2" "$work/lm-skip-zero-np3.log" ||
+  { echo "FAIL: sharded --on-divergence skip did not skip 2 steps" >&2; exit 1; }
+same "lm --on-divergence skip: sharded -np 3 vs unsharded -np 1" lm-skip-zero-np3 lm-skip-np1 5
+
+# A NaN in the state stops every rank before it reaches a checkpoint: the
+# NaN gradient of step 3 is found in the updated slices at step 4's save.
+rc=0
+MPIFORMER_TEST_DEFERRED_DIVERGENCE_CHECK=1 MPIFORMER_TEST_NAN_AT_STEP=3 \
+  mpirun 3 "$bin" train --model lm --data "$work/kjv" --out "$work/lm-nan-zero" --layers 1 \
+  --d-model 32 --heads 2 --d-ff 64 --max-len 64 --max-tokens 256 --steps 8 \
+  --checkpoint-every 2 --log-every 8 --eval-every 0 --threads 1 --shard-optimizer true \
+  >"$work/lm-nan-zero.log" 2>&1 || rc=$?
+if [[ $rc -ne 3 ]] ||
+  ! grep -q "step 4 diverged: non-finite values in .* after the update" "$work/lm-nan-zero.log" ||
+  [[ $(ls "$work/lm-nan-zero/checkpoints") != "$(printf 'latest\nstep_00000002.h5')" ]]; then
+  cat "$work/lm-nan-zero.log" >&2
+  echo "FAIL: a NaN in a sharded run: exit $rc, checkpoints: $(ls "$work/lm-nan-zero/checkpoints")" >&2
+  exit 1
+fi
+echo "PASS: a NaN in a sharded run's slices: exit 3 at step 4's checkpoint, step 2 kept"
 
 # Resume across layouts: sharded -np 3, sharded -np 2, unsharded -np 1.
 train lm-18 1 12 lm "$work/kjv" 18
