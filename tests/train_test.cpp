@@ -319,7 +319,7 @@ TEST(MemoryEstimate, AttentionScratchGrowsWithTheSquareOfTheLongestSequence) {
   EXPECT_GE(scratch(1024, false), sizeof(float) * 1024 * 1024);
 }
 
-TEST(MemoryEstimate, ShardingDividesTheMomentsByTheRanks) {
+TEST(MemoryEstimate, ShardingDividesTheMomentsAndHalfPrecisionMastersByTheRanks) {
   std::unique_ptr<Ops> ops = make_cpu_ops(1);
   const ModelConfig c = testing::tiny(ModelKind::kLm);
   const ModelCapacity capacity{64, c.max_len};
@@ -335,8 +335,9 @@ TEST(MemoryEstimate, ShardingDividesTheMomentsByTheRanks) {
     EXPECT_LT(slice, P);
     EXPECT_EQ(a.moment_bytes, 8 * P);
     EXPECT_EQ(b.moment_bytes, 8 * slice);
-    // fp32 runs have no masters apart from the weights; bf16's stay whole.
-    EXPECT_EQ(b.master_bytes, compute == DType::kF32 ? 0 : 4 * P);
+    // fp32 runs have no masters apart from the weights; bf16's are sliced.
+    EXPECT_EQ(a.master_bytes, compute == DType::kF32 ? 0 : 4 * P);
+    EXPECT_EQ(b.master_bytes, compute == DType::kF32 ? 0 : 4 * slice);
     // Weights, gradients and the exact sum stay whole on every rank.
     EXPECT_EQ(a.weight_bytes, b.weight_bytes);
     EXPECT_EQ(b.gradient_bytes, 4 * P);

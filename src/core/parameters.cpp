@@ -79,8 +79,11 @@ void ParameterSet::allocate(uint64_t seed) {
   const size_t bytes = total_ * sizeof(float);
   params_ = static_cast<float*>(ops_.device().allocate(bytes));
   grads_ = static_cast<float*>(ops_.device().allocate(bytes));
+  // One spare element: a sliced run all-gathers the compute copy as floats,
+  // so a 2-byte copy is padded to whole floats.
   if (compute_dtype_ != DType::kF32)
-    compute_ = ops_.device().allocate(total_ * dtype_bytes(compute_dtype_));
+    compute_ = ops_.device().allocate((total_ + 1) * dtype_bytes(compute_dtype_));
+  masters_end_ = total_;
 
   const uint64_t seed_key = mix64(seed);
   std::vector<float> host;  // reused across tensors: (largest tensor)
@@ -98,7 +101,29 @@ void ParameterSet::allocate(uint64_t seed) {
 }
 
 void ParameterSet::refresh_compute() {
-  if (compute_) ops_.convert(compute_copy(), params_, total_);
+  if (compute_) {
+    ops_.convert(compute_copy() + masters_begin_, params_, masters_end_ - masters_begin_);
+  }
+}
+
+void ParameterSet::keep_masters_of(size_t begin, size_t end) {
+  if (!params_ || !compute_ || sliced_ || begin > end || end > total_)
+    throw std::logic_error("ParameterSet::keep_masters_of: not a slice of whole masters");
+  std::vector<float> host(end - begin);  // (end - begin)
+  ops_.device().copy_to_host(host.data(), params_ + begin, host.size() * sizeof(float));
+  ops_.device().release(params_);
+  // An empty slice still gets a float, so the pointer is not null.
+  params_ =
+      static_cast<float*>(ops_.device().allocate(std::max<size_t>(host.size(), 1) * sizeof(float)));
+  ops_.device().copy_to_device(params_, host.data(), host.size() * sizeof(float));
+  sliced_ = true;
+  masters_begin_ = begin;
+  masters_end_ = end;
+}
+
+float* ParameterSet::whole_masters() {
+  if (sliced_) throw std::logic_error("the whole master weights were asked of a sliced run");
+  return params_;
 }
 
 int ParameterSet::find(const std::string& name) const {

@@ -46,7 +46,7 @@ class ParameterSet {
   void allocate(uint64_t seed);
 
   // Master weights (fp32).
-  float* param(int i) { return params_ + info_[i].offset; }
+  float* param(int i) { return whole_masters() + info_[i].offset; }
   // The compute copy of tensor i, what the forward and backward passes read.
   Act weight(int i) const { return compute() + info_[i].offset; }
   // The whole compute copy; the master buffer itself when it is fp32.
@@ -54,12 +54,25 @@ class ParameterSet {
   // The compute copy as a separate buffer (null when it is the master).
   Act compute_copy() const { return compute_ ? Act(compute_, compute_dtype_) : Act(); }
   // After the master weights were written other than by the optimizer
-  // (initialisation, a checkpoint, a test): brings the compute copy up to date.
+  // (initialisation, a checkpoint, a test): brings the compute copy up to
+  // date (only the kept range when the masters are sliced).
   void refresh_compute();
+  // A sharded optimizer's run with a separate compute copy (bf16, fp16)
+  // keeps the fp32 masters of its slice [begin, end) only, and frees the
+  // whole ones: the optimizer updates the slice and writes its compute copy,
+  // and the ranks all-gather the compute copy. After allocate().
+  void keep_masters_of(size_t begin, size_t end);
+  bool masters_sliced() const { return sliced_; }
+  size_t masters_begin() const { return masters_begin_; }
+  size_t masters_end() const { return masters_end_; }
+  // The fp32 masters from flat element i on; i in [masters_begin(), masters_end()].
+  float* master_at(size_t i) { return params_ + (i - masters_begin_); }
+  const float* master_at(size_t i) const { return params_ + (i - masters_begin_); }
   float* grad(int i) { return grads_ + info_[i].offset; }
-  float* params() { return params_; }
+  // The whole fp32 masters (not while sliced: master_at()).
+  float* params() { return whole_masters(); }
   float* grads() { return grads_; }
-  const float* params() const { return params_; }
+  const float* params() const { return const_cast<ParameterSet*>(this)->whole_masters(); }
   const float* grads() const { return grads_; }
   size_t count() const { return total_; }  // floats in all tensors
   const std::vector<ParamInfo>& info() const { return info_; }
@@ -72,7 +85,11 @@ class ParameterSet {
   std::vector<ParamInfo> info_;
   size_t total_ = 0;
   DType compute_dtype_;
-  float* params_ = nullptr;  // (total_)
+  float* whole_masters();
+
+  float* params_ = nullptr;  // (total_), or (masters_end_ - masters_begin_) when sliced
+  bool sliced_ = false;
+  size_t masters_begin_ = 0, masters_end_ = 0;
   float* grads_ = nullptr;   // (total_)
   void* compute_ = nullptr;  // (total_) in compute_dtype_; null when fp32
 };

@@ -18,6 +18,8 @@ AdamW::AdamW(ParameterSet& params, const OptimConfig& config, OptimizerShardLink
       throw std::logic_error("AdamW: slices that do not cover the parameters");
     begin_ = bounds[shards_->rank()];
     end_ = bounds[shards_->rank() + 1];
+    // Beside a compute copy, the masters of the slice are all this rank needs.
+    if (params_.compute_copy()) params_.keep_masters_of(begin_, end_);
   }
   // An empty slice still gets a float, so no pointer is null.
   const size_t bytes = std::max<size_t>(end_ - begin_, 1) * sizeof(float);
@@ -74,7 +76,7 @@ const char* AdamW::non_finite_state() {
   // A sum of squares in double is finite exactly when every float is: the
   // largest float squared, times any count of them, stays far below 1e308.
   const std::pair<const char*, const float*> groups[] = {
-      {"params", params_.params() + begin_}, {"optimizer/m", m_}, {"optimizer/v", v_}};
+      {"params", params_.master_at(begin_)}, {"optimizer/m", m_}, {"optimizer/v", v_}};
   for (const auto& [name, data] : groups) {
     params_.ops().sum_squares(check_sq_, data, end_ - begin_);
     double sum_sq = 0.0;
@@ -117,21 +119,37 @@ void AdamW::step(float lr, float inv_loss_scale) {
   cfg.step = step_;
   cfg.inv_loss_scale = inv_loss_scale;
   cfg.max_norm = config_.clip_norm;
-  params_.ops().adamw_update(params_.params() + begin_, params_.grads() + begin_, m_, v_,
+  params_.ops().adamw_update(params_.master_at(begin_), params_.grads() + begin_, m_, v_,
                              params_.compute_copy() + begin_, end_ - begin_, ranges_,
                              static_cast<int>(host_ranges_.size()), cfg, norm_sq_);
-  if (shards_) {
-    shards_->start_gather(params_.params());
-    gather_pending_ = true;
+  if (shards_) start_gather();
+}
+
+void AdamW::start_gather() {
+  const Act compute = params_.compute_copy();
+  if (params_.masters_sliced()) {
+    shards_->start_gather(compute.data, dtype_bytes(compute.dtype));
+  } else {
+    shards_->start_gather(params_.params(), sizeof(float));
   }
+  gather_pending_ = true;
 }
 
 void AdamW::await_weights() {
   if (!gather_pending_) return;
   gather_pending_ = false;
   shards_->finish_gather();
-  // The other ranks' slices arrived as fp32 masters: their compute copy.
+  // Sliced masters: the compute copy itself arrived. Otherwise the other
+  // ranks' slices arrived as fp32 masters, the only copy in fp32.
+  if (!params_.masters_sliced()) params_.refresh_compute();
+}
+
+void AdamW::refresh_weights() {
   params_.refresh_compute();
+  if (params_.masters_sliced()) {
+    start_gather();
+    await_weights();
+  }
 }
 
 }  // namespace mpiformer

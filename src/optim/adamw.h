@@ -9,8 +9,10 @@
 // all-gather, started at the end of step() and finished by
 // await_weights()). The norm is the global one with the same bits as
 // unsharded: per-block partials (Ops::sum_squares_blocks), summed over ranks
-// and added in a fixed order. The fp32 master weights stay whole on every
-// rank (a compute copy is refreshed from them after the gather).
+// and added in a fixed order. In fp32 the masters are the weights the
+// forward reads, whole on every rank, and the gather sends them; with a
+// bf16/fp16 compute copy each rank keeps the fp32 masters of its slice
+// only (ParameterSet::keep_masters_of) and the gather sends the compute copy.
 #pragma once
 
 #include <cstdint>
@@ -45,6 +47,10 @@ class AdamW {
   // forward, a check, a checkpoint): the gather is complete and every
   // rank's weights are whole. Nothing to do otherwise, or twice.
   void await_weights();
+  // After the masters of this rank were written other than by step() (a
+  // checkpoint restored): the compute copy follows them, and sharded with
+  // sliced masters, every rank's slice is gathered.
+  void refresh_weights();
 
   // The first of "params", "optimizer/m", "optimizer/v" holding a NaN or an
   // infinity in what this rank owns (sharded: its slice; the caller agrees
@@ -66,6 +72,8 @@ class AdamW {
   ParameterSet& params_;
   OptimConfig config_;
   int64_t step_ = 0;
+  // Sends this rank's updated slice to every rank (await_weights() ends it).
+  void start_gather();
   OptimizerShardLink* shards_;  // null: unsharded
   size_t begin_ = 0, end_ = 0;  // this rank's slice
   bool gather_pending_ = false;

@@ -19,10 +19,12 @@ class OptimizerShardLink {
   // outside its blocks, so the sum is exact), then any rank's NaN is every
   // rank's.  partial: backend (n)
   virtual void sum_partials(double* partial, size_t n) = 0;
-  // Starts sending this rank's slice of the master weights to every rank,
-  // in place; finish_gather() waits (or orders the device's later work
-  // after it).  params: backend (bounds().back())
-  virtual void start_gather(float* params) = 0;
+  // Starts sending this rank's slice of the weights to every rank, in
+  // place: the fp32 masters (element_bytes 4) or, when the masters are
+  // sliced, the bf16/fp16 compute copy (2; padded to a whole number of
+  // floats). finish_gather() waits (or orders the device's later work after
+  // it).  weights: backend (bounds().back() elements of element_bytes)
+  virtual void start_gather(void* weights, size_t element_bytes) = 0;
   virtual void finish_gather() = 0;
 };
 

@@ -10,6 +10,7 @@
 #include <exception>
 #include <filesystem>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "src/core/error.h"
@@ -231,7 +232,7 @@ SavedCheckpoint save_checkpoint_collectively(const Communicator& comm, const std
   comm.broadcast(&saved.path, 0);
   const hdf5::Faults faults = hdf5::Faults::of<CheckpointError>(saved.path);
   failed.attempt([&] {
-    if (!params.params()) faults.fail("cannot write: the parameters are not allocated");
+    if (params.count() == 0) faults.fail("cannot write: there are no parameters");
     if (slice.begin > slice.end || slice.end > params.count() ||
         (slice.end > slice.begin && (!slice.params || !slice.m || !slice.v))) {
       faults.fail("cannot write: this rank's range [" + std::to_string(slice.begin) + ", " +
@@ -389,13 +390,16 @@ SavedCheckpoint save_checkpoint_collectively(const Communicator& comm, const std
 
 std::string read_checkpoint_collectively(const Communicator& comm, const std::string& path,
                                          const ParameterSet& params, float* params_dest,
-                                         size_t begin, size_t end, float* m, float* v) {
+                                         size_t params_begin, size_t params_end, size_t begin,
+                                         size_t end, float* m, float* v) {
   const hdf5::Faults faults = hdf5::Faults::of<CheckpointError>(path);
   FirstFault failed;
   failed.attempt([&] {
-    if (begin > end || end > params.count())
-      faults.fail("cannot read the range [" + std::to_string(begin) + ", " + std::to_string(end) +
-                  ") of " + std::to_string(params.count()) + " parameters");
+    for (const auto& [lo, hi] : {std::pair{params_begin, params_end}, std::pair{begin, end}}) {
+      if (lo > hi || hi > params.count())
+        faults.fail("cannot read the range [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                    ") of " + std::to_string(params.count()) + " parameters");
+    }
   });
   hdf5::Session session;
   Hid file, dxpl;
@@ -408,15 +412,15 @@ std::string read_checkpoint_collectively(const Communicator& comm, const std::st
   });
   if (comm.any(!failed.ok())) return failed.what();
 
-  // Which blocks any rank reads: every rank reads all of /params.
-  const std::vector<int64_t> all_params = blocks_used(comm, params, 0, params.count());
+  // Which blocks any rank reads.
+  const std::vector<int64_t> param_parts = blocks_used(comm, params, params_begin, params_end);
   const std::vector<int64_t> moment_slices = blocks_used(comm, params, begin, end);
   const struct {
     const char* group;                 // "params"
-    float* dest;                       // backend: the whole buffer, or (end - begin)
+    float* dest;                       // backend (hi - lo)
     size_t lo, hi;                     // the range of the flat buffer read into dest
     const std::vector<int64_t>& used;  // blocks_used of the ranks' ranges
-  } parts[3] = {{"params", params_dest, 0, params.count(), all_params},
+  } parts[3] = {{"params", params_dest, params_begin, params_end, param_parts},
                 {"optimizer/m", m, begin, end, moment_slices},
                 {"optimizer/v", v, begin, end, moment_slices}};
   std::vector<float> host;  // staging, reused: (largest part of a tensor)

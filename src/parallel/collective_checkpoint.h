@@ -68,17 +68,19 @@ SavedCheckpoint save_checkpoint_collectively(const Communicator& comm, const std
                                              const CheckpointSlice& slice, CheckpointState state,
                                              int keep_last, const CheckpointWriteFault& fault);
 
-// Reads checkpoint `path` with every rank: all of /params into params_dest
-// (every rank needs the whole model), and [begin, end) of the flat buffer
-// of /optimizer/m and /optimizer/v into m and v. The names and shapes must
+// Reads checkpoint `path` with every rank: [params_begin, params_end) of
+// /params into params_dest (the whole model, or a sharded run's slice of
+// sliced masters), and [begin, end) of the flat buffer of /optimizer/m and
+// /optimizer/v into m and v. The names and shapes must
 // have been checked against `params` (check_checkpoint_tensors on rank 0's
 // read_checkpoint_layout). Returns "" or this rank's fault, "PATH: what"
 // (a damaged chunk, a NaN or an infinity in what it read, a file that will
 // not open); every rank has made every collective call either way, so the
 // caller agrees on the faults next.
-// params_dest: backend (params.count()); m, v: backend (end - begin)
+// params_dest: backend (params_end - params_begin); m, v: backend (end - begin)
 std::string read_checkpoint_collectively(const Communicator& comm, const std::string& path,
                                          const ParameterSet& params, float* params_dest,
-                                         size_t begin, size_t end, float* m, float* v);
+                                         size_t params_begin, size_t params_end, size_t begin,
+                                         size_t end, float* m, float* v);
 
 }  // namespace mpiformer

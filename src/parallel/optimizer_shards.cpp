@@ -30,23 +30,29 @@ void ShardLink::sum_partials(double* partial, size_t n) {
   ops_.device().copy_to_device(partial, host, n * sizeof(double));
 }
 
-void ShardLink::start_gather(float* params) {
-  params_ = params;
+void ShardLink::start_gather(void* weights, size_t element_bytes) {
+  // The transports move floats: a slice of 2-byte elements is half as many
+  // floats (the slices start at whole norm blocks, so at even elements; the
+  // last ends at the padded end).
+  weights_ = static_cast<float*>(weights);
+  float_bounds_.resize(plan_.bounds.size());
+  for (size_t i = 0; i < plan_.bounds.size(); ++i)
+    float_bounds_[i] = (plan_.bounds[i] * element_bytes + sizeof(float) - 1) / sizeof(float);
   if (!staged_) {
-    transport_->start_all_gather(slot_, params, plan_.bounds);
+    transport_->start_all_gather(slot_, weights_, float_bounds_);
     return;
   }
   const int r = comm_.rank();
-  ops_.device().copy_to_host(host_ + plan_.begin(r), params + plan_.begin(r),
-                             plan_.size(r) * sizeof(float));
-  transport_->start_all_gather(slot_, host_, plan_.bounds);
+  ops_.device().copy_to_host(host_ + float_bounds_[r], weights_ + float_bounds_[r],
+                             (float_bounds_[r + 1] - float_bounds_[r]) * sizeof(float));
+  transport_->start_all_gather(slot_, host_, float_bounds_);
 }
 
 void ShardLink::finish_gather() {
   while (!transport_->test(slot_)) {
   }
   transport_->join();
-  if (staged_) ops_.device().copy_to_device(params_, host_, plan_.bounds.back() * sizeof(float));
+  if (staged_) ops_.device().copy_to_device(weights_, host_, float_bounds_.back() * sizeof(float));
 }
 
 }  // namespace mpiformer

@@ -1,7 +1,6 @@
 // The ranks' side of a sharded optimizer (train --shard-optimizer true,
 // ZeRO-1; src/optim/adamw.h): the norm partials summed over ranks, the
-// updated slices all-gathered over the gradient reducer's transport, and
-// the moments of a checkpoint moved between slices and whole tensors.
+// updated slices all-gathered over the gradient reducer's transport.
 #pragma once
 
 #include <memory>
@@ -29,7 +28,7 @@ class ShardLink final : public OptimizerShardLink {
   // The gradient reducer's transport, once it exists, and a slot it does not use.
   void use_transport(ReduceTransport& transport, int slot);
   void sum_partials(double* partial, size_t n) override;
-  void start_gather(float* params) override;
+  void start_gather(void* weights, size_t element_bytes) override;
   void finish_gather() override;
 
  private:
@@ -42,8 +41,9 @@ class ShardLink final : public OptimizerShardLink {
   int slot_ = 0;
   // A GPU's weights under a host transport go through this pinned copy.
   bool staged_ = false;
-  float* host_ = nullptr;    // (plan_.bounds.back())
-  float* params_ = nullptr;  // the backend buffer being gathered
+  float* host_ = nullptr;             // (plan_.bounds.back())
+  float* weights_ = nullptr;          // the backend buffer being gathered, as floats
+  std::vector<size_t> float_bounds_;  // the slices' bounds in floats of it
 };
 
 }  // namespace mpiformer

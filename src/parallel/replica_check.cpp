@@ -8,17 +8,22 @@
 namespace mpiformer {
 
 std::vector<uint64_t> tensor_digests(ParameterSet& params) {
+  // The fp32 masters; where each rank keeps only its slice of them, the
+  // compute copy, which every rank holds whole.
+  const bool sliced = params.masters_sliced();
+  const Act compute = params.compute_copy();
+  const size_t bytes = sliced ? dtype_bytes(compute.dtype) : sizeof(float);
   std::vector<uint64_t> digests;
-  std::vector<float> host;  // (largest tensor)
+  std::vector<unsigned char> host;  // (largest tensor x bytes)
   for (const ParamInfo& t : params.info()) {
-    host.resize(t.size);
-    params.ops().device().copy_to_host(host.data(), params.params() + t.offset,
-                                       t.size * sizeof(float));
+    host.resize(t.size * bytes);
+    const void* source = sliced ? (compute + t.offset).data : params.params() + t.offset;
+    params.ops().device().copy_to_host(host.data(), source, host.size());
     // Bits, not values: -0 vs +0 or two NaN payloads are a divergence too.
     uint64_t h = mix64(t.size);
-    for (float x : host) {
-      uint32_t bits;
-      std::memcpy(&bits, &x, sizeof bits);
+    for (size_t i = 0; i < host.size(); i += bytes) {
+      uint32_t bits = 0;
+      std::memcpy(&bits, host.data() + i, bytes);
       h = mix64(h ^ bits);
     }
     digests.push_back(h);

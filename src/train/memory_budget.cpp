@@ -143,9 +143,8 @@ MemoryEstimate estimate_memory(Ops& ops, const ModelConfig& model, const ModelCa
       plan.training && plan.shard_optimizer ? plan_shards(P, static_cast<int>(W)).largest() : P;
   const bool separate_copy = compute != DType::kF32;
   e.weight_bytes = P * (separate_copy ? dtype_bytes(compute) : sizeof(float));
-  // Masters stay whole on every rank, sharded or not: the all-gather sends
-  // them, and the replica check and checkpoints read them.
-  if (separate_copy) e.master_bytes = P * sizeof(float);
+  // Beside a compute copy, a sharded rank keeps the masters of its slice.
+  if (separate_copy) e.master_bytes = e.owned_parameters * sizeof(float);
   e.activation_bytes = m.activation_bytes + m.upload_bytes;
   AttentionConfig attention;
   attention.heads = model.heads;

@@ -9,8 +9,8 @@
 // (--max-tokens, or --beam x max-len for generate; what --recompute keeps),
 // and buffers: the attention ops' scratch (the scores of the longest
 // sequence), the exact sum's fixed-point buffer and the reducer's host
-// staging. --shard-optimizer keeps the moments of the rank's slice only
-// (masters stay whole: the weights' all-gather sends them). Not counted:
+// staging. --shard-optimizer keeps the moments of the rank's slice only,
+// and beside a bf16/fp16 compute copy its fp32 masters too. Not counted:
 // the data set in memory and library workspaces (cuBLAS, cuDNN), so the
 // estimate is a floor.
 #pragma once

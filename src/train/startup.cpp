@@ -305,8 +305,11 @@ int restore(TrainingRun& run, const Communicator& comm) {
   // A sharded optimizer reads its slice of the moments (any layout resumes any).
   const size_t begin = run.optimizer->shard_begin(), end = run.optimizer->shard_end();
   comm.broadcast(&c.path, 0);
-  const std::string fault = read_checkpoint_collectively(
-      comm, c.path, params, params.params(), begin, end, run.optimizer->m(), run.optimizer->v());
+  // Sliced masters (sharded, bf16/fp16): only the slice of /params too.
+  const size_t first = params.masters_begin(), last = params.masters_end();
+  const std::string fault =
+      read_checkpoint_collectively(comm, c.path, params, params.master_at(first), first, last,
+                                   begin, end, run.optimizer->m(), run.optimizer->v());
   // One line, from the lowest rank that found a fault.
   const int speaker = comm.min_with_rank(fault.empty() ? 1 : 0).second;
   if (comm.any(!fault.empty())) {
@@ -321,7 +324,6 @@ int restore(TrainingRun& run, const Communicator& comm) {
     if (retry && comm.is_root()) run.run_dir->skip_damaged(c.path);
     return retry ? kRestoreDamaged : code;
   }
-  params.refresh_compute();
   run.optimizer->set_steps_taken(run.start.state.optimizer_steps);
   run.scaler->restore(static_cast<float>(run.start.state.loss_scale),
                       run.start.state.loss_scale_good_steps);
@@ -522,6 +524,9 @@ Started start_run(const TrainConfig& flags, const Communicator& comm, const Conf
     run.shards->use_transport(run.reducer->transport(),
                               static_cast<int>(run.reducer->buckets().size()) + 1);
   }
+  // The restored masters reach the compute copy; sliced masters (sharded,
+  // bf16/fp16) then travel as the compute copy, over the transport above.
+  if (run.start.resumed) run.optimizer->refresh_weights();
   if (const int code = claim_directory(run, comm, config_text, notes)) return end(code);
   print_start(run, comm, config_text, notes);
   return Started{std::move(parts), 0};

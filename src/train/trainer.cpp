@@ -211,7 +211,7 @@ int Trainer::save(int64_t step) {
     slice.m = run_.optimizer->m() + slice.begin;
     slice.v = run_.optimizer->v() + slice.begin;
   }
-  slice.params = params.params() + slice.begin;
+  slice.params = params.master_at(slice.begin);  // sliced masters: exactly the slice
   const SavedCheckpoint saved = save_checkpoint_collectively(
       comm_, run_.cfg.out_dir, params, slice, checkpoint_state(step), run_.cfg.keep_checkpoints,
       CheckpointWriteFault{faults_.fail_in_checkpoint_step, faults_.fail_in_checkpoint_rank});

@@ -8,8 +8,9 @@
 #   - resume across layouts: 6 steps sharded on -np 3, 6 more sharded on
 #     -np 2, 6 more unsharded on -np 1 equal 18 steps straight on -np 1;
 #   - a model of fewer norm blocks than ranks (empty slices) works;
-#   - bf16 and fp16 compute (fp32 masters, fp16's loss scale) sharded on
-#     -np 2 equal unsharded -np 2; --on-divergence skip drops the same steps
+#   - bf16 and fp16 compute (fp32 masters, of the rank's slice only when
+#     sharded; fp16's loss scale) sharded on -np 2 equal unsharded -np 2,
+#     and bf16 resumes from sharded to unsharded and back; --on-divergence skip drops the same steps
 #     sharded and unsharded (a NaN on the last rank), with equal results;
 #   - a NaN that reaches a rank's slice (found before the checkpoint, as a
 #     GPU step checks) stops every rank with exit 3 and writes nothing;
@@ -104,6 +105,19 @@ for precision in bf16 fp16; do
   same "lm $precision: sharded -np 2 vs unsharded -np 2" "lm-$precision-zero-np2" \
     "lm-$precision-np2" 3
 done
+
+grep -q "masters " "$work/lm-bf16-zero-np2.log" ||
+  { echo "FAIL: the bf16 start line names no masters" >&2; exit 1; }
+# bf16 keeps only its slice of the masters: a resume from sharded -np 3 to
+# unsharded -np 2 reads the slices back and gathers the compute copy.
+train lm-bf16-12 2 6 lm "$work/kjv" 12 --precision bf16
+train lm-bf16-layouts 3 4 lm "$work/kjv" 6 --precision bf16 --shard-optimizer true
+train lm-bf16-layouts 2 6 lm "$work/kjv" 12 --precision bf16 --resume auto
+same "lm bf16: 6 steps sharded -np 3, 6 unsharded -np 2 vs 12 on -np 2" lm-bf16-layouts \
+  lm-bf16-12 12
+train lm-bf16-back 2 6 lm "$work/kjv" 6 --precision bf16
+train lm-bf16-back 3 4 lm "$work/kjv" 12 --precision bf16 --shard-optimizer true --resume auto
+same "lm bf16: 6 steps unsharded -np 2, 6 sharded -np 3 vs 12 on -np 2" lm-bf16-back lm-bf16-12 12
 
 # --on-divergence skip: the NaN of steps 2 and 3 on the last rank drops both
 # steps everywhere, sharded or not.
