@@ -504,6 +504,7 @@ Started start_run(const TrainConfig& flags, const Communicator& comm, const Conf
     run.scaler.reset();
     run.schedule.reset();
     run.optimizer.reset();
+    run.shards.reset();  // holds the backend it was made with
     run.model.reset();
     run.ops.reset();
     run.source.reset();
