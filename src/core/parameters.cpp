@@ -121,7 +121,7 @@ void ParameterSet::keep_masters_of(size_t begin, size_t end) {
   masters_end_ = end;
 }
 
-float* ParameterSet::whole_masters() {
+float* ParameterSet::whole_masters() const {
   if (sliced_) throw std::logic_error("the whole master weights were asked of a sliced run");
   return params_;
 }

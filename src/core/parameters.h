@@ -72,7 +72,7 @@ class ParameterSet {
   // The whole fp32 masters (not while sliced: master_at()).
   float* params() { return whole_masters(); }
   float* grads() { return grads_; }
-  const float* params() const { return const_cast<ParameterSet*>(this)->whole_masters(); }
+  const float* params() const { return whole_masters(); }
   const float* grads() const { return grads_; }
   size_t count() const { return total_; }  // floats in all tensors
   const std::vector<ParamInfo>& info() const { return info_; }
@@ -85,7 +85,8 @@ class ParameterSet {
   std::vector<ParamInfo> info_;
   size_t total_ = 0;
   DType compute_dtype_;
-  float* whole_masters();
+  // params_ when whole; throws while sliced.
+  float* whole_masters() const;
 
   float* params_ = nullptr;  // (total_), or (masters_end_ - masters_begin_) when sliced
   bool sliced_ = false;
