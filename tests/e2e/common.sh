@@ -90,7 +90,14 @@ expect_one_line_error() {
 try() {
   rc=0
   (
-    [[ -z ${try_memory_kb:-} ]] || ulimit -v "$try_memory_kb"
+    if [[ -n ${try_memory_kb:-} ]]; then
+      ulimit -v "$try_memory_kb"
+      # What a process reserves grows with the cores the host shows: a 64 MB
+      # malloc arena per contending thread, an OpenBLAS buffer per core at
+      # load (and OpenBLAS spins forever when that load-time buffer is
+      # refused). Pinned, the limit measures the program, not the host.
+      export MALLOC_ARENA_MAX=2 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+    fi
     exec timeout "${try_seconds:-60}" "$@"
   ) >"$out" 2>"$err" || rc=$?
   [[ $rc -ne 124 ]] || fail "$*: hung (killed after ${try_seconds:-60} s)"

@@ -115,9 +115,8 @@ check "classify prints its memory estimate" grep -q "^mpiformer classify: 1 line
 # 60,000 lines at once need many GiB: refused before any is allocated, in
 # a 4 GiB address space (ulimit -v) whatever the machine has.
 awk '{ for (i = 0; i < 200; ++i) print }' text.txt >many-lines.txt
-rc=0
-(ulimit -v 4194304 && exec timeout 120 "$bin" classify --checkpoint cls-run/$ckpt \
-  --input many-lines.txt --batch 60000 --threads 1) >"$out" 2>"$err" || rc=$?
+try_memory_kb=4194304 try_seconds=120 try "$bin" classify --checkpoint cls-run/$ckpt \
+  --input many-lines.txt --batch 60000 --threads 1
 refused "classify --batch 60000" 2 \
   "mpiformer classify: --batch: scoring 60000 lines at a time needs about" "; lower --batch (" \
   " fits)"
@@ -130,9 +129,8 @@ seq 60100 | awk '{ print "L" ($1 % 60000) }' >wide.labels
   --vocab-size 20 --valid-lines 100 >/dev/null
 "$bin" train "${small[@]}" --model classify --data wide --max-len 128 --max-tokens 256 \
   --out wide-run >/dev/null 2>&1
-rc=0
-(ulimit -v 2097152 && exec timeout 120 "$bin" classify --checkpoint wide-run/$ckpt \
-  --input text.txt --threads 1 --top 1) >"$out" 2>"$err" || rc=$?
+try_memory_kb=2097152 try_seconds=120 try "$bin" classify --checkpoint wide-run/$ckpt \
+  --input text.txt --threads 1 --top 1
 check "classify of 60,000 labels at --batch 64 in 2 GiB (exit $rc: $(head -c 300 "$err"))" \
   test "$rc" -eq 0
 check "it labels every line" test "$(wc -l <"$out")" -eq "$(wc -l <text.txt)"
