@@ -43,6 +43,7 @@ class ObservedOps : public Ops {
   Ops& inner() { return inner_; }
 
   void set_deterministic(bool deterministic) override { inner_.set_deterministic(deterministic); }
+  void set_batch_invariant(bool on) override { inner_.set_batch_invariant(on); }
   void set_attention_path(AttentionPath path) override { inner_.set_attention_path(path); }
   std::string attention_kernels() const override { return inner_.attention_kernels(); }
   AttentionCalls attention_calls() const override { return inner_.attention_calls(); }
@@ -144,6 +145,19 @@ class ObservedOps : public Ops {
           {"causal", cfg.causal},
           {"log-length", cfg.scale == AttentionScale::kLogLength}}},
         [&] { inner_.attention_forward(out, stats, q, q_stride, k, v, kv_stride, qs, ks, cfg); });
+  }
+  void attention_listed(Act out, Act q, int q_stride, Act k, Act v, int kv_stride,
+                        const KeyLists& keys, const AttentionConfig& cfg) override {
+    observe({"attention_listed",
+             OpFamily::kAttention,
+             out.dtype,
+             {{"R", keys.queries},
+              {"P", keys.key_rows},
+              {"longest", keys.longest},
+              {"heads", cfg.heads},
+              {"head size", cfg.head_dim},
+              {"log-length", cfg.scale == AttentionScale::kLogLength}}},
+            [&] { inner_.attention_listed(out, q, q_stride, k, v, kv_stride, keys, cfg); });
   }
   void attention_backward(Act dq, Act dk, Act dv, Act dout, Act out, const float* stats, Act q,
                           int q_stride, Act k, Act v, int kv_stride, const Ragged& qs,

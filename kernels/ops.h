@@ -76,6 +76,20 @@ struct RowGroups {
   int groups = 0;                   // G
 };
 
+// Decoding: which key rows each query row attends. Query row r attends
+// rows[starts[r] .. starts[r+1]) of the keys, in that order (the rows of
+// its own sequence held in a key/value cache, or of its source sentence).
+struct KeyLists {
+  const int32_t* host_starts = nullptr;    // host (R+1)
+  const int32_t* device_starts = nullptr;  // backend (R+1)
+  const int32_t* host_rows = nullptr;      // host (starts[R])
+  const int32_t* device_rows = nullptr;    // backend (starts[R])
+  int queries = 0;                         // R
+  int key_rows = 0;                        // P: rows of k and v (every listed row is below it)
+  int longest = 0;                         // the longest list
+  int length(int r) const { return host_starts[r + 1] - host_starts[r]; }
+};
+
 struct AttentionConfig {
   int heads = 1;     // H
   int head_dim = 1;  // D; model width C = H * D
@@ -179,6 +193,14 @@ class Ops {
   // a backend may then refuse faster algorithms whose sums depend on
   // timing (cuDNN's attention backward).
   virtual void set_deterministic(bool deterministic) { (void)deterministic; }
+  // Decoding (src/model/decoding.h) must give the same bits for a sentence
+  // whatever other sentences share its calls, with or without a key/value
+  // cache. With this on, each row of matmul_forward depends on that row
+  // alone: the CPU backend then multiplies on a kernel of its own, since
+  // OpenBLAS's bits for a row depend on the rows beside it. The other
+  // forward ops are row by row already. A GPU backend may ignore it: its
+  // decoding is exact to rounding only.
+  virtual void set_batch_invariant(bool on) { (void)on; }
   // Chooses the attention kernels (--attention). Throws
   // std::runtime_error when the path cannot run here (cudnn without cuDNN).
   virtual void set_attention_path(AttentionPath path);
@@ -268,6 +290,15 @@ class Ops {
   // count. backward: the larger need of attention_backward.
   virtual size_t attention_scratch_bytes(DType dtype, size_t tokens, size_t longest,
                                          const AttentionConfig& cfg, bool backward) const = 0;
+
+  // Decoding: each query row against its own list of key rows (KeyLists),
+  // scaled as a query that sees that many keys (cfg.causal is not read: the
+  // list is what the row may see); a row with an empty list gets 0. A row's
+  // result depends on its query and its listed keys alone, in any batch.
+  // out: (R, H*D) dense, q: (R, H*D) rows q_stride apart, k, v: (P, H*D)
+  // rows kv_stride apart (a key/value cache, or an encoder's memory)
+  virtual void attention_listed(Act out, Act q, int q_stride, Act k, Act v, int kv_stride,
+                                const KeyLists& keys, const AttentionConfig& cfg) = 0;
 
   // ---- loss -------------------------------------------------------------
   // Label-smoothed softmax cross entropy fused with its gradient. Target

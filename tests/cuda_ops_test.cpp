@@ -514,6 +514,36 @@ TEST_P(CudaOpsTest, RaggedAttention) {
   b_->gpu->set_attention_path(AttentionPath::kAuto);
 }
 
+// Decoding attention: each row against its listed keys (a cache's rows in
+// any order, lists of 0 to 300 keys), as the CPU reference computes it.
+TEST_P(CudaOpsTest, ListedAttention) {
+  const int H = 4, D = 32, C = H * D, P = 400;
+  const std::vector<int> lengths = {1, 0, 7, 300, 64, 2};
+  const int R = static_cast<int>(lengths.size());
+  std::vector<int32_t> starts{0}, listed;
+  int longest = 0;
+  for (int n : lengths) {
+    for (int j = 0; j < n; ++j) listed.push_back((j * 37 + n) % P);
+    starts.push_back(static_cast<int32_t>(listed.size()));
+    longest = std::max(longest, n);
+  }
+  const IntPair st = b_->ints(starts), ls = b_->ints(listed);
+  const KeyLists keys_gpu{starts.data(), st.gpu, listed.data(), ls.gpu, R, P, longest};
+  const KeyLists keys_cpu{starts.data(), st.cpu, listed.data(), ls.cpu, R, P, longest};
+  const Pair q = b_->acts(random(static_cast<size_t>(R) * 3 * C), t());
+  const Pair kv = b_->acts(random(static_cast<size_t>(P) * 2 * C), t());
+  for (AttentionScale scale : {AttentionScale::kStandard, AttentionScale::kLogLength}) {
+    AttentionConfig cfg;
+    cfg.heads = H;
+    cfg.head_dim = D;
+    cfg.scale = scale;
+    const Pair out = b_->acts(random(static_cast<size_t>(R) * C), t());  // overwritten
+    b_->gpu->attention_listed(out.gpu, q.gpu, 3 * C, kv.gpu, kv.gpu + C, 2 * C, keys_gpu, cfg);
+    b_->cpu->attention_listed(out.cpu, q.cpu, 3 * C, kv.cpu, kv.cpu + C, 2 * C, keys_cpu, cfg);
+    compare(out, static_cast<size_t>(R) * C, reduction_tolerance(t()), "attention_listed");
+  }
+}
+
 TEST_P(CudaOpsTest, CrossEntropyAdamWAndNorm) {
   const int N = 23, V = 517, stride = 576;
   std::vector<float> logits = random(static_cast<size_t>(N) * stride, 2.0f);

@@ -1,6 +1,8 @@
-// Decoding: last_logits agrees with the training forward pass, greedy search
-// is the step-by-step argmax, beam search finds a score at least greedy's,
-// top-k with k = 1 is greedy, and sampling repeats with its seed.
+// Decoding: last_logits agrees with the training forward pass, and so does
+// a decoding step; greedy search is the step-by-step argmax, beam search
+// finds a score at least greedy's, top-k with k = 1 is greedy, sampling
+// repeats with its seed, and a sentence decodes to the same bits with or
+// without the key/value cache, alone or in a batch.
 #include "src/model/decoding.h"
 
 #include <gtest/gtest.h>
@@ -22,10 +24,22 @@ struct TinyModel {
   std::unique_ptr<Model> model;
   explicit TinyModel(ModelKind kind, uint64_t seed = 3) {
     const ModelConfig c = testing::tiny(kind);
-    model = std::make_unique<Model>(*ops, c, ModelCapacity{8 * c.max_len, c.max_len});
+    ModelCapacity capacity{64 * c.max_len, c.max_len};
+    capacity.cache_rows = 1024;  // decoding: room for several sentences' beams
+    model = std::make_unique<Model>(*ops, c, capacity);
     model->init_parameters(seed);
   }
 };
+
+// One sentence decoded alone.
+Hypothesis one(Model& model, const std::vector<int32_t>& input, const DecodeOptions& o,
+               uint64_t seed = 1) {
+  return decode(model, {input}, {seed}, Layout{}, o)[0];
+}
+Hypothesis translate(Model& model, const std::vector<int32_t>& source, const Layout&,
+                     const DecodeOptions& o) {
+  return one(model, source, o);
+}
 
 double score(const Hypothesis& h, double alpha) {
   return h.log_prob / std::pow(std::max<size_t>(h.ids.size() + h.finished, 1), alpha);
@@ -98,21 +112,117 @@ TEST(Decoding, TopOneSamplingIsGreedyAndSamplingRepeatsWithItsSeed) {
   TinyModel t(ModelKind::kLm);
   DecodeOptions o;
   o.max_new_tokens = 10;
-  const Hypothesis greedy = continue_text(*t.model, {7, 8, 9}, Layout{}, o);
+  uint64_t seed = 1;
+  const Hypothesis greedy = one(*t.model, {7, 8, 9}, o, seed);
   o.top_k = 1;
-  EXPECT_EQ(continue_text(*t.model, {7, 8, 9}, Layout{}, o).ids, greedy.ids);
+  EXPECT_EQ(one(*t.model, {7, 8, 9}, o, seed).ids, greedy.ids);
   o.top_k = 8;
   o.temperature = 2.0f;
-  o.seed = 11;
-  const Hypothesis a = continue_text(*t.model, {7, 8, 9}, Layout{}, o);
-  const Hypothesis b = continue_text(*t.model, {7, 8, 9}, Layout{}, o);
+  seed = 11;
+  const Hypothesis a = one(*t.model, {7, 8, 9}, o, seed);
+  const Hypothesis b = one(*t.model, {7, 8, 9}, o, seed);
   EXPECT_EQ(a.ids, b.ids);
   bool differs = false;  // some seed samples something else than greedy
-  for (uint64_t seed = 1; seed <= 8 && !differs; ++seed) {
-    o.seed = seed;
-    differs = continue_text(*t.model, {7, 8, 9}, Layout{}, o).ids != greedy.ids;
+  for (seed = 1; seed <= 8 && !differs; ++seed) {
+    differs = one(*t.model, {7, 8, 9}, o, seed).ids != greedy.ids;
   }
   EXPECT_TRUE(differs);
+}
+
+TEST(Decoding, AStepOverAWholePrefixGivesTheTrainingForwardsLogits) {
+  TinyModel t(ModelKind::kLm);
+  const ModelConfig& c = t.model->config();
+  const std::vector<int32_t> prefix = {1, 11, 12, 13, 9};
+  Batch batch;
+  batch.decoder.append(prefix.data(), 5);
+  batch.targets.assign(5, c.special.pad);
+  std::vector<float> expected(c.vocab), logits(c.vocab);
+  t.model->last_logits(batch, expected.data());
+  // Every row of the prefix at once, each attending the rows up to its own.
+  DecodeStep step;
+  step.self_starts = {0};
+  for (int j = 0; j < 5; ++j) {
+    step.tokens.push_back(prefix[j]);
+    step.positions.push_back(j);
+    for (int k = 0; k <= j; ++k) step.self_rows.push_back(k);
+    step.self_starts.push_back(static_cast<int32_t>(step.self_rows.size()));
+  }
+  step.logit_rows = {4};
+  t.model->decode_sources(PackedSequences{});
+  t.model->decode_step(step, logits.data());
+  for (int v = 0; v < c.vocab; ++v) EXPECT_NEAR(logits[v], expected[v], 1e-4) << v;
+}
+
+// The same hypotheses, bit for bit: alone with the cache, together with
+// and without it, and together with the batch in another order.
+void expect_same_decoding(ModelKind kind, const DecodeOptions& options) {
+  TinyModel t(kind, 5);
+  const std::vector<std::vector<int32_t>> inputs = {
+      {7, 8, 9}, {10}, {12, 11, 10, 9, 8, 7}, {15, 16}};
+  const std::vector<uint64_t> seeds = {3, 4, 5, 6};
+  std::vector<Hypothesis> alone;
+  for (size_t i = 0; i < inputs.size(); ++i)
+    alone.push_back(one(*t.model, inputs[i], options, seeds[i]));
+  DecodeOptions recompute = options;
+  recompute.cache = false;
+  const std::vector<Hypothesis> together = decode(*t.model, inputs, seeds, Layout{}, options);
+  const std::vector<Hypothesis> recomputed = decode(*t.model, inputs, seeds, Layout{}, recompute);
+  const std::vector<Hypothesis> reversed =
+      decode(*t.model, {inputs.rbegin(), inputs.rend()}, {seeds.rbegin(), seeds.rend()}, Layout{},
+             options);
+  bool some_tokens = false;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const size_t r = inputs.size() - 1 - i;
+    for (const Hypothesis* h : {&together[i], &recomputed[i], &reversed[r]}) {
+      EXPECT_EQ(h->ids, alone[i].ids) << to_string(kind) << " input " << i;
+      EXPECT_EQ(h->log_prob, alone[i].log_prob) << to_string(kind) << " input " << i;
+      EXPECT_EQ(h->finished, alone[i].finished) << to_string(kind) << " input " << i;
+    }
+    some_tokens |= !alone[i].ids.empty();
+  }
+  EXPECT_TRUE(some_tokens) << to_string(kind);
+}
+
+TEST(Decoding, CachedRecomputedAndBatchedAgreeGreedy) {
+  DecodeOptions o;
+  expect_same_decoding(ModelKind::kLm, o);
+  expect_same_decoding(ModelKind::kSeq2seq, o);
+}
+
+TEST(Decoding, CachedRecomputedAndBatchedAgreeBeam) {
+  DecodeOptions o;
+  o.beam = 4;
+  o.length_alpha = 0.6f;
+  expect_same_decoding(ModelKind::kLm, o);
+  o.beam = 5;
+  expect_same_decoding(ModelKind::kSeq2seq, o);
+}
+
+TEST(Decoding, CachedRecomputedAndBatchedAgreeSampling) {
+  DecodeOptions o;
+  o.top_k = 6;
+  o.temperature = 1.5f;
+  expect_same_decoding(ModelKind::kLm, o);
+}
+
+TEST(Decoding, NeedsAddUpAndACapacityTooSmallIsRefused) {
+  TinyModel t(ModelKind::kLm);
+  const ModelConfig& c = t.model->config();
+  DecodeOptions o;
+  o.beam = 3;
+  o.max_new_tokens = 4;
+  const DecodeNeeds needs = decode_needs(c, {7, 8}, Layout{}, o);
+  EXPECT_EQ(needs.prefill_rows, 3);  // BOS and the prompt
+  EXPECT_EQ(needs.beam_rows, 3);
+  EXPECT_EQ(needs.cache_rows, 3 + 3 * 3);  // the prefix, then 3 hypotheses for 3 more steps
+  o.cache = false;
+  EXPECT_EQ(decode_needs(c, {7, 8}, Layout{}, o).cache_rows, 3 * (3 + 3));
+  ModelCapacity small = decode_capacity(c, needs, DecodeOptions{});
+  small.cache_rows = 4;
+  Model model(*t.ops, c, small);
+  model.init_parameters(1);
+  o.cache = true;
+  EXPECT_THROW(decode(model, {{7, 8}}, {1}, Layout{}, o), std::runtime_error);
 }
 
 }  // namespace

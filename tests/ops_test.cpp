@@ -1440,5 +1440,90 @@ TEST_F(OpsTest, SumSquares) {
   EXPECT_EQ(sum, 0.0);
 }
 
+// ---- decoding ---------------------------------------------------------------
+
+// Batch-invariant matmul_forward: a row gets the same bits alone, among 3 or
+// among 130 rows (OpenBLAS's do not, for this shape: 64 x 300 measured), and
+// agrees with OpenBLAS's product to rounding.
+TEST_F(OpsTest, BatchInvariantMatmulGivesARowTheSameBitsInAnyBatch) {
+  const int N = 130, IC = 64, OC = 300;
+  const Vec x = random_vec(static_cast<size_t>(N) * IC, 41), w = random_vec(size_t{OC} * IC, 42),
+            b = random_vec(OC, 43);
+  Vec blas(static_cast<size_t>(N) * OC), all(blas.size());
+  ops->matmul_forward(act(blas), act(x), act(w), act(b), N, IC, OC);
+  ops->set_batch_invariant(true);
+  ops->matmul_forward(act(all), act(x), act(w), act(b), N, IC, OC);
+  expect_close(all, blas, 1e-5, 1e-5, "batch-invariant vs OpenBLAS");
+  for (int first : {0, 1, 61, 127}) {
+    for (int rows : {1, 3}) {
+      if (first + rows > N) continue;
+      Vec some(static_cast<size_t>(rows) * OC);
+      ops->matmul_forward(act(some), Act::f32(const_cast<float*>(x.data()) + first * IC), act(w),
+                          act(b), rows, IC, OC);
+      EXPECT_EQ(0, std::memcmp(some.data(), all.data() + static_cast<size_t>(first) * OC,
+                               some.size() * sizeof(float)))
+          << rows << " row(s) from " << first;
+    }
+  }
+  ops->set_batch_invariant(false);
+}
+
+// attention_listed with each row's causal prefix listed is causal attention,
+// and a row's bits do not depend on the other rows or where its keys lie.
+TEST_F(OpsTest, ListedAttentionIsCausalAttentionRowByRow) {
+  const int H = 2, D = 8, C = H * D;
+  const std::vector<int> lengths = {5, 1, 9};
+  const RaggedBatch rb(lengths);
+  const Ragged rows = rb.view();
+  AttentionConfig cfg;
+  cfg.heads = H;
+  cfg.head_dim = D;
+  cfg.causal = true;
+  for (AttentionScale scale : {AttentionScale::kStandard, AttentionScale::kLogLength}) {
+    cfg.scale = scale;
+    cfg.ref_len = 4.0f;
+    const int N = rows.total;
+    Vec qkv = random_vec(static_cast<size_t>(N) * 3 * C, 51);
+    Vec expected(static_cast<size_t>(N) * C), stats(static_cast<size_t>(N) * H);
+    ops->attention_forward(act(expected), stats.data(), act(qkv), 3 * C, act(qkv) + C,
+                           act(qkv) + 2 * C, 3 * C, rows, rows, cfg);
+    std::vector<int32_t> starts{0}, listed;
+    for (int s = 0; s < rows.batch; ++s)
+      for (int i = 0; i < rows.length(s); ++i) {
+        for (int j = 0; j <= i; ++j) listed.push_back(rb.offsets[s] + j);
+        starts.push_back(static_cast<int32_t>(listed.size()));
+      }
+    KeyLists keys{starts.data(), starts.data(), listed.data(), listed.data(), N, N, 9};
+    Vec out(expected.size());
+    ops->attention_listed(act(out), act(qkv), 3 * C, act(qkv) + C, act(qkv) + 2 * C, 3 * C, keys,
+                          cfg);
+    expect_close(out, expected, 1e-5, 1e-6, "listed vs causal attention");
+    // The last row alone, its keys copied elsewhere: the same bits.
+    const int last = N - 1, n = 9;
+    Vec q(qkv.begin() + static_cast<size_t>(last) * 3 * C,
+          qkv.begin() + static_cast<size_t>(last + 1) * 3 * C);
+    Vec moved(static_cast<size_t>(n + 3) * 3 * C, 7.0f);
+    std::vector<int32_t> alone_rows;
+    for (int j = 0; j < n; ++j) {
+      std::copy_n(qkv.begin() + static_cast<size_t>(rb.offsets[2] + j) * 3 * C, 3 * C,
+                  moved.begin() + static_cast<size_t>(j + 3) * 3 * C);
+      alone_rows.push_back(j + 3);
+    }
+    const std::vector<int32_t> alone_starts = {0, n};
+    KeyLists alone{alone_starts.data(),
+                   alone_starts.data(),
+                   alone_rows.data(),
+                   alone_rows.data(),
+                   1,
+                   n + 3,
+                   n};
+    Vec one(C);
+    ops->attention_listed(act(one), act(q), 3 * C, act(moved) + C, act(moved) + 2 * C, 3 * C, alone,
+                          cfg);
+    EXPECT_EQ(
+        0, std::memcmp(one.data(), out.data() + static_cast<size_t>(last) * C, C * sizeof(float)));
+  }
+}
+
 }  // namespace
 }  // namespace mpiformer

@@ -11,8 +11,13 @@ namespace {
 constexpr int kColumnBlock = 64;
 
 // out (N, OC) rows ldo apart = x (N, IC) @ weight^T + bias, all fp32.
+// batch_invariant: each row on cpu::row_gemm, the same bits in any batch.
 void matmul_forward_f32(float* out, int ldo, const float* x, const float* weight, const float* bias,
-                        int N, int IC, int OC) {
+                        int N, int IC, int OC, bool batch_invariant) {
+  if (batch_invariant) {
+    cpu::row_gemm(out, ldo, x, weight, bias, N, IC, OC);
+    return;
+  }
   float beta = 0.0f;
   if (bias != nullptr) {
     // Seed out with the bias and let SGEMM add x @ W^T onto it (beta = 1):
@@ -46,13 +51,13 @@ void CpuOps::matmul_forward(Act out, Act x, Act weight, Act bias, int N, int IC,
   const size_t n = static_cast<size_t>(N) * OC;
   const int ldo = out_stride > 0 ? out_stride : OC;
   if (!fused.pre) {
-    matmul_forward_f32(f.out(out, N, ldo, OC), ldo, xf, w, b, N, IC, OC);
+    matmul_forward_f32(f.out(out, N, ldo, OC), ldo, xf, w, b, N, IC, OC, batch_invariant_);
     return;
   }
   // The activation reads the fp32 pre-activation, not its rounded copy.
   // pre is dense (N, OC); out keeps its row stride.
   float* pre = f.out(fused.pre, n);
-  matmul_forward_f32(pre, OC, xf, w, b, N, IC, OC);
+  matmul_forward_f32(pre, OC, xf, w, b, N, IC, OC, batch_invariant_);
   if (ldo == OC) {
     cpu::activation_forward(f.out(out, n), pre, n, fused.act);
     return;

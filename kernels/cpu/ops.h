@@ -45,6 +45,11 @@ void sgemm_serial(bool trans_a, bool trans_b, int M, int N, int K, float alpha, 
                   int lda, const float* B, int ldb, float beta, float* C, int ldc);
 void sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
            const float* B, int ldb, float beta, float* C, int ldc);
+// out (N, OC) rows ldo apart = x (N, K) @ w^T (w: (OC, K)) + bias (or null),
+// each row in an order fixed by K alone, whatever rows share the call
+// (row_gemm.cpp): the batch-invariant GEMM of decoding.
+void row_gemm(float* out, int ldo, const float* x, const float* w, const float* bias, int N, int K,
+              int OC);
 
 }  // namespace cpu
 
@@ -89,6 +94,10 @@ class CpuOps final : public Ops {
                           const Ragged& ks, const AttentionConfig& cfg) override;
   size_t attention_scratch_bytes(DType dtype, size_t tokens, size_t longest,
                                  const AttentionConfig& cfg, bool backward) const override;
+  // (attention_listed.cpp)
+  void attention_listed(Act out, Act q, int q_stride, Act k, Act v, int kv_stride,
+                        const KeyLists& keys, const AttentionConfig& cfg) override;
+  void set_batch_invariant(bool on) override { batch_invariant_ = on; }
 
   // ---- loss (cross_entropy.cpp) --------------------------------------------
   void cross_entropy(Act logits, const int32_t* targets, int N, int V, float smoothing, int pad_id,
@@ -182,6 +191,7 @@ class CpuOps final : public Ops {
   std::vector<std::vector<float>> widened_;  // Fp32 views' scratch, slot by slot
   std::vector<float> float_scratch_;    // attention P and dS per thread; layer-norm partial sums
   std::vector<double> double_scratch_;  // per-row / per-chunk partial sums (deterministic order)
+  bool batch_invariant_ = false;        // set_batch_invariant: matmul_forward on cpu::row_gemm
 };
 
 }  // namespace mpiformer

@@ -101,6 +101,9 @@ class CudaOps final : public Ops {
                           const Ragged& ks, const AttentionConfig& cfg) override;
   size_t attention_scratch_bytes(DType dtype, size_t tokens, size_t longest,
                                  const AttentionConfig& cfg, bool backward) const override;
+  // (attention_listed.cu)
+  void attention_listed(Act out, Act q, int q_stride, Act k, Act v, int kv_stride,
+                        const KeyLists& keys, const AttentionConfig& cfg) override;
 
   // ---- loss (cross_entropy.cu) ----------------------------------------------
   void cross_entropy(Act logits, const int32_t* targets, int N, int V, float smoothing, int pad_id,

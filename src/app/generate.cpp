@@ -1,7 +1,8 @@
 // `mpiformer generate`: translation (seq2seq) and continuation (lm) with a
-// checkpoint. Rank 0 decodes; other ranks of an mpirun job only wait. With
-// --data it translates the source side of a split of a shard set, in order,
-// and writes the split's targets beside the output as references. The
+// checkpoint, many sentences at a time (src/model/decoding.h). Under mpirun
+// the ranks share the batches and rank 0 writes every line in input order.
+// With --data it translates the source side of a split of a shard set, and
+// writes the split's targets beside the output as references. The
 // output files are written under temporary names and renamed into place
 // when every line is done: a fault or a stop signal leaves them as they were.
 #include <cerrno>
@@ -13,8 +14,10 @@
 #include <iostream>
 #include <limits>
 #include <memory>
+#include <numeric>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -156,7 +159,61 @@ std::string what_is_kept(const GenerateConfig& cfg) {
   return kept;
 }
 
-int generate_on_root(const GenerateConfig& cfg) {
+// What every rank holds to decode: the model, its inputs and how they read.
+struct Setup {
+  std::unique_ptr<Ops> ops;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::vector<std::vector<int32_t>> inputs;
+  SplitInputs split;  // with --data: its references and origin
+  Layout layout;
+  DecodeOptions options;
+  bool lm = false;
+  std::vector<std::vector<size_t>> batches;  // input indices, shortest inputs first
+};
+
+// Groups the inputs into batches whose key/value cache fits --max-tokens
+// rows, shortest first (a sentence larger than that goes alone), and
+// returns the capacity the largest batch needs.
+ModelCapacity plan_batches(const GenerateConfig& cfg, const ModelConfig& model, Setup& setup) {
+  const size_t n = setup.inputs.size();
+  std::vector<DecodeNeeds> needs(n);
+  for (size_t i = 0; i < n; ++i)
+    needs[i] = decode_needs(model, setup.inputs[i], setup.layout, setup.options);
+  std::vector<size_t> order(n);
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return setup.inputs[a].size() < setup.inputs[b].size();
+  });
+  DecodeNeeds batch, largest;
+  std::vector<size_t> members;
+  const auto close = [&] {
+    if (members.empty()) return;
+    setup.batches.push_back(members);
+    largest.prefill_rows = std::max(largest.prefill_rows, batch.prefill_rows);
+    largest.beam_rows = std::max(largest.beam_rows, batch.beam_rows);
+    largest.cache_rows = std::max(largest.cache_rows, batch.cache_rows);
+    largest.source_rows = std::max(largest.source_rows, batch.source_rows);
+    members.clear();
+    batch = DecodeNeeds{};
+  };
+  for (size_t i : order) {
+    DecodeNeeds with = batch;
+    with += needs[i];
+    if (!members.empty() &&
+        std::max({with.cache_rows, with.source_rows, with.prefill_rows}) > cfg.max_tokens)
+      close();
+    batch += needs[i];
+    members.push_back(i);
+  }
+  close();
+  return decode_capacity(model, largest, setup.options);
+}
+
+// Every rank: the checkpoint, the inputs (each parsed before any decodes:
+// a bad line is found at once), the batches and the model.
+std::unique_ptr<Setup> prepare_setup(const GenerateConfig& cfg, const Communicator& comm) {
+  auto setup = std::make_unique<Setup>();
   const ModelCheckpoint checkpoint = read_model_checkpoint(cfg.checkpoint, "--checkpoint");
   const CheckpointState& state = checkpoint.state;
   const std::vector<CheckpointTensor>& tensors = checkpoint.params;
@@ -164,10 +221,9 @@ int generate_on_root(const GenerateConfig& cfg) {
   run.model.vocab = state.vocab_size;
   run.model.special = state.special;
   if (run.model.kind == ModelKind::kMlm) {
-    std::cerr << "mpiformer generate: --checkpoint: " << cfg.checkpoint
-              << " holds an mlm, which fills masks rather than generating; use an lm or seq2seq"
-              << std::endl;
-    return kExitUsage;
+    usage_error("--checkpoint", cfg.checkpoint +
+                                    " holds an mlm, which fills masks rather than generating; "
+                                    "use an lm or seq2seq");
   }
   if (run.model.kind == ModelKind::kClassify) {
     usage_error("--checkpoint",
@@ -178,21 +234,20 @@ int generate_on_root(const GenerateConfig& cfg) {
                                         : "use `mpiformer classify`"));
   }
   const bool lm = run.model.kind == ModelKind::kLm;
+  setup->lm = lm;
   if (cfg.top_k > 0 && !lm) {
     throw UsageError("--top-k: top-k sampling is for lm checkpoints; " + cfg.checkpoint +
                      " holds a seq2seq, which decodes greedily or by --beam");
   }
-  std::unique_ptr<Tokenizer> tokenizer;
-  if (!state.tokenizer.empty()) tokenizer = Tokenizer::from_bytes(state.tokenizer);
+  if (!state.tokenizer.empty()) setup->tokenizer = Tokenizer::from_bytes(state.tokenizer);
   // Shard data frames sequences with EOS (source) and BOS (lm); the
   // synthetic tasks do not.
   const bool synthetic = run.synthetic != SyntheticTask::kNone;
-  const Layout layout{!synthetic, !synthetic};
+  setup->layout = Layout{!synthetic, !synthetic};
 
   std::vector<std::string> lines;
-  SplitInputs split;
   if (!cfg.data_dir.empty()) {
-    split = read_split(cfg, state, lm, synthetic, tokenizer.get());
+    setup->split = read_split(cfg, state, lm, synthetic, setup->tokenizer.get());
   } else if (!cfg.prompt.empty()) {
     lines.push_back(cfg.prompt);
   } else {
@@ -200,138 +255,252 @@ int generate_on_root(const GenerateConfig& cfg) {
     if (!in) throw std::runtime_error(cfg.input + ": cannot read");
     for (std::string line; std::getline(in, line);) lines.push_back(line);
   }
-  // Parse every input before decoding any: a bad line is found at once.
-  std::vector<std::vector<int32_t>> inputs = std::move(split.sources);
+  std::vector<std::vector<int32_t>>& inputs = setup->inputs;
+  inputs = std::move(setup->split.sources);
   for (size_t i = 0; i < lines.size(); ++i) {
     const std::string where = cfg.prompt.empty()
                                   ? "--input: " + cfg.input + " line " + std::to_string(i + 1)
                                   : std::string("--prompt");
-    inputs.push_back(to_ids(tokenizer.get(), lines[i], run.model.vocab, where));
+    inputs.push_back(to_ids(setup->tokenizer.get(), lines[i], run.model.vocab, where));
     // An lm continues its prompt inside the positions table: BOS, the prompt
     // and at least one new token must fit. (A seq2seq source is cut to fit,
     // as in training.)
-    const int most = run.model.max_len - (layout.lm_bos ? 1 : 0) - 1;
+    const int most = run.model.max_len - (setup->layout.lm_bos ? 1 : 0) - 1;
     const auto n = static_cast<int64_t>(inputs.back().size());
     if (lm && n > most) {
-      throw UsageError(
-          where + ": " + std::to_string(n) + " tokens, more than the model's max-len " +
-          std::to_string(run.model.max_len) + " leaves for a prompt (at most " +
-          std::to_string(most) + " beside " + (layout.lm_bos ? "BOS and " : "") + "one new token)");
+      throw UsageError(where + ": " + std::to_string(n) +
+                       " tokens, more than the model's max-len " +
+                       std::to_string(run.model.max_len) + " leaves for a prompt (at most " +
+                       std::to_string(most) + " beside " +
+                       (setup->layout.lm_bos ? "BOS and " : "") + "one new token)");
     }
   }
 
-  std::unique_ptr<Ops> ops = make_cpu_ops(cfg.threads);
-  // Room for every beam at full length on both sides, if memory allows.
-  const int64_t capacity = static_cast<int64_t>(cfg.beam) * run.model.max_len;
-  if (capacity > std::numeric_limits<int32_t>::max()) {
-    usage_error("--beam", std::to_string(cfg.beam) + " beams of max-len " +
-                              std::to_string(run.model.max_len) + " are " +
-                              std::to_string(capacity) + " tokens, more than 2^31 - 1");
-  }
-  const ModelCapacity room{static_cast<int>(capacity), run.model.max_len};
-  const std::string shortfall = memory_shortfall(
-      estimate_memory(*ops, run.model, room, DType::kF32), *ops, 1,
-      "--beam (each beam holds max-len " + std::to_string(run.model.max_len) + " tokens)");
-  if (!shortfall.empty()) usage_error("--beam", "decoding " + shortfall);
-  Model model(*ops, run.model, room);
-  model.init_parameters(run.seed);  // allocates; the checkpoint's values replace these
-  std::vector<float> host(model.parameters().count());  // (count)
-  unpack_checkpoint_tensors(cfg.checkpoint, tensors, model.parameters(), host.data());
-  ops->device().copy_to_device(model.parameters().params(), host.data(),
-                               host.size() * sizeof(float));
-
-  DecodeOptions options;
+  DecodeOptions& options = setup->options;
   options.beam = cfg.beam;
   options.length_alpha = cfg.length_alpha;
   options.max_new_tokens = cfg.max_new_tokens;
   options.top_k = cfg.top_k;
   options.temperature = cfg.temperature;
-  // The files under temporary names until every line is done; a fault of
-  // one names it and says what was kept.
-  std::unique_ptr<StagedTextFile> file, references;
-  const auto to_files = [&](auto&& write) {
+  options.cache = cfg.cache;
+  const ModelCapacity room = plan_batches(cfg, run.model, *setup);
+
+  setup->ops = make_cpu_ops(cfg.threads > 0 ? cfg.threads : comm.cores_per_local_rank());
+  Ops& ops = *setup->ops;
+  const std::string shortfall = memory_shortfall(
+      estimate_memory(ops, run.model, room, DType::kF32), ops, comm.local_size(),
+      "--max-tokens (the key/value cache of a batch of sentences: " +
+          std::to_string(room.cache_rows) + " rows of max-len " +
+          std::to_string(run.model.max_len) + " and --beam " + std::to_string(cfg.beam) + ")");
+  if (!shortfall.empty()) usage_error("--max-tokens", "decoding " + shortfall);
+  setup->model = std::make_unique<Model>(ops, run.model, room);
+  Model& model = *setup->model;
+  model.init_parameters(run.seed);  // allocates; the checkpoint's values replace these
+  std::vector<float> host(model.parameters().count());  // (count)
+  unpack_checkpoint_tensors(cfg.checkpoint, tensors, model.parameters(), host.data());
+  ops.device().copy_to_device(model.parameters().params(), host.data(),
+                              host.size() * sizeof(float));
+  return setup;
+}
+
+// Rank 0's outputs: the lines in input order as they become known, under
+// temporary names until every line is done; a fault of one names it and
+// says what was kept.
+class Outputs {
+ public:
+  Outputs(const GenerateConfig& cfg, const Setup& setup) : cfg_(cfg), setup_(setup) {
+    texts_.resize(setup.inputs.size());
+    known_.assign(setup.inputs.size(), false);
+    // The references whole, at once: they are known. Both files are renamed
+    // into place together at the end, so they always pair up.
+    to_files([&] {
+      if (!cfg.output.empty()) file_ = std::make_unique<StagedTextFile>(cfg.output);
+      if (!cfg.references.empty()) {
+        references_ = std::make_unique<StagedTextFile>(cfg.references);
+        std::string text;
+        for (const std::string& line : setup.split.references) text += line + "\n";
+        references_->write(text);
+      }
+    });
+  }
+
+  void set(size_t index, std::string text) {
+    texts_[index] = std::move(text);
+    known_[index] = true;
+  }
+
+  // Writes the lines known from the next unwritten one on.
+  void write_ready() {
+    for (; written_ < texts_.size() && known_[written_]; ++written_) {
+      const std::string line = texts_[written_] + "\n";
+      if (file_) {
+        to_files([&] { file_->write(line); });
+      } else {
+        // A full disk or a closed pipe shows only as a failed stream, after
+        // the write or at the flush: each line is checked once flushed.
+        errno = 0;
+        std::cout << line << std::flush;
+        if (!std::cout) {
+          const int err = errno;
+          throw OutputError(std::string("stdout") +
+                            (err != 0 ? std::string(": ") + std::strerror(err) : ""));
+        }
+      }
+      texts_[written_].clear();
+    }
+  }
+
+  void commit() {
+    to_files([&] {
+      if (references_) references_->commit();
+      if (file_) file_->commit();
+    });
+  }
+
+ private:
+  template <typename Fn>
+  void to_files(Fn&& write) {
     try {
       write();
     } catch (const std::runtime_error& e) {
-      throw CommandError(std::string("generate: ") + e.what() + "; " + what_is_kept(cfg));
+      throw CommandError(std::string("generate: ") + e.what() + "; " + what_is_kept(cfg_));
     }
-  };
-  // A full disk or a closed pipe shows only as a failed stream, after the
-  // write or at the flush: each line is checked once flushed.
-  const auto check_stdout = [] {
-    if (!std::cout) {
-      const int err = errno;
-      throw OutputError(std::string("stdout") +
-                        (err != 0 ? std::string(": ") + std::strerror(err) : ""));
-    }
-  };
-  // The references whole, at once: they are known. Both files are renamed
-  // into place together at the end, so they always pair up.
-  to_files([&] {
-    if (!cfg.output.empty()) file = std::make_unique<StagedTextFile>(cfg.output);
-    if (!cfg.references.empty()) {
-      references = std::make_unique<StagedTextFile>(cfg.references);
-      std::string text;
-      for (const std::string& line : split.references) text += line + "\n";
-      references->write(text);
-    }
-  });
-  if (!cfg.data_dir.empty()) {
-    std::cerr << "mpiformer generate: translating the " << inputs.size()
-              << " source sentence(s) of the " << cfg.split << " split of " << cfg.data_dir
-              << (split.origin.empty() ? "" : " (" + split.origin + ")") << std::endl;
   }
-  // Progress on stderr, never among the outputs: every kProgressSeconds, so
-  // a long input reports and a short one does not.
+
+  const GenerateConfig& cfg_;
+  const Setup& setup_;
+  std::unique_ptr<StagedTextFile> file_, references_;
+  std::vector<std::string> texts_;
+  std::vector<bool> known_;
+  size_t written_ = 0;
+};
+
+// The batches this rank decodes (batch b goes to rank b mod W): each
+// finished line goes to `done(index, text)`.
+template <typename Done>
+void decode_share(const GenerateConfig& cfg, Setup& setup, const Communicator& comm, Done&& done) {
   using Clock = std::chrono::steady_clock;
   constexpr double kProgressSeconds = 5.0;
   const auto start = Clock::now();
   auto last_report = start;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    options.seed = cfg.seed + i;  // each line its own stream, the same for any line order
-    const Hypothesis h = lm ? continue_text(model, inputs[i], layout, options)
-                            : translate(model, inputs[i], layout, options);
-    const std::string text = to_text(tokenizer.get(), h.ids);
-    if (file) {
-      to_files([&] { file->write(text + "\n"); });
-    } else {
-      errno = 0;
-      std::cout << text << "\n" << std::flush;
-      check_stdout();
+  size_t mine = 0, finished = 0;
+  for (size_t b = comm.rank(); b < setup.batches.size(); b += comm.size())
+    mine += setup.batches[b].size();
+  for (size_t b = comm.rank(); b < setup.batches.size(); b += comm.size()) {
+    const std::vector<size_t>& members = setup.batches[b];
+    std::vector<std::vector<int32_t>> inputs;
+    std::vector<uint64_t> seeds;
+    for (size_t i : members) {
+      inputs.push_back(setup.inputs[i]);
+      seeds.push_back(cfg.seed + i);  // each line its own stream, the same in any batch
     }
+    const std::vector<Hypothesis> outputs =
+        decode(*setup.model, inputs, seeds, setup.layout, setup.options);
+    for (size_t k = 0; k < members.size(); ++k)
+      done(members[k], to_text(setup.tokenizer.get(), outputs[k].ids));
+    finished += members.size();
+    // Progress on stderr, never among the outputs: every kProgressSeconds,
+    // so a long input reports and a short one does not. Rank 0 speaks.
     const auto now = Clock::now();
-    if (std::chrono::duration<double>(now - last_report).count() >= kProgressSeconds &&
-        i + 1 < inputs.size()) {
+    if (comm.is_root() &&
+        std::chrono::duration<double>(now - last_report).count() >= kProgressSeconds &&
+        finished < mine) {
       last_report = now;
       const double seconds = std::chrono::duration<double>(now - start).count();
-      std::fprintf(stderr, "generate: %zu/%zu lines (%.0f%%), %.1f s, %.2f lines/s\n", i + 1,
-                   inputs.size(), 100.0 * static_cast<double>(i + 1) / inputs.size(), seconds,
-                   static_cast<double>(i + 1) / seconds);
+      std::fprintf(stderr, "generate: %zu/%zu lines%s (%.0f%%), %.1f s, %.2f lines/s\n", finished,
+                   mine, comm.size() > 1 ? " of rank 0's share" : "",
+                   100.0 * static_cast<double>(finished) / mine, seconds,
+                   static_cast<double>(finished) / seconds);
       std::fflush(stderr);
     }
   }
-  // Every line is done: a stop now would only lose them.
-  ExitOnStop::finish();
-  to_files([&] {
-    if (references) references->commit();
-    if (file) file->commit();
-  });
-  if (!cfg.output.empty()) {
-    std::cerr << "mpiformer generate: " << inputs.size() << " line(s) to " << cfg.output
-              << (cfg.references.empty() ? "" : ", their references to " + cfg.references)
-              << std::endl;
+}
+
+// Rank r's lines to every rank: [index u64, length u64, bytes] each.
+std::string pack_lines(const std::vector<std::pair<size_t, std::string>>& lines) {
+  std::string packed;
+  for (const auto& [index, text] : lines) {
+    const uint64_t head[2] = {index, text.size()};
+    packed.append(reinterpret_cast<const char*>(head), sizeof head);
+    packed += text;
   }
-  return 0;
+  return packed;
+}
+
+void unpack_lines(const std::string& packed, Outputs& outputs) {
+  for (size_t at = 0; at + 16 <= packed.size();) {
+    uint64_t head[2];
+    std::memcpy(head, packed.data() + at, sizeof head);
+    at += sizeof head;
+    outputs.set(head[0], packed.substr(at, head[1]));
+    at += head[1];
+  }
 }
 
 }  // namespace
 
 int run_generate(const GenerateConfig& cfg, Communicator& comm) {
-  // Rank 0 speaks for the job; the other ranks only wait.
+  // Rank 0 speaks for the job.
   const ExitOnStop stop(comm.is_root() ? "mpiformer generate: stopped by " : "",
                         comm.is_root() ? "; " + what_is_kept(cfg) : "");
+  std::unique_ptr<Setup> setup;
+  // Every rank reads the same checkpoint and inputs, so they refuse alike.
+  int code = agree_on_inputs(
+      comm, [&] { setup = prepare_setup(cfg, comm); }, "generate");
+  if (code != 0) return code;
+  std::unique_ptr<Outputs> outputs;
+  code = agree_on_root(
+      comm, [&] { outputs = std::make_unique<Outputs>(cfg, *setup); }, Faults::kByType, "generate");
+  if (code != 0) return code;
+  if (comm.is_root() && !cfg.data_dir.empty()) {
+    std::cerr << "mpiformer generate: translating the " << setup->inputs.size()
+              << " source sentence(s) of the " << cfg.split << " split of " << cfg.data_dir
+              << (setup->split.origin.empty() ? "" : " (" + setup->split.origin + ")") << " in "
+              << setup->batches.size() << " batch(es)"
+              << (comm.size() > 1 ? " over " + std::to_string(comm.size()) + " ranks" : "")
+              << std::endl;
+  }
+  // Alone, rank 0 writes each batch's lines as they come; with others, it
+  // writes once every rank has sent its own.
+  std::vector<std::pair<size_t, std::string>> mine;
+  code = agree(comm, attempt(
+                         comm,
+                         [&] {
+                           decode_share(cfg, *setup, comm, [&](size_t index, std::string text) {
+                             if (comm.size() == 1) {
+                               outputs->set(index, std::move(text));
+                               outputs->write_ready();
+                             } else {
+                               mine.emplace_back(index, std::move(text));
+                             }
+                           });
+                         },
+                         Faults::kByType, "generate"));
+  if (code != 0) return code;
+  for (int r = 1; r < comm.size(); ++r) {
+    std::string packed = comm.rank() == r ? pack_lines(mine) : std::string();
+    comm.broadcast(&packed, r);
+    if (comm.is_root()) unpack_lines(packed, *outputs);
+  }
+  if (comm.is_root() && comm.size() > 1) {
+    for (auto& [index, text] : mine) outputs->set(index, std::move(text));
+  }
   return agree_on_root(
-      comm, [&] { return generate_on_root(cfg); }, Faults::kByType, "generate");
+      comm,
+      [&] {
+        outputs->write_ready();
+        // Every line is done: a stop now would only lose them.
+        ExitOnStop::finish();
+        outputs->commit();
+        if (!cfg.output.empty()) {
+          std::cerr << "mpiformer generate: " << setup->inputs.size() << " line(s) to "
+                    << cfg.output
+                    << (cfg.references.empty() ? "" : ", their references to " + cfg.references)
+                    << std::endl;
+        }
+        return 0;
+      },
+      Faults::kByType, "generate");
 }
 
 }  // namespace mpiformer

@@ -19,7 +19,9 @@ constexpr const char* kGenerateSynopsis =
     "prompt (greedy, beam, or top-k sampling with --top-k K). Text goes through the tokenizer\n"
     "kept in the checkpoint; a checkpoint of a synthetic task reads and writes token ids.\n"
     "With --data, a seq2seq checkpoint translates the source sentences of a split in order and\n"
-    "--references gets their targets, so that `sacrebleu REF < HYP` scores the output.";
+    "--references gets their targets, so that `sacrebleu REF < HYP` scores the output.\n"
+    "Inputs decode in batches, shortest first, written back in input order; under mpirun the\n"
+    "ranks share the batches and rank 0 writes the output.";
 
 void add_generate_flags(FlagTable& t, GenerateConfig* c) {
   t.group("Generation");
@@ -39,6 +41,12 @@ void add_generate_flags(FlagTable& t, GenerateConfig* c) {
   t.add("top-k", &c->top_k, "K", "lm: sample among the K most likely tokens (0: no sampling)");
   t.add("temperature", &c->temperature, "T", "sampling temperature");
   t.add("seed", &c->seed, "S", "seed of the sampling");
+  t.add("max-tokens", &c->max_tokens, "N",
+        "sentences decode together while their key/value cache fits N rows (a sentence takes "
+        "its prompt plus beam x its longest output)");
+  t.add("cache", &c->cache, "BOOL",
+        "keep each layer's keys and values between steps (false: recompute every prefix at "
+        "every step, the slow reference; the same output)");
   add_cpu_flags(t, &c->threads, "CPU threads (0: all cores)", &c->blas_core);
 }
 
@@ -65,6 +73,7 @@ void finish_generate(const std::set<std::string>& given, GenerateConfig* cfg) {
   require_at_least("--beam", cfg->beam, 1);
   require_at_least("--max-new-tokens", cfg->max_new_tokens, 0);
   require_at_least("--top-k", cfg->top_k, 0);
+  require_at_least("--max-tokens", cfg->max_tokens, 1);
   validate_cpu(cfg->threads, cfg->blas_core);
   require_positive("--temperature", cfg->temperature);
   require_non_negative("--length-alpha", cfg->length_alpha);

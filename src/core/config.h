@@ -244,6 +244,8 @@ struct GenerateConfig {
   int top_k = 0;           // lm: sample among the k most likely (0: greedy or beam)
   float temperature = 1.0f;
   uint64_t seed = 1;
+  bool cache = true;       // false: recompute every prefix at every step (the reference)
+  int max_tokens = 16384;  // key/value cache rows a batch of sentences may fill
   int threads = 0;
   std::string blas_core = "auto";
 };

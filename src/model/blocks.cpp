@@ -206,6 +206,47 @@ void Sublayer::inner_forward(BlockContext& ctx, BlockScratch& scratch, Act u, co
   ops.matmul_forward(y, att_, p.weight(w_out_), p.weight(b_out_), N, C, C);
 }
 
+void Sublayer::init_cache(ActivationArena& arena, int cache_rows, int C) {
+  if (kind_ == Kind::kSelfAttention && cache_rows > 0)
+    cache_ = arena.acts(static_cast<size_t>(cache_rows) * 3 * C);
+}
+
+void Sublayer::keep_memory(BlockContext& ctx, Act memory, int memory_rows) {
+  if (kind_ != Kind::kCrossAttention) return;
+  const int C = ctx.config->d_model;
+  // kv: (Nk, 2C) from the encoder memory, as inner_forward makes it
+  ctx.ops->matmul_forward(kv_, memory, ctx.params->weight(w_kv_), ctx.params->weight(b_kv_),
+                          memory_rows, C, 2 * C);
+}
+
+void Sublayer::decode_forward(BlockContext& ctx, BlockScratch& scratch, Act u, int R, int first_row,
+                              const KeyLists& self_keys, const KeyLists& cross_keys) {
+  Ops& ops = *ctx.ops;
+  ParameterSet& p = *ctx.params;
+  const int C = ctx.config->d_model;
+  switch (kind_) {
+    case Kind::kSelfAttention: {
+      // qkv of the new rows: (R, 3C) straight into the cache
+      const Act qkv = cache_ + static_cast<size_t>(first_row) * 3 * C;
+      ops.matmul_forward(qkv, u, p.weight(w_in_), p.weight(b_in_), R, C, 3 * C);
+      ops.attention_listed(att_, qkv, 3 * C, cache_ + C, cache_ + 2 * C, 3 * C, self_keys,
+                           attention_);
+      break;
+    }
+    case Kind::kCrossAttention:
+      // q: (R, C); kv: (Nk, 2C) kept by keep_memory
+      ops.matmul_forward(qkv_, u, p.weight(w_in_), p.weight(b_in_), R, C, C);
+      ops.attention_listed(att_, qkv_, C, kv_, kv_ + C, 2 * C, cross_keys, attention_);
+      break;
+    case Kind::kMlp: {
+      const Ragged rows{nullptr, nullptr, 1, R, R, 0};
+      inner_forward(ctx, scratch, u, rows, Act(), Ragged{});
+      return;
+    }
+  }
+  ops.matmul_forward(scratch.y, att_, p.weight(w_out_), p.weight(b_out_), R, C, C);
+}
+
 Act Sublayer::residual_forward(BlockContext& ctx, BlockScratch& scratch, Act s, int N,
                                LayerNorm& next_norm) {
   const ParameterSet& p = *ctx.params;

@@ -110,6 +110,20 @@ class Sublayer {
   // pre-LN models, s in post-LN); memory: (Nk, C) encoder output.
   void inner_forward(BlockContext& ctx, BlockScratch& scratch, Act u, const Ragged& rows,
                      Act memory, const Ragged& memory_rows);
+  // Decoding: a self-attention sub-layer keeps keys and values of
+  // `cache_rows` rows (the fused QKV rows of its steps, (P, 3C)).
+  void init_cache(ActivationArena& arena, int cache_rows, int C);
+  // y = f(u) into scratch.y for the R rows of a decoding step: self-
+  // attention writes the rows' QKV to cache rows [first_row, first_row + R)
+  // and attends the rows each lists in self_keys; cross-attention attends
+  // the encoder rows of cross_keys, whose keys and values
+  // keep_memory stored. u: (R, C)
+  void decode_forward(BlockContext& ctx, BlockScratch& scratch, Act u, int R, int first_row,
+                      const KeyLists& self_keys, const KeyLists& cross_keys);
+  // cross-attention: the keys and values of the encoder memory, (Nk, 2C),
+  // computed once for the decoding steps that follow.
+  void keep_memory(BlockContext& ctx, Act memory, int memory_rows);
+
   // sum = s + dropout(scratch.y), then next_norm = LN(sum). Returns sum,
   // (N, C), stored by this sub-layer.
   Act residual_forward(BlockContext& ctx, BlockScratch& scratch, Act s, int N,
@@ -140,6 +154,7 @@ class Sublayer {
   // attention: in (3C, C) fused QKV [self] or q (C, C) + kv (2C, C) [cross]; out (C, C)
   int w_in_ = -1, b_in_ = -1, w_kv_ = -1, b_kv_ = -1, w_out_ = -1, b_out_ = -1;
   Act qkv_;                 // self (N, 3C); cross: q (N, C)
+  Act cache_;               // decoding, self: (P, 3C) the QKV rows of every step
   Act kv_;                  // cross (Nk, 2C)
   float* stats_ = nullptr;  // (N, H) each query row's log-sum-exp, for backward
   Act att_;                 // (N, C)

@@ -27,139 +27,297 @@ bool emittable(int id, const SpecialTokens& s) {
   return id != s.pad && id != s.bos && id != s.mask && id != s.sep;
 }
 
-// Beam search shared by both kinds. `prefix` (BOS included when the layout
-// has one) starts every beam; `source`, when not empty, is the encoder side.
-Hypothesis search(Model& model, const std::vector<int32_t>& source,
-                  const std::vector<int32_t>& prefix, const DecodeOptions& options) {
-  const ModelConfig& c = model.config();
-  const SpecialTokens& sp = c.special;
-  const int V = c.vocab, beam = std::max(1, options.beam);
-  // prefix + new tokens fit the positions table.
-  const int room = c.max_len - static_cast<int>(prefix.size());
-  if (room <= 0) throw std::runtime_error("the prompt fills the model's max-len");
-  const int limit = options.max_new_tokens > 0 ? std::min(options.max_new_tokens, room) : room;
+// The options as a model kind reads them: a seq2seq never samples, and
+// sampling keeps one hypothesis.
+DecodeOptions for_kind(const ModelConfig& c, DecodeOptions o) {
+  if (c.kind == ModelKind::kSeq2seq) o.top_k = 0;
+  if (o.top_k > 0) o.beam = 1;
+  o.beam = std::max(1, o.beam);
+  return o;
+}
 
-  struct Beam {
-    std::vector<int32_t> ids;  // new tokens
-    double log_prob = 0;
-  };
+// What one input becomes: the decoder's prefix (BOS included when the
+// layout has one), the encoder's rows (seq2seq) and the most new tokens.
+struct Framed {
+  std::vector<int32_t> prefix;
+  std::vector<int32_t> source;
+  int limit = 0;  // 0: nothing to decode (an empty source)
+};
+
+Framed frame(const ModelConfig& c, const std::vector<int32_t>& input, const Layout& layout,
+             const DecodeOptions& options) {
+  Framed f;
+  if (c.kind == ModelKind::kSeq2seq) {
+    f.source = input;
+    const int room = c.max_len - (layout.source_eos ? 1 : 0);
+    // A longer source keeps its first tokens and loses its EOS, as in training.
+    if (static_cast<int>(f.source.size()) > room) {
+      f.source.resize(c.max_len);
+    } else if (layout.source_eos) {
+      f.source.push_back(c.special.eos);
+    }
+    if (f.source.empty()) return f;
+    f.prefix = {c.special.bos};
+  } else if (c.kind == ModelKind::kLm) {
+    if (layout.lm_bos) f.prefix.push_back(c.special.bos);
+    f.prefix.insert(f.prefix.end(), input.begin(), input.end());
+    if (f.prefix.empty()) throw std::runtime_error("an empty prompt: this lm starts from a token");
+  } else {
+    throw std::runtime_error("decoding needs an lm or a seq2seq model");
+  }
+  // prefix + new tokens fit the positions table.
+  const int room = c.max_len - static_cast<int>(f.prefix.size());
+  if (room <= 0) throw std::runtime_error("the prompt fills the model's max-len");
+  f.limit = options.max_new_tokens > 0 ? std::min(options.max_new_tokens, room) : room;
+  return f;
+}
+
+struct Beam {
+  std::vector<int32_t> ids;  // new tokens
+  double log_prob = 0;
+  std::vector<int32_t> rows;  // with the cache: the cache rows of the tokens fed so far
+};
+
+struct Sentence {
+  Framed framed;
+  KeyedRng rng{0};  // sampling only
   std::vector<Beam> beams{Beam{}};
   std::vector<Hypothesis> done;
-  const auto score = [&](double log_prob, size_t length) {
-    return log_prob / std::pow(std::max<size_t>(length, 1), options.length_alpha);
-  };
-  KeyedRng rng(mix64(options.seed ^ 0x5A4D504C45ull));  // sampling only
-  std::vector<float> logits;
-  Batch batch;
-  for (int t = 0; t < limit && !beams.empty(); ++t) {
-    batch.clear();
-    std::vector<int32_t> row;
-    for (const Beam& b : beams) {
-      row.assign(prefix.begin(), prefix.end());
-      row.insert(row.end(), b.ids.begin(), b.ids.end());
-      batch.decoder.append(row.data(), static_cast<int>(row.size()));
-      if (!source.empty()) batch.encoder.append(source.data(), static_cast<int>(source.size()));
-    }
-    batch.targets.assign(batch.decoder.total(), sp.pad);
-    logits.resize(beams.size() * static_cast<size_t>(V));
-    model.last_logits(batch, logits.data());
+  int step = 0;          // new tokens chosen so far
+  int source_first = 0;  // its first encoder row in this step's numbering
+  bool active = true;
+};
 
-    // Every (beam, token) extension, best first; keep `beam` of them.
-    struct Candidate {
-      double log_prob;
-      int from, token;
-    };
-    std::vector<Candidate> candidates;
-    for (size_t b = 0; b < beams.size(); ++b) {
-      float* x = logits.data() + b * V;
-      if (options.top_k > 0 && options.temperature > 0)
-        for (int i = 0; i < V; ++i) x[i] /= options.temperature;
-      log_softmax(x, V);
-      for (int id = 0; id < V; ++id) {
-        if (!emittable(id, sp)) continue;
-        candidates.push_back({beams[b].log_prob + x[id], static_cast<int>(b), id});
-      }
-    }
-    if (options.top_k > 0) {
-      // Top-k sampling (one beam): draw among the k most likely.
-      const size_t k = std::min<size_t>(options.top_k, candidates.size());
-      std::partial_sort(
-          candidates.begin(), candidates.begin() + k, candidates.end(),
-          [](const Candidate& a, const Candidate& b) { return a.log_prob > b.log_prob; });
-      double total = 0;
-      for (size_t i = 0; i < k; ++i)
-        total += std::exp(candidates[i].log_prob - candidates[0].log_prob);
-      double draw = rng.uniform01() * total;
-      size_t pick = 0;
-      for (; pick + 1 < k; ++pick) {
-        draw -= std::exp(candidates[pick].log_prob - candidates[0].log_prob);
-        if (draw <= 0) break;
-      }
-      candidates = {candidates[pick]};
-    } else {
-      const size_t keep = std::min<size_t>(2 * beam, candidates.size());
-      std::partial_sort(candidates.begin(), candidates.begin() + keep, candidates.end(),
-                        [](const Candidate& a, const Candidate& b) {
-                          return a.log_prob > b.log_prob ||
-                                 (a.log_prob == b.log_prob &&
-                                  (a.from < b.from || (a.from == b.from && a.token < b.token)));
-                        });
-      candidates.resize(keep);
-    }
-    std::vector<Beam> next;
-    for (const Candidate& cand : candidates) {
-      if (static_cast<int>(next.size()) >= beam) break;
-      Beam extended{beams[cand.from].ids, cand.log_prob};
-      if (cand.token == sp.eos) {
-        done.push_back({extended.ids, extended.log_prob, true});
-      } else {
-        extended.ids.push_back(cand.token);
-        next.push_back(std::move(extended));
-      }
-    }
-    beams = std::move(next);
-    // The usual rule: stop once `beam` hypotheses have ended.
-    if (static_cast<int>(done.size()) >= beam) break;
+// The decoder rows of a step, each with its key lists, as they are added.
+class StepRows {
+ public:
+  StepRows(DecodeStep& step, int first_row) : step_(step) {
+    step_ = DecodeStep{};
+    step_.first_row = first_row;
+    step_.self_starts = {0};
+    step_.source_starts = {0};
   }
-  for (const Beam& b : beams) done.push_back({b.ids, b.log_prob, false});
-  if (done.empty()) return {};
-  return *std::max_element(done.begin(), done.end(), [&](const Hypothesis& a, const Hypothesis& b) {
-    return score(a.log_prob, a.ids.size() + a.finished) <
-           score(b.log_prob, b.ids.size() + b.finished);
-  });
+  // A row of `token` at `position` that attends `keys` and then itself,
+  // and the source rows [source_first, + source_length). Returns its cache row.
+  int add(int32_t token, int position, const std::vector<int32_t>& keys, size_t key_count,
+          int source_first, int source_length, bool want_logits) {
+    const int row = step_.first_row + step_.rows();
+    if (want_logits) step_.logit_rows.push_back(step_.rows());
+    step_.tokens.push_back(token);
+    step_.positions.push_back(position);
+    step_.self_rows.insert(step_.self_rows.end(), keys.begin(),
+                           keys.begin() + static_cast<std::ptrdiff_t>(key_count));
+    step_.self_rows.push_back(row);
+    step_.self_starts.push_back(static_cast<int32_t>(step_.self_rows.size()));
+    for (int j = 0; j < source_length; ++j) step_.source_rows.push_back(source_first + j);
+    step_.source_starts.push_back(static_cast<int32_t>(step_.source_rows.size()));
+    return row;
+  }
+
+ private:
+  DecodeStep& step_;
+};
+
+// The rows sentence s feeds this step. cache: the prefix at its first
+// step, then each hypothesis's newest token against its cached rows;
+// without: every token of every hypothesis, attending the rows fed now.
+void feed(Sentence& s, StepRows& rows, bool cache, const int source_length) {
+  const std::vector<int32_t>& prefix = s.framed.prefix;
+  const int P = static_cast<int>(prefix.size());
+  if (cache) {
+    if (s.step == 0) {
+      Beam& first = s.beams[0];
+      for (int j = 0; j < P; ++j) {
+        const int row = rows.add(prefix[j], j, first.rows, first.rows.size(), s.source_first,
+                                 source_length, j + 1 == P);
+        first.rows.push_back(row);
+      }
+      return;
+    }
+    for (Beam& b : s.beams) {
+      const int row = rows.add(b.ids.back(), P + s.step - 1, b.rows, b.rows.size(), s.source_first,
+                               source_length, true);
+      b.rows.push_back(row);
+    }
+    return;
+  }
+  std::vector<int32_t> fed;  // this hypothesis's rows so far
+  for (const Beam& b : s.beams) {
+    fed.clear();
+    const int length = P + static_cast<int>(b.ids.size());
+    for (int j = 0; j < length; ++j) {
+      const int32_t token = j < P ? prefix[j] : b.ids[j - P];
+      fed.push_back(
+          rows.add(token, j, fed, fed.size(), s.source_first, source_length, j + 1 == length));
+    }
+  }
+}
+
+// Chooses sentence s's next tokens from its hypotheses' logits, (beams, V)
+// row by row, overwritten by log-probabilities.
+void advance(Sentence& s, float* logits, const ModelConfig& c, const DecodeOptions& options) {
+  const SpecialTokens& sp = c.special;
+  const int V = c.vocab, beam = options.beam;
+  // Every (beam, token) extension, best first; keep `beam` of them.
+  struct Candidate {
+    double log_prob;
+    int from, token;
+  };
+  std::vector<Candidate> candidates;
+  for (size_t b = 0; b < s.beams.size(); ++b) {
+    float* x = logits + b * V;
+    if (options.top_k > 0 && options.temperature > 0)
+      for (int i = 0; i < V; ++i) x[i] /= options.temperature;
+    log_softmax(x, V);
+    for (int id = 0; id < V; ++id) {
+      if (!emittable(id, sp)) continue;
+      candidates.push_back({s.beams[b].log_prob + x[id], static_cast<int>(b), id});
+    }
+  }
+  if (options.top_k > 0) {
+    // Top-k sampling (one beam): draw among the k most likely.
+    const size_t k = std::min<size_t>(options.top_k, candidates.size());
+    std::partial_sort(
+        candidates.begin(), candidates.begin() + k, candidates.end(),
+        [](const Candidate& a, const Candidate& b) { return a.log_prob > b.log_prob; });
+    double total = 0;
+    for (size_t i = 0; i < k; ++i)
+      total += std::exp(candidates[i].log_prob - candidates[0].log_prob);
+    double draw = s.rng.uniform01() * total;
+    size_t pick = 0;
+    for (; pick + 1 < k; ++pick) {
+      draw -= std::exp(candidates[pick].log_prob - candidates[0].log_prob);
+      if (draw <= 0) break;
+    }
+    candidates = {candidates[pick]};
+  } else {
+    const size_t keep = std::min<size_t>(2 * beam, candidates.size());
+    std::partial_sort(candidates.begin(), candidates.begin() + keep, candidates.end(),
+                      [](const Candidate& a, const Candidate& b) {
+                        return a.log_prob > b.log_prob ||
+                               (a.log_prob == b.log_prob &&
+                                (a.from < b.from || (a.from == b.from && a.token < b.token)));
+                      });
+    candidates.resize(keep);
+  }
+  std::vector<Beam> next;
+  for (const Candidate& cand : candidates) {
+    if (static_cast<int>(next.size()) >= beam) break;
+    const Beam& parent = s.beams[cand.from];
+    if (cand.token == sp.eos) {
+      s.done.push_back({parent.ids, cand.log_prob, true});
+    } else {
+      Beam extended{parent.ids, cand.log_prob, parent.rows};
+      extended.ids.push_back(cand.token);
+      next.push_back(std::move(extended));
+    }
+  }
+  s.beams = std::move(next);
+  ++s.step;
+  // The usual rule: stop once `beam` hypotheses have ended.
+  if (s.beams.empty() || static_cast<int>(s.done.size()) >= beam || s.step >= s.framed.limit)
+    s.active = false;
+}
+
+// The best of a finished sentence's hypotheses, by length-normalised score.
+Hypothesis best(Sentence& s, const DecodeOptions& options) {
+  for (const Beam& b : s.beams) s.done.push_back({b.ids, b.log_prob, false});
+  if (s.done.empty()) return {};
+  const auto score = [&](const Hypothesis& h) {
+    const size_t length = h.ids.size() + (h.finished ? 1 : 0);
+    return h.log_prob / std::pow(std::max<size_t>(length, 1), options.length_alpha);
+  };
+  return *std::max_element(
+      s.done.begin(), s.done.end(),
+      [&](const Hypothesis& a, const Hypothesis& b) { return score(a) < score(b); });
 }
 
 }  // namespace
 
-Hypothesis translate(Model& model, const std::vector<int32_t>& source, const Layout& layout,
-                     const DecodeOptions& options) {
-  const ModelConfig& c = model.config();
-  if (c.kind != ModelKind::kSeq2seq) throw std::runtime_error("translate needs a seq2seq model");
-  std::vector<int32_t> encoder = source;
-  const int room = c.max_len - (layout.source_eos ? 1 : 0);
-  // A longer source keeps its first tokens and loses its EOS, as in training.
-  if (static_cast<int>(encoder.size()) > room) {
-    encoder.resize(c.max_len);
-  } else if (layout.source_eos) {
-    encoder.push_back(c.special.eos);
-  }
-  if (encoder.empty()) return {};
-  DecodeOptions o = options;
-  o.top_k = 0;
-  return search(model, encoder, {c.special.bos}, o);
+DecodeNeeds decode_needs(const ModelConfig& config, const std::vector<int32_t>& input,
+                         const Layout& layout, const DecodeOptions& options) {
+  const DecodeOptions o = for_kind(config, options);
+  const Framed f = frame(config, input, layout, o);
+  DecodeNeeds needs;
+  if (f.limit == 0) return needs;
+  const int64_t P = static_cast<int64_t>(f.prefix.size());
+  needs.prefill_rows = P;
+  needs.beam_rows = o.beam;
+  needs.source_rows = static_cast<int64_t>(f.source.size());
+  // With the cache: the prefix, then a row per hypothesis at each later
+  // step. Without: every row of every hypothesis at the last step.
+  needs.cache_rows = o.cache ? P + o.beam * static_cast<int64_t>(f.limit - 1)
+                             : std::max<int64_t>(P, o.beam * (P + f.limit - 1));
+  return needs;
 }
 
-Hypothesis continue_text(Model& model, const std::vector<int32_t>& prompt, const Layout& layout,
-                         const DecodeOptions& options) {
+ModelCapacity decode_capacity(const ModelConfig& config, const DecodeNeeds& needs,
+                              const DecodeOptions& options) {
+  int64_t step_rows = std::max({needs.prefill_rows, needs.beam_rows, needs.source_rows});
+  if (!options.cache) step_rows = std::max(step_rows, needs.cache_rows);
+  const int64_t most = std::numeric_limits<int32_t>::max();
+  if (step_rows > most || needs.cache_rows > most)
+    throw std::runtime_error("decoding needs more than 2^31 - 1 rows at once");
+  ModelCapacity capacity;
+  capacity.max_tokens = static_cast<int>(std::max<int64_t>(step_rows, 1));
+  capacity.max_len = config.max_len;
+  capacity.cache_rows = static_cast<int>(std::max<int64_t>(needs.cache_rows, 1));
+  return capacity;
+}
+
+std::vector<Hypothesis> decode(Model& model, const std::vector<std::vector<int32_t>>& inputs,
+                               const std::vector<uint64_t>& seeds, const Layout& layout,
+                               const DecodeOptions& options) {
   const ModelConfig& c = model.config();
-  if (c.kind != ModelKind::kLm) throw std::runtime_error("continue_text needs an lm");
-  std::vector<int32_t> prefix;
-  if (layout.lm_bos) prefix.push_back(c.special.bos);
-  prefix.insert(prefix.end(), prompt.begin(), prompt.end());
-  if (prefix.empty()) throw std::runtime_error("an empty prompt: this lm starts from a token");
-  DecodeOptions o = options;
-  if (o.top_k > 0) o.beam = 1;
-  return search(model, {}, prefix, o);
+  const DecodeOptions o = for_kind(c, options);
+  if (seeds.size() != inputs.size()) throw std::invalid_argument("decode: a seed per input");
+  std::vector<Hypothesis> results(inputs.size());
+  std::vector<Sentence> sentences(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    Sentence& s = sentences[i];
+    s.framed = frame(c, inputs[i], layout, o);
+    s.rng = KeyedRng(mix64(seeds[i] ^ 0x5A4D504C45ull));
+    s.active = s.framed.limit > 0;
+  }
+  const bool seq2seq = c.kind == ModelKind::kSeq2seq;
+  const auto run_encoder = [&] {
+    PackedSequences sources;
+    for (Sentence& s : sentences) {
+      if (!s.active) continue;
+      s.source_first = sources.total();
+      sources.append(s.framed.source.data(), static_cast<int>(s.framed.source.size()));
+    }
+    model.decode_sources(sources);
+  };
+  if (o.cache) run_encoder();  // without the cache, at every step
+
+  DecodeStep step;
+  std::vector<float> logits;  // (wanted rows, V)
+  int next_cache_row = 0;
+  const int V = c.vocab;
+  while (
+      std::any_of(sentences.begin(), sentences.end(), [](const Sentence& s) { return s.active; })) {
+    if (!o.cache) run_encoder();
+    StepRows rows(step, o.cache ? next_cache_row : 0);
+    for (Sentence& s : sentences) {
+      if (!s.active) continue;
+      feed(s, rows, o.cache, seq2seq ? static_cast<int>(s.framed.source.size()) : 0);
+    }
+    logits.resize(step.logit_rows.size() * static_cast<size_t>(V));
+    model.decode_step(step, logits.data());
+    if (o.cache) next_cache_row += step.rows();
+    // The wanted rows come sentence by sentence, a row per hypothesis.
+    size_t row = 0;
+    for (size_t i = 0; i < sentences.size(); ++i) {
+      Sentence& s = sentences[i];
+      if (!s.active) continue;
+      const size_t beams = s.beams.size();
+      advance(s, logits.data() + row * V, c, o);
+      row += beams;
+      if (!s.active) results[i] = best(s, o);
+    }
+  }
+  return results;
 }
 
 }  // namespace mpiformer

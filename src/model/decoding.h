@@ -1,10 +1,20 @@
-// Decoding with a trained model: greedy and beam search (seq2seq: translate a
-// source; lm: continue a prompt) and top-k sampling (lm). Each step runs the
-// whole prefix through the model again (no key/value cache yet): simple and
-// exact, quadratic in the output length, fine for sentences.
+// Decoding with a trained model: greedy and beam search (seq2seq: translate
+// a source; lm: continue a prompt) and top-k sampling (lm), for many
+// sentences at once. Each self-attention layer keeps the keys and values of
+// the tokens already fed (Model::decode_step), so a step runs the decoder
+// over one new row per live hypothesis; a seq2seq's cross-attention keys
+// and values are computed once per source. Hypotheses of every sentence of
+// a batch share each step's calls, and a sentence leaves the batch when it
+// is done. With DecodeOptions::cache off, every step feeds every token of
+// every hypothesis again: the reference the cache is tested against.
+//
+// A sentence decodes to the same tokens alone or in any batch, with or
+// without the cache: the ops run batch-invariant (Ops::set_batch_invariant)
+// and each row reads only its own keys.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "src/model/model.h"
@@ -17,7 +27,7 @@ struct DecodeOptions {
   float length_alpha = 1;  // beam scores are log p / length^alpha
   int top_k = 0;           // > 0: sample among the k most likely (lm)
   float temperature = 1;   // sampling temperature
-  uint64_t seed = 1;       // sampling: the same seed, the same output
+  bool cache = true;       // false: recompute every prefix at every step
 };
 
 // A decoded sequence: its ids (without BOS, without the final EOS) and its
@@ -36,14 +46,33 @@ struct Layout {
   bool lm_bos = true;      // lm decoder: BOS text
 };
 
-// seq2seq: translates `source` (ids without EOS). The model's capacity must
-// hold beam x max-len decoder tokens and beam x (source + 1) encoder tokens.
-Hypothesis translate(Model& model, const std::vector<int32_t>& source, const Layout& layout,
-                     const DecodeOptions& options);
+// What decoding a set of sentences together asks of the model's capacity
+// (ModelCapacity): sums over the sentences, so a batch's needs add up.
+struct DecodeNeeds {
+  int64_t prefill_rows = 0;  // decoder rows of the first step (lm: BOS and the prompt)
+  int64_t beam_rows = 0;     // decoder rows of a later step (a row per live hypothesis)
+  int64_t cache_rows = 0;    // key/value cache rows written over the whole decoding
+  int64_t source_rows = 0;   // encoder rows (seq2seq)
+  DecodeNeeds& operator+=(const DecodeNeeds& o) {
+    prefill_rows += o.prefill_rows, beam_rows += o.beam_rows;
+    cache_rows += o.cache_rows, source_rows += o.source_rows;
+    return *this;
+  }
+};
 
-// lm: continues `prompt` (ids without BOS), greedily, by beam search or by
-// top-k sampling. The returned ids are the continuation only.
-Hypothesis continue_text(Model& model, const std::vector<int32_t>& prompt, const Layout& layout,
-                         const DecodeOptions& options);
+// The needs of decoding `input` (seq2seq: a source without EOS; lm: a
+// prompt without BOS) with these options.
+DecodeNeeds decode_needs(const ModelConfig& config, const std::vector<int32_t>& input,
+                         const Layout& layout, const DecodeOptions& options);
+// A model capacity that holds a batch of these needs.
+ModelCapacity decode_capacity(const ModelConfig& config, const DecodeNeeds& needs,
+                              const DecodeOptions& options);
+
+// Decodes `inputs` together (as for decode_needs), sentence i drawing its
+// samples from seeds[i]: one hypothesis per input, in order. The model's
+// capacity must hold decode_needs of them all (decode_capacity).
+std::vector<Hypothesis> decode(Model& model, const std::vector<std::vector<int32_t>>& inputs,
+                               const std::vector<uint64_t>& seeds, const Layout& layout,
+                               const DecodeOptions& options);
 
 }  // namespace mpiformer

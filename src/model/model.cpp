@@ -111,9 +111,29 @@ struct Stack {
   Act forward(BlockContext& ctx, BlockScratch& scratch, const DeviceSequences& seq, Act memory,
               const Ragged& memory_rows) {
     const int N = seq.rows.total;
-    const bool pre = ctx.config->pre_norm;
     Act x = images ? patch_embedding.forward(ctx, patches, N)
                    : embedding.forward(ctx, seq.ids, seq.positions, N);
+    return run_sublayers(ctx, scratch, x, N, [&](Sublayer& sublayer, Act u) {
+      sublayer.inner_forward(ctx, scratch, u, seq.rows, memory, memory_rows);
+    });
+  }
+
+  // Decoding: the R new rows of a step (ids, pos: backend (R)) through the
+  // stack, each sub-layer's decode_forward reading and filling the cache.
+  Act decode_forward(BlockContext& ctx, BlockScratch& scratch, const int32_t* ids,
+                     const int32_t* pos, int R, int first_row, const KeyLists& self_keys,
+                     const KeyLists& cross_keys) {
+    Act x = embedding.forward(ctx, ids, pos, R);
+    return run_sublayers(ctx, scratch, x, R, [&](Sublayer& sublayer, Act u) {
+      sublayer.decode_forward(ctx, scratch, u, R, first_row, self_keys, cross_keys);
+    });
+  }
+
+  // The sub-layers over the embedded rows x (N, C): `inner(sublayer, u)`
+  // runs a sub-layer's f on its input u into scratch.y.
+  template <typename Inner>
+  Act run_sublayers(BlockContext& ctx, BlockScratch& scratch, Act x, int N, Inner&& inner) {
+    const bool pre = ctx.config->pre_norm;
     // u: the next sub-layer's input. Each residual add is fused with the
     // layer norm after it, so only the first pre-LN norm runs alone.
     Act u = x;
@@ -124,7 +144,7 @@ struct Stack {
     }
     for (size_t i = 0; i < sublayers.size(); ++i) {
       inputs[i] = x;
-      sublayers[i].inner_forward(ctx, scratch, u, seq.rows, memory, memory_rows);
+      inner(sublayers[i], u);
       LayerNorm& next = norm_after(ctx, i);
       const Act sum = sublayers[i].residual_forward(ctx, scratch, x, N, next);
       x = pre ? sum : next.out;
@@ -216,6 +236,11 @@ struct Model::Impl {
   Stack main;     // decoder (lm, seq2seq) or encoder (mlm): produces predictions
   DeviceSequences enc_seq, dec_seq;
   int32_t* targets = nullptr;  // (N)
+  // Decoding (capacity.cache_rows > 0): the key lists of a step.
+  int32_t* self_starts = nullptr;    // (N+1)
+  int32_t* self_rows = nullptr;      // (N * L)
+  int32_t* source_starts = nullptr;  // (N+1)
+  int32_t* source_rows = nullptr;    // (N * L)
 
   int token_table = -1;    // (V, C)
   int output_weight = -1;  // (V, C): token_table when tied
@@ -347,6 +372,17 @@ struct Model::Impl {
     }
     dec_seq.init(arena, N);
     targets = arena.ints(N);
+    if (capacity.cache_rows > 0) {
+      // Every list is at most max-len long.
+      const size_t listed = static_cast<size_t>(N) * capacity.max_len;
+      for (Sublayer& sublayer : main.sublayers) sublayer.init_cache(arena, capacity.cache_rows, C);
+      self_starts = arena.ints(static_cast<size_t>(N) + 1);
+      self_rows = arena.ints(listed);
+      if (has_encoder) {
+        source_starts = arena.ints(static_cast<size_t>(N) + 1);
+        source_rows = arena.ints(listed);
+      }
+    }
 
     if (config.kind == ModelKind::kMlm) {
       mlm_dense_w = params.add("mlm_head.dense.weight", {C, C}, true, Init::kNormal, 0.02f);
@@ -495,6 +531,113 @@ struct Model::Impl {
       ops.matmul_forward(logits, x, params.weight(output_weight), head_bias(), 1, C, V);
       ops.device().copy_to_host(stored.data(), logits.data, stored.size());
       widen(out + static_cast<size_t>(b) * V, stored.data(), logits.dtype, V);
+    }
+  }
+
+  // ---- decoding ----
+
+  // Decoding runs batch-invariant (src/model/decoding.h), training does not.
+  struct BatchInvariant {
+    Ops& ops;
+    explicit BatchInvariant(Ops& o) : ops(o) { ops.set_batch_invariant(true); }
+    ~BatchInvariant() { ops.set_batch_invariant(false); }
+  };
+
+  void decode_sources(const PackedSequences& sources) {
+    if (capacity.cache_rows <= 0) throw std::logic_error("decode_sources: no key/value cache");
+    const BatchInvariant invariant(ops);
+    ctx.training = false;
+    memory_ = Act();
+    memory_rows_ = Ragged{};
+    if (!has_encoder) return;
+    check(sources, "encoder");
+    enc_seq.upload(ops, sources);
+    memory_ = encoder.forward(ctx, scratch, enc_seq, Act(), Ragged{});
+    memory_rows_ = enc_seq.rows;
+    for (Sublayer& sublayer : main.sublayers) sublayer.keep_memory(ctx, memory_, sources.total());
+  }
+
+  // The key lists of a step, checked against the rows they may name, and
+  // uploaded. starts: host (R+1)
+  KeyLists upload_lists(const std::vector<int32_t>& starts, const std::vector<int32_t>& rows, int R,
+                        int limit, int32_t* device_starts, int32_t* device_rows, const char* what) {
+    if (static_cast<int>(starts.size()) != R + 1 || starts[0] != 0 ||
+        starts[R] != static_cast<int32_t>(rows.size()))
+      throw std::runtime_error(std::string("decode_step: malformed ") + what + " lists");
+    KeyLists lists;
+    for (int r = 0; r < R; ++r) {
+      const int n = starts[r + 1] - starts[r];
+      if (n < 0 || n > capacity.max_len)
+        throw std::runtime_error(std::string("decode_step: a ") + what + " list of " +
+                                 std::to_string(n) + " keys (max-len " +
+                                 std::to_string(capacity.max_len) + ")");
+      lists.longest = std::max(lists.longest, n);
+    }
+    for (int32_t row : rows)
+      if (row < 0 || row >= limit)
+        throw std::runtime_error(std::string("decode_step: ") + what + " key row " +
+                                 std::to_string(row) + " outside [0, " + std::to_string(limit) +
+                                 ")");
+    ops.device().upload(device_starts, starts.data(), starts.size() * sizeof(int32_t));
+    ops.device().upload(device_rows, rows.data(), rows.size() * sizeof(int32_t));
+    lists.host_starts = starts.data();
+    lists.device_starts = device_starts;
+    lists.host_rows = rows.data();
+    lists.device_rows = device_rows;
+    lists.queries = R;
+    lists.key_rows = limit;
+    return lists;
+  }
+
+  // logits: host (step.logit_rows.size(), V)
+  void decode_step(const DecodeStep& step, float* out) {
+    const int R = step.rows(), C = config.d_model, V = config.vocab;
+    if (capacity.cache_rows <= 0) throw std::logic_error("decode_step: no key/value cache");
+    if (R == 0) return;
+    if (R > capacity.max_tokens || step.first_row < 0 || step.first_row + R > capacity.cache_rows ||
+        static_cast<int>(step.positions.size()) != R)
+      throw std::runtime_error("decode_step: " + std::to_string(R) + " rows at cache row " +
+                               std::to_string(step.first_row) + " exceed the capacity (" +
+                               std::to_string(capacity.max_tokens) + " rows, a cache of " +
+                               std::to_string(capacity.cache_rows) + ")");
+    for (int r = 0; r < R; ++r) {
+      if (step.tokens[r] < 0 || step.tokens[r] >= V || step.positions[r] < 0 ||
+          step.positions[r] >= config.max_len)
+        throw std::runtime_error("decode_step: token " + std::to_string(step.tokens[r]) +
+                                 " at position " + std::to_string(step.positions[r]) +
+                                 " outside the vocabulary or the positions table");
+    }
+    const BatchInvariant invariant(ops);
+    ctx.training = false;
+    ops.device().upload(dec_seq.ids, step.tokens.data(), R * sizeof(int32_t));
+    ops.device().upload(dec_seq.positions, step.positions.data(), R * sizeof(int32_t));
+    const KeyLists self = upload_lists(step.self_starts, step.self_rows, R, step.first_row + R,
+                                       self_starts, self_rows, "self-attention");
+    KeyLists cross;
+    if (has_encoder) {
+      cross = upload_lists(step.source_starts, step.source_rows, R, memory_rows_.total,
+                           source_starts, source_rows, "source");
+    }
+    const Act h = main.decode_forward(ctx, scratch, dec_seq.ids, dec_seq.positions, R,
+                                      step.first_row, self, cross);  // (R, C)
+    // The vocabulary projection of each run of wanted rows, chunk by chunk.
+    const size_t row_bytes = static_cast<size_t>(logits_stride) * dtype_bytes(logits.dtype);
+    std::vector<unsigned char> stored(static_cast<size_t>(chunk_rows) * row_bytes);
+    const std::vector<int32_t>& wanted = step.logit_rows;
+    for (size_t w = 0; w < wanted.size();) {
+      if (wanted[w] < 0 || wanted[w] >= R || (w > 0 && wanted[w] <= wanted[w - 1]))
+        throw std::runtime_error("decode_step: logit rows must ascend within the step");
+      size_t n = 1;
+      while (w + n < wanted.size() && static_cast<int>(n) < chunk_rows &&
+             wanted[w + n] == wanted[w] + static_cast<int32_t>(n))
+        ++n;
+      const Act x = h + static_cast<size_t>(wanted[w]) * C;
+      ops.matmul_forward(logits, x, params.weight(output_weight), head_bias(), static_cast<int>(n),
+                         C, V, {}, logits_stride);
+      ops.device().copy_to_host(stored.data(), logits.data, n * row_bytes);
+      for (size_t i = 0; i < n; ++i)
+        widen(out + (w + i) * V, stored.data() + i * row_bytes, logits.dtype, V);
+      w += n;
     }
   }
 
@@ -707,6 +850,14 @@ LossSums Model::take_eval_sums() {
 
 void Model::last_logits(const Batch& batch, float* logits) {
   impl_->last_logits(batch, logits);
+}
+
+void Model::decode_sources(const PackedSequences& sources) {
+  impl_->decode_sources(sources);
+}
+
+void Model::decode_step(const DecodeStep& step, float* logits) {
+  impl_->decode_step(step, logits);
 }
 
 void Model::classify_scores(const Batch& batch, float* scores) {

@@ -28,6 +28,10 @@ struct ModelCapacity {
   // buffers, each keeping only its input; backward reruns a layer's forward
   // before its backward (docs/DESIGN.md section 3).
   Recompute recompute = Recompute::kNone;
+  // Decoding (decode_step): rows of the key/value cache of each decoder
+  // self-attention layer; 0 for training. max_tokens then bounds the rows
+  // of one decoding step and the encoder rows of decode_sources.
+  int cache_rows = 0;
 
   int sequences() const {
     return max_sequences > 0 && max_sequences < max_tokens ? max_sequences : max_tokens;
@@ -47,6 +51,24 @@ struct ModelMemory {
   size_t parameters = 0;        // floats of the flat parameter buffer
   size_t activation_bytes = 0;  // its activation buffers at the capacity
   size_t upload_bytes = 0;      // staging of the batch uploads in flight
+};
+
+// One step of incremental decoding (src/model/decoding.cpp builds it): R
+// new decoder rows, each with its token and position, the cache rows its
+// self-attention reads (its own new row last) and, for seq2seq, the encoder
+// rows of its source (as numbered by decode_sources).
+struct DecodeStep {
+  std::vector<int32_t> tokens;         // (R)
+  std::vector<int32_t> positions;      // (R)
+  std::vector<int32_t> self_starts;    // (R+1) into self_rows
+  std::vector<int32_t> self_rows;      // cache rows
+  std::vector<int32_t> source_starts;  // (R+1) into source_rows (seq2seq)
+  std::vector<int32_t> source_rows;    // encoder rows
+  // The new rows' keys and values go to cache rows [first_row, first_row + R).
+  int first_row = 0;
+  // Rows whose next-token logits are wanted, ascending.
+  std::vector<int32_t> logit_rows;
+  int rows() const { return static_cast<int>(tokens.size()); }
 };
 
 class Model {
@@ -88,6 +110,15 @@ class Model {
   // decoder sequence, for decoding (batch.targets are not read).
   // logits: host (batch.decoder.batch(), vocab)
   void last_logits(const Batch& batch, float* logits);
+
+  // Incremental decoding (capacity.cache_rows > 0), forward only, dropout
+  // off. seq2seq: runs the encoder over `sources` and keeps each
+  // cross-attention layer's keys and values of its rows for the steps that
+  // follow (an lm takes none). decode_step runs the decoder over the step's
+  // new rows only, keeping their keys and values in the cache.
+  // logits: host (step.logit_rows.size(), vocab)
+  void decode_sources(const PackedSequences& sources);
+  void decode_step(const DecodeStep& step, float* logits);
 
   // classify: forward only, dropout off: the K label scores of every
   // sequence (batch.targets and label_targets are not read).
