@@ -71,8 +71,8 @@ void CpuOps::attention_listed(Act out, Act q, int q_stride, Act k, Act v, int kv
       continue;
     }
     attend_one(out_rh, qf + static_cast<size_t>(r) * q_stride + h * D, kf + h * D, vf + h * D,
-               kv_stride, keys.host_rows + keys.host_starts[r], n, D,
-               attention_scale(cfg, n), scratch + longest * omp_get_thread_num());
+               kv_stride, keys.host_rows + keys.host_starts[r], n, D, attention_scale(cfg, n),
+               scratch + longest * omp_get_thread_num());
   }
 }
 
