@@ -215,4 +215,60 @@ sys.exit(1 if failures else 0)
 PY
 [[ $rc -eq 0 ]] || fail "transformers does not give mpiformer's logits (exit $rc)"
 
+# Greedy decoding: transformers with its own key/value cache continues 5
+# prompts for up to 64 new tokens to the tokens `generate` gives (ids of a
+# synthetic task, which carry no BOS: the exported model sees the prompt
+# alone). Our decoder never emits pad, BOS, [MASK] or [SEP] and stops at
+# EOS; transformers is told the same.
+"$bin" train --model lm --synthetic copy --out long --output-bias false --layers 2 --d-model 32 \
+  --heads 4 --d-ff 64 --vocab 40 --max-len 96 --max-tokens 1024 --steps 400 --lr 3e-3 \
+  --warmup 10 --dropout 0 --log-every 100 --threads 1 >train-long.log
+python3 "$src/analysis/export_hf.py" long/checkpoints/step_00000400.h5 long-hf
+# The copy task's lm reads x SEP (5) and continues with x and EOS.
+printf '%s 5\n' "6 7 8" "20 21 22 23 24 25 26 27" "9" "30 12 30 12 30 12 30 12 30 12 30 12" \
+  "39 38 37 36 35 34 33 32 31 30 29 28 27 26 25 24 23 22 21 20 19 18 17 16 15 14 13" >prompts.txt
+"$bin" generate --checkpoint long/checkpoints/step_00000400.h5 --input prompts.txt \
+  --max-new-tokens 64 --threads 1 --output ours.txt
+rc=0
+"$hf_python" - long-hf prompts.txt ours.txt <<'PY' || rc=$?
+import sys
+import warnings
+
+import torch
+from transformers import GPT2LMHeadModel
+from transformers.utils import logging
+
+warnings.simplefilter("ignore")
+logging.set_verbosity_error()
+PAD, BOS, EOS, MASK, SEP = 0, 1, 2, 4, 5
+model = GPT2LMHeadModel.from_pretrained(sys.argv[1]).eval()
+prompts = [[int(w) for w in line.split()] for line in open(sys.argv[2])]
+ours = [[int(w) for w in line.split()] for line in open(sys.argv[3])]
+failures, produced = 0, 0
+for k, (prompt, mine) in enumerate(zip(prompts, ours)):
+    # Step by step on the model's own cache (past_key_values): the
+    # distribution's torch breaks GenerationMixin.generate's FSDP import.
+    theirs, ids, past = [], torch.tensor([prompt]), None
+    with torch.no_grad():
+        for _ in range(64):
+            out = model(ids, past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            logits = out.logits[0, -1].double()
+            logits[[PAD, BOS, MASK, SEP]] = -float("inf")
+            token = int(torch.argmax(logits))
+            if token == EOS:
+                break
+            theirs.append(token)
+            ids = torch.tensor([[token]])
+    produced += len(theirs)
+    if theirs != mine:
+        failures += 1
+        print(f"FAIL: prompt {k + 1}: transformers gives {theirs}, generate {mine}",
+              file=sys.stderr)
+print(f"{'PASS' if failures == 0 else 'FAIL'}: transformers' cached greedy decoding gives "
+      f"generate's tokens for {len(prompts)} prompts ({produced} new tokens)")
+sys.exit(1 if failures or len(ours) != len(prompts) or produced == 0 else 0)
+PY
+[[ $rc -eq 0 ]] || fail "transformers does not decode to generate's tokens (exit $rc)"
+
 exit_on_failures
