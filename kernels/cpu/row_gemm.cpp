@@ -21,8 +21,8 @@ constexpr int kLanes = 16;
 constexpr int kBlockRows = 4;
 constexpr int kOutputsPerTask = 64;
 
-// outs[r][o] = xs[r] . w[o] + bias[o] for the kBlockRows rows xs and the
-// outputs [o0, o1).  xs[r]: (K), w: (OC, K), outs[r]: (OC)
+// outs[r][o - o0] = xs[r] . w[o] + bias[o] for the kBlockRows rows xs and
+// the outputs [o0, o1).  xs[r]: (K), w: (OC, K), outs[r]: (o1 - o0)
 MPIFORMER_HOT void block_of_rows(float* const* outs, const float* const* xs, const float* w,
                                  const float* bias, int K, int o0, int o1) {
   for (int o = o0; o < o1; ++o) {
@@ -39,7 +39,7 @@ MPIFORMER_HOT void block_of_rows(float* const* outs, const float* const* xs, con
       for (int width = kLanes / 2; width > 0; width /= 2) {
         for (int l = 0; l < width; ++l) acc[r][l] += acc[r][l + width];
       }
-      outs[r][o] = acc[r][0] + (bias ? bias[o] : 0.0f);
+      outs[r][o - o0] = acc[r][0] + (bias ? bias[o] : 0.0f);
     }
   }
 }
@@ -64,8 +64,7 @@ void row_gemm(float* out, int ldo, const float* x, const float* w, const float* 
       for (int r = 0; r < kBlockRows; ++r) {
         const int i = std::min(i0 + r, N - 1);
         xs[r] = x + static_cast<size_t>(i) * K;
-        // spare[r - 1] stands for out's row, shifted so column o lands in it
-        outs[r] = i0 + r < N ? out + static_cast<size_t>(i) * ldo : spare[r - 1] - o0;
+        outs[r] = i0 + r < N ? out + static_cast<size_t>(i) * ldo + o0 : spare[r - 1];
       }
       block_of_rows(outs, xs, w, bias, K, o0, o1);
     }

@@ -308,7 +308,7 @@ std::unique_ptr<Setup> prepare_setup(const GenerateConfig& cfg, const Communicat
 // says what was kept.
 class Outputs {
  public:
-  Outputs(const GenerateConfig& cfg, const Setup& setup) : cfg_(cfg), setup_(setup) {
+  Outputs(const GenerateConfig& cfg, const Setup& setup) : cfg_(cfg) {
     texts_.resize(setup.inputs.size());
     known_.assign(setup.inputs.size(), false);
     // The references whole, at once: they are known. Both files are renamed
@@ -368,7 +368,6 @@ class Outputs {
   }
 
   const GenerateConfig& cfg_;
-  const Setup& setup_;
   std::unique_ptr<StagedTextFile> file_, references_;
   std::vector<std::string> texts_;
   std::vector<bool> known_;

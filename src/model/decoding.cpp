@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <numeric>
 #include <stdexcept>
 #include <utility>
 
@@ -91,11 +90,15 @@ struct Sentence {
 // The decoder rows of a step, each with its key lists, as they are added.
 class StepRows {
  public:
+  // Starts `step` afresh; its vectors keep their capacity from step to step.
   StepRows(DecodeStep& step, int first_row) : step_(step) {
-    step_ = DecodeStep{};
+    for (std::vector<int32_t>* v :
+         {&step_.tokens, &step_.positions, &step_.self_starts, &step_.self_rows,
+          &step_.source_starts, &step_.source_rows, &step_.logit_rows})
+      v->clear();
     step_.first_row = first_row;
-    step_.self_starts = {0};
-    step_.source_starts = {0};
+    step_.self_starts.push_back(0);
+    step_.source_starts.push_back(0);
   }
   // A row of `token` at `position` that attends `keys` and then itself,
   // and the source rows [source_first, + source_length). Returns its cache row.

@@ -237,10 +237,11 @@ struct Model::Impl {
   DeviceSequences enc_seq, dec_seq;
   int32_t* targets = nullptr;  // (N)
   // Decoding (capacity.cache_rows > 0): the key lists of a step.
-  int32_t* self_starts = nullptr;    // (N+1)
-  int32_t* self_rows = nullptr;      // (N * L)
-  int32_t* source_starts = nullptr;  // (N+1)
-  int32_t* source_rows = nullptr;    // (N * L)
+  int32_t* self_starts = nullptr;             // (N+1)
+  int32_t* self_rows = nullptr;               // (N * L)
+  int32_t* source_starts = nullptr;           // (N+1)
+  int32_t* source_rows = nullptr;             // (N * L)
+  std::vector<unsigned char> logits_staging;  // host (chunk_rows, logits_stride) of a step
 
   int token_table = -1;    // (V, C)
   int output_weight = -1;  // (V, C): token_table when tied
@@ -622,7 +623,8 @@ struct Model::Impl {
                                       step.first_row, self, cross);  // (R, C)
     // The vocabulary projection of each run of wanted rows, chunk by chunk.
     const size_t row_bytes = static_cast<size_t>(logits_stride) * dtype_bytes(logits.dtype);
-    std::vector<unsigned char> stored(static_cast<size_t>(chunk_rows) * row_bytes);
+    std::vector<unsigned char>& stored = logits_staging;
+    stored.resize(static_cast<size_t>(chunk_rows) * row_bytes);
     const std::vector<int32_t>& wanted = step.logit_rows;
     for (size_t w = 0; w < wanted.size();) {
       if (wanted[w] < 0 || wanted[w] >= R || (w > 0 && wanted[w] <= wanted[w - 1]))
