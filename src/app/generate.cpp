@@ -283,16 +283,30 @@ std::unique_ptr<Setup> prepare_setup(const GenerateConfig& cfg, const Communicat
   options.top_k = cfg.top_k;
   options.temperature = cfg.temperature;
   options.cache = cfg.cache;
+  // Every beam of one sentence at full length must be countable in rows.
+  const int64_t longest = static_cast<int64_t>(cfg.beam) * run.model.max_len;
+  if (longest > std::numeric_limits<int32_t>::max()) {
+    usage_error("--beam", std::to_string(cfg.beam) + " beams of max-len " +
+                              std::to_string(run.model.max_len) + " are " +
+                              std::to_string(longest) + " tokens, more than 2^31 - 1");
+  }
   const ModelCapacity room = plan_batches(cfg, run.model, *setup);
 
   setup->ops = make_cpu_ops(cfg.threads > 0 ? cfg.threads : comm.cores_per_local_rank());
   Ops& ops = *setup->ops;
+  // Batches stay within --max-tokens; a cache larger than that holds one
+  // sentence whose beams alone are too many.
+  const bool one_sentence = room.cache_rows > cfg.max_tokens;
+  const std::string flag = one_sentence ? "--beam" : "--max-tokens";
   const std::string shortfall = memory_shortfall(
       estimate_memory(ops, run.model, room, DType::kF32), ops, comm.local_size(),
-      "--max-tokens (the key/value cache of a batch of sentences: " +
-          std::to_string(room.cache_rows) + " rows of max-len " +
-          std::to_string(run.model.max_len) + " and --beam " + std::to_string(cfg.beam) + ")");
-  if (!shortfall.empty()) usage_error("--max-tokens", "decoding " + shortfall);
+      one_sentence ? "--beam (each beam holds up to max-len " + std::to_string(run.model.max_len) +
+                         " tokens)"
+                   : "--max-tokens (the key/value cache of a batch of sentences: " +
+                         std::to_string(room.cache_rows) + " rows of max-len " +
+                         std::to_string(run.model.max_len) + " and --beam " +
+                         std::to_string(cfg.beam) + ")");
+  if (!shortfall.empty()) usage_error(flag, "decoding " + shortfall);
   setup->model = std::make_unique<Model>(ops, run.model, room);
   Model& model = *setup->model;
   model.init_parameters(run.seed);  // allocates; the checkpoint's values replace these
