@@ -1446,26 +1446,32 @@ TEST_F(OpsTest, SumSquares) {
 // among 130 rows (OpenBLAS's do not, for this shape: 64 x 300 measured), and
 // agrees with OpenBLAS's product to rounding.
 TEST_F(OpsTest, BatchInvariantMatmulGivesARowTheSameBitsInAnyBatch) {
-  const int N = 130, IC = 64, OC = 300;
-  const Vec x = random_vec(static_cast<size_t>(N) * IC, 41), w = random_vec(size_t{OC} * IC, 42),
-            b = random_vec(OC, 43);
-  Vec blas(static_cast<size_t>(N) * OC), all(blas.size());
-  ops->matmul_forward(act(blas), act(x), act(w), act(b), N, IC, OC);
-  ops->set_batch_invariant(true);
-  ops->matmul_forward(act(all), act(x), act(w), act(b), N, IC, OC);
-  expect_close(all, blas, 1e-5, 1e-5, "batch-invariant vs OpenBLAS");
-  for (int first : {0, 1, 61, 127}) {
-    for (int rows : {1, 3}) {
-      if (first + rows > N) continue;
-      Vec some(static_cast<size_t>(rows) * OC);
-      ops->matmul_forward(act(some), Act::f32(const_cast<float*>(x.data()) + first * IC), act(w),
-                          act(b), rows, IC, OC);
-      EXPECT_EQ(0, std::memcmp(some.data(), all.data() + static_cast<size_t>(first) * OC,
-                               some.size() * sizeof(float)))
-          << rows << " row(s) from " << first;
+  // Shapes off every block size: rows, outputs and the inner dimension.
+  struct Shape {
+    int N, IC, OC;
+  };
+  for (const Shape& shape : {Shape{130, 64, 300}, Shape{13, 67, 45}}) {
+    const int N = shape.N, IC = shape.IC, OC = shape.OC;
+    const Vec x = random_vec(static_cast<size_t>(N) * IC, 41),
+              w = random_vec(static_cast<size_t>(OC) * IC, 42), b = random_vec(OC, 43);
+    Vec blas(static_cast<size_t>(N) * OC), all(blas.size());
+    ops->matmul_forward(act(blas), act(x), act(w), act(b), N, IC, OC);
+    ops->set_batch_invariant(true);
+    ops->matmul_forward(act(all), act(x), act(w), act(b), N, IC, OC);
+    expect_close(all, blas, 1e-5, 1e-5, "batch-invariant vs OpenBLAS");
+    for (int first : {0, 1, 5, 61, 127}) {
+      for (int rows : {1, 3, 7}) {
+        if (first + rows > N) continue;
+        Vec some(static_cast<size_t>(rows) * OC);
+        ops->matmul_forward(act(some), Act::f32(const_cast<float*>(x.data()) + first * IC), act(w),
+                            act(b), rows, IC, OC);
+        EXPECT_EQ(0, std::memcmp(some.data(), all.data() + static_cast<size_t>(first) * OC,
+                                 some.size() * sizeof(float)))
+            << rows << " row(s) from " << first << " of " << N << "x" << IC << "x" << OC;
+      }
     }
+    ops->set_batch_invariant(false);
   }
-  ops->set_batch_invariant(false);
 }
 
 // attention_listed with each row's causal prefix listed is causal attention,

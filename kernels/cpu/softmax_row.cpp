@@ -1,4 +1,4 @@
-// Row softmax over a count of valid columns, with its log-sum-exp.
+// Row softmax over a count of valid columns, with its log-sum-exp; row log-softmax.
 #include "kernels/cpu/softmax_row.h"
 
 #include <algorithm>
@@ -43,6 +43,18 @@ MPIFORMER_HOT void softmax_row_from_stats(float* probs, const float* x, int vali
 #pragma omp simd
   for (int j = 0; j < valid; ++j) probs[j] = fast_exp(x[j] * scale - lse);
   for (int j = valid; j < L; ++j) probs[j] = 0.0f;
+}
+
+MPIFORMER_HOT void log_softmax_row(float* x, int L) {
+  float max_logit = x[0];
+#pragma omp simd reduction(max : max_logit)
+  for (int j = 0; j < L; ++j) max_logit = max_logit > x[j] ? max_logit : x[j];
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int j = 0; j < L; ++j) sum += fast_exp(x[j] - max_logit);
+  const float lse = max_logit + std::log(sum);  // sum >= 1: the max contributes exp(0)
+#pragma omp simd
+  for (int j = 0; j < L; ++j) x[j] -= lse;
 }
 
 MPIFORMER_HOT void softmax_backward_row(float* dx, const float* dprobs, const float* probs, int L,

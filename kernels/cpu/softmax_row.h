@@ -1,4 +1,4 @@
-// Row kernels of the softmax, for attention.cpp.
+// Row kernels of the softmax: attention.cpp's, and decoding's log-probabilities.
 #pragma once
 
 namespace mpiformer::cpu {
@@ -12,6 +12,10 @@ float softmax_row(float* probs, const float* x, int valid, int L, float scale);
 // probs[j] = exp(x_j * scale - lse) over j < valid, 0 for valid <= j < L.
 // probs may alias x.  probs, x: (L)
 void softmax_row_from_stats(float* probs, const float* x, int valid, int L, float scale, float lse);
+
+// x[j] -= log(sum_j exp(x_j)) over the L columns: log-probabilities from
+// logits, in place. A row's bits are its own.  x: (L), L >= 1
+void log_softmax_row(float* x, int L);
 
 // dx = scale * probs * (dprobs - sum(dprobs * probs)); dx may alias dprobs.
 // dx, dprobs, probs: (L)

@@ -6,20 +6,12 @@
 #include <stdexcept>
 #include <utility>
 
+#include "kernels/cpu/softmax_row.h"
 #include "src/data/mlm_masking.h"
 
 namespace mpiformer {
 
 namespace {
-
-// log-softmax of one row of logits, in place.  x: (V)
-void log_softmax(float* x, int V) {
-  const float top = *std::max_element(x, x + V);
-  double sum = 0;
-  for (int i = 0; i < V; ++i) sum += std::exp(static_cast<double>(x[i] - top));
-  const float log_sum = static_cast<float>(std::log(sum)) + top;
-  for (int i = 0; i < V; ++i) x[i] -= log_sum;
-}
 
 // Ids a decoder may emit: never pad, bos, [MASK] or [SEP].
 bool emittable(int id, const SpecialTokens& s) {
@@ -156,52 +148,87 @@ void feed(Sentence& s, StepRows& rows, bool cache, const int source_length) {
   }
 }
 
+// An extension of hypothesis `from` by `token`, and its log-probability.
+struct Candidate {
+  double log_prob;
+  int from, token;
+};
+
+// Best first; ties go to the earlier hypothesis, then the smaller id.
+bool better(const Candidate& a, const Candidate& b) {
+  return a.log_prob > b.log_prob ||
+         (a.log_prob == b.log_prob && (a.from < b.from || (a.from == b.from && a.token < b.token)));
+}
+
+// Appends the `keep` best emittable extensions of beam `from` (better()
+// order) to `out`; none of the others can be among a step's best `keep`.
+// log_probs: (V)
+void best_extensions(const float* log_probs, int V, double base, int from, size_t keep,
+                     const SpecialTokens& sp, std::vector<Candidate>& out) {
+  const size_t first = out.size();
+  if (keep > 32) {
+    // Many: every extension, then a partial sort.
+    for (int id = 0; id < V; ++id)
+      if (emittable(id, sp)) out.push_back({base + log_probs[id], from, id});
+    const size_t n = std::min(keep, out.size() - first);
+    std::partial_sort(out.begin() + first, out.begin() + first + n, out.end(), better);
+    out.resize(first + n);
+    return;
+  }
+  // Few (beams, greedy): a short sorted list that most ids fail to enter.
+  // Ids come in ascending order, so one that only ties the list's last
+  // is not better: a float below `floor` can be passed over at once.
+  // A run of kRun ids whose largest is below it is passed over whole.
+  constexpr int kRun = 16;
+  float floor = -std::numeric_limits<float>::infinity();
+  for (int run = 0; run < V; run += kRun) {
+    const int end = std::min(V, run + kRun);
+    float top = floor;
+#pragma omp simd reduction(max : top)
+    for (int id = run; id < end; ++id) top = top > log_probs[id] ? top : log_probs[id];
+    if (top <= floor) continue;
+    for (int id = run; id < end; ++id) {
+      if (log_probs[id] <= floor || !emittable(id, sp)) continue;
+      const Candidate c{base + log_probs[id], from, id};
+      if (out.size() - first == keep && !better(c, out.back())) continue;
+      out.insert(std::upper_bound(out.begin() + first, out.end(), c, better), c);
+      if (out.size() - first > keep) out.pop_back();
+      if (out.size() - first == keep) floor = log_probs[out.back().token];
+    }
+  }
+}
+
 // Chooses sentence s's next tokens from its hypotheses' logits, (beams, V)
 // row by row, overwritten by log-probabilities.
 void advance(Sentence& s, float* logits, const ModelConfig& c, const DecodeOptions& options) {
   const SpecialTokens& sp = c.special;
   const int V = c.vocab, beam = options.beam;
-  // Every (beam, token) extension, best first; keep `beam` of them.
-  struct Candidate {
-    double log_prob;
-    int from, token;
-  };
+  // Each hypothesis's best extensions: `beam` of them are kept, and up to
+  // `beam` more may end at EOS. Sampling draws among the top k.
+  const size_t keep = options.top_k > 0 ? static_cast<size_t>(options.top_k) : 2 * beam;
   std::vector<Candidate> candidates;
   for (size_t b = 0; b < s.beams.size(); ++b) {
     float* x = logits + b * V;
     if (options.top_k > 0 && options.temperature > 0)
       for (int i = 0; i < V; ++i) x[i] /= options.temperature;
-    log_softmax(x, V);
-    for (int id = 0; id < V; ++id) {
-      if (!emittable(id, sp)) continue;
-      candidates.push_back({s.beams[b].log_prob + x[id], static_cast<int>(b), id});
-    }
+    cpu::log_softmax_row(x, V);
+    best_extensions(x, V, s.beams[b].log_prob, static_cast<int>(b), keep, sp, candidates);
   }
-  if (options.top_k > 0) {
+  const size_t n = std::min(keep, candidates.size());
+  std::partial_sort(candidates.begin(), candidates.begin() + n, candidates.end(), better);
+  candidates.resize(n);
+  if (options.top_k > 0 && !candidates.empty()) {
     // Top-k sampling (one beam): draw among the k most likely.
-    const size_t k = std::min<size_t>(options.top_k, candidates.size());
-    std::partial_sort(
-        candidates.begin(), candidates.begin() + k, candidates.end(),
-        [](const Candidate& a, const Candidate& b) { return a.log_prob > b.log_prob; });
     double total = 0;
-    for (size_t i = 0; i < k; ++i)
-      total += std::exp(candidates[i].log_prob - candidates[0].log_prob);
+    for (const Candidate& cand : candidates)
+      total += std::exp(cand.log_prob - candidates[0].log_prob);
     double draw = s.rng.uniform01() * total;
     size_t pick = 0;
-    for (; pick + 1 < k; ++pick) {
+    for (; pick + 1 < n; ++pick) {
       draw -= std::exp(candidates[pick].log_prob - candidates[0].log_prob);
       if (draw <= 0) break;
     }
     candidates = {candidates[pick]};
-  } else {
-    const size_t keep = std::min<size_t>(2 * beam, candidates.size());
-    std::partial_sort(candidates.begin(), candidates.begin() + keep, candidates.end(),
-                      [](const Candidate& a, const Candidate& b) {
-                        return a.log_prob > b.log_prob ||
-                               (a.log_prob == b.log_prob &&
-                                (a.from < b.from || (a.from == b.from && a.token < b.token)));
-                      });
-    candidates.resize(keep);
   }
   std::vector<Beam> next;
   for (const Candidate& cand : candidates) {
@@ -297,6 +324,7 @@ std::vector<Hypothesis> decode(Model& model, const std::vector<std::vector<int32
   DecodeStep step;
   std::vector<float> logits;  // (wanted rows, V)
   int next_cache_row = 0;
+  std::vector<size_t> active, first_logit_row;  // this step's sentences and their first logit rows
   const int V = c.vocab;
   while (
       std::any_of(sentences.begin(), sentences.end(), [](const Sentence& s) { return s.active; })) {
@@ -310,14 +338,21 @@ std::vector<Hypothesis> decode(Model& model, const std::vector<std::vector<int32
     model.decode_step(step, logits.data());
     if (o.cache) next_cache_row += step.rows();
     // The wanted rows come sentence by sentence, a row per hypothesis.
-    size_t row = 0;
-    for (size_t i = 0; i < sentences.size(); ++i) {
-      Sentence& s = sentences[i];
-      if (!s.active) continue;
-      const size_t beams = s.beams.size();
-      advance(s, logits.data() + row * V, c, o);
-      row += beams;
-      if (!s.active) results[i] = best(s, o);
+    // Each sentence chooses on its own (its rows, its draws): in parallel.
+    active.clear();
+    first_logit_row.clear();
+    for (size_t i = 0, row = 0; i < sentences.size(); ++i) {
+      if (!sentences[i].active) continue;
+      active.push_back(i);
+      first_logit_row.push_back(row);
+      row += sentences[i].beams.size();
+    }
+    const int n = static_cast<int>(active.size());
+#pragma omp parallel for schedule(dynamic, 1) if (n > 1)
+    for (int a = 0; a < n; ++a) {
+      Sentence& s = sentences[active[a]];
+      advance(s, logits.data() + first_logit_row[a] * V, c, o);
+      if (!s.active) results[active[a]] = best(s, o);
     }
   }
   return results;
