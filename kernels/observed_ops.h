@@ -159,6 +159,11 @@ class ObservedOps : public Ops {
               {"log-length", cfg.scale == AttentionScale::kLogLength}}},
             [&] { inner_.attention_listed(out, q, q_stride, k, v, kv_stride, keys, cfg); });
   }
+  void scatter_rows(Act dst, int dst_stride, Act src, int src_stride, const int32_t* rows, int n,
+                    int width) override {
+    observe({"scatter_rows", OpFamily::kElementwise, dst.dtype, {{"n", n}, {"width", width}}},
+            [&] { inner_.scatter_rows(dst, dst_stride, src, src_stride, rows, n, width); });
+  }
   void attention_backward(Act dq, Act dk, Act dv, Act dout, Act out, const float* stats, Act q,
                           int q_stride, Act k, Act v, int kv_stride, const Ragged& qs,
                           const Ragged& ks, const AttentionConfig& cfg) override {

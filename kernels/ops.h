@@ -299,6 +299,12 @@ class Ops {
   // rows kv_stride apart (a key/value cache, or an encoder's memory)
   virtual void attention_listed(Act out, Act q, int q_stride, Act k, Act v, int kv_stride,
                                 const KeyLists& keys, const AttentionConfig& cfg) = 0;
+  // Decoding: dst row rows[i] = src row i, `width` elements each, for i < n
+  // (a step's keys and values into the cache rows they were given). dst and
+  // src share a dtype; the rows are distinct.  src: (n, width) rows
+  // src_stride apart, dst: rows dst_stride apart, rows: backend (n)
+  virtual void scatter_rows(Act dst, int dst_stride, Act src, int src_stride, const int32_t* rows,
+                            int n, int width) = 0;
 
   // ---- loss -------------------------------------------------------------
   // Label-smoothed softmax cross entropy fused with its gradient. Target

@@ -544,6 +544,19 @@ TEST_P(CudaOpsTest, ListedAttention) {
   }
 }
 
+TEST_P(CudaOpsTest, ScatterRows) {
+  // A step's QKV rows into scattered rows of a cache; the others keep theirs.
+  const int width = 96, src_stride = 100, dst_stride = 96, P = 50;
+  const std::vector<int32_t> rows = {17, 0, 49, 3, 22, 8, 31};
+  const int n = static_cast<int>(rows.size());
+  const IntPair r = b_->ints(rows);
+  const Pair src = b_->acts(random(static_cast<size_t>(n) * src_stride), t());
+  const Pair dst = b_->acts(random(static_cast<size_t>(P) * dst_stride), t());
+  b_->gpu->scatter_rows(dst.gpu, dst_stride, src.gpu, src_stride, r.gpu, n, width);
+  b_->cpu->scatter_rows(dst.cpu, dst_stride, src.cpu, src_stride, r.cpu, n, width);
+  compare(dst, static_cast<size_t>(P) * dst_stride, 0.0, "scatter_rows");
+}
+
 TEST_P(CudaOpsTest, CrossEntropyAdamWAndNorm) {
   const int N = 23, V = 517, stride = 576;
   std::vector<float> logits = random(static_cast<size_t>(N) * stride, 2.0f);

@@ -22,10 +22,12 @@ namespace {
 struct TinyModel {
   std::unique_ptr<Ops> ops = make_cpu_ops(1);
   std::unique_ptr<Model> model;
-  explicit TinyModel(ModelKind kind, uint64_t seed = 3) {
+  explicit TinyModel(ModelKind kind, uint64_t seed = 3, ModelCapacity capacity = {}) {
     const ModelConfig c = testing::tiny(kind);
-    ModelCapacity capacity{64 * c.max_len, c.max_len};
-    capacity.cache_rows = 1024;  // decoding: room for several sentences' beams
+    if (capacity.cache_rows == 0) {
+      capacity = ModelCapacity{64 * c.max_len, c.max_len};
+      capacity.cache_rows = 1024;  // decoding: room for several sentences' beams
+    }
     model = std::make_unique<Model>(*ops, c, capacity);
     model->init_parameters(seed);
   }
@@ -138,17 +140,20 @@ TEST(Decoding, AStepOverAWholePrefixGivesTheTrainingForwardsLogits) {
   batch.targets.assign(5, c.special.pad);
   std::vector<float> expected(c.vocab), logits(c.vocab);
   t.model->last_logits(batch, expected.data());
-  // Every row of the prefix at once, each attending the rows up to its own.
+  // Every row of the prefix at once, kept in scattered cache rows, each
+  // attending the rows up to its own.
+  const std::vector<int32_t> kept = {9, 3, 17, 0, 5};
   DecodeStep step;
   step.self_starts = {0};
   for (int j = 0; j < 5; ++j) {
     step.tokens.push_back(prefix[j]);
     step.positions.push_back(j);
-    for (int k = 0; k <= j; ++k) step.self_rows.push_back(k);
+    step.cache_rows.push_back(kept[j]);
+    for (int k = 0; k <= j; ++k) step.self_rows.push_back(kept[k]);
     step.self_starts.push_back(static_cast<int32_t>(step.self_rows.size()));
   }
   step.logit_rows = {4};
-  t.model->decode_sources(PackedSequences{});
+  t.model->decode_sources(PackedSequences{}, {});
   t.model->decode_step(step, logits.data());
   for (int v = 0; v < c.vocab; ++v) EXPECT_NEAR(logits[v], expected[v], 1e-4) << v;
 }
@@ -170,6 +175,39 @@ void expect_same_decoding(ModelKind kind, const DecodeOptions& options) {
   const std::vector<Hypothesis> reversed =
       decode(*t.model, {inputs.rbegin(), inputs.rend()}, {seeds.rbegin(), seeds.rend()}, Layout{},
              options);
+  // Through a model whose capacity holds the largest sentence and a few
+  // rows more: the sentences take turns, each taking the rows another left.
+  for (bool cache : {true, false}) {
+    DecodeOptions o = options;
+    o.cache = cache;
+    DecodeNeeds largest, all;
+    for (const std::vector<int32_t>& input : inputs) {
+      const DecodeNeeds n = decode_needs(t.model->config(), input, Layout{}, o);
+      all += n;
+      largest.prefill_rows = std::max(largest.prefill_rows, n.prefill_rows);
+      largest.beam_rows = std::max(largest.beam_rows, n.beam_rows);
+      largest.cache_rows = std::max(largest.cache_rows, n.cache_rows);
+      largest.source_rows = std::max(largest.source_rows, n.source_rows);
+    }
+    ModelCapacity small = decode_capacity(t.model->config(), largest, o);
+    small.cache_rows += 3;
+    ASSERT_GT(all.cache_rows, small.cache_rows) << "the sentences cannot all decode at once";
+    TinyModel narrow(kind, 5, small);
+    std::vector<Hypothesis> streamed(inputs.size());
+    std::vector<size_t> order;  // of the sentences' finishing
+    decode(*narrow.model, inputs, seeds, Layout{}, o, [&](size_t i, Hypothesis h) {
+      order.push_back(i);
+      streamed[i] = std::move(h);
+    });
+    std::vector<size_t> sorted = order;
+    std::sort(sorted.begin(), sorted.end());
+    EXPECT_EQ(sorted, (std::vector<size_t>{0, 1, 2, 3})) << "each sentence is done once";
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      EXPECT_EQ(streamed[i].ids, alone[i].ids)
+          << to_string(kind) << " cache " << cache << " input " << i << " streamed";
+      EXPECT_EQ(streamed[i].log_prob, alone[i].log_prob) << to_string(kind) << " input " << i;
+    }
+  }
   bool some_tokens = false;
   for (size_t i = 0; i < inputs.size(); ++i) {
     const size_t r = inputs.size() - 1 - i;

@@ -1474,6 +1474,25 @@ TEST_F(OpsTest, BatchInvariantMatmulGivesARowTheSameBitsInAnyBatch) {
   }
 }
 
+TEST_F(OpsTest, ScatterRowsCopiesEachRowToItsPlace) {
+  const int width = 5, src_stride = 7, dst_stride = 6, P = 9;
+  const std::vector<int32_t> rows = {4, 0, 8};
+  const Vec src = random_vec(static_cast<size_t>(rows.size()) * src_stride, 61);
+  const Vec before = random_vec(static_cast<size_t>(P) * dst_stride, 62);
+  Vec dst = before;
+  ops->scatter_rows(act(dst), dst_stride, act(src), src_stride, rows.data(),
+                    static_cast<int>(rows.size()), width);
+  for (int p = 0; p < P; ++p) {
+    const auto at = std::find(rows.begin(), rows.end(), p);
+    for (int j = 0; j < dst_stride; ++j) {
+      const float want = at != rows.end() && j < width
+                             ? src[static_cast<size_t>(at - rows.begin()) * src_stride + j]
+                             : before[static_cast<size_t>(p) * dst_stride + j];
+      EXPECT_EQ(dst[static_cast<size_t>(p) * dst_stride + j], want) << "row " << p << " col " << j;
+    }
+  }
+}
+
 // attention_listed with each row's causal prefix listed is causal attention,
 // and a row's bits do not depend on the other rows or where its keys lie.
 TEST_F(OpsTest, ListedAttentionIsCausalAttentionRowByRow) {

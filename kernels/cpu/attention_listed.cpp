@@ -2,7 +2,8 @@
 // key rows it lists, one (row, head) pair per task. A row's scores, softmax
 // and weighted sum run in an order fixed by its list alone (no GEMM whose
 // bits depend on other rows), so a sentence decodes to the same bits alone
-// or in a batch, from a cache or recomputed.
+// or in a batch, from a cache or recomputed. And the cache's row copy
+// (Ops::scatter_rows).
 #include <omp.h>
 
 #include <algorithm>
@@ -73,6 +74,16 @@ void CpuOps::attention_listed(Act out, Act q, int q_stride, Act k, Act v, int kv
     attend_one(out_rh, qf + static_cast<size_t>(r) * q_stride + h * D, kf + h * D, vf + h * D,
                kv_stride, keys.host_rows + keys.host_starts[r], n, D, attention_scale(cfg, n),
                scratch + longest * omp_get_thread_num());
+  }
+}
+
+void CpuOps::scatter_rows(Act dst, int dst_stride, Act src, int src_stride, const int32_t* rows,
+                          int n, int width) {
+  const size_t element = dtype_bytes(dst.dtype);
+  for (int i = 0; i < n; ++i) {
+    std::memcpy(static_cast<char*>(dst.data) + static_cast<size_t>(rows[i]) * dst_stride * element,
+                static_cast<const char*>(src.data) + static_cast<size_t>(i) * src_stride * element,
+                static_cast<size_t>(width) * element);
   }
 }
 

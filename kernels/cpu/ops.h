@@ -97,6 +97,8 @@ class CpuOps final : public Ops {
   // (attention_listed.cpp)
   void attention_listed(Act out, Act q, int q_stride, Act k, Act v, int kv_stride,
                         const KeyLists& keys, const AttentionConfig& cfg) override;
+  void scatter_rows(Act dst, int dst_stride, Act src, int src_stride, const int32_t* rows, int n,
+                    int width) override;
   void set_batch_invariant(bool on) override { batch_invariant_ = on; }
 
   // ---- loss (cross_entropy.cpp) --------------------------------------------

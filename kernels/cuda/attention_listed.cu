@@ -2,7 +2,8 @@
 // (query row, head). The block scores the row's listed keys into shared
 // memory, takes the softmax with block-wide max and sum, and each thread
 // then sums the values of its output columns in list order. Plain and
-// small: a decoding step has one row per live hypothesis.
+// small: a decoding step has one row per live hypothesis. And the cache's
+// row copy (Ops::scatter_rows): a block per row.
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -68,6 +69,16 @@ __global__ void attention_listed_kernel(T* out, const T* q, int q_stride, const 
   }
 }
 
+// dst row rows[i] = src row i, `width` elements.  src: (n, width) rows
+// src_stride apart, dst: rows dst_stride apart, rows: (n)
+template <typename T>
+__global__ void scatter_rows_kernel(T* dst, int dst_stride, const T* src, int src_stride,
+                                    const int32_t* rows, int width) {
+  const T* from = src + static_cast<size_t>(blockIdx.x) * src_stride;
+  T* to = dst + static_cast<size_t>(rows[blockIdx.x]) * dst_stride;
+  for (int j = threadIdx.x; j < width; j += blockDim.x) to[j] = from[j];
+}
+
 }  // namespace
 
 void CudaOps::attention_listed(Act out, Act q, int q_stride, Act k, Act v, int kv_stride,
@@ -87,6 +98,17 @@ void CudaOps::attention_listed(Act out, Act q, int q_stride, Act k, Act v, int k
         keys.device_starts, keys.device_rows, H, D, cfg.scale, cfg.ref_len);
   });
   cuda::check(cudaGetLastError(), "attention_listed");
+}
+
+void CudaOps::scatter_rows(Act dst, int dst_stride, Act src, int src_stride, const int32_t* rows,
+                           int n, int width) {
+  if (n == 0) return;
+  cuda::dispatch(dst.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    scatter_rows_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream_>>>(
+        typed<T>(dst), dst_stride, typed<T>(src), src_stride, rows, width);
+  });
+  cuda::check(cudaGetLastError(), "scatter_rows");
 }
 
 }  // namespace mpiformer

@@ -104,6 +104,8 @@ class CudaOps final : public Ops {
   // (attention_listed.cu)
   void attention_listed(Act out, Act q, int q_stride, Act k, Act v, int kv_stride,
                         const KeyLists& keys, const AttentionConfig& cfg) override;
+  void scatter_rows(Act dst, int dst_stride, Act src, int src_stride, const int32_t* rows, int n,
+                    int width) override;
 
   // ---- loss (cross_entropy.cu) ----------------------------------------------
   void cross_entropy(Act logits, const int32_t* targets, int N, int V, float smoothing, int pad_id,

@@ -1,6 +1,6 @@
 // `mpiformer generate`: translation (seq2seq) and continuation (lm) with a
 // checkpoint, many sentences at a time (src/model/decoding.h). Under mpirun
-// the ranks share the batches and rank 0 writes every line in input order.
+// the ranks share the sentences and rank 0 writes every line in input order.
 // With --data it translates the source side of a split of a shard set, and
 // writes the split's targets beside the output as references. The
 // output files are written under temporary names and renamed into place
@@ -169,49 +169,50 @@ struct Setup {
   Layout layout;
   DecodeOptions options;
   bool lm = false;
-  std::vector<std::vector<size_t>> batches;  // input indices, shortest inputs first
+  std::vector<size_t> order;  // input indices, shortest inputs first
 };
 
-// Groups the inputs into batches whose key/value cache fits --max-tokens
-// rows, shortest first (a sentence larger than that goes alone), and
-// returns the capacity the largest batch needs.
-ModelCapacity plan_batches(const GenerateConfig& cfg, const ModelConfig& model, Setup& setup) {
+// Orders the inputs shortest first and returns the capacity that decodes
+// them: the largest of the groups, taken in that order, whose key/value
+// cache fits --max-tokens rows (a sentence larger than that alone).
+// Decoding streams through it: a sentence joins as another leaves.
+ModelCapacity plan_capacity(const GenerateConfig& cfg, const ModelConfig& model, Setup& setup) {
   const size_t n = setup.inputs.size();
   std::vector<DecodeNeeds> needs(n);
   for (size_t i = 0; i < n; ++i)
     needs[i] = decode_needs(model, setup.inputs[i], setup.layout, setup.options);
-  std::vector<size_t> order(n);
+  std::vector<size_t>& order = setup.order;
+  order.resize(n);
   std::iota(order.begin(), order.end(), size_t{0});
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
     return setup.inputs[a].size() < setup.inputs[b].size();
   });
   DecodeNeeds batch, largest;
-  std::vector<size_t> members;
+  size_t members = 0;
   const auto close = [&] {
-    if (members.empty()) return;
-    setup.batches.push_back(members);
+    if (members == 0) return;
     largest.prefill_rows = std::max(largest.prefill_rows, batch.prefill_rows);
     largest.beam_rows = std::max(largest.beam_rows, batch.beam_rows);
     largest.cache_rows = std::max(largest.cache_rows, batch.cache_rows);
     largest.source_rows = std::max(largest.source_rows, batch.source_rows);
-    members.clear();
+    members = 0;
     batch = DecodeNeeds{};
   };
   for (size_t i : order) {
     DecodeNeeds with = batch;
     with += needs[i];
-    if (!members.empty() &&
+    if (members > 0 &&
         std::max({with.cache_rows, with.source_rows, with.prefill_rows}) > cfg.max_tokens)
       close();
     batch += needs[i];
-    members.push_back(i);
+    ++members;
   }
   close();
   return decode_capacity(model, largest, setup.options);
 }
 
 // Every rank: the checkpoint, the inputs (each parsed before any decodes:
-// a bad line is found at once), the batches and the model.
+// a bad line is found at once), their order and the model.
 std::unique_ptr<Setup> prepare_setup(const GenerateConfig& cfg, const Communicator& comm) {
   auto setup = std::make_unique<Setup>();
   const ModelCheckpoint checkpoint = read_model_checkpoint(cfg.checkpoint, "--checkpoint");
@@ -290,19 +291,19 @@ std::unique_ptr<Setup> prepare_setup(const GenerateConfig& cfg, const Communicat
                               std::to_string(run.model.max_len) + " are " +
                               std::to_string(longest) + " tokens, more than 2^31 - 1");
   }
-  const ModelCapacity room = plan_batches(cfg, run.model, *setup);
+  const ModelCapacity room = plan_capacity(cfg, run.model, *setup);
 
   setup->ops = make_cpu_ops(cfg.threads > 0 ? cfg.threads : comm.cores_per_local_rank());
   Ops& ops = *setup->ops;
-  // Batches stay within --max-tokens; a cache larger than that holds one
-  // sentence whose beams alone are too many.
+  // The sentences decoding together stay within --max-tokens; a cache
+  // larger than that holds one sentence whose beams alone are too many.
   const bool one_sentence = room.cache_rows > cfg.max_tokens;
   const std::string flag = one_sentence ? "--beam" : "--max-tokens";
   const std::string shortfall = memory_shortfall(
       estimate_memory(ops, run.model, room, DType::kF32), ops, comm.local_size(),
       one_sentence ? "--beam (each beam holds up to max-len " + std::to_string(run.model.max_len) +
                          " tokens)"
-                   : "--max-tokens (the key/value cache of a batch of sentences: " +
+                   : "--max-tokens (the key/value cache of the sentences decoding together: " +
                          std::to_string(room.cache_rows) + " rows of max-len " +
                          std::to_string(run.model.max_len) + " and --beam " +
                          std::to_string(cfg.beam) + ")");
@@ -388,30 +389,29 @@ class Outputs {
   size_t written_ = 0;
 };
 
-// The batches this rank decodes (batch b goes to rank b mod W): each
-// finished line goes to `done(index, text)`.
+// The sentences this rank decodes: every W-th of the shortest-first order
+// from its rank on, so the ranks' shares are alike. Each finished line goes
+// to `done(index, text)`.
 template <typename Done>
 void decode_share(const GenerateConfig& cfg, Setup& setup, const Communicator& comm, Done&& done) {
   using Clock = std::chrono::steady_clock;
   constexpr double kProgressSeconds = 5.0;
+  std::vector<size_t> share;
+  std::vector<std::vector<int32_t>> inputs;
+  std::vector<uint64_t> seeds;
+  for (size_t k = comm.rank(); k < setup.order.size(); k += comm.size()) {
+    const size_t i = setup.order[k];
+    share.push_back(i);
+    inputs.push_back(setup.inputs[i]);
+    seeds.push_back(cfg.seed + i);  // each line its own stream, the same in any company
+  }
   const auto start = Clock::now();
   auto last_report = start;
-  size_t mine = 0, finished = 0;
-  for (size_t b = comm.rank(); b < setup.batches.size(); b += comm.size())
-    mine += setup.batches[b].size();
-  for (size_t b = comm.rank(); b < setup.batches.size(); b += comm.size()) {
-    const std::vector<size_t>& members = setup.batches[b];
-    std::vector<std::vector<int32_t>> inputs;
-    std::vector<uint64_t> seeds;
-    for (size_t i : members) {
-      inputs.push_back(setup.inputs[i]);
-      seeds.push_back(cfg.seed + i);  // each line its own stream, the same in any batch
-    }
-    const std::vector<Hypothesis> outputs =
-        decode(*setup.model, inputs, seeds, setup.layout, setup.options);
-    for (size_t k = 0; k < members.size(); ++k)
-      done(members[k], to_text(setup.tokenizer.get(), outputs[k].ids));
-    finished += members.size();
+  size_t finished = 0;
+  const size_t mine = share.size();
+  decode(*setup.model, inputs, seeds, setup.layout, setup.options, [&](size_t k, Hypothesis h) {
+    done(share[k], to_text(setup.tokenizer.get(), h.ids));
+    ++finished;
     // Progress on stderr, never among the outputs: every kProgressSeconds,
     // so a long input reports and a short one does not. Rank 0 speaks.
     const auto now = Clock::now();
@@ -426,7 +426,7 @@ void decode_share(const GenerateConfig& cfg, Setup& setup, const Communicator& c
                    static_cast<double>(finished) / seconds);
       std::fflush(stderr);
     }
-  }
+  });
 }
 
 // Rank r's lines to every rank: [index u64, length u64, bytes] each.
@@ -468,13 +468,14 @@ int run_generate(const GenerateConfig& cfg, Communicator& comm) {
   if (comm.is_root() && !cfg.data_dir.empty()) {
     std::cerr << "mpiformer generate: translating the " << setup->inputs.size()
               << " source sentence(s) of the " << cfg.split << " split of " << cfg.data_dir
-              << (setup->split.origin.empty() ? "" : " (" + setup->split.origin + ")") << " in "
-              << setup->batches.size() << " batch(es)"
-              << (comm.size() > 1 ? " over " + std::to_string(comm.size()) + " ranks" : "")
+              << (setup->split.origin.empty() ? "" : " (" + setup->split.origin + ")")
+              << ", shortest first, as many at a time as a key/value cache of "
+              << setup->model->capacity().cache_rows << " rows holds"
+              << (comm.size() > 1 ? ", over " + std::to_string(comm.size()) + " ranks" : "")
               << std::endl;
   }
-  // Alone, rank 0 writes each batch's lines as they come; with others, it
-  // writes once every rank has sent its own.
+  // Alone, rank 0 writes the lines as they come (in input order); with
+  // others, it writes once every rank has sent its own.
   std::vector<std::pair<size_t, std::string>> mine;
   code = agree(comm, attempt(
                          comm,

@@ -211,28 +211,31 @@ void Sublayer::init_cache(ActivationArena& arena, int cache_rows, int C) {
     cache_ = arena.acts(static_cast<size_t>(cache_rows) * 3 * C);
 }
 
-void Sublayer::keep_memory(BlockContext& ctx, Act memory, int memory_rows) {
+void Sublayer::keep_memory(BlockContext& ctx, BlockScratch& scratch, Act memory, int n,
+                           const int32_t* rows) {
   if (kind_ != Kind::kCrossAttention) return;
   const int C = ctx.config->d_model;
-  // kv: (Nk, 2C) from the encoder memory, as inner_forward makes it
-  ctx.ops->matmul_forward(kv_, memory, ctx.params->weight(w_kv_), ctx.params->weight(b_kv_),
-                          memory_rows, C, 2 * C);
+  // kv: (n, 2C) from the encoder rows, as inner_forward makes it, staged in
+  // dkv (decoding runs no backward pass) and then put in its memory rows
+  ctx.ops->matmul_forward(scratch.dkv, memory, ctx.params->weight(w_kv_), ctx.params->weight(b_kv_),
+                          n, C, 2 * C);
+  ctx.ops->scatter_rows(kv_, 2 * C, scratch.dkv, 2 * C, rows, n, 2 * C);
 }
 
-void Sublayer::decode_forward(BlockContext& ctx, BlockScratch& scratch, Act u, int R, int first_row,
-                              const KeyLists& self_keys, const KeyLists& cross_keys) {
+void Sublayer::decode_forward(BlockContext& ctx, BlockScratch& scratch, Act u, int R,
+                              const int32_t* cache_rows, const KeyLists& self_keys,
+                              const KeyLists& cross_keys) {
   Ops& ops = *ctx.ops;
   ParameterSet& p = *ctx.params;
   const int C = ctx.config->d_model;
   switch (kind_) {
-    case Kind::kSelfAttention: {
-      // qkv of the new rows: (R, 3C) straight into the cache
-      const Act qkv = cache_ + static_cast<size_t>(first_row) * 3 * C;
-      ops.matmul_forward(qkv, u, p.weight(w_in_), p.weight(b_in_), R, C, 3 * C);
-      ops.attention_listed(att_, qkv, 3 * C, cache_ + C, cache_ + 2 * C, 3 * C, self_keys,
+    case Kind::kSelfAttention:
+      // qkv of the new rows: (R, 3C), kept in their cache rows
+      ops.matmul_forward(qkv_, u, p.weight(w_in_), p.weight(b_in_), R, C, 3 * C);
+      ops.scatter_rows(cache_, 3 * C, qkv_, 3 * C, cache_rows, R, 3 * C);
+      ops.attention_listed(att_, qkv_, 3 * C, cache_ + C, cache_ + 2 * C, 3 * C, self_keys,
                            attention_);
       break;
-    }
     case Kind::kCrossAttention:
       // q: (R, C); kv: (Nk, 2C) kept by keep_memory
       ops.matmul_forward(qkv_, u, p.weight(w_in_), p.weight(b_in_), R, C, C);

@@ -114,15 +114,18 @@ class Sublayer {
   // `cache_rows` rows (the fused QKV rows of its steps, (P, 3C)).
   void init_cache(ActivationArena& arena, int cache_rows, int C);
   // y = f(u) into scratch.y for the R rows of a decoding step: self-
-  // attention writes the rows' QKV to cache rows [first_row, first_row + R)
-  // and attends the rows each lists in self_keys; cross-attention attends
-  // the encoder rows of cross_keys, whose keys and values
-  // keep_memory stored. u: (R, C)
-  void decode_forward(BlockContext& ctx, BlockScratch& scratch, Act u, int R, int first_row,
-                      const KeyLists& self_keys, const KeyLists& cross_keys);
-  // cross-attention: the keys and values of the encoder memory, (Nk, 2C),
-  // computed once for the decoding steps that follow.
-  void keep_memory(BlockContext& ctx, Act memory, int memory_rows);
+  // attention writes row r's QKV to cache row cache_rows[r] and attends the
+  // rows each lists in self_keys; cross-attention attends the memory rows
+  // of cross_keys, whose keys and values keep_memory stored.
+  // u: (R, C), cache_rows: backend (R)
+  void decode_forward(BlockContext& ctx, BlockScratch& scratch, Act u, int R,
+                      const int32_t* cache_rows, const KeyLists& self_keys,
+                      const KeyLists& cross_keys);
+  // cross-attention: the keys and values of n encoder rows, stored at
+  // memory rows `rows` for the decoding steps that follow (other rows stay
+  // as they were). memory: (n, C), rows: backend (n)
+  void keep_memory(BlockContext& ctx, BlockScratch& scratch, Act memory, int n,
+                   const int32_t* rows);
 
   // sum = s + dropout(scratch.y), then next_norm = LN(sum). Returns sum,
   // (N, C), stored by this sub-layer.

@@ -69,70 +69,138 @@ struct Beam {
   std::vector<int32_t> rows;  // with the cache: the cache rows of the tokens fed so far
 };
 
+// What decoding one framed input asks (decode_needs).
+DecodeNeeds needs_of(const Framed& f, const DecodeOptions& o) {
+  DecodeNeeds needs;
+  if (f.limit == 0) return needs;
+  const int64_t P = static_cast<int64_t>(f.prefix.size());
+  needs.prefill_rows = P;
+  needs.beam_rows = o.beam;
+  needs.source_rows = static_cast<int64_t>(f.source.size());
+  // With the cache: the prefix, then a row per hypothesis at each later
+  // step. Without: every row of every hypothesis at the last step.
+  needs.cache_rows = o.cache ? P + o.beam * static_cast<int64_t>(f.limit - 1)
+                             : std::max<int64_t>(P, o.beam * (P + f.limit - 1));
+  return needs;
+}
+
+// What a sentence holds of the model's capacity while it decodes: cache
+// rows, rows of a step (ModelCapacity::max_tokens) and memory rows (its
+// source's, in the same max_tokens).
+struct Holding {
+  int64_t cache = 0, step = 0, memory = 0;
+  Holding(const DecodeNeeds& n, const DecodeOptions& o)
+      : cache(n.cache_rows),
+        step(o.cache ? std::max(n.prefill_rows, n.beam_rows) : n.cache_rows),
+        memory(n.source_rows) {}
+  Holding() = default;
+  Holding& operator+=(const Holding& h) {
+    cache += h.cache, step += h.step, memory += h.memory;
+    return *this;
+  }
+  Holding& operator-=(const Holding& h) {
+    cache -= h.cache, step -= h.step, memory -= h.memory;
+    return *this;
+  }
+};
+
 struct Sentence {
   Framed framed;
+  DecodeNeeds needs;
   KeyedRng rng{0};  // sampling only
   std::vector<Beam> beams{Beam{}};
   std::vector<Hypothesis> done;
-  int step = 0;          // new tokens chosen so far
-  int source_first = 0;  // its first encoder row in this step's numbering
-  bool active = true;
+  int step = 0;                      // new tokens chosen so far
+  std::vector<int32_t> cache_rows;   // the cache rows it was given (with the cache)
+  std::vector<int32_t> memory_rows;  // seq2seq: the memory rows of its source, in order
+  bool active = false;
+};
+
+// The rows of a buffer, given out one at a time and given back (the
+// key/value cache; the encoder memory). Rows go out lowest first.
+class RowPool {
+ public:
+  explicit RowPool(int rows) : rows_(rows) { reset(); }
+  // Every row free again.
+  void reset() {
+    free_.resize(static_cast<size_t>(rows_));
+    for (int i = 0; i < rows_; ++i) free_[static_cast<size_t>(i)] = rows_ - 1 - i;
+  }
+  int32_t take() {
+    // Sentences join only while the capacity holds their needs: never empty.
+    if (free_.empty()) throw std::logic_error("decode: more rows taken than the capacity holds");
+    const int32_t row = free_.back();
+    free_.pop_back();
+    return row;
+  }
+  void give_back(std::vector<int32_t>& rows) {
+    free_.insert(free_.end(), rows.rbegin(), rows.rend());
+    rows.clear();
+  }
+
+ private:
+  int rows_;
+  std::vector<int32_t> free_;  // a stack: its last is the next given
 };
 
 // The decoder rows of a step, each with its key lists, as they are added.
 class StepRows {
  public:
   // Starts `step` afresh; its vectors keep their capacity from step to step.
-  StepRows(DecodeStep& step, int first_row) : step_(step) {
+  explicit StepRows(DecodeStep& step) : step_(step) {
     for (std::vector<int32_t>* v :
-         {&step_.tokens, &step_.positions, &step_.self_starts, &step_.self_rows,
+         {&step_.tokens, &step_.positions, &step_.cache_rows, &step_.self_starts, &step_.self_rows,
           &step_.source_starts, &step_.source_rows, &step_.logit_rows})
       v->clear();
-    step_.first_row = first_row;
     step_.self_starts.push_back(0);
     step_.source_starts.push_back(0);
   }
-  // A row of `token` at `position` that attends `keys` and then itself,
-  // and the source rows [source_first, + source_length). Returns its cache row.
-  int add(int32_t token, int position, const std::vector<int32_t>& keys, size_t key_count,
-          int source_first, int source_length, bool want_logits) {
-    const int row = step_.first_row + step_.rows();
+  // A row of `token` at `position`, kept at cache row `cache_row`, that
+  // attends `keys` and then itself, and the memory rows `source`.
+  // Returns its cache row.
+  int32_t add(int32_t token, int position, int32_t cache_row, const std::vector<int32_t>& keys,
+              size_t key_count, const std::vector<int32_t>& source, bool want_logits) {
     if (want_logits) step_.logit_rows.push_back(step_.rows());
     step_.tokens.push_back(token);
     step_.positions.push_back(position);
+    step_.cache_rows.push_back(cache_row);
     step_.self_rows.insert(step_.self_rows.end(), keys.begin(),
                            keys.begin() + static_cast<std::ptrdiff_t>(key_count));
-    step_.self_rows.push_back(row);
+    step_.self_rows.push_back(cache_row);
     step_.self_starts.push_back(static_cast<int32_t>(step_.self_rows.size()));
-    for (int j = 0; j < source_length; ++j) step_.source_rows.push_back(source_first + j);
+    step_.source_rows.insert(step_.source_rows.end(), source.begin(), source.end());
     step_.source_starts.push_back(static_cast<int32_t>(step_.source_rows.size()));
-    return row;
+    return cache_row;
   }
 
  private:
   DecodeStep& step_;
 };
 
-// The rows sentence s feeds this step. cache: the prefix at its first
-// step, then each hypothesis's newest token against its cached rows;
-// without: every token of every hypothesis, attending the rows fed now.
-void feed(Sentence& s, StepRows& rows, bool cache, const int source_length) {
+// The rows sentence s feeds this step, their cache rows from `pool`.
+// cache: the prefix at its first step, then each hypothesis's newest token
+// against its cached rows; without: every token of every hypothesis,
+// attending the rows fed now.
+void feed(Sentence& s, StepRows& rows, bool cache, RowPool& pool) {
   const std::vector<int32_t>& prefix = s.framed.prefix;
   const int P = static_cast<int>(prefix.size());
+  const auto take = [&] {
+    const int32_t row = pool.take();
+    if (cache) s.cache_rows.push_back(row);
+    return row;
+  };
   if (cache) {
     if (s.step == 0) {
       Beam& first = s.beams[0];
       for (int j = 0; j < P; ++j) {
-        const int row = rows.add(prefix[j], j, first.rows, first.rows.size(), s.source_first,
-                                 source_length, j + 1 == P);
-        first.rows.push_back(row);
+        first.rows.push_back(rows.add(prefix[j], j, take(), first.rows, first.rows.size(),
+                                      s.memory_rows, j + 1 == P));
       }
       return;
     }
     for (Beam& b : s.beams) {
-      const int row = rows.add(b.ids.back(), P + s.step - 1, b.rows, b.rows.size(), s.source_first,
-                               source_length, true);
-      b.rows.push_back(row);
+      b.rows.push_back(rows.add(b.ids.back(), P + s.step - 1, take(), b.rows, b.rows.size(),
+                                s.memory_rows, true));
     }
     return;
   }
@@ -142,8 +210,7 @@ void feed(Sentence& s, StepRows& rows, bool cache, const int source_length) {
     const int length = P + static_cast<int>(b.ids.size());
     for (int j = 0; j < length; ++j) {
       const int32_t token = j < P ? prefix[j] : b.ids[j - P];
-      fed.push_back(
-          rows.add(token, j, fed, fed.size(), s.source_first, source_length, j + 1 == length));
+      fed.push_back(rows.add(token, j, take(), fed, fed.size(), s.memory_rows, j + 1 == length));
     }
   }
 }
@@ -267,18 +334,7 @@ Hypothesis best(Sentence& s, const DecodeOptions& options) {
 DecodeNeeds decode_needs(const ModelConfig& config, const std::vector<int32_t>& input,
                          const Layout& layout, const DecodeOptions& options) {
   const DecodeOptions o = for_kind(config, options);
-  const Framed f = frame(config, input, layout, o);
-  DecodeNeeds needs;
-  if (f.limit == 0) return needs;
-  const int64_t P = static_cast<int64_t>(f.prefix.size());
-  needs.prefill_rows = P;
-  needs.beam_rows = o.beam;
-  needs.source_rows = static_cast<int64_t>(f.source.size());
-  // With the cache: the prefix, then a row per hypothesis at each later
-  // step. Without: every row of every hypothesis at the last step.
-  needs.cache_rows = o.cache ? P + o.beam * static_cast<int64_t>(f.limit - 1)
-                             : std::max<int64_t>(P, o.beam * (P + f.limit - 1));
-  return needs;
+  return needs_of(frame(config, input, layout, o), o);
 }
 
 ModelCapacity decode_capacity(const ModelConfig& config, const DecodeNeeds& needs,
@@ -295,66 +351,115 @@ ModelCapacity decode_capacity(const ModelConfig& config, const DecodeNeeds& need
   return capacity;
 }
 
-std::vector<Hypothesis> decode(Model& model, const std::vector<std::vector<int32_t>>& inputs,
-                               const std::vector<uint64_t>& seeds, const Layout& layout,
-                               const DecodeOptions& options) {
+void decode(Model& model, const std::vector<std::vector<int32_t>>& inputs,
+            const std::vector<uint64_t>& seeds, const Layout& layout, const DecodeOptions& options,
+            const std::function<void(size_t, Hypothesis)>& done) {
   const ModelConfig& c = model.config();
+  const ModelCapacity& room = model.capacity();
   const DecodeOptions o = for_kind(c, options);
   if (seeds.size() != inputs.size()) throw std::invalid_argument("decode: a seed per input");
-  std::vector<Hypothesis> results(inputs.size());
+  const bool seq2seq = c.kind == ModelKind::kSeq2seq;
   std::vector<Sentence> sentences(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
     Sentence& s = sentences[i];
     s.framed = frame(c, inputs[i], layout, o);
+    s.needs = needs_of(s.framed, o);
     s.rng = KeyedRng(mix64(seeds[i] ^ 0x5A4D504C45ull));
-    s.active = s.framed.limit > 0;
   }
-  const bool seq2seq = c.kind == ModelKind::kSeq2seq;
-  const auto run_encoder = [&] {
+  RowPool cache_pool(room.cache_rows), memory_pool(seq2seq ? room.max_tokens : 0);
+  // The encoder over these sentences' sources, each given its memory rows.
+  const auto encode = [&](const std::vector<size_t>& which) {
     PackedSequences sources;
-    for (Sentence& s : sentences) {
-      if (!s.active) continue;
-      s.source_first = sources.total();
+    std::vector<int32_t> rows;
+    for (size_t i : which) {
+      Sentence& s = sentences[i];
+      for (size_t j = 0; j < s.framed.source.size(); ++j)
+        s.memory_rows.push_back(memory_pool.take());
       sources.append(s.framed.source.data(), static_cast<int>(s.framed.source.size()));
+      rows.insert(rows.end(), s.memory_rows.begin(), s.memory_rows.end());
     }
-    model.decode_sources(sources);
+    if (!which.empty()) model.decode_sources(sources, rows);
   };
-  if (o.cache) run_encoder();  // without the cache, at every step
 
   DecodeStep step;
-  std::vector<float> logits;  // (wanted rows, V)
-  int next_cache_row = 0;
-  std::vector<size_t> active, first_logit_row;  // this step's sentences and their first logit rows
+  std::vector<float> logits;                   // (wanted rows, V)
+  std::vector<size_t> live, joining, staying;  // sentences decoding, joining now, staying on
+  std::vector<size_t> first_logit_row;         // of each live sentence
+  Holding held;                                // by the live sentences
   const int V = c.vocab;
-  while (
-      std::any_of(sentences.begin(), sentences.end(), [](const Sentence& s) { return s.active; })) {
-    if (!o.cache) run_encoder();
-    StepRows rows(step, o.cache ? next_cache_row : 0);
-    for (Sentence& s : sentences) {
-      if (!s.active) continue;
-      feed(s, rows, o.cache, seq2seq ? static_cast<int>(s.framed.source.size()) : 0);
+  for (size_t next = 0; next < sentences.size() || !live.empty();) {
+    // Sentences join in order while the capacity holds them beside the
+    // live ones; one with nothing to decode is done at once.
+    joining.clear();
+    for (; next < sentences.size(); ++next) {
+      Sentence& s = sentences[next];
+      if (s.framed.limit == 0) {
+        done(next, Hypothesis{});
+        continue;
+      }
+      Holding with = held;
+      with += Holding(s.needs, o);
+      if (with.cache > room.cache_rows || with.step > room.max_tokens ||
+          with.memory > room.max_tokens) {
+        if (live.empty())
+          throw std::runtime_error("decode: a sentence needs more than the model's capacity");
+        break;
+      }
+      held = with;
+      s.active = true;
+      live.push_back(next);
+      joining.push_back(next);
     }
+    if (live.empty()) break;
+    // Without the cache every step starts from nothing: every source again.
+    if (!o.cache) {
+      cache_pool.reset();
+      memory_pool.reset();
+      for (size_t i : live) sentences[i].memory_rows.clear();
+    }
+    if (seq2seq) encode(o.cache ? joining : live);
+
+    StepRows rows(step);
+    for (size_t i : live) feed(sentences[i], rows, o.cache, cache_pool);
     logits.resize(step.logit_rows.size() * static_cast<size_t>(V));
     model.decode_step(step, logits.data());
-    if (o.cache) next_cache_row += step.rows();
     // The wanted rows come sentence by sentence, a row per hypothesis.
     // Each sentence chooses on its own (its rows, its draws): in parallel.
-    active.clear();
     first_logit_row.clear();
-    for (size_t i = 0, row = 0; i < sentences.size(); ++i) {
-      if (!sentences[i].active) continue;
-      active.push_back(i);
+    size_t row = 0;
+    for (size_t i : live) {
       first_logit_row.push_back(row);
       row += sentences[i].beams.size();
     }
-    const int n = static_cast<int>(active.size());
+    const int n = static_cast<int>(live.size());
 #pragma omp parallel for schedule(dynamic, 1) if (n > 1)
-    for (int a = 0; a < n; ++a) {
-      Sentence& s = sentences[active[a]];
-      advance(s, logits.data() + first_logit_row[a] * V, c, o);
-      if (!s.active) results[active[a]] = best(s, o);
+    for (int a = 0; a < n; ++a)
+      advance(sentences[live[a]], logits.data() + first_logit_row[a] * V, c, o);
+    // A finished sentence leaves: its rows go to the sentences that join.
+    staying.clear();
+    for (size_t i : live) {
+      Sentence& s = sentences[i];
+      if (s.active) {
+        staying.push_back(i);
+        continue;
+      }
+      cache_pool.give_back(s.cache_rows);
+      memory_pool.give_back(s.memory_rows);
+      held -= Holding(s.needs, o);
+      done(i, best(s, o));
+      s.beams = {};
+      s.done = {};
     }
+    live.swap(staying);
   }
+}
+
+std::vector<Hypothesis> decode(Model& model, const std::vector<std::vector<int32_t>>& inputs,
+                               const std::vector<uint64_t>& seeds, const Layout& layout,
+                               const DecodeOptions& options) {
+  std::vector<Hypothesis> results(inputs.size());
+  decode(model, inputs, seeds, layout, options,
+         [&](size_t i, Hypothesis h) { results[i] = std::move(h); });
   return results;
 }
 

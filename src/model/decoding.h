@@ -3,10 +3,12 @@
 // sentences at once. Each self-attention layer keeps the keys and values of
 // the tokens already fed (Model::decode_step), so a step runs the decoder
 // over one new row per live hypothesis; a seq2seq's cross-attention keys
-// and values are computed once per source. Hypotheses of every sentence of
-// a batch share each step's calls, and a sentence leaves the batch when it
-// is done. With DecodeOptions::cache off, every step feeds every token of
-// every hypothesis again: the reference the cache is tested against.
+// and values are computed once per source. Hypotheses of every sentence
+// decoding share each step's calls. Sentences join in input order while
+// the model's capacity holds them; one that is done leaves at once, and its
+// cache and memory rows go to the next to join. With DecodeOptions::cache
+// off, every step feeds every token of every hypothesis again: the
+// reference the cache is tested against.
 //
 // A sentence decodes to the same tokens alone or in any batch, with or
 // without the cache: the ops run batch-invariant (Ops::set_batch_invariant)
@@ -68,9 +70,15 @@ DecodeNeeds decode_needs(const ModelConfig& config, const std::vector<int32_t>& 
 ModelCapacity decode_capacity(const ModelConfig& config, const DecodeNeeds& needs,
                               const DecodeOptions& options);
 
-// Decodes `inputs` together (as for decode_needs), sentence i drawing its
-// samples from seeds[i]: one hypothesis per input, in order. The model's
-// capacity must hold decode_needs of them all (decode_capacity).
+// Decodes `inputs` (as for decode_needs), sentence i drawing its samples
+// from seeds[i], as many at a time as the model's capacity holds, and
+// hands each to `done(i, hypothesis)` as it finishes (any order). The
+// capacity must hold decode_needs of each input alone (decode_capacity);
+// of them all, and they all decode together.
+void decode(Model& model, const std::vector<std::vector<int32_t>>& inputs,
+            const std::vector<uint64_t>& seeds, const Layout& layout, const DecodeOptions& options,
+            const std::function<void(size_t, Hypothesis)>& done);
+// The same, returning one hypothesis per input, in order.
 std::vector<Hypothesis> decode(Model& model, const std::vector<std::vector<int32_t>>& inputs,
                                const std::vector<uint64_t>& seeds, const Layout& layout,
                                const DecodeOptions& options);

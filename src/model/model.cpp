@@ -121,11 +121,11 @@ struct Stack {
   // Decoding: the R new rows of a step (ids, pos: backend (R)) through the
   // stack, each sub-layer's decode_forward reading and filling the cache.
   Act decode_forward(BlockContext& ctx, BlockScratch& scratch, const int32_t* ids,
-                     const int32_t* pos, int R, int first_row, const KeyLists& self_keys,
-                     const KeyLists& cross_keys) {
+                     const int32_t* pos, int R, const int32_t* cache_rows,
+                     const KeyLists& self_keys, const KeyLists& cross_keys) {
     Act x = embedding.forward(ctx, ids, pos, R);
     return run_sublayers(ctx, scratch, x, R, [&](Sublayer& sublayer, Act u) {
-      sublayer.decode_forward(ctx, scratch, u, R, first_row, self_keys, cross_keys);
+      sublayer.decode_forward(ctx, scratch, u, R, cache_rows, self_keys, cross_keys);
     });
   }
 
@@ -236,7 +236,10 @@ struct Model::Impl {
   Stack main;     // decoder (lm, seq2seq) or encoder (mlm): produces predictions
   DeviceSequences enc_seq, dec_seq;
   int32_t* targets = nullptr;  // (N)
-  // Decoding (capacity.cache_rows > 0): the key lists of a step.
+  // Decoding (capacity.cache_rows > 0): the key lists of a step, the cache
+  // rows of its new rows, and the memory rows of decode_sources's rows.
+  int32_t* step_cache_rows = nullptr;         // (N)
+  int32_t* memory_slots = nullptr;            // (N)
   int32_t* self_starts = nullptr;             // (N+1)
   int32_t* self_rows = nullptr;               // (N * L)
   int32_t* source_starts = nullptr;           // (N+1)
@@ -377,6 +380,8 @@ struct Model::Impl {
       // Every list is at most max-len long.
       const size_t listed = static_cast<size_t>(N) * capacity.max_len;
       for (Sublayer& sublayer : main.sublayers) sublayer.init_cache(arena, capacity.cache_rows, C);
+      step_cache_rows = arena.ints(N);
+      memory_slots = arena.ints(N);
       self_starts = arena.ints(static_cast<size_t>(N) + 1);
       self_rows = arena.ints(listed);
       if (has_encoder) {
@@ -544,18 +549,25 @@ struct Model::Impl {
     ~BatchInvariant() { ops.set_batch_invariant(false); }
   };
 
-  void decode_sources(const PackedSequences& sources) {
+  void decode_sources(const PackedSequences& sources, const std::vector<int32_t>& rows) {
     if (capacity.cache_rows <= 0) throw std::logic_error("decode_sources: no key/value cache");
+    if (!has_encoder) return;
+    const int n = sources.total();
+    check(sources, "encoder");
+    if (static_cast<int>(rows.size()) != n)
+      throw std::runtime_error("decode_sources: " + std::to_string(rows.size()) +
+                               " memory rows for " + std::to_string(n) + " source rows");
+    for (int32_t row : rows)
+      if (row < 0 || row >= capacity.max_tokens)
+        throw std::runtime_error("decode_sources: memory row " + std::to_string(row) +
+                                 " outside [0, " + std::to_string(capacity.max_tokens) + ")");
     const BatchInvariant invariant(ops);
     ctx.training = false;
-    memory_ = Act();
-    memory_rows_ = Ragged{};
-    if (!has_encoder) return;
-    check(sources, "encoder");
     enc_seq.upload(ops, sources);
-    memory_ = encoder.forward(ctx, scratch, enc_seq, Act(), Ragged{});
-    memory_rows_ = enc_seq.rows;
-    for (Sublayer& sublayer : main.sublayers) sublayer.keep_memory(ctx, memory_, sources.total());
+    const Act memory = encoder.forward(ctx, scratch, enc_seq, Act(), Ragged{});  // (n, C)
+    ops.device().upload(memory_slots, rows.data(), rows.size() * sizeof(int32_t));
+    for (Sublayer& sublayer : main.sublayers)
+      sublayer.keep_memory(ctx, scratch, memory, n, memory_slots);
   }
 
   // The key lists of a step, checked against the rows they may name, and
@@ -595,12 +607,15 @@ struct Model::Impl {
     const int R = step.rows(), C = config.d_model, V = config.vocab;
     if (capacity.cache_rows <= 0) throw std::logic_error("decode_step: no key/value cache");
     if (R == 0) return;
-    if (R > capacity.max_tokens || step.first_row < 0 || step.first_row + R > capacity.cache_rows ||
-        static_cast<int>(step.positions.size()) != R)
-      throw std::runtime_error("decode_step: " + std::to_string(R) + " rows at cache row " +
-                               std::to_string(step.first_row) + " exceed the capacity (" +
-                               std::to_string(capacity.max_tokens) + " rows, a cache of " +
-                               std::to_string(capacity.cache_rows) + ")");
+    if (R > capacity.max_tokens || static_cast<int>(step.positions.size()) != R ||
+        static_cast<int>(step.cache_rows.size()) != R)
+      throw std::runtime_error("decode_step: " + std::to_string(R) + " rows exceed the capacity (" +
+                               std::to_string(capacity.max_tokens) +
+                               " rows) or miss positions or cache rows");
+    for (int32_t row : step.cache_rows)
+      if (row < 0 || row >= capacity.cache_rows)
+        throw std::runtime_error("decode_step: cache row " + std::to_string(row) +
+                                 " outside the cache of " + std::to_string(capacity.cache_rows));
     for (int r = 0; r < R; ++r) {
       if (step.tokens[r] < 0 || step.tokens[r] >= V || step.positions[r] < 0 ||
           step.positions[r] >= config.max_len)
@@ -612,15 +627,16 @@ struct Model::Impl {
     ctx.training = false;
     ops.device().upload(dec_seq.ids, step.tokens.data(), R * sizeof(int32_t));
     ops.device().upload(dec_seq.positions, step.positions.data(), R * sizeof(int32_t));
-    const KeyLists self = upload_lists(step.self_starts, step.self_rows, R, step.first_row + R,
+    ops.device().upload(step_cache_rows, step.cache_rows.data(), R * sizeof(int32_t));
+    const KeyLists self = upload_lists(step.self_starts, step.self_rows, R, capacity.cache_rows,
                                        self_starts, self_rows, "self-attention");
     KeyLists cross;
     if (has_encoder) {
-      cross = upload_lists(step.source_starts, step.source_rows, R, memory_rows_.total,
+      cross = upload_lists(step.source_starts, step.source_rows, R, capacity.max_tokens,
                            source_starts, source_rows, "source");
     }
     const Act h = main.decode_forward(ctx, scratch, dec_seq.ids, dec_seq.positions, R,
-                                      step.first_row, self, cross);  // (R, C)
+                                      step_cache_rows, self, cross);  // (R, C)
     // The vocabulary projection of each run of wanted rows, chunk by chunk.
     const size_t row_bytes = static_cast<size_t>(logits_stride) * dtype_bytes(logits.dtype);
     std::vector<unsigned char>& stored = logits_staging;
@@ -854,8 +870,8 @@ void Model::last_logits(const Batch& batch, float* logits) {
   impl_->last_logits(batch, logits);
 }
 
-void Model::decode_sources(const PackedSequences& sources) {
-  impl_->decode_sources(sources);
+void Model::decode_sources(const PackedSequences& sources, const std::vector<int32_t>& rows) {
+  impl_->decode_sources(sources, rows);
 }
 
 void Model::decode_step(const DecodeStep& step, float* logits) {

@@ -30,7 +30,8 @@ struct ModelCapacity {
   Recompute recompute = Recompute::kNone;
   // Decoding (decode_step): rows of the key/value cache of each decoder
   // self-attention layer; 0 for training. max_tokens then bounds the rows
-  // of one decoding step and the encoder rows of decode_sources.
+  // of one decoding step, of one decode_sources and of the kept encoder
+  // memory.
   int cache_rows = 0;
 
   int sequences() const {
@@ -54,18 +55,18 @@ struct ModelMemory {
 };
 
 // One step of incremental decoding (src/model/decoding.cpp builds it): R
-// new decoder rows, each with its token and position, the cache rows its
-// self-attention reads (its own new row last) and, for seq2seq, the encoder
-// rows of its source (as numbered by decode_sources).
+// new decoder rows, each with its token and position, the cache row its
+// keys and values go to, the cache rows its self-attention reads (its own
+// new row last) and, for seq2seq, the memory rows of its source (where
+// decode_sources put them).
 struct DecodeStep {
   std::vector<int32_t> tokens;         // (R)
   std::vector<int32_t> positions;      // (R)
+  std::vector<int32_t> cache_rows;     // (R) distinct, in [0, capacity.cache_rows)
   std::vector<int32_t> self_starts;    // (R+1) into self_rows
   std::vector<int32_t> self_rows;      // cache rows
   std::vector<int32_t> source_starts;  // (R+1) into source_rows (seq2seq)
-  std::vector<int32_t> source_rows;    // encoder rows
-  // The new rows' keys and values go to cache rows [first_row, first_row + R).
-  int first_row = 0;
+  std::vector<int32_t> source_rows;    // memory rows
   // Rows whose next-token logits are wanted, ascending.
   std::vector<int32_t> logit_rows;
   int rows() const { return static_cast<int>(tokens.size()); }
@@ -113,11 +114,12 @@ class Model {
 
   // Incremental decoding (capacity.cache_rows > 0), forward only, dropout
   // off. seq2seq: runs the encoder over `sources` and keeps each
-  // cross-attention layer's keys and values of its rows for the steps that
-  // follow (an lm takes none). decode_step runs the decoder over the step's
-  // new rows only, keeping their keys and values in the cache.
-  // logits: host (step.logit_rows.size(), vocab)
-  void decode_sources(const PackedSequences& sources);
+  // cross-attention layer's keys and values of source row i at memory row
+  // rows[i] (of capacity.max_tokens; the other rows keep theirs) for the
+  // steps that follow (an lm takes none). decode_step runs the decoder over
+  // the step's new rows only, keeping their keys and values in the cache.
+  // rows: host (sources.total()), logits: host (step.logit_rows.size(), vocab)
+  void decode_sources(const PackedSequences& sources, const std::vector<int32_t>& rows);
   void decode_step(const DecodeStep& step, float* logits);
 
   // classify: forward only, dropout off: the K label scores of every

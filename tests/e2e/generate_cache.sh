@@ -58,7 +58,7 @@ same lm-beam4 --checkpoint lm-run/$ckpt --input prompts.txt --beam 4 --max-new-t
 same lm-topk --checkpoint lm-run/$ckpt --input prompts.txt --top-k 20 --seed 9 --max-new-tokens 30
 same rev-greedy --checkpoint rev-run/$ckpt --input reverse.txt
 same rev-beam5 --checkpoint rev-run/$ckpt --input reverse.txt --beam 5
-check "the batched run says how it split the work" grep -q "in [0-9]* batch(es) over 2 ranks" \
+check "the two-rank run says how it shares the work" grep -q "at a time as a key/value cache of [0-9]* rows holds, over 2 ranks" \
   s2s-beam5-np2.err
 
 exit_on_failures
