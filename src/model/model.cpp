@@ -638,9 +638,13 @@ struct Model::Impl {
     const Act h = main.decode_forward(ctx, scratch, dec_seq.ids, dec_seq.positions, R,
                                       step_cache_rows, self, cross);  // (R, C)
     // The vocabulary projection of each run of wanted rows, chunk by chunk.
-    const size_t row_bytes = static_cast<size_t>(logits_stride) * dtype_bytes(logits.dtype);
+    // fp32 rows are written dense and copied straight into `out`; others
+    // are staged and widened.
+    const bool dense = logits.dtype == DType::kF32;
+    const int stride = dense ? V : logits_stride;
+    const size_t row_bytes = static_cast<size_t>(stride) * dtype_bytes(logits.dtype);
     std::vector<unsigned char>& stored = logits_staging;
-    stored.resize(static_cast<size_t>(chunk_rows) * row_bytes);
+    if (!dense) stored.resize(static_cast<size_t>(chunk_rows) * row_bytes);
     const std::vector<int32_t>& wanted = step.logit_rows;
     for (size_t w = 0; w < wanted.size();) {
       if (wanted[w] < 0 || wanted[w] >= R || (w > 0 && wanted[w] <= wanted[w - 1]))
@@ -651,10 +655,14 @@ struct Model::Impl {
         ++n;
       const Act x = h + static_cast<size_t>(wanted[w]) * C;
       ops.matmul_forward(logits, x, params.weight(output_weight), head_bias(), static_cast<int>(n),
-                         C, V, {}, logits_stride);
-      ops.device().copy_to_host(stored.data(), logits.data, n * row_bytes);
-      for (size_t i = 0; i < n; ++i)
-        widen(out + (w + i) * V, stored.data() + i * row_bytes, logits.dtype, V);
+                         C, V, {}, stride);
+      if (dense) {
+        ops.device().copy_to_host(out + w * V, logits.data, n * row_bytes);
+      } else {
+        ops.device().copy_to_host(stored.data(), logits.data, n * row_bytes);
+        for (size_t i = 0; i < n; ++i)
+          widen(out + (w + i) * V, stored.data() + i * row_bytes, logits.dtype, V);
+      }
       w += n;
     }
   }
