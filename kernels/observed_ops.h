@@ -44,6 +44,10 @@ class ObservedOps : public Ops {
 
   void set_deterministic(bool deterministic) override { inner_.set_deterministic(deterministic); }
   void set_batch_invariant(bool on) override { inner_.set_batch_invariant(on); }
+  bool batch_invariant() const override { return inner_.batch_invariant(); }
+  size_t batch_invariant_bytes(size_t weight_floats) const override {
+    return inner_.batch_invariant_bytes(weight_floats);
+  }
   void set_attention_path(AttentionPath path) override { inner_.set_attention_path(path); }
   std::string attention_kernels() const override { return inner_.attention_kernels(); }
   AttentionCalls attention_calls() const override { return inner_.attention_calls(); }

@@ -199,8 +199,15 @@ class Ops {
   // alone: the CPU backend then multiplies on a kernel of its own, since
   // OpenBLAS's bits for a row depend on the rows beside it. The other
   // forward ops are row by row already. A GPU backend may ignore it: its
-  // decoding is exact to rounding only.
+  // decoding is exact to rounding only. While it is on the weights do not
+  // change: the backend may keep what it derives from them (the CPU its
+  // packed copies, batch_invariant_bytes of them) until it is turned off.
   virtual void set_batch_invariant(bool on) { (void)on; }
+  virtual bool batch_invariant() const { return false; }
+  virtual size_t batch_invariant_bytes(size_t weight_floats) const {
+    (void)weight_floats;
+    return 0;
+  }
   // Chooses the attention kernels (--attention). Throws
   // std::runtime_error when the path cannot run here (cudnn without cuDNN).
   virtual void set_attention_path(AttentionPath path);

@@ -1474,6 +1474,26 @@ TEST_F(OpsTest, BatchInvariantMatmulGivesARowTheSameBitsInAnyBatch) {
   }
 }
 
+// What the backend keeps of a weight while batch-invariant (the CPU's
+// packed copy) goes when the switch goes off: new values are read.
+TEST_F(OpsTest, BatchInvariantMatmulReadsWeightsChangedWhileOff) {
+  const int N = 3, IC = 20, OC = 70;
+  const Vec x = random_vec(static_cast<size_t>(N) * IC, 71);
+  Vec w = random_vec(static_cast<size_t>(OC) * IC, 72);
+  Vec first(static_cast<size_t>(N) * OC), second(first.size()), expected(first.size());
+  ops->set_batch_invariant(true);
+  ops->matmul_forward(act(first), act(x), act(w), Act(), N, IC, OC);
+  ops->set_batch_invariant(false);
+  for (float& v : w) v = -2.0f * v;
+  ops->matmul_forward(act(expected), act(x), act(w), Act(), N, IC, OC);
+  ops->set_batch_invariant(true);
+  EXPECT_TRUE(ops->batch_invariant());
+  ops->matmul_forward(act(second), act(x), act(w), Act(), N, IC, OC);
+  ops->set_batch_invariant(false);
+  expect_close(second, expected, 1e-5, 1e-5, "after the weights changed");
+  for (size_t i = 0; i < first.size(); ++i) EXPECT_FLOAT_EQ(second[i], -2.0f * first[i]) << i;
+}
+
 TEST_F(OpsTest, ScatterRowsCopiesEachRowToItsPlace) {
   const int width = 5, src_stride = 7, dst_stride = 6, P = 9;
   const std::vector<int32_t> rows = {4, 0, 8};

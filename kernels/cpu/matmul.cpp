@@ -11,11 +11,13 @@ namespace {
 constexpr int kColumnBlock = 64;
 
 // out (N, OC) rows ldo apart = x (N, IC) @ weight^T + bias, all fp32.
-// batch_invariant: each row on cpu::row_gemm, the same bits in any batch.
+// batch_invariant: each row on cpu::row_gemm, the same bits in any batch
+// (packed: the weight as cpu::pack_weights laid it out, or null).
 void matmul_forward_f32(float* out, int ldo, const float* x, const float* weight, const float* bias,
-                        int N, int IC, int OC, bool batch_invariant) {
+                        int N, int IC, int OC, bool batch_invariant,
+                        const float* packed = nullptr) {
   if (batch_invariant) {
-    cpu::row_gemm(out, ldo, x, weight, bias, N, IC, OC);
+    cpu::row_gemm(out, ldo, x, weight, bias, N, IC, OC, packed);
     return;
   }
   float beta = 0.0f;
@@ -41,6 +43,42 @@ void matmul_forward_f32(float* out, int ldo, const float* x, const float* weight
 
 }  // namespace
 
+// What decoding may keep: packing a weight costs a pass over it on every
+// call, as much as multiplying a few rows by it.
+constexpr size_t kMaxPackedFloats = size_t{1} << 28;  // 1 GiB
+
+void CpuOps::set_batch_invariant(bool on) {
+  if (!on) {
+    packed_weights_.clear();
+    packed_floats_ = 0;
+  }
+  batch_invariant_ = on;
+}
+
+size_t CpuOps::batch_invariant_bytes(size_t weight_floats) const {
+  // Packing pads each weight's outputs to 64: a little more than the weights.
+  return std::min(weight_floats + weight_floats / 16, kMaxPackedFloats) * sizeof(float);
+}
+
+const float* CpuOps::packed_weight(const float* w, int K, int OC) {
+  const auto found = packed_weights_.find(w);
+  if (found != packed_weights_.end() && found->second.K == K && found->second.OC == OC)
+    return found->second.floats.data();
+  const size_t size = cpu::packed_weights_size(K, OC);
+  if (found != packed_weights_.end()) {
+    packed_floats_ -= found->second.floats.size();
+    packed_weights_.erase(found);
+  }
+  if (packed_floats_ + size > kMaxPackedFloats) return nullptr;  // packed call by call
+  Packed& kept = packed_weights_[w];
+  kept.K = K;
+  kept.OC = OC;
+  kept.floats.resize(size);
+  cpu::pack_weights(kept.floats.data(), w, K, OC);
+  packed_floats_ += size;
+  return kept.floats.data();
+}
+
 void CpuOps::matmul_forward(Act out, Act x, Act weight, Act bias, int N, int IC, int OC,
                             const FusedActivation& fused, int out_stride) {
   if (N == 0 || OC == 0) return;
@@ -50,14 +88,16 @@ void CpuOps::matmul_forward(Act out, Act x, Act weight, Act bias, int N, int IC,
   const float* b = f.in(bias, OC);
   const size_t n = static_cast<size_t>(N) * OC;
   const int ldo = out_stride > 0 ? out_stride : OC;
+  // An fp32 weight is itself (not a widened copy): its packing can be kept.
+  const float* packed = batch_invariant_ && w == weight.data ? packed_weight(w, IC, OC) : nullptr;
   if (!fused.pre) {
-    matmul_forward_f32(f.out(out, N, ldo, OC), ldo, xf, w, b, N, IC, OC, batch_invariant_);
+    matmul_forward_f32(f.out(out, N, ldo, OC), ldo, xf, w, b, N, IC, OC, batch_invariant_, packed);
     return;
   }
   // The activation reads the fp32 pre-activation, not its rounded copy.
   // pre is dense (N, OC); out keeps its row stride.
   float* pre = f.out(fused.pre, n);
-  matmul_forward_f32(pre, OC, xf, w, b, N, IC, OC, batch_invariant_);
+  matmul_forward_f32(pre, OC, xf, w, b, N, IC, OC, batch_invariant_, packed);
   if (ldo == OC) {
     cpu::activation_forward(f.out(out, n), pre, n, fused.act);
     return;

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -47,9 +48,13 @@ void sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const f
            const float* B, int ldb, float beta, float* C, int ldc);
 // out (N, OC) rows ldo apart = x (N, K) @ w^T (w: (OC, K)) + bias (or null),
 // each row in an order fixed by K alone, whatever rows share the call
-// (row_gemm.cpp): the batch-invariant GEMM of decoding.
+// (row_gemm.cpp): the batch-invariant GEMM of decoding. packed: w as
+// pack_weights laid it out, or null (packed call by call).
 void row_gemm(float* out, int ldo, const float* x, const float* w, const float* bias, int N, int K,
-              int OC);
+              int OC, const float* packed = nullptr);
+// w (OC, K) laid out for row_gemm: packed (packed_weights_size(K, OC)).
+size_t packed_weights_size(int K, int OC);
+void pack_weights(float* packed, const float* w, int K, int OC);
 
 }  // namespace cpu
 
@@ -99,7 +104,10 @@ class CpuOps final : public Ops {
                         const KeyLists& keys, const AttentionConfig& cfg) override;
   void scatter_rows(Act dst, int dst_stride, Act src, int src_stride, const int32_t* rows, int n,
                     int width) override;
-  void set_batch_invariant(bool on) override { batch_invariant_ = on; }
+  // (matmul.cpp)
+  void set_batch_invariant(bool on) override;
+  bool batch_invariant() const override { return batch_invariant_; }
+  size_t batch_invariant_bytes(size_t weight_floats) const override;
 
   // ---- loss (cross_entropy.cpp) --------------------------------------------
   void cross_entropy(Act logits, const int32_t* targets, int N, int V, float smoothing, int pad_id,
@@ -194,6 +202,15 @@ class CpuOps final : public Ops {
   std::vector<float> float_scratch_;    // attention P and dS per thread; layer-norm partial sums
   std::vector<double> double_scratch_;  // per-row / per-chunk partial sums (deterministic order)
   bool batch_invariant_ = false;        // set_batch_invariant: matmul_forward on cpu::row_gemm
+  // While batch-invariant: row_gemm's packed copy of each fp32 weight, by its
+  // address (the weights do not change meanwhile), up to kMaxPackedFloats.
+  struct Packed {
+    int K = 0, OC = 0;
+    std::vector<float> floats;
+  };
+  const float* packed_weight(const float* w, int K, int OC);
+  std::unordered_map<const float*, Packed> packed_weights_;
+  size_t packed_floats_ = 0;
 };
 
 }  // namespace mpiformer

@@ -129,28 +129,47 @@ const BlockKernel kBlocks[kBlockRows + 1] = {nullptr,          block_of_rows<1>,
                                              block_of_rows<3>, block_of_rows<4>, block_of_rows<5>,
                                              block_of_rows<6>};
 
+int tasks_of(int OC) {
+  return (OC + kOutputsPerTask - 1) / kOutputsPerTask;
+}
+
 }  // namespace
 
+size_t packed_weights_size(int K, int OC) {
+  return static_cast<size_t>(tasks_of(OC)) * kOutputsPerTask * K;
+}
+
+void pack_weights(float* packed, const float* w, int K, int OC) {
+  const int tasks = tasks_of(OC);
+#pragma omp parallel for schedule( \
+    dynamic, 1) if (tasks > 1 && worth_threading(static_cast <size_t>(OC) * K))
+  for (int task = 0; task < tasks; ++task) {
+    const int o0 = task * kOutputsPerTask;
+    pack_task(packed + static_cast<size_t>(o0) * K, w, K, o0, std::min(OC, o0 + kOutputsPerTask));
+  }
+}
+
 void row_gemm(float* out, int ldo, const float* x, const float* w, const float* bias, int N, int K,
-              int OC) {
+              int OC, const float* packed) {
   if (N <= 0 || OC <= 0) return;
-  const int tasks = (OC + kOutputsPerTask - 1) / kOutputsPerTask;
+  const int tasks = tasks_of(OC);
   const bool threaded =
       tasks > 1 && worth_threading(static_cast<size_t>(N) * OC * std::max(K, 1) / 64);
-  // A task packs a run of outputs' weights and takes them over every row:
-  // they stay in cache.
+  // A task takes a run of outputs' packed weights over every row: they stay
+  // in cache. Without `packed` it packs them first.
 #pragma omp parallel if (threaded)
   {
     // (panels, K, kPanel); kept by the thread from call to call: no
     // allocation (and no page faults) per call.
-    thread_local std::vector<float> packed;
-    if (packed.size() < static_cast<size_t>(kOutputsPerTask) * K)
-      packed.resize(static_cast<size_t>(kOutputsPerTask) * K);
+    thread_local std::vector<float> own;
+    if (!packed && own.size() < static_cast<size_t>(kOutputsPerTask) * K)
+      own.resize(static_cast<size_t>(kOutputsPerTask) * K);
 #pragma omp for schedule(dynamic, 1)
     for (int task = 0; task < tasks; ++task) {
       const int o0 = task * kOutputsPerTask;
       const int o1 = std::min(OC, o0 + kOutputsPerTask);
-      pack_task(packed.data(), w, K, o0, o1);
+      const float* panels = packed ? packed + static_cast<size_t>(o0) * K : own.data();
+      if (!packed) pack_task(own.data(), w, K, o0, o1);
       for (int i0 = 0; i0 < N; i0 += kBlockRows) {
         const int rows = std::min(kBlockRows, N - i0);
         const float* xs[kBlockRows];
@@ -158,7 +177,7 @@ void row_gemm(float* out, int ldo, const float* x, const float* w, const float* 
         for (int p0 = o0; p0 < o1; p0 += kPanel) {
           float* outs[kBlockRows];
           for (int r = 0; r < rows; ++r) outs[r] = out + static_cast<size_t>(i0 + r) * ldo + p0;
-          const float* panel = packed.data() + static_cast<size_t>(p0 - o0) * K;  // (K, kPanel)
+          const float* panel = panels + static_cast<size_t>(p0 - o0) * K;  // (K, kPanel)
           const float* b = bias ? bias + p0 : nullptr;
           const int count = std::min(kPanel, o1 - p0);
           kBlocks[rows](outs, xs, panel, b, K, count);

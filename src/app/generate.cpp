@@ -32,6 +32,7 @@
 #include "src/model/decoding.h"
 #include "src/model/model.h"
 #include "src/parallel/agreement.h"
+#include "src/parallel/rank_device.h"
 #include "src/train/memory_budget.h"
 
 namespace mpiformer {
@@ -293,7 +294,9 @@ std::unique_ptr<Setup> prepare_setup(const GenerateConfig& cfg, const Communicat
   }
   const ModelCapacity room = plan_capacity(cfg, run.model, *setup);
 
-  setup->ops = make_cpu_ops(cfg.threads > 0 ? cfg.threads : comm.cores_per_local_rank());
+  // The device line goes to stderr: stdout may carry the outputs.
+  setup->ops = make_ops(cfg.device, cfg.threads > 0 ? cfg.threads : comm.cores_per_local_rank(),
+                        comm, false, stderr);
   Ops& ops = *setup->ops;
   // The sentences decoding together stay within --max-tokens; a cache
   // larger than that holds one sentence whose beams alone are too many.

@@ -20,8 +20,9 @@ constexpr const char* kGenerateSynopsis =
     "kept in the checkpoint; a checkpoint of a synthetic task reads and writes token ids.\n"
     "With --data, a seq2seq checkpoint translates the source sentences of a split in order and\n"
     "--references gets their targets, so that `sacrebleu REF < HYP` scores the output.\n"
-    "Inputs decode in batches, shortest first, written back in input order; under mpirun the\n"
-    "ranks share the batches and rank 0 writes the output.";
+    "Inputs decode many at a time, shortest first, each finished one making room for the\n"
+    "next, written back in input order; under mpirun the ranks share the inputs and rank 0\n"
+    "writes the output.";
 
 void add_generate_flags(FlagTable& t, GenerateConfig* c) {
   t.group("Generation");
@@ -47,6 +48,9 @@ void add_generate_flags(FlagTable& t, GenerateConfig* c) {
   t.add("cache", &c->cache, "BOOL",
         "keep each layer's keys and values between steps (false: recompute every prefix at "
         "every step, the slow reference; the same output)");
+  t.add_choice("device", &c->device, {{"cpu", DeviceKind::kCpu}, {"cuda", DeviceKind::kCuda}},
+               "where the model runs, in fp32 (cuda: the GPU of the rank's local rank; the CPU "
+               "gives the same tokens alone or with others, a GPU to rounding)");
   add_cpu_flags(t, &c->threads, "CPU threads (0: all cores)", &c->blas_core);
 }
 
@@ -74,7 +78,8 @@ void finish_generate(const std::set<std::string>& given, GenerateConfig* cfg) {
   require_at_least("--max-new-tokens", cfg->max_new_tokens, 0);
   require_at_least("--top-k", cfg->top_k, 0);
   require_at_least("--max-tokens", cfg->max_tokens, 1);
-  validate_cpu(cfg->threads, cfg->blas_core);
+  validate_device(cfg->device, Precision::kFp32, false, cfg->threads, cfg->blas_core,
+                  AttentionPath::kAuto);
   require_positive("--temperature", cfg->temperature);
   require_non_negative("--length-alpha", cfg->length_alpha);
   if (cfg->top_k > 0 && cfg->beam > 1) usage_error("--top-k", "sampling takes no --beam");

@@ -245,7 +245,8 @@ struct GenerateConfig {
   float temperature = 1.0f;
   uint64_t seed = 1;
   bool cache = true;       // false: recompute every prefix at every step (the reference)
-  int max_tokens = 16384;  // key/value cache rows a batch of sentences may fill
+  int max_tokens = 16384;  // key/value cache rows the sentences decoding together may fill
+  DeviceKind device = DeviceKind::kCpu;  // fp32 on either
   int threads = 0;
   std::string blas_core = "auto";
 };

@@ -367,6 +367,8 @@ void decode(Model& model, const std::vector<std::vector<int32_t>>& inputs,
     s.rng = KeyedRng(mix64(seeds[i] ^ 0x5A4D504C45ull));
   }
   RowPool cache_pool(room.cache_rows), memory_pool(seq2seq ? room.max_tokens : 0);
+  // The weights stay as they are: the backend keeps what it derives from them.
+  const Model::DecodingSession session(model);
   // The encoder over these sentences' sources, each given its memory rows.
   const auto encode = [&](const std::vector<size_t>& which) {
     PackedSequences sources;

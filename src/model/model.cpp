@@ -543,10 +543,14 @@ struct Model::Impl {
   // ---- decoding ----
 
   // Decoding runs batch-invariant (src/model/decoding.h), training does not.
+  // On for one call, unless a DecodingSession holds it on already.
   struct BatchInvariant {
     Ops& ops;
-    explicit BatchInvariant(Ops& o) : ops(o) { ops.set_batch_invariant(true); }
-    ~BatchInvariant() { ops.set_batch_invariant(false); }
+    bool was;
+    explicit BatchInvariant(Ops& o) : ops(o), was(o.batch_invariant()) {
+      ops.set_batch_invariant(true);
+    }
+    ~BatchInvariant() { ops.set_batch_invariant(was); }
   };
 
   void decode_sources(const PackedSequences& sources, const std::vector<int32_t>& rows) {
@@ -850,6 +854,8 @@ ModelMemory Model::measure(Ops& ops, const ModelConfig& config, const ModelCapac
   ModelMemory m;
   m.parameters = params.count();
   m.activation_bytes = impl.arena.total_bytes();
+  // Decoding: and what the backend keeps of the weights while it decodes.
+  if (capacity.cache_rows > 0) m.activation_bytes += ops.batch_invariant_bytes(params.count());
   m.upload_bytes = impl.upload_bytes;
   return m;
 }
@@ -880,6 +886,15 @@ void Model::last_logits(const Batch& batch, float* logits) {
 
 void Model::decode_sources(const PackedSequences& sources, const std::vector<int32_t>& rows) {
   impl_->decode_sources(sources, rows);
+}
+
+Model::DecodingSession::DecodingSession(Model& model)
+    : ops_(model.impl_->ops), was_(ops_.batch_invariant()) {
+  ops_.set_batch_invariant(true);
+}
+
+Model::DecodingSession::~DecodingSession() {
+  ops_.set_batch_invariant(was_);
 }
 
 void Model::decode_step(const DecodeStep& step, float* logits) {

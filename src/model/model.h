@@ -121,6 +121,21 @@ class Model {
   // rows: host (sources.total()), logits: host (step.logit_rows.size(), vocab)
   void decode_sources(const PackedSequences& sources, const std::vector<int32_t>& rows);
   void decode_step(const DecodeStep& step, float* logits);
+  // Holds the backend batch-invariant (Ops::set_batch_invariant) from
+  // construction to destruction, so that what it derives from the weights
+  // (the CPU's packed copies) lasts from one decoding call to the next. The
+  // weights must not change meanwhile.
+  class DecodingSession {
+   public:
+    explicit DecodingSession(Model& model);
+    ~DecodingSession();
+    DecodingSession(const DecodingSession&) = delete;
+    DecodingSession& operator=(const DecodingSession&) = delete;
+
+   private:
+    Ops& ops_;
+    bool was_;
+  };
 
   // classify: forward only, dropout off: the K label scores of every
   // sequence (batch.targets and label_targets are not read).

@@ -45,7 +45,8 @@ void note_blas_kernels_across_ranks(const Communicator& comm) {
 
 }  // namespace
 
-std::unique_ptr<Ops> make_ops(DeviceKind device, int threads, const Communicator& comm, bool tf32) {
+std::unique_ptr<Ops> make_ops(DeviceKind device, int threads, const Communicator& comm, bool tf32,
+                              std::FILE* report) {
   if (device == DeviceKind::kCpu) {
     if (comm.size() > 1) note_blas_kernels_across_ranks(comm);
     return checked_if_asked(make_cpu_ops(threads), comm);
@@ -56,9 +57,9 @@ std::unique_ptr<Ops> make_ops(DeviceKind device, int threads, const Communicator
   std::unique_ptr<Ops> ops = make_cuda_ops(gpu, tf32);
   char host[256] = {};
   gethostname(host, sizeof host - 1);
-  say(stdout, "[rank %d] %s: %s (local rank %d of %d, %d GPU(s) visible)\n", comm.rank(), host,
+  say(report, "[rank %d] %s: %s (local rank %d of %d, %d GPU(s) visible)\n", comm.rank(), host,
       ops->device().name().c_str(), comm.local_rank(), comm.local_size(), count);
-  std::fflush(stdout);
+  std::fflush(report);
   return checked_if_asked(std::move(ops), comm);
 }
 

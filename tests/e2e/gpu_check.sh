@@ -3,7 +3,10 @@
 # any device time is spent, a missing bundle is one clear line, and, on a
 # stand-in bundle whose op test fails, a failed stage runs again once with
 # MPIFORMER_CUDA_CHECK=1, the failing tests go to compute-sanitizer, and a
-# device command ($OUT set) gets the summary and every log back.
+# device command ($OUT set) gets the summary and every log back. And the
+# decode stage on a stand-in bundle that runs this build on the CPU: its
+# training, decoding and comparisons go through (the "GPU" is the CPU, so
+# every line agrees).
 source "$(dirname "$0")/common.sh"
 root=$(cd "$(dirname "$0")/../.." && pwd)
 work=$2
@@ -73,4 +76,22 @@ done
 check "the checked log names the op" \
   bash -c "tar xzOf '$work/device-out/logs.tar.gz' ./ops.check.log | grep -q 'after attention_backward (bf16'"
 check "nothing else in \$OUT" test "$(ls "$work/device-out" | tr '\n' ' ')" == "logs.tar.gz summary.txt "
+
+cpu_tree=$work/cpu-tree
+mkdir -p "$cpu_tree/scripts" "$cpu_tree/device-bundle" && cp "$root/scripts/gpu-check" "$cpu_tree/scripts/"
+cat >"$cpu_tree/device-bundle/run" <<SH
+#!/usr/bin/env bash
+# The build's mpiformer, --device cuda read as cpu.
+shift
+args=()
+for a in "\$@"; do [[ \$a == cuda ]] && a=cpu; args+=("\$a"); done
+exec "$1" "\${args[@]}"
+SH
+chmod +x "$cpu_tree/device-bundle/run"
+rc=0
+GPU_CHECK_SECONDS=400 "$cpu_tree/scripts/gpu-check" decode >"$out" 2>"$err" || rc=$?
+summary=$cpu_tree/gpu-check-out/summary.txt
+check "decode on a CPU stand-in: exit 0 ($rc)" test "$rc" -eq 0
+check "  four decodings, each line the same on both and cached or recomputed" \
+  test "$(grep -c '^decode .*: exit 0; GPU lines equal to the CPU.s 400/400, GPU cached equal to recomputed 400/400;' "$summary")" -eq 4
 exit_on_failures
