@@ -480,6 +480,7 @@ int run_generate(const GenerateConfig& cfg, Communicator& comm) {
   // Alone, rank 0 writes the lines as they come (in input order); with
   // others, it writes once every rank has sent its own.
   std::vector<std::pair<size_t, std::string>> mine;
+  const auto decoding_start = std::chrono::steady_clock::now();
   code = agree(comm, attempt(
                          comm,
                          [&] {
@@ -502,6 +503,8 @@ int run_generate(const GenerateConfig& cfg, Communicator& comm) {
   if (comm.is_root() && comm.size() > 1) {
     for (auto& [index, text] : mine) outputs->set(index, std::move(text));
   }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - decoding_start).count();
   return agree_on_root(
       comm,
       [&] {
@@ -510,10 +513,13 @@ int run_generate(const GenerateConfig& cfg, Communicator& comm) {
         ExitOnStop::finish();
         outputs->commit();
         if (!cfg.output.empty()) {
-          std::cerr << "mpiformer generate: " << setup->inputs.size() << " line(s) to "
-                    << cfg.output
+          const size_t lines = setup->inputs.size();
+          char rate[96];
+          std::snprintf(rate, sizeof rate, " (%.2f s of decoding, %.1f lines/s)", seconds,
+                        seconds > 0 ? static_cast<double>(lines) / seconds : 0.0);
+          std::cerr << "mpiformer generate: " << lines << " line(s) to " << cfg.output
                     << (cfg.references.empty() ? "" : ", their references to " + cfg.references)
-                    << std::endl;
+                    << rate << std::endl;
         }
         return 0;
       },
