@@ -294,9 +294,12 @@ std::unique_ptr<Setup> prepare_setup(const GenerateConfig& cfg, const Communicat
   }
   const ModelCapacity room = plan_capacity(cfg, run.model, *setup);
 
-  // The device line goes to stderr: stdout may carry the outputs.
-  setup->ops = make_ops(cfg.device, cfg.threads > 0 ? cfg.threads : comm.cores_per_local_rank(),
-                        comm, false, stderr);
+  // make_ops on the CPU compares the ranks' BLAS kernels, a collective that
+  // a rank refusing its inputs here would leave the others waiting in. A
+  // GPU's device line goes to stderr: stdout may carry the outputs.
+  const int threads = cfg.threads > 0 ? cfg.threads : comm.cores_per_local_rank();
+  setup->ops = cfg.device == DeviceKind::kCpu ? make_cpu_ops(threads)
+                                              : make_ops(cfg.device, threads, comm, false, stderr);
   Ops& ops = *setup->ops;
   // The sentences decoding together stay within --max-tokens; a cache
   // larger than that holds one sentence whose beams alone are too many.
