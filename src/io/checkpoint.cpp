@@ -184,6 +184,8 @@ void write_checkpoint_attributes(hid_t root, const CheckpointState& state, const
                        faults);
   hdf5::write_special_token_attrs(root, state.special, faults);
   if (!state.run_id.empty()) hdf5::write_string_attr(root, "run_id", state.run_id, faults);
+  if (!state.progress_window.empty())
+    hdf5::write_string_attr(root, "progress_window", state.progress_window, faults);
 }
 
 std::vector<hsize_t> checkpoint_chunk_dims(const std::vector<hsize_t>& dims) {
@@ -440,6 +442,9 @@ CheckpointState read_checkpoint_state(const std::string& path) {
   state.special = hdf5::read_special_token_attrs(root, state.vocab_size, faults);
   if (hdf5::attr_exists(root, "run_id", faults)) {
     state.run_id = hdf5::read_string_attr(root, "run_id", faults);
+  }
+  if (hdf5::attr_exists(root, "progress_window", faults)) {
+    state.progress_window = hdf5::read_string_attr(root, "progress_window", faults);
   }
   if (hdf5::link_exists(root, "tokenizer", faults)) {
     state.tokenizer = hdf5::read_bytes_dataset(root, "tokenizer", faults);

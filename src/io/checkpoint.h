@@ -86,6 +86,12 @@ struct CheckpointState {
   // The run that wrote it (RUNDIR/config.ini's run id); "" for a file of a
   // version that had no run ids, and not written when "".
   std::string run_id;
+
+  // The progress line's figures of the steps since the last line, every
+  // rank's (ProgressWindow::save in src/train/progress.h), so that the
+  // first line after a resume covers the same steps as without the stop;
+  // "" in files of earlier versions, and not written when "".
+  std::string progress_window;
 };
 
 // Writes every tensor of `params` and its moments to `path`: the data goes

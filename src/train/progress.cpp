@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <sstream>
+#include <stdexcept>
 
 #include "src/loss/cross_entropy.h"
 #include "src/train/held_out.h"
@@ -11,6 +14,7 @@ namespace mpiformer {
 
 void ProgressWindow::restart() {
   start_ = Clock::now();
+  carried_s_ = 0.0;
   sums_ = LossSums{};
   std::fill(label_counts_.begin(), label_counts_.end(), 0);
   reduce_ = ReduceTiming{};
@@ -35,6 +39,118 @@ void ProgressWindow::add_step(const LossSums& local, const ReduceTiming& reduce)
   ++steps_;
 }
 
+namespace {
+
+// A rank's row of the saved window: these figures, then its label counts.
+// The first kAdditive add up over ranks; the rest are every rank's alike
+// (steps are counted by each rank) or its own clock.
+enum Figure {
+  kLoss, kNll, kTokens, kCorrect, kRealTokens, kPaddedTokens, kWaitS, kInFlightS, kHiddenS,
+  kAdditive,
+  kSteps = kAdditive, kEmptySteps, kOverflows, kNonFinite, kWallS, kOtherS,
+  kFigures
+};
+constexpr const char* kWindowFormat = "mpiformer-progress-window 1";
+
+}  // namespace
+
+std::string ProgressWindow::save(const Communicator& comm) const {
+  const int W = comm.size(), rank = comm.rank();
+  const int labels = comm.max(static_cast<int>(label_counts_.size()));
+  const int F = kFigures + labels;
+  // (W, F): each rank fills its own row of zeros, and the sum is every row.
+  std::vector<double> rows(static_cast<size_t>(W) * F, 0.0);
+  double* row = rows.data() + static_cast<size_t>(rank) * F;
+  row[kLoss] = sums_.loss;
+  row[kNll] = sums_.nll;
+  row[kTokens] = static_cast<double>(sums_.tokens);
+  row[kCorrect] = static_cast<double>(sums_.correct);
+  row[kRealTokens] = static_cast<double>(real_tokens_);
+  row[kPaddedTokens] = static_cast<double>(padded_tokens_);
+  row[kWaitS] = reduce_.wait_s;
+  row[kInFlightS] = reduce_.in_flight_s;
+  row[kHiddenS] = reduce_.hidden_s;
+  row[kSteps] = steps_;
+  row[kEmptySteps] = empty_steps_;
+  row[kOverflows] = overflows_;
+  row[kNonFinite] = non_finite_;
+  row[kWallS] = carried_s_ + std::chrono::duration<double>(Clock::now() - start_).count();
+  row[kOtherS] = other_s_;
+  for (size_t i = 0; i < label_counts_.size(); ++i)
+    row[kFigures + i] = static_cast<double>(label_counts_[i]);
+  comm.allreduce_sum(rows.data(), W * F);
+  // Hexadecimal floats: the text gives back every bit.
+  std::string text = std::string(kWindowFormat) + "\nranks " + std::to_string(W) + " labels " +
+                     std::to_string(labels) + "\n";
+  char buf[40];
+  for (int r = 0; r < W; ++r) {
+    for (int f = 0; f < F; ++f) {
+      std::snprintf(buf, sizeof buf, f == 0 ? "%a" : " %a", rows[static_cast<size_t>(r) * F + f]);
+      text += buf;
+    }
+    text += "\n";
+  }
+  return text;
+}
+
+void ProgressWindow::restore(const std::string& text, const Communicator& comm) {
+  restart();
+  if (text.empty()) return;
+  const auto fail = [](const std::string& what) {
+    throw std::runtime_error("the checkpoint's progress_window: " + what);
+  };
+  std::istringstream in(text);
+  std::string format, word;
+  std::getline(in, format);
+  if (format != kWindowFormat) fail("unknown format '" + format + "'");
+  int saved_ranks = 0, labels = 0;
+  std::string labels_word;
+  if (!(in >> word >> saved_ranks >> labels_word >> labels) || word != "ranks" ||
+      labels_word != "labels" || saved_ranks < 1 || labels < 0) {
+    fail("no 'ranks N labels L' line");
+  }
+  const int F = kFigures + labels;
+  std::vector<double> rows(static_cast<size_t>(saved_ranks) * F);
+  for (double& v : rows) {
+    std::string token;
+    if (!(in >> token)) fail("fewer values than " + std::to_string(rows.size()));
+    char* end = nullptr;
+    v = std::strtod(token.c_str(), &end);
+    if (end == token.c_str() || *end != '\0') fail("'" + token + "' is not a number");
+  }
+  // The same ranks: each its own row. Others: rank 0 the sums of the
+  // additive figures, every rank rank 0's counts and clock.
+  std::vector<double> mine(F, 0.0);
+  if (saved_ranks == comm.size()) {
+    std::copy_n(rows.begin() + static_cast<ptrdiff_t>(comm.rank()) * F, F, mine.begin());
+  } else {
+    std::copy_n(rows.begin(), F, mine.begin());
+    for (int f = 0; f < F; ++f) {
+      if (f >= kAdditive && f < kFigures) continue;
+      double sum = 0.0;
+      for (int r = 0; r < saved_ranks; ++r) sum += rows[static_cast<size_t>(r) * F + f];
+      mine[f] = comm.is_root() ? sum : 0.0;
+    }
+  }
+  sums_.loss = mine[kLoss];
+  sums_.nll = mine[kNll];
+  sums_.tokens = static_cast<int64_t>(mine[kTokens]);
+  sums_.correct = static_cast<int64_t>(mine[kCorrect]);
+  real_tokens_ = static_cast<int64_t>(mine[kRealTokens]);
+  padded_tokens_ = static_cast<int64_t>(mine[kPaddedTokens]);
+  reduce_.wait_s = mine[kWaitS];
+  reduce_.in_flight_s = mine[kInFlightS];
+  reduce_.hidden_s = mine[kHiddenS];
+  steps_ = static_cast<int>(mine[kSteps]);
+  empty_steps_ = static_cast<int>(mine[kEmptySteps]);
+  overflows_ = static_cast<int>(mine[kOverflows]);
+  non_finite_ = static_cast<int>(mine[kNonFinite]);
+  carried_s_ = mine[kWallS];
+  other_s_ = mine[kOtherS];
+  label_counts_.assign(static_cast<size_t>(labels), 0);
+  for (int i = 0; i < labels; ++i) label_counts_[i] = static_cast<int64_t>(mine[kFigures + i]);
+}
+
 std::string format_duration(double seconds) {
   const long long s = std::llround(std::max(0.0, seconds));
   char buf[48];
@@ -51,7 +167,8 @@ ProgressWindow::Line ProgressWindow::close(int64_t step, int64_t total_steps, fl
                                            const Position& at, const Communicator& comm) {
   const int W = comm.size();
   const LossSummary train = summarize(allreduce(comm, sums_), allreduce(comm, label_counts_));
-  const double seconds = std::chrono::duration<double>(Clock::now() - start_).count();
+  const double seconds =
+      carried_s_ + std::chrono::duration<double>(Clock::now() - start_).count();
   const double real = static_cast<double>(comm.allreduce_sum(real_tokens_));
   const double padded = static_cast<double>(comm.allreduce_sum(padded_tokens_));
   double reduce_sums[3] = {reduce_.wait_s, reduce_.in_flight_s, reduce_.hidden_s};

@@ -38,6 +38,21 @@ class ProgressWindow {
   // evaluation): the step time is the rest of the window's wall time.
   void add_other_time(double seconds) { other_s_ += seconds; }
   int steps() const { return steps_; }
+  // The window's clock starts now: the training loop calls it before its
+  // first step, so start-up (reading shards, building the model, restoring a
+  // checkpoint) is no step's time.
+  void start_clock() { start_ = Clock::now(); }
+
+  // Collective: every rank's figures of the window so far, as the text a
+  // checkpoint keeps (its attribute progress_window). A run resumed from it
+  // with restore() prints and logs at its next line what a run that never
+  // stopped prints: the same steps, tokens and sums, bit for bit on the same
+  // number of ranks (on another, rank 0 takes the window's global sums, so
+  // the counts are exact and the float sums are added in another order).
+  std::string save(const Communicator& comm) const;
+  // Restores save()'s text ("" leaves the window empty). Throws
+  // std::runtime_error for a text it cannot read.
+  void restore(const std::string& text, const Communicator& comm);
 
   struct Line {
     TrainRow row;      // global figures (every rank)
@@ -59,6 +74,7 @@ class ProgressWindow {
   void restart();
 
   Clock::time_point start_;
+  double carried_s_ = 0.0;  // wall seconds of the window before a resume
   LossSums sums_;
   std::vector<int64_t> label_counts_;  // (3 K) zlpr classifiers; empty otherwise
   ReduceTiming reduce_;

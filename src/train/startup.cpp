@@ -94,6 +94,7 @@ void broadcast_start(const Communicator& comm, StartPoint* start) {
   s.seed = r.seed;
   s.loss_scale = r.loss_scale;
   s.loss_scale_good_steps = r.loss_scale_good_steps;
+  comm.broadcast(&s.progress_window, 0);
 }
 
 // The batching flags of this run that differ from the checkpoint's run

@@ -54,6 +54,8 @@ class Trainer {
   // The progress line and its metrics.h5 row. Returns 0 or an exit code
   // (metrics.h5 could not be written).
   int log_progress(int64_t step);
+  // A GPU step leaves its loss sums on the device: into the window now.
+  void take_device_sums();
   // Every rank writes its part of the checkpoint (collectively). Returns 0,
   // or kExitDiverged when the state holds a NaN or an infinity (nothing is
   // written), or kExitFailure when the write failed on any rank.
@@ -84,7 +86,15 @@ int Trainer::run() {
   const int rank = comm_.rank(), world = comm_.size();
   if (run_.metrics) elapsed_before_ = run_.metrics->elapsed_before();
   state_.window.show_nll(cfg.label_smoothing > 0.0f);
+  // The steps since the last progress line before a stop are in the
+  // checkpoint: the next line covers them as if the run had not stopped.
+  if (run_.start.resumed) {
+    const bool restored =
+        agreed(comm_, [&] { state_.window.restore(run_.start.state.progress_window, comm_); });
+    if (!restored) return kExitFailure;
+  }
   loop_start_ = Clock::now();
+  state_.window.start_clock();
 
   const StopSignals stop_signals;
   run_.source->prefetch(run_.cursor.first, run_.cursor.stride);
@@ -143,13 +153,16 @@ int Trainer::run() {
   return evaluate_and_log(cfg.steps, true);
 }
 
+void Trainer::take_device_sums() {
+  if (run_.check_each_step) return;
+  state_.window.add_step_sums(run_.model->take_train_sums());
+  state_.window.add_label_counts(run_.model->take_label_counts(/*train=*/true));
+}
+
 int Trainer::log_progress(int64_t step) {
-  if (!run_.check_each_step) {
-    state_.window.add_step_sums(run_.model->take_train_sums());
-    state_.window.add_label_counts(run_.model->take_label_counts(/*train=*/true));
-    if (state_.measured_scale > 0.0f)
-      state_.grad_norm = run_.optimizer->measured_norm() / state_.measured_scale;
-  }
+  take_device_sums();
+  if (!run_.check_each_step && state_.measured_scale > 0.0f)
+    state_.grad_norm = run_.optimizer->measured_norm() / state_.measured_scale;
   ProgressWindow::Position at;
   at.elapsed_s = elapsed_s();
   const int64_t done = step - run_.cursor.first_step + 1;  // steps of this job
@@ -212,8 +225,11 @@ int Trainer::save(int64_t step) {
     slice.v = run_.optimizer->v() + slice.begin;
   }
   slice.params = params.master_at(slice.begin);  // sliced masters: exactly the slice
+  CheckpointState state = checkpoint_state(step);
+  take_device_sums();
+  state.progress_window = state_.window.save(comm_);
   const SavedCheckpoint saved = save_checkpoint_collectively(
-      comm_, run_.cfg.out_dir, params, slice, checkpoint_state(step), run_.cfg.keep_checkpoints,
+      comm_, run_.cfg.out_dir, params, slice, state, run_.cfg.keep_checkpoints,
       CheckpointWriteFault{faults_.fail_in_checkpoint_step, faults_.fail_in_checkpoint_rank});
   if (saved.code) return saved.code;
   if (comm_.is_root()) {
@@ -291,9 +307,7 @@ void Trainer::log_eval_on_root(int64_t step, bool final_eval, const LossSummary&
 
 int train(const TrainConfig& flags, const Communicator& comm, const ConfigText& config_text,
           const FaultInjection& faults) {
-  const Clock::time_point job_start = Clock::now();
-  // The first progress window's clock starts here: its line's time counts
-  // the start-up too.
+  const Clock::time_point job_start = Clock::now();  // elapsed_s counts the start-up
   StepState state(flags.on_divergence);
   if (!comm.is_root()) detach_run_log();  // rank 0 keeps the run's log
   const Started started = start_run(flags, comm, config_text, faults);
