@@ -35,8 +35,17 @@ class MetricsTest : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  static RunAttributes attrs(int world_size) {
-    return {"[model]\nkind = lm\n", "lm", world_size, "2 x cpu", "mpiformer x", "abc123", ""};
+  // A multi-label classifier's attributes by default: its files hold the
+  // label figures.
+  static RunAttributes attrs(int world_size, bool label_figures = true) {
+    return {"[model]\nkind = classify\n",
+            "classify",
+            world_size,
+            "2 x cpu",
+            "mpiformer x",
+            "abc123",
+            "",
+            label_figures};
   }
   // Row of step s: every column a distinct function of s.
   static TrainRow train_row(int64_t s) {
@@ -163,6 +172,36 @@ TEST_F(MetricsTest, RowsAndAttributesReadBackExactly) {
             "\"elapsed_s\": 41, \"micro_precision\": null, \"micro_recall\": null, "
             "\"micro_f1\": null, \"macro_precision\": null, \"macro_recall\": null, "
             "\"macro_f1\": null}");
+}
+
+// Other models than multi-label classifiers have no label figures: their
+// files and lines hold no such columns, and readers see them as NaN.
+TEST_F(MetricsTest, OnlyAMultiLabelClassifierHasLabelColumns) {
+  {
+    MetricsLog log(path_, attrs(1, /*label_figures=*/false), -1);
+    log.append(train_row(10));
+    log.append(eval_row(10));
+  }
+  {
+    hdf5::Session session;
+    const hid_t file = H5Fopen(path_.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    ASSERT_GE(file, 0);
+    EXPECT_GT(H5Lexists(file, "/train/hidden_share", H5P_DEFAULT), 0);
+    for (const char* name : {"/train/micro_f1", "/train/macro_recall", "/eval/micro_precision"})
+      EXPECT_EQ(H5Lexists(file, name, H5P_DEFAULT), 0) << name;
+    H5Fclose(file);
+  }
+  const MetricsTable t = read_metrics(path_);
+  EXPECT_FALSE(t.attrs.label_figures);
+  ASSERT_EQ(t.train_rows.size(), 1u);
+  ASSERT_EQ(t.train_rows[0].size(), 21u);
+  EXPECT_EQ(t.train_rows[0][14], 0.5);  // hidden_share
+  EXPECT_TRUE(std::isnan(t.train_rows[0][17]));
+  for (const std::string& line : lines_of((dir_ / "metrics.jsonl").string()))
+    EXPECT_EQ(line.find("micro"), std::string::npos) << line;
+  const std::string classifier = (dir_ / "classifier.h5").string();
+  { MetricsLog log(classifier, attrs(1), -1); }
+  EXPECT_TRUE(read_metrics(classifier).attrs.label_figures);
 }
 
 // A file of version 1 lacks the columns after loss_scale (train) and tokens

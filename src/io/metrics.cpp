@@ -22,8 +22,9 @@ using hdf5::Hid;
 constexpr hsize_t kRowsPerChunk = 256;
 
 // (name, integer) in file order; both groups end with a multi-label
-// classifier's figures (LabelFigures).
+// classifier's figures (LabelFigures), which only its files hold.
 using Columns = std::vector<std::pair<const char*, bool>>;
+constexpr size_t kLabelColumns = 6;
 Columns with_label_columns(Columns columns) {
   for (const char* name : {"micro_precision", "micro_recall", "micro_f1", "macro_precision",
                            "macro_recall", "macro_f1"})
@@ -146,8 +147,12 @@ MetricsLog::MetricsLog(const std::string& path, const RunAttributes& attrs,
 
   file_ = file.release();  // closed by close_all() from here on
   try {
-    open_columns("train", kTrainColumns, &train_);
-    open_columns("eval", kEvalColumns, &eval_);
+    // Without label figures, the columns before them.
+    const auto in_file = [&](const Columns& all) {
+      return attrs.label_figures ? all : Columns(all.begin(), all.end() - kLabelColumns);
+    };
+    open_columns("train", in_file(kTrainColumns), &train_);
+    open_columns("eval", in_file(kEvalColumns), &eval_);
     for (const std::vector<double>& row : old.train_rows)
       if (row[0] <= static_cast<double>(keep_through_step)) write_row(train_, &train_rows_, row);
     for (const std::vector<double>& row : old.eval_rows)
@@ -350,6 +355,7 @@ MetricsTable read_metrics(const std::string& path) {
   if (hdf5::attr_exists(root, "run_id", faults)) {
     t.attrs.run_id = hdf5::read_string_attr(root, "run_id", faults);
   }
+  t.attrs.label_figures = hdf5::link_exists(root, "/train/micro_f1", faults);
   if (hdf5::attr_exists(root, "resumed_at_steps", faults)) {
     Hid attr(H5Aopen(root, "resumed_at_steps", H5P_DEFAULT), H5Aclose);
     Hid space(attr.ok() ? H5Aget_space(attr.get()) : H5I_INVALID_HID, H5Sclose);

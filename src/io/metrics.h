@@ -10,12 +10,14 @@
 //          tokens_per_s, step_ms, padding_efficiency, loss_scale, nll,
 //          elapsed_s, epoch, comm_wait_ms, hidden_share, then a multi-label
 //          classifier's micro_precision, micro_recall, micro_f1,
-//          macro_precision, macro_recall, macro_f1 (float64; NaN for others)
+//          macro_precision, macro_recall, macro_f1 (float64; only in the
+//          files of multi-label classifiers)
 //   /eval/step (int64), loss, perplexity, accuracy (float64), tokens (int64),
-//          nll, elapsed_s, and the six label figures (float64)
+//          nll, elapsed_s, and the six label figures (float64, likewise)
 // (version 1 files lack the columns after loss_scale and tokens, version 2
 // files the label figures; carried into a version 3 file on resume, those
-// read as NaN.)
+// read as NaN. Version 3 files of other models than multi-label classifiers
+// written before the label figures became theirs alone hold them as NaN.)
 //   root attributes: format = "mpiformer-metrics", version, config, model,
 //          world_size, devices, versions, git_commit, resumed_at_steps,
 //          run_id (the run's id, as in config.ini; absent in earlier files)
@@ -79,6 +81,9 @@ struct RunAttributes {
   int world_size = 1;
   std::string devices, versions, git_commit;
   std::string run_id;  // "" in a file of a version without run ids
+  // Whether the six label figures are columns: a multi-label classifier's
+  // (a reader sees them as NaN in other files).
+  bool label_figures = false;
 };
 
 class MetricsLog {
