@@ -45,9 +45,22 @@ namespace {
 // The first kAdditive add up over ranks; the rest are every rank's alike
 // (steps are counted by each rank) or its own clock.
 enum Figure {
-  kLoss, kNll, kTokens, kCorrect, kRealTokens, kPaddedTokens, kWaitS, kInFlightS, kHiddenS,
+  kLoss,
+  kNll,
+  kTokens,
+  kCorrect,
+  kRealTokens,
+  kPaddedTokens,
+  kWaitS,
+  kInFlightS,
+  kHiddenS,
   kAdditive,
-  kSteps = kAdditive, kEmptySteps, kOverflows, kNonFinite, kWallS, kOtherS,
+  kSteps = kAdditive,
+  kEmptySteps,
+  kOverflows,
+  kNonFinite,
+  kWallS,
+  kOtherS,
   kFigures
 };
 constexpr const char* kWindowFormat = "mpiformer-progress-window 1";
@@ -167,8 +180,7 @@ ProgressWindow::Line ProgressWindow::close(int64_t step, int64_t total_steps, fl
                                            const Position& at, const Communicator& comm) {
   const int W = comm.size();
   const LossSummary train = summarize(allreduce(comm, sums_), allreduce(comm, label_counts_));
-  const double seconds =
-      carried_s_ + std::chrono::duration<double>(Clock::now() - start_).count();
+  const double seconds = carried_s_ + std::chrono::duration<double>(Clock::now() - start_).count();
   const double real = static_cast<double>(comm.allreduce_sum(real_tokens_));
   const double padded = static_cast<double>(comm.allreduce_sum(padded_tokens_));
   double reduce_sums[3] = {reduce_.wait_s, reduce_.in_flight_s, reduce_.hidden_s};
