@@ -294,6 +294,7 @@ void ShardSource::load_split(const std::vector<std::string>& files, Split* split
       split->examples.push_back(e);
       ++stats.sequences;
       stats.tokens += encoder_length(e) + decoder_length(e);
+      stats.decoder_tokens += decoder_length(e);
     }
   }
 }
@@ -373,11 +374,20 @@ std::string ShardSource::describe() const {
     }
   }
   if (idle_) return out;
-  out += ", " + count_of(t.sequences, "sequence") + ", " + count_of(t.tokens, "token");
+  const bool seq2seq = model_.kind == ModelKind::kSeq2seq;
+  // A seq2seq model's loss counts the target side only, as eval lines do.
+  const auto tokens_of = [&](const LoadStats& s) {
+    std::string text = count_of(s.tokens, "token");
+    if (seq2seq) {
+      text += " (" + std::to_string(s.tokens - s.decoder_tokens) + " source, " +
+              std::to_string(s.decoder_tokens) + " target)";
+    }
+    return text;
+  };
+  out += ", " + count_of(t.sequences, "sequence") + ", " + tokens_of(t);
   out += "; longer than --max-len " + std::to_string(model_.max_len) + ": " +
          std::to_string(t.skipped) + " skipped, " + std::to_string(t.truncated) + " truncated";
   if (t.empty > 0) out += "; " + std::to_string(t.empty) + " empty skipped";
-  const bool seq2seq = model_.kind == ModelKind::kSeq2seq;
   char line[256];
   std::snprintf(line, sizeof line,
                 "\n  %zu length buckets%s (%d..%d), %d%s used; %llu batches per epoch "
@@ -390,8 +400,7 @@ std::string ShardSource::describe() const {
   out += line;
   const LoadStats& v = eval_.stats;
   out += "\n  valid: " + count_of(v.shards, "shard") + ", " + count_of(v.sequences, "sequence") +
-         ", " + count_of(v.tokens, "token") + ", " +
-         count_of(static_cast<int64_t>(eval_batch_count()), "batch");
+         ", " + tokens_of(v) + ", " + count_of(static_cast<int64_t>(eval_batch_count()), "batch");
   if (v.skipped + v.truncated + v.empty > 0) {
     out += " (" + std::to_string(v.skipped) + " skipped, " + std::to_string(v.truncated) +
            " truncated, " + std::to_string(v.empty) + " empty)";

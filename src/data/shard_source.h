@@ -57,11 +57,12 @@ void apply_shard_header(const ShardHeader& header, const std::string& dir, Model
 // What a split kept after the --too-long rule.
 struct LoadStats {
   int64_t shards = 0;
-  int64_t sequences = 0;  // kept
-  int64_t tokens = 0;     // real tokens of the kept sequences as laid out (encoder + decoder)
-  int64_t skipped = 0;    // longer than --max-len under --too-long skip
-  int64_t truncated = 0;  // cut to --max-len under --too-long truncate
-  int64_t empty = 0;      // mlm: empty sequences, nothing to predict
+  int64_t sequences = 0;       // kept
+  int64_t tokens = 0;          // real tokens of the kept sequences as laid out (encoder + decoder)
+  int64_t decoder_tokens = 0;  // of them the decoder's: seq2seq's target side (y + EOS)
+  int64_t skipped = 0;         // longer than --max-len under --too-long skip
+  int64_t truncated = 0;       // cut to --max-len under --too-long truncate
+  int64_t empty = 0;           // mlm: empty sequences, nothing to predict
 };
 
 // The splits a ShardSource reads.

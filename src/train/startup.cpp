@@ -388,13 +388,16 @@ void print_start(const TrainingRun& run, const Communicator& comm, const ConfigT
       to_string(cfg.model.kind),
       cfg.data_dir.empty() ? to_string(cfg.synthetic) : cfg.data_dir.c_str(),
       ops.device().name().c_str(), world, notes.threads, run.model->parameters().count());
+  // An encoder-decoder names both stacks: "2+2 layers" is not "4 layers".
+  const std::string layers = cfg.model.kind == ModelKind::kSeq2seq
+                                 ? std::to_string(cfg.model.enc_layers) + " encoder + " +
+                                       std::to_string(cfg.model.dec_layers) + " decoder layer(s)"
+                                 : std::to_string(cfg.model.layers) + " layer(s)";
   say(stdout,
-      "  %d layer(s), d-model %d, %d heads, d-ff %d, vocab %d, max-len %d; "
+      "  %s, d-model %d, %d heads, d-ff %d, vocab %d, max-len %d; "
       "max-tokens %d x %d micro-batch(es) x %d rank(s) per step\n",
-      cfg.model.kind == ModelKind::kSeq2seq ? cfg.model.enc_layers + cfg.model.dec_layers
-                                            : cfg.model.layers,
-      cfg.model.d_model, cfg.model.heads, cfg.model.d_ff, cfg.model.vocab, cfg.model.max_len,
-      cfg.max_tokens, accum, world);
+      layers.c_str(), cfg.model.d_model, cfg.model.heads, cfg.model.d_ff, cfg.model.vocab,
+      cfg.model.max_len, cfg.max_tokens, accum, world);
   say(stdout, "  memory: about %s per rank\n", notes.memory.describe().c_str());
   if (cfg.device == DeviceKind::kCpu) say(stdout, "  BLAS: %s\n", describe_blas_kernels().c_str());
   if (cfg.device == DeviceKind::kCuda)

@@ -196,10 +196,12 @@ void Encoding::print_summary(Clock::time_point start) const {
       test_sequences_ < 0 ? "" : ", " + grouped(test_sequences_) + " test";
   std::printf(
       "prepared %s: %s training sequences in %lld shard(s), %s validation%s; %s tokens "
-      "(%s unknown), vocabulary %d\n",
+      "(%s unknown; as stored: train counts one more per sequence%s, its end marker), "
+      "vocabulary %d\n",
       cfg_.out_dir.c_str(), grouped(total_.sequences).c_str(), static_cast<long long>(cfg_.shards),
       grouped(valid.sequences).c_str(), test_part.c_str(), grouped(tokens).c_str(),
-      grouped(total_.unknown + valid.unknown + test.unknown).c_str(), header_.vocab_size);
+      grouped(total_.unknown + valid.unknown + test.unknown).c_str(),
+      cfg_.kind == "seq2seq" ? " and side" : "", header_.vocab_size);
   std::printf(
       "  %s %s read, %s skipped (blank or encoding to nothing); %.1f s in all, "
       "encoding %.1f s (%s tokens/s)\n",
