@@ -2,7 +2,9 @@
 // with its defaults: tokenizer '13a' (mteval-v13a, as WMT), case-sensitive,
 // one reference per sentence, n-grams 1..4, smoothing 'exp' (NIST's, as
 // mteval-v13a), no effective order.
-// Same inputs, same score, to the last bits of the double on the same libm.
+// Same inputs, same counts and the same score: bit for bit where Python's
+// sum() adds left to right (before 3.12; later ones compensate the sum of
+// the four logs, which may move the last bit).
 //
 // Like the loss, a corpus is carried as integer sums: count_sentence gives one
 // sentence's statistics, BleuCounts add exactly (each rank counts its own
