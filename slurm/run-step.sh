@@ -34,8 +34,11 @@ mpiformer_run() {
   # gives the ranks this long after its SIGTERM before SIGKILL: time for a
   # checkpoint, within SLURM's KillWait (30 s by default).
   export OMPI_MCA_odls_base_sigkill_timeout=${OMPI_MCA_odls_base_sigkill_timeout:-15}
-  local log_start
-  log_start=$(($(wc -l <"$rundir/train.log" 2>/dev/null || echo 0) + 1))
+  # The first start has no log yet: count its lines only when it exists.
+  local log_start=1
+  if [[ -f $rundir/train.log ]]; then
+    log_start=$(($(wc -l <"$rundir/train.log") + 1))
+  fi
 
   # Rank 0 appends its own output to RUNDIR/train.log.
   "${launch[@]}" "$bin" train --out "$rundir" --resume auto --threads "$threads" "$@" &
