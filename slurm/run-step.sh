@@ -16,6 +16,9 @@
 #              continues the job's own run: auto once RUNDIR holds a
 #              checkpoint, whatever the first start was given; before that,
 #              none becomes auto and a PATH is given again.
+# The job's output file (sbatch's default slurm-*.out in the submit
+# directory) moves into RUNDIR at the start, and a requeue points SLURM at
+# it there (mpiformer_adopt_output).
 #
 # SLURM's warning signal reaches only this batch shell
 # (--signal=B:USR1@120), so it is passed on to the launcher as USR1, and so
@@ -69,6 +72,40 @@ mpiformer_split_flags() {
   done
 }
 
+# mpiformer_adopt_output RUNDIR: a job's output file is opened by SLURM
+# before the script runs, from a pattern that cannot name RUNDIR. When it is
+# sbatch's default, a slurm-*.out in the submit directory, it moves into
+# RUNDIR: a rename on the same file system, so SLURM's own later lines (time
+# limit, cancel, out of memory), written to the open file, follow it.
+# mf_output_updates then holds the scontrol settings (StdOut=, StdErr=) that
+# send a requeued start's output there directly; SLURM takes them only
+# while the job is pending, after the requeue. An output file the user
+# chose (sbatch --output) stays where it is.
+mpiformer_adopt_output() {
+  local rundir=$1 fd file first='' target field
+  mf_output_updates=()
+  [[ -n ${SLURM_JOB_ID:-} && -n ${SLURM_SUBMIT_DIR:-} ]] || return 0
+  for fd in 1 2; do
+    file=$(readlink -f "/proc/$$/fd/$fd" 2>/dev/null) || continue
+    [[ $fd == 1 ]] && first=$file
+    [[ $fd == 2 && $file == "$first" ]] && continue
+    # /dev/null, a terminal, a pipe; or not the default place and name.
+    [[ -f $file && $(dirname "$file") -ef $SLURM_SUBMIT_DIR && $(basename "$file") == slurm-*.out ]] ||
+      continue
+    [[ $fd == 1 ]] && field=StdOut || field=StdErr
+    target=$(realpath -m -- "$rundir/$(basename "$file")")
+    mf_output_updates+=("$field=$target")
+    if [[ -e $target ]]; then
+      # A start after a requeue that did not come from this script.
+      echo "==> this start's output is $file; the earlier starts' is $target"
+    elif [[ $(stat -c %d "$file") != "$(stat -c %d "$rundir")" ]]; then
+      echo "==> this start's output stays in $file ($rundir is on another file system; a requeued start writes to $target)"
+    else
+      mv -T -- "$file" "$target" || echo "==> this start's output stays in $file"
+    fi
+  done
+}
+
 mpiformer_run() {
   local rundir=$1
   shift
@@ -107,6 +144,7 @@ mpiformer_run() {
     fi
   fi
   mkdir -p "$rundir"
+  mpiformer_adopt_output "$rundir"
   # An array task goes by its array name (sweep.sbatch): JOBID_TASK.
   local job=${SLURM_JOB_ID:-?}
   [[ -z ${SLURM_ARRAY_JOB_ID:-} ]] || job=${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID:-?}
@@ -153,10 +191,28 @@ mpiformer_run() {
   if [[ $rc -eq 75 ]]; then
     if [[ -n ${SLURM_JOB_ID:-} ]]; then
       echo "==> stopped with a checkpoint (exit 75): requeueing job $SLURM_JOB_ID"
+      # The requeue ends this start (SLURM signals the job): the output
+      # settings below still have to reach SLURM.
+      trap '' TERM
       scontrol requeue "$SLURM_JOB_ID"
+      mpiformer_point_output
       return 0
     fi
     echo "==> stopped with a checkpoint (exit 75); run again to resume"
   fi
   return "$rc"
+}
+
+# mpiformer_point_output: after a requeue, sends the next start's output to
+# the file in RUNDIR (mf_output_updates). SLURM takes a new output path
+# only once the job is pending again, so a few tries.
+mpiformer_point_output() {
+  local setting try
+  for setting in "${mf_output_updates[@]}"; do
+    for try in 1 2 3 4 5; do
+      scontrol update JobId="$SLURM_JOB_ID" "$setting" 2>/dev/null && break
+      [[ $try -lt 5 ]] || echo "==> could not set $setting for the next start"
+      sleep 1
+    done
+  done
 }
