@@ -1,10 +1,21 @@
 #!/usr/bin/env bash
-# slurm/train.sbatch on a real one-node SLURM cluster that this test starts
-# (munged, slurmctld, slurmd; every file under WORKDIR, nothing in /etc) and
-# stops: a tiny CPU run on 2 ranks under srun --mpi=pmix gets SLURM's
-# time-limit warning (USR1 to the batch shell), checkpoints, exits 75, is
-# requeued, resumes and finishes; its metrics.h5 then holds every log step
-# exactly once. Needs root (the daemons) and Debian's slurm-wlm and munge.
+# slurm/train.sbatch and slurm/sweep.sbatch on a real one-node SLURM cluster
+# that this test starts (munged, slurmctld, slurmd; every file under WORKDIR,
+# nothing in /etc) and stops, submitted as a user would: from a fresh
+# checkout (HEAD plus this tree's changes), with the flags the scripts also
+# set (--out, --threads, --resume) among the user's own.
+# - A tiny CPU run on 2 ranks under srun --mpi=pmix gets SLURM's time-limit
+#   warning (USR1 to the batch shell), checkpoints, exits 75, is requeued,
+#   resumes (its --resume none was for the first start only) and finishes;
+#   its metrics.h5 then holds every log step exactly once, and its
+#   slurm-*.out, SLURM's lines included, is in the run directory.
+# - The README's First run train flags (--out runs/kjv --threads 1 ...; a
+#   synthetic task and fewer steps) pass through, the user's --threads
+#   winning over --cpus-per-task.
+# - An --out that contradicts RUNDIR ends the job with one line, exit 2.
+# - A sweep of two array tasks with a shared --threads.
+# Afterwards no output says "No such file", and the checkout holds nothing
+# new but runs/. Needs root (the daemons) and Debian's slurm-wlm and munge.
 source "$(dirname "$0")/common.sh"
 bin=$1 work=$2
 src=$(cd "$(dirname "$0")/../.." && pwd)
@@ -77,7 +88,9 @@ trap stop_cluster EXIT
 # show_logs: what the daemons said, for a failure.
 show_logs() {
   local f
-  for f in "$work"/log/*.log "$work"/run/train.log "$work"/slurm-*.out; do
+  for f in "$work"/log/*.log "$work"/slurm-*.out "$work"/checkout/slurm-*.out \
+    "$work"/checkout/runs/*/train.log "$work"/checkout/runs/*/slurm-*.out \
+    "$work"/checkout/runs/*/*/slurm-*.out; do
     [[ -f $f ]] && { echo "---- $f" >&2; tail -n 25 "$f" >&2; }
   done
   return 0
@@ -100,16 +113,20 @@ if [[ $state != idle ]]; then
 fi
 echo "PASS: a one-node cluster is up ($host, $(nproc) CPUs)"
 
-# ---- the job: sbatch from the source tree, as a user would
-cd "$src"
+# ---- a fresh checkout: HEAD plus this tree's uncommitted changes, with the
+# build under test as build/, where the scripts look for the binary
+clone=$work/checkout
+git clone --quiet --no-hardlinks "$src" "$clone"
+(cd "$src" && git diff HEAD --binary) | (cd "$clone" && git apply --allow-empty)
+(cd "$src" && git ls-files --others --exclude-standard -z) |
+  (cd "$src" && xargs -0 -r cp -R --parents -t "$clone")
+ln -s "$(dirname "$bin")" "$clone/build"
+(cd "$clone" && git add -A >/dev/null && git -c user.name=t -c user.email=t@t commit -qm tree \
+  --allow-empty)
+cd "$clone" || exit 1
+clone_real=$(pwd -P)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_rmaps_base_oversubscribe=1 MPIFORMER_BIN=$bin
-steps=3000
-job=$(sbatch --parsable --ntasks=2 --cpus-per-task=1 --output="$work/slurm-%j.out" \
-  slurm/train.sbatch "$work/run" --model lm --synthetic copy --layers 2 --d-model 32 --heads 2 \
-  --d-ff 64 --max-len 32 --max-tokens 256 --steps $steps --log-every 10 --eval-every 1000 \
-  --checkpoint-every 1000)
-echo "submitted job $job"
+export OMPI_MCA_rmaps_base_oversubscribe=1
 
 # wait_for WHAT SECONDS CONDITION...: polls CONDITION once a second.
 wait_for() {
@@ -123,47 +140,142 @@ wait_for() {
   show_logs
   exit 1
 }
-log=$work/run/train.log
-wait_for "training to start" 60 grep -qs "^step 100/" "$log"
+# gone JOB...: none of the jobs is in the queue any more.
+gone() { ! squeue -h -j "$(IFS=,; echo "$*")" 2>/dev/null | grep -q .; }
+# job_field JOB NAME: a field of scontrol show job (ExitCode, Restarts, ...).
+job_field() { scontrol show job "$1" | tr ' ' '\n' | sed -n "s/^$2=//p" | sed -n 1p; }
+
+failures=0
+# expect WHAT CONDITION...: CONDITION holds, or a failure is counted.
+expect() {
+  local what=$1
+  shift
+  if "$@"; then echo "PASS: $what"; else echo "FAIL: $what" >&2; failures=$((failures + 1)); fi
+}
+
+# ---- the requeue: RUNDIR given twice (as RUNDIR and as --out, spelled
+# otherwise), --threads=1, and --resume none for a fresh run
+run=runs/requeue
+log=$run/train.log
+steps=3000
+job=$(sbatch --parsable --ntasks=2 --cpus-per-task=1 \
+  slurm/train.sbatch $run --model lm --synthetic copy --layers 2 --d-model 32 --heads 2 \
+  --d-ff 64 --max-len 32 --max-tokens 256 --steps $steps --log-every 10 --eval-every 1000 \
+  --checkpoint-every 1000 --out=./$run/ --threads=1 --resume none)
+echo "submitted job $job"
+out=$run/slurm-mpiformer-$job.out
+
+# started: training reached step 100; a job that ended before is a failure.
+started() {
+  grep -qs "^step 100/" "$log" && return 0
+  if gone "$job"; then
+    echo "FAIL: job $job ended before training started (ExitCode=$(job_field "$job" ExitCode))" >&2
+    show_logs
+    exit 1
+  fi
+  return 1
+}
+wait_for "training to start" 60 started
 
 # What SLURM does before the time limit with --signal=B:USR1@120.
 scancel --signal=USR1 --batch "$job"
 wait_for "the stop" 60 grep -q "^stopped by SIGUSR1 after step" "$log"
 stop_step=$(sed -n 's/^stopped by SIGUSR1 after step \([0-9]*\);.*/\1/p' "$log")
 echo "PASS: the run stopped after step $stop_step with a checkpoint"
+wait_for "the requeue" 60 bash -c "squeue -h -j $job -o %T | grep -q PENDING"
+# The script points the next start's output into the run directory.
+wait_for "StdOut in $run" 30 bash -c "scontrol show job $job | grep -q 'StdOut=$clone_real/$out\$'"
 # SLURM makes a requeued job wait about two minutes before it is eligible
 # again; the test lets it start at once.
-wait_for "the requeue" 60 bash -c "squeue -h -j $job -o %T | grep -q PENDING"
 scontrol update JobId="$job" StartTime=now
 wait_for "the resumed run" 90 grep -q "^resumed from .*: step $stop_step," "$log"
 echo "PASS: the job was requeued and resumed from step $stop_step"
-wait_for "the end of the job" 120 bash -c "! squeue -h -j $job | grep -q ."
+wait_for "the end of the job" 120 gone "$job"
 
-failures=0
-restarts=$(scontrol show job "$job" | sed -n 's/.*Restarts=\([0-9]*\).*/\1/p')
-[[ $restarts == 1 ]] || { echo "FAIL: Restarts=$restarts, expected 1" >&2; failures=$((failures + 1)); }
-exit_code=$(scontrol show job "$job" | sed -n 's/.* ExitCode=\([0-9:]*\).*/\1/p')
-[[ $exit_code == 0:0 ]] || { echo "FAIL: ExitCode=$exit_code" >&2; failures=$((failures + 1)); }
-grep -q "^final eval" "$log" || { echo "FAIL: no final eval" >&2; failures=$((failures + 1)); }
-[[ -e $work/run/checkpoints/$(printf 'step_%08d.h5' "$stop_step") ]] ||
-  { echo "FAIL: no checkpoint of step $stop_step" >&2; failures=$((failures + 1)); }
-
+expect "Restarts=1" [ "$(job_field "$job" Restarts)" = 1 ]
+expect "ExitCode=0:0" [ "$(job_field "$job" ExitCode)" = 0:0 ]
+expect "a final eval" grep -q "^final eval" "$log"
+expect "a checkpoint of step $stop_step" test -e "$run/checkpoints/$(printf 'step_%08d.h5' "$stop_step")"
 # Every log step once, in order, across the stop.
-"$bin" inspect "$work/run/metrics.h5" >"$work/metrics.txt"
+"$bin" inspect "$run/metrics.h5" >"$work/metrics.txt"
 awk '/^\/train/ { on = 1; next } /^\/eval/ { on = 0 } on && $1 ~ /^[0-9]/ { print $1 }' \
   "$work/metrics.txt" >"$work/steps.txt"
 seq 10 10 $steps >"$work/expected-steps.txt"
-if diff -q "$work/steps.txt" "$work/expected-steps.txt" >/dev/null; then
-  echo "PASS: metrics.h5 /train/step is 10, 20, ..., $steps: each log step once"
-else
-  echo "FAIL: metrics.h5 /train/step: $(wc -l <"$work/steps.txt") rows, not 10..$steps once each" >&2
-  failures=$((failures + 1))
-fi
-grep -q "^resumed at   $stop_step\$" "$work/metrics.txt" ||
-  { echo "FAIL: metrics.h5 does not record the resume at $stop_step" >&2; failures=$((failures + 1)); }
+expect "metrics.h5 /train/step is 10, 20, ..., $steps: each log step once" \
+  cmp -s "$work/steps.txt" "$work/expected-steps.txt"
+expect "metrics.h5 records the resume at $stop_step" grep -q "^resumed at   $stop_step\$" "$work/metrics.txt"
+# Both starts and SLURM's own line (written after the move) in one file.
+expect "$out: start 1 with --resume none" grep -q "^==> job $job start 1 .*2 rank(s) x 1 thread(s), --resume none$" "$out"
+expect "$out: start 2 with --resume auto" grep -q "^==> job $job start 2 .*--resume auto$" "$out"
+expect "$out: SLURM's requeue line" grep -q "slurmstepd.*JOB $job .*DUE TO JOB REQUEUE" "$out"
+
+# ---- the README's First run train flags (another task, fewer steps) as
+# they are, after the script: RUNDIR from --out, --threads 1 on 2 CPUs
+first_run=$(awk '/^## First run/ { inside = 1; next }
+     /^## / { inside = 0 }
+     inside && /^    / { line = substr($0, 5)
+                         if (sub(/\\$/, "", line)) { pending = pending line; next }
+                         print pending line; pending = "" }' README.md |
+  sed -n 's/^.*build\/mpiformer train //p')
+for swap in "--data shards/kjv=--synthetic copy" "--steps 200=--steps 20" \
+  "--eval-every 100=--eval-every 10"; do
+  [[ " $first_run " == *" ${swap%%=*} "* ]] ||
+    { echo "FAIL: README.md's First run train line lacks ${swap%%=*}: $first_run" >&2; exit 1; }
+  first_run=${first_run/"${swap%%=*}"/"${swap#*=}"}
+done
+[[ $first_run == *"--out runs/kjv "* && $first_run == *"--threads 1 "* ]] ||
+  { echo "FAIL: README.md's First run train line lacks --out runs/kjv or --threads 1" >&2; exit 1; }
+read -ra first_run <<<"$first_run"
+first=$(sbatch --parsable --ntasks=1 --cpus-per-task=2 slurm/train.sbatch "${first_run[@]}")
+echo "submitted job $first: slurm/train.sbatch ${first_run[*]}"
+
+# ---- RUNDIR and an --out of another directory (output where sbatch was told)
+clash=$(sbatch --parsable --ntasks=1 --cpus-per-task=1 --output="$work/slurm-%j.out" \
+  slurm/train.sbatch runs/one --model lm --synthetic copy --out runs/two)
+
+# ---- a sweep of two tasks, --threads shared
+printf '%s\n' "--lr 1e-3" "--lr 3e-4 --warmup 10" >"$work/lrs.txt"
+sweep=$(sbatch --parsable --array=0-1 --ntasks=1 --cpus-per-task=1 \
+  slurm/sweep.sbatch "$work/lrs.txt" runs/sweep --model lm --synthetic copy --layers 1 \
+  --d-model 16 --heads 2 --d-ff 32 --max-len 16 --max-tokens 64 --steps 20 --threads 1)
+echo "submitted jobs $first, $clash and array $sweep"
+wait_for "the First run job, the clash and the sweep" 240 gone "$first" "$clash" "$sweep"
+
+expect "First run flags: ExitCode=0:0" [ "$(job_field "$first" ExitCode)" = 0:0 ]
+expect "First run flags: a final eval in runs/kjv/train.log" grep -q "^final eval" runs/kjv/train.log
+expect "First run flags: --threads 1 wins over --cpus-per-task=2" \
+  grep -q "1 rank(s) x 1 thread(s)" runs/kjv/train.log
+expect "First run flags: runs/kjv/slurm-mpiformer-$first.out" \
+  grep -q "^==> job $first start 1 .*1 rank(s) x 1 thread(s), --resume auto$" \
+  "runs/kjv/slurm-mpiformer-$first.out"
+expect "the clash: ExitCode=2:0" [ "$(job_field "$clash" ExitCode)" = 2:0 ]
+expect "the clash: one line" [ "$(cat "$work/slurm-$clash.out")" = \
+  "train.sbatch: --out runs/two and RUNDIR runs/one name different directories: give the run directory once" ]
+expect "the clash: no runs/one" [ ! -e runs/one ]
+expect "the clash: no runs/two" [ ! -e runs/two ]
+for task in 0 1; do
+  expect "sweep task $task: ExitCode=0:0" [ "$(job_field "${sweep}_$task" ExitCode)" = 0:0 ]
+  expect "sweep task $task: a final eval" grep -q "^final eval" "runs/sweep/$task/train.log"
+  expect "sweep task $task: its output in runs/sweep/$task" \
+    test -s "runs/sweep/$task/slurm-mpiformer-sweep-${sweep}_$task.out"
+done
+
+# ---- what every job left behind
+# none_say TEXT PATH...: no file under the PATHs holds TEXT (those that do
+# are shown), and grep could read them all.
+none_say() {
+  local rc=0
+  grep -r -F -- "$1" "${@:2}" >&2 || rc=$?
+  [[ $rc -eq 1 ]]
+}
+expect 'no output says "No such file"' none_say "No such file" runs "$work"/slurm-*.out
+# The checkout holds nothing new but runs/ (ignored or not; build/ is our link).
+leftover=$(git status --porcelain --ignored | grep -v -e '^!! runs/$' -e '^?? build$' || true)
+expect "nothing left in the checkout but runs/${leftover:+: $leftover}" [ -z "$leftover" ]
 
 if [[ $failures -gt 0 ]]; then
   show_logs
+  echo "$failures check(s) failed" >&2
   exit 1
 fi
 echo "slurm: all checks passed"
