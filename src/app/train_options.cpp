@@ -67,7 +67,19 @@ void add_train_flags(FlagTable& t, TrainConfig* c) {
         "micro-batches per evaluation (0: the whole validation split; a synthetic task: 8)");
   t.add("checkpoint-every", &c->checkpoint_every, "N",
         "steps between checkpoints; the last step always writes one (0: only the last)");
-  t.add("keep-checkpoints", &c->keep_checkpoints, "K", "newest checkpoints kept (0: all)");
+  t.add("keep-checkpoints", &c->keep_checkpoints, "K",
+        "newest checkpoints kept (0: all); --keep-best's are kept besides");
+  t.add("valid-bleu", &c->valid_bleu, "true|false",
+        "seq2seq: each evaluation also translates the validation split (greedy) and scores it "
+        "with BLEU (sacreBLEU's 13a tokens and defaults), the metric --keep-best and "
+        "--early-stop then follow (else the nll)");
+  t.add("keep-best", &c->keep_best, "N",
+        "keep the checkpoints of the N best evaluations in checkpoints/best/, the best as "
+        "checkpoints/best.h5 (a checkpoint is written at an evaluation that makes the N best; "
+        "0: none)");
+  t.add("early-stop", &c->early_stop, "N",
+        "stop after N evaluations in a row without a better validation metric, with a "
+        "checkpoint (0: never)");
   t.add_choice("on-divergence", &c->on_divergence,
                {{"stop", OnDivergence::kStop}, {"skip", OnDivergence::kSkip}},
                "a step whose loss or gradient norm is not finite: stop (exit 3, nothing of it "
@@ -138,6 +150,18 @@ void validate_train(const TrainConfig& c) {
   require_at_least("--eval-batches", c.eval_batches, 0);
   require_at_least("--checkpoint-every", c.checkpoint_every, 0);
   require_at_least("--keep-checkpoints", c.keep_checkpoints, 0);
+  require_at_least("--keep-best", c.keep_best, 0);
+  require_at_least("--early-stop", c.early_stop, 0);
+  if (c.valid_bleu && c.model.kind != ModelKind::kSeq2seq) {
+    usage_error("--valid-bleu", std::string("translates the validation split: a seq2seq model's; "
+                                            "got --model ") +
+                                    to_string(c.model.kind));
+  }
+  if (c.valid_bleu && !has_data) {
+    usage_error("--valid-bleu",
+                "scores translations against the references of --data's "
+                "validation split; a synthetic task has none");
+  }
   validate_device(c.device, c.precision, c.tf32, c.threads, c.blas_core, c.attention);
   validate_transport(c.device, c.transport);
   if (!(c.loss_scale >= 1.0f && std::isfinite(c.loss_scale))) {

@@ -160,10 +160,15 @@ struct TrainConfig {
   int64_t steps = 1000;
   uint64_t seed = 1;
   int log_every = 10;
-  int eval_every = 0;        // 0: only at the end
-  int eval_batches = 0;      // 0: the whole validation split (a synthetic task: 8)
-  int checkpoint_every = 0;  // 0: only at the last step
-  int keep_checkpoints = 5;  // newest step_*.h5 kept (0: all)
+  int eval_every = 0;           // 0: only at the end
+  int eval_batches = 0;         // 0: the whole validation split (a synthetic task: 8)
+  int checkpoint_every = 1000;  // 0: only at the last step
+  int keep_checkpoints = 5;     // newest step_*.h5 kept (0: all)
+  // Model choice (src/train/model_choice.h): the validation metric is the
+  // nll, or seq2seq's BLEU of greedy translations of the validation split.
+  bool valid_bleu = false;
+  int keep_best = 0;   // checkpoints of the best evaluations kept (0: none)
+  int early_stop = 0;  // evaluations without a better metric before stopping (0: never)
   OnDivergence on_divergence = OnDivergence::kStop;
   DeviceKind device = DeviceKind::kCpu;
   Precision precision = Precision::kFp32;

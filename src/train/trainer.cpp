@@ -19,6 +19,7 @@
 #include "src/parallel/replica_check.h"
 #include "src/train/divergence_guard.h"
 #include "src/train/held_out.h"
+#include "src/train/model_choice.h"
 #include "src/train/step.h"
 #include "src/train/stop_signals.h"
 
@@ -63,9 +64,15 @@ class Trainer {
   // What the checkpoint of `step` records besides the tensors (the strings
   // are rank 0's).
   CheckpointState checkpoint_state(int64_t step) const;
-  // Held-out evaluation, printed and logged. Returns 0 or an exit code.
-  int evaluate_and_log(int64_t step, bool final_eval);
+  // Held-out evaluation, printed and logged; *metric: the validation metric
+  // (--valid-bleu: BLEU, else the nll). Returns 0 or an exit code.
+  int evaluate_and_log(int64_t step, bool final_eval, double* metric);
   void log_eval_on_root(int64_t step, bool final_eval, const LossSummary& eval);
+  // --keep-best and --early-stop after the evaluation of `step`: a
+  // checkpoint when the evaluation is among the kept best and `step` has
+  // none yet (saved_at: the step of the last checkpoint). *stop: no better
+  // metric in --early-stop evaluations. Returns 0 or an exit code.
+  int choose_model(int64_t step, double metric, int64_t* saved_at, bool* stop);
   // Wall seconds since the run began, resumed jobs included (rank 0).
   double elapsed_s() const { return elapsed_before_ + seconds_since(job_start_); }
 
@@ -76,6 +83,7 @@ class Trainer {
   StepState state_;
   LossWatch loss_watch_;
   Batch eval_batch_;
+  std::unique_ptr<ModelChoice> choice_;  // rank 0, with --keep-best or --early-stop
   // Clocks of the progress line: the job's start, the first step's start.
   Clock::time_point job_start_, loop_start_;
   double elapsed_before_ = 0.0;  // elapsed_s when this job resumed the run
@@ -95,6 +103,17 @@ int Trainer::run() {
   }
   loop_start_ = Clock::now();
   state_.window.start_clock();
+
+  if (cfg.keep_best > 0 || cfg.early_stop > 0) {
+    const bool made = agreed(comm_, [&] {
+      if (!comm_.is_root()) return;
+      choice_ =
+          std::make_unique<ModelChoice>(cfg.out_dir, cfg.valid_bleu ? "bleu" : "nll", cfg.keep_best,
+                                        run_.start.resumed ? run_.start.state.step : 0);
+    });
+    if (!made) return kExitFailure;
+  }
+  int64_t saved_at = run_.start.resumed ? run_.start.state.step : -1;
 
   const StopSignals stop_signals;
   run_.source->prefetch(run_.cursor.first, run_.cursor.stride);
@@ -126,9 +145,14 @@ int Trainer::run() {
         (cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0) || step == cfg.steps;
     if (checkpoint_due) {
       if (const int code = save(step)) return code;
+      saved_at = step;
     }
     if (cfg.eval_every > 0 && step % cfg.eval_every == 0 && step != cfg.steps) {
-      if (const int code = evaluate_and_log(step, false)) return code;
+      double metric = 0;
+      if (const int code = evaluate_and_log(step, false, &metric)) return code;
+      bool stop = false;
+      if (const int code = choose_model(step, metric, &saved_at, &stop)) return code;
+      if (stop) return 0;
     }
     state_.window.add_other_time(seconds_since(other_start));
 
@@ -139,7 +163,7 @@ int Trainer::run() {
     if (step == faults_.signal_after_step && rank == world - 1) std::raise(SIGUSR1);
     if (const int signal = comm_.max(StopSignals::pending())) {
       if (step == cfg.steps) break;  // finished anyway
-      if (!checkpoint_due) {
+      if (saved_at != step) {
         if (const int code = save(step)) return code;
       }
       if (comm_.is_root()) {
@@ -150,7 +174,50 @@ int Trainer::run() {
       return kExitStopped;
     }
   }
-  return evaluate_and_log(cfg.steps, true);
+  double metric = 0;
+  if (const int code = evaluate_and_log(cfg.steps, true, &metric)) return code;
+  bool stop = false;
+  return choose_model(cfg.steps, metric, &saved_at, &stop);
+}
+
+int Trainer::choose_model(int64_t step, double metric, int64_t* saved_at, bool* stop) {
+  if (run_.cfg.keep_best <= 0 && run_.cfg.early_stop <= 0) return 0;
+  const bool keep = comm_.max(comm_.is_root() && choice_->would_keep(metric) ? 1 : 0) != 0;
+  if (keep && *saved_at != step) {
+    if (const int code = save(step)) return code;
+    *saved_at = step;
+  }
+  int stop_flag = 0;
+  const bool ok = agreed(comm_, [&] {
+    if (!comm_.is_root()) return;
+    const std::string checkpoint =
+        *saved_at == step ? checkpoint_path_for(run_.cfg.out_dir, step) : "";
+    choice_->record(step, metric, checkpoint);
+    if (keep) {
+      say(stdout, "kept among the %d best: %s (the best: %s, checkpoints/best.h5)\n",
+          run_.cfg.keep_best, choice_->describe({step, metric}).c_str(),
+          choice_->describe(choice_->best()).c_str());
+    }
+    const int since = choice_->evaluations_since_best();
+    if (run_.cfg.early_stop > 0 && since >= run_.cfg.early_stop && step < run_.cfg.steps) {
+      stop_flag = 1;
+      say(stdout,
+          "early stop after step %lld: no better validation %s in %d evaluation(s) since the "
+          "best, %s%s\n",
+          static_cast<long long>(step), choice_->metric() == "bleu" ? "BLEU" : "nll", since,
+          choice_->describe(choice_->best()).c_str(),
+          run_.cfg.keep_best > 0 ? " (checkpoints/best.h5)" : "");
+    }
+    std::fflush(stdout);
+  });
+  if (!ok) return kExitFailure;
+  *stop = comm_.max(stop_flag) != 0;
+  if (*stop && *saved_at != step) {
+    // The last state is kept too: --resume auto can go on from it.
+    if (const int code = save(step)) return code;
+    *saved_at = step;
+  }
+  return 0;
 }
 
 void Trainer::take_device_sums() {
@@ -270,10 +337,11 @@ CheckpointState Trainer::checkpoint_state(int64_t step) const {
   return state;
 }
 
-int Trainer::evaluate_and_log(int64_t step, bool final_eval) {
+int Trainer::evaluate_and_log(int64_t step, bool final_eval, double* metric) {
   const LossSummary eval =
       evaluate(*run_.model, *run_.source, static_cast<uint64_t>(run_.cfg.eval_batches),
                run_.cfg.label_smoothing, comm_, eval_batch_);
+  *metric = eval.nll;
   return agreed(comm_, [&] { log_eval_on_root(step, final_eval, eval); }) ? 0 : kExitFailure;
 }
 
