@@ -77,6 +77,7 @@ class MetricsTest : public ::testing::Test {
     r.tokens = 777;
     r.nll = 2.5;
     r.elapsed_s = 2.0 * s + 1;
+    r.bleu = 31.25;
     return r;
   }
   static std::vector<std::string> lines_of(const std::string& path) {
@@ -145,11 +146,12 @@ TEST_F(MetricsTest, RowsAndAttributesReadBackExactly) {
   EXPECT_EQ(t.eval_columns,
             (std::vector<std::string>{"step", "loss", "perplexity", "accuracy", "tokens", "nll",
                                       "elapsed_s", "micro_precision", "micro_recall", "micro_f1",
-                                      "macro_precision", "macro_recall", "macro_f1"}));
+                                      "macro_precision", "macro_recall", "macro_f1", "bleu"}));
   ASSERT_EQ(t.eval_rows.size(), 1u);
   std::vector<double> eval = t.eval_rows[0];
-  ASSERT_EQ(eval.size(), 13u);
+  ASSERT_EQ(eval.size(), 14u);
   for (size_t c = 7; c < 13; ++c) EXPECT_TRUE(std::isnan(eval[c]));
+  EXPECT_EQ(eval[13], 31.25);  // bleu
   eval.resize(7);
   EXPECT_EQ(eval, (std::vector<double>{20, 2.5, 12.182493960703473, 0.25, 777, 2.5, 41}));
 
@@ -171,7 +173,7 @@ TEST_F(MetricsTest, RowsAndAttributesReadBackExactly) {
             "12.182493960703473, \"accuracy\": 0.25, \"tokens\": 777, \"nll\": 2.5, "
             "\"elapsed_s\": 41, \"micro_precision\": null, \"micro_recall\": null, "
             "\"micro_f1\": null, \"macro_precision\": null, \"macro_recall\": null, "
-            "\"macro_f1\": null}");
+            "\"macro_f1\": null, \"bleu\": 31.25}");
 }
 
 // Other models than multi-label classifiers have no label figures: their

@@ -178,38 +178,9 @@ struct Setup {
 // cache fits --max-tokens rows (a sentence larger than that alone).
 // Decoding streams through it: a sentence joins as another leaves.
 ModelCapacity plan_capacity(const GenerateConfig& cfg, const ModelConfig& model, Setup& setup) {
-  const size_t n = setup.inputs.size();
-  std::vector<DecodeNeeds> needs(n);
-  for (size_t i = 0; i < n; ++i)
-    needs[i] = decode_needs(model, setup.inputs[i], setup.layout, setup.options);
-  std::vector<size_t>& order = setup.order;
-  order.resize(n);
-  std::iota(order.begin(), order.end(), size_t{0});
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return setup.inputs[a].size() < setup.inputs[b].size();
-  });
-  DecodeNeeds batch, largest;
-  size_t members = 0;
-  const auto close = [&] {
-    if (members == 0) return;
-    largest.prefill_rows = std::max(largest.prefill_rows, batch.prefill_rows);
-    largest.beam_rows = std::max(largest.beam_rows, batch.beam_rows);
-    largest.cache_rows = std::max(largest.cache_rows, batch.cache_rows);
-    largest.source_rows = std::max(largest.source_rows, batch.source_rows);
-    members = 0;
-    batch = DecodeNeeds{};
-  };
-  for (size_t i : order) {
-    DecodeNeeds with = batch;
-    with += needs[i];
-    if (members > 0 &&
-        std::max({with.cache_rows, with.source_rows, with.prefill_rows}) > cfg.max_tokens)
-      close();
-    batch += needs[i];
-    ++members;
-  }
-  close();
-  return decode_capacity(model, largest, setup.options);
+  DecodePlan plan = plan_decoding(model, setup.inputs, setup.layout, setup.options, cfg.max_tokens);
+  setup.order = std::move(plan.order);
+  return plan.capacity;
 }
 
 // Every rank: the checkpoint, the inputs (each parsed before any decodes:

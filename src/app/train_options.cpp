@@ -157,6 +157,12 @@ void validate_train(const TrainConfig& c) {
                                             "got --model ") +
                                     to_string(c.model.kind));
   }
+  if (c.valid_bleu && c.shard_optimizer && c.precision != Precision::kFp32) {
+    usage_error("--valid-bleu",
+                "translates with the fp32 master weights, which a sharded "
+                "optimizer keeps in slices beside a bf16 or fp16 copy; train "
+                "with --precision fp32 or --shard-optimizer false");
+  }
   if (c.valid_bleu && !has_data) {
     usage_error("--valid-bleu",
                 "scores translations against the references of --data's "

@@ -24,7 +24,6 @@ constexpr hsize_t kRowsPerChunk = 256;
 // (name, integer) in file order; both groups end with a multi-label
 // classifier's figures (LabelFigures), which only its files hold.
 using Columns = std::vector<std::pair<const char*, bool>>;
-constexpr size_t kLabelColumns = 6;
 Columns with_label_columns(Columns columns) {
   for (const char* name : {"micro_precision", "micro_recall", "micro_f1", "macro_precision",
                            "macro_recall", "macro_f1"})
@@ -38,10 +37,17 @@ const Columns kTrainColumns = with_label_columns({
     {"tokens_per_s", false}, {"step_ms", false},      {"padding_efficiency", false},
     {"loss_scale", false},   {"nll", false},          {"elapsed_s", false},
     {"epoch", false},        {"comm_wait_ms", false}, {"hidden_share", false}});
-const Columns kEvalColumns = with_label_columns({
-    {"step", true},   {"loss", false}, {"perplexity", false}, {"accuracy", false},
-    {"tokens", true}, {"nll", false},  {"elapsed_s", false}});
+const Columns kEvalColumns = [] {
+  Columns columns = with_label_columns({
+      {"step", true},   {"loss", false}, {"perplexity", false}, {"accuracy", false},
+      {"tokens", true}, {"nll", false},  {"elapsed_s", false}});
+  columns.emplace_back("bleu", false);  // seq2seq --valid-bleu
+  return columns;
+}();
 // clang-format on
+bool is_label_column(const std::string& name) {
+  return name.rfind("micro_", 0) == 0 || name.rfind("macro_", 0) == 0;
+}
 // Columns every version has; later ones read as NaN when a file lacks them.
 constexpr size_t kVersion1TrainColumns = 10, kVersion1EvalColumns = 5;
 
@@ -147,12 +153,8 @@ MetricsLog::MetricsLog(const std::string& path, const RunAttributes& attrs,
 
   file_ = file.release();  // closed by close_all() from here on
   try {
-    // Without label figures, the columns before them.
-    const auto in_file = [&](const Columns& all) {
-      return attrs.label_figures ? all : Columns(all.begin(), all.end() - kLabelColumns);
-    };
-    open_columns("train", in_file(kTrainColumns), &train_);
-    open_columns("eval", in_file(kEvalColumns), &eval_);
+    open_columns("train", kTrainColumns, attrs.label_figures, &train_);
+    open_columns("eval", kEvalColumns, attrs.label_figures, &eval_);
     for (const std::vector<double>& row : old.train_rows)
       if (row[0] <= static_cast<double>(keep_through_step)) write_row(train_, &train_rows_, row);
     for (const std::vector<double>& row : old.eval_rows)
@@ -207,12 +209,13 @@ void MetricsLog::append_json(const char* group, const std::vector<Column>& colum
   for (size_t i = 0; i < columns.size(); ++i) {
     const std::string& name = columns[i].name;
     line += ", \"" + name.substr(name.find('/') + 1) + "\": ";
-    if (!std::isfinite(values[i])) {
+    const double value = values[columns[i].source];
+    if (!std::isfinite(value)) {
       line += "null";
     } else if (columns[i].integer) {
-      line += std::to_string(static_cast<long long>(values[i]));
+      line += std::to_string(static_cast<long long>(value));
     } else {
-      std::snprintf(buf, sizeof buf, "%.17g", values[i]);
+      std::snprintf(buf, sizeof buf, "%.17g", value);
       line += buf;
     }
   }
@@ -223,12 +226,14 @@ void MetricsLog::append_json(const char* group, const std::vector<Column>& colum
 
 void MetricsLog::open_columns(const char* group,
                               const std::vector<std::pair<const char*, bool>>& names,
-                              std::vector<Column>* columns) {
+                              bool label_figures, std::vector<Column>* columns) {
   const Faults faults = faults_of(path_);
   Hid g = faults.checked(H5Gcreate2(file_, group, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose,
                          std::string("group /") + group);
-  for (const auto& [name, integer] : names) {
-    Column c{std::string(group) + "/" + name, H5I_INVALID_HID, integer};
+  for (size_t source = 0; source < names.size(); ++source) {
+    const auto& [name, integer] = names[source];
+    if (!label_figures && is_label_column(name)) continue;
+    Column c{std::string(group) + "/" + name, H5I_INVALID_HID, integer, source};
     const hsize_t dims[1] = {0}, maxdims[1] = {H5S_UNLIMITED}, chunk[1] = {kRowsPerChunk};
     Hid space = faults.checked(H5Screate_simple(1, dims, maxdims), H5Sclose, c.name);
     Hid dcpl = faults.checked(H5Pcreate(H5P_DATASET_CREATE), H5Pclose, c.name);
@@ -259,11 +264,11 @@ void MetricsLog::write_row(std::vector<Column>& columns, hsize_t* rows,
     Hid space = faults.checked(H5Dget_space(c.id), H5Sclose, "/" + c.name);
     faults.check(H5Sselect_hyperslab(space.get(), H5S_SELECT_SET, at, nullptr, one, nullptr),
                  "/" + c.name);
-    const int64_t as_int = static_cast<int64_t>(values[i]);
+    const int64_t as_int = static_cast<int64_t>(values[c.source]);
     faults.check(H5Dwrite(c.id, c.integer ? H5T_NATIVE_INT64 : H5T_NATIVE_DOUBLE, memory.get(),
                           space.get(), H5P_DEFAULT,
                           c.integer ? static_cast<const void*>(&as_int)
-                                    : static_cast<const void*>(&values[i])),
+                                    : static_cast<const void*>(&values[c.source])),
                  "/" + c.name);
   }
   ++*rows;
@@ -290,10 +295,12 @@ void MetricsLog::append(const TrainRow& r) {
 }
 
 void MetricsLog::append(const EvalRow& r) {
-  append_row(eval_, &eval_rows_,
-             with_labels({static_cast<double>(r.step), r.loss, r.perplexity, r.accuracy,
-                          static_cast<double>(r.tokens), r.nll, r.elapsed_s},
-                         r.labels));
+  std::vector<double> values =
+      with_labels({static_cast<double>(r.step), r.loss, r.perplexity, r.accuracy,
+                   static_cast<double>(r.tokens), r.nll, r.elapsed_s},
+                  r.labels);
+  values.push_back(r.bleu);
+  append_row(eval_, &eval_rows_, values);
 }
 
 namespace {

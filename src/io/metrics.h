@@ -13,7 +13,8 @@
 //          macro_precision, macro_recall, macro_f1 (float64; only in the
 //          files of multi-label classifiers)
 //   /eval/step (int64), loss, perplexity, accuracy (float64), tokens (int64),
-//          nll, elapsed_s, and the six label figures (float64, likewise)
+//          nll, elapsed_s, the six label figures (float64, likewise), then
+//          bleu (seq2seq --valid-bleu; NaN otherwise)
 // (version 1 files lack the columns after loss_scale and tokens, version 2
 // files the label figures; carried into a version 3 file on resume, those
 // read as NaN. Version 3 files of other models than multi-label classifiers
@@ -72,6 +73,7 @@ struct EvalRow {
   int64_t tokens = 0;
   double nll = 0, elapsed_s = 0;
   LabelFigures labels;
+  double bleu = std::nan("");  // seq2seq --valid-bleu: of greedy translations, 0..100
 };
 
 // What a reader needs to know about the run (root attributes).
@@ -117,9 +119,11 @@ class MetricsLog {
     std::string name;
     hid_t id = H5I_INVALID_HID;
     bool integer = false;
+    size_t source = 0;  // its value's place in a row of every column
   };
+  // A multi-label classifier's figures only with label_figures.
   void open_columns(const char* group, const std::vector<std::pair<const char*, bool>>& names,
-                    std::vector<Column>* columns);
+                    bool label_figures, std::vector<Column>* columns);
   // values: one per column, in column order (integers exact up to 2^53).
   // append_row flushes; write_row does not and needs the caller's session.
   void append_row(std::vector<Column>& columns, hsize_t* rows, const std::vector<double>& values);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 #include <stdexcept>
 #include <utility>
 
@@ -335,6 +336,41 @@ DecodeNeeds decode_needs(const ModelConfig& config, const std::vector<int32_t>& 
                          const Layout& layout, const DecodeOptions& options) {
   const DecodeOptions o = for_kind(config, options);
   return needs_of(frame(config, input, layout, o), o);
+}
+
+DecodePlan plan_decoding(const ModelConfig& config, const std::vector<std::vector<int32_t>>& inputs,
+                         const Layout& layout, const DecodeOptions& options, int64_t max_rows) {
+  const size_t n = inputs.size();
+  std::vector<DecodeNeeds> needs(n);
+  for (size_t i = 0; i < n; ++i) needs[i] = decode_needs(config, inputs[i], layout, options);
+  DecodePlan plan;
+  std::vector<size_t>& order = plan.order;
+  order.resize(n);
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return inputs[a].size() < inputs[b].size(); });
+  DecodeNeeds batch, largest;
+  size_t members = 0;
+  const auto close = [&] {
+    if (members == 0) return;
+    largest.prefill_rows = std::max(largest.prefill_rows, batch.prefill_rows);
+    largest.beam_rows = std::max(largest.beam_rows, batch.beam_rows);
+    largest.cache_rows = std::max(largest.cache_rows, batch.cache_rows);
+    largest.source_rows = std::max(largest.source_rows, batch.source_rows);
+    members = 0;
+    batch = DecodeNeeds{};
+  };
+  for (size_t i : order) {
+    DecodeNeeds with = batch;
+    with += needs[i];
+    if (members > 0 && std::max({with.cache_rows, with.source_rows, with.prefill_rows}) > max_rows)
+      close();
+    batch += needs[i];
+    ++members;
+  }
+  close();
+  plan.capacity = decode_capacity(config, largest, options);
+  return plan;
 }
 
 ModelCapacity decode_capacity(const ModelConfig& config, const DecodeNeeds& needs,

@@ -70,6 +70,17 @@ DecodeNeeds decode_needs(const ModelConfig& config, const std::vector<int32_t>& 
 ModelCapacity decode_capacity(const ModelConfig& config, const DecodeNeeds& needs,
                               const DecodeOptions& options);
 
+// The inputs' order, shortest first, and a capacity that decodes them in
+// that order as a stream: the largest group of consecutive inputs whose
+// cache, source and first-step rows stay within max_rows (an input larger
+// than that alone).
+struct DecodePlan {
+  std::vector<size_t> order;
+  ModelCapacity capacity;
+};
+DecodePlan plan_decoding(const ModelConfig& config, const std::vector<std::vector<int32_t>>& inputs,
+                         const Layout& layout, const DecodeOptions& options, int64_t max_rows);
+
 // Decodes `inputs` (as for decode_needs), sentence i drawing its samples
 // from seeds[i], as many at a time as the model's capacity holds, and
 // hands each to `done(i, hypothesis)` as it finishes (any order). The

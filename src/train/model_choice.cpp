@@ -114,10 +114,9 @@ std::vector<ValidationScore> ModelChoice::ranked() const {
   for (const ValidationScore& s : history_) {
     if (std::binary_search(steps.begin(), steps.end(), s.step)) kept.push_back(s);
   }
-  std::stable_sort(kept.begin(), kept.end(), [&](const ValidationScore& a,
-                                                 const ValidationScore& b) {
-    return better(a.value, b.value);
-  });
+  std::stable_sort(
+      kept.begin(), kept.end(),
+      [&](const ValidationScore& a, const ValidationScore& b) { return better(a.value, b.value); });
   return kept;
 }
 
@@ -179,8 +178,9 @@ int ModelChoice::evaluations_since_best() const {
 
 std::string ModelChoice::describe(const ValidationScore& score) const {
   char text[96];
-  std::snprintf(text, sizeof text, metric_ == "bleu" ? "BLEU %.2f at step %lld" : "nll %.4f at step %lld",
-                score.value, static_cast<long long>(score.step));
+  std::snprintf(text, sizeof text,
+                metric_ == "bleu" ? "BLEU %.2f at step %lld" : "nll %.4f at step %lld", score.value,
+                static_cast<long long>(score.step));
   return text;
 }
 

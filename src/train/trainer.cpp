@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <memory>
@@ -13,6 +14,7 @@
 #include "src/core/error.h"
 #include "src/core/run_log.h"
 #include "src/io/checkpoint.h"
+#include "src/loss/bleu.h"
 #include "src/loss/cross_entropy.h"
 #include "src/parallel/agreement.h"
 #include "src/parallel/collective_checkpoint.h"
@@ -22,6 +24,7 @@
 #include "src/train/model_choice.h"
 #include "src/train/step.h"
 #include "src/train/stop_signals.h"
+#include "src/train/valid_bleu.h"
 
 namespace mpiformer {
 
@@ -67,7 +70,7 @@ class Trainer {
   // Held-out evaluation, printed and logged; *metric: the validation metric
   // (--valid-bleu: BLEU, else the nll). Returns 0 or an exit code.
   int evaluate_and_log(int64_t step, bool final_eval, double* metric);
-  void log_eval_on_root(int64_t step, bool final_eval, const LossSummary& eval);
+  void log_eval_on_root(int64_t step, bool final_eval, const LossSummary& eval, double bleu);
   // --keep-best and --early-stop after the evaluation of `step`: a
   // checkpoint when the evaluation is among the kept best and `step` has
   // none yet (saved_at: the step of the last checkpoint). *stop: no better
@@ -83,7 +86,8 @@ class Trainer {
   StepState state_;
   LossWatch loss_watch_;
   Batch eval_batch_;
-  std::unique_ptr<ModelChoice> choice_;  // rank 0, with --keep-best or --early-stop
+  std::unique_ptr<ModelChoice> choice_;   // rank 0, with --keep-best or --early-stop
+  std::unique_ptr<ValidationBleu> bleu_;  // --valid-bleu
   // Clocks of the progress line: the job's start, the first step's start.
   Clock::time_point job_start_, loop_start_;
   double elapsed_before_ = 0.0;  // elapsed_s when this job resumed the run
@@ -111,6 +115,13 @@ int Trainer::run() {
           std::make_unique<ModelChoice>(cfg.out_dir, cfg.valid_bleu ? "bleu" : "nll", cfg.keep_best,
                                         run_.start.resumed ? run_.start.state.step : 0);
     });
+    if (!made) return kExitFailure;
+  }
+  if (cfg.valid_bleu) {
+    std::string tokenizer = comm_.is_root() ? run_.tokenizer : "";
+    comm_.broadcast(&tokenizer, 0);
+    const bool made =
+        agreed(comm_, [&] { bleu_ = std::make_unique<ValidationBleu>(cfg, tokenizer, comm_); });
     if (!made) return kExitFailure;
   }
   int64_t saved_at = run_.start.resumed ? run_.start.state.step : -1;
@@ -342,12 +353,29 @@ int Trainer::evaluate_and_log(int64_t step, bool final_eval, double* metric) {
       evaluate(*run_.model, *run_.source, static_cast<uint64_t>(run_.cfg.eval_batches),
                run_.cfg.label_smoothing, comm_, eval_batch_);
   *metric = eval.nll;
-  return agreed(comm_, [&] { log_eval_on_root(step, final_eval, eval); }) ? 0 : kExitFailure;
+  double bleu = std::nan("");
+  if (bleu_) {
+    const Clock::time_point start = Clock::now();
+    if (!agreed(comm_, [&] { bleu = bleu_->score(*run_.model, *run_.ops, comm_); }))
+      return kExitFailure;
+    *metric = bleu;
+    if (comm_.is_root() && final_eval) {
+      say(stdout, "valid BLEU: %zu sentences translated (greedy) in %.1f s; %s\n",
+          bleu_->sentences(), seconds_since(start), bleu_signature());
+    }
+  }
+  return agreed(comm_, [&] { log_eval_on_root(step, final_eval, eval, bleu); }) ? 0 : kExitFailure;
 }
 
-void Trainer::log_eval_on_root(int64_t step, bool final_eval, const LossSummary& eval) {
+void Trainer::log_eval_on_root(int64_t step, bool final_eval, const LossSummary& eval,
+                               double bleu) {
   if (!comm_.is_root()) return;
-  const std::string figures = describe_eval(eval, run_.cfg.model.kind);
+  std::string figures = describe_eval(eval, run_.cfg.model.kind);
+  if (!std::isnan(bleu)) {
+    char text[32];
+    std::snprintf(text, sizeof text, " | BLEU %.2f", bleu);
+    figures += text;
+  }
   if (final_eval) {
     say(stdout, "final eval | %s\n", figures.c_str());
     // Which kernels attention ran on, so no fallback passes unseen.
@@ -367,6 +395,7 @@ void Trainer::log_eval_on_root(int64_t step, bool final_eval, const LossSummary&
   row.accuracy = eval.accuracy;
   row.tokens = eval.tokens;
   row.labels = eval.labels;
+  row.bleu = bleu;
   row.elapsed_s = elapsed_s();
   run_.metrics->append(row);
 }
