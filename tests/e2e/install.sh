@@ -13,7 +13,8 @@ installed=$work/prefix/bin/mpiformer
 for f in bin/mpiformer share/mpiformer/slurm/train.sbatch share/mpiformer/slurm/run-step.sh \
   share/mpiformer/analysis/plot_run.py share/mpiformer/analysis/mpiformer_metrics.py \
   share/mpiformer/data/extract-kjv.sh share/mpiformer/doc/FORMAT.md \
-  share/mpiformer/doc/CHECKPOINT.md share/mpiformer/doc/DESIGN.md; do
+  share/mpiformer/doc/CHECKPOINT.md share/mpiformer/doc/DESIGN.md \
+  share/mpiformer/doc/INSTALL.md; do
   [[ -e prefix/$f ]] || fail "cmake --install left no prefix/$f"
 done
 [[ -x prefix/share/mpiformer/slurm/train.sbatch ]] || fail "train.sbatch is not executable"

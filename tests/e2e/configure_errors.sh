@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# A configure that lacks a dependency stops with one line naming what is
+# missing and how to provide it: on stderr CMake's header line, then ours,
+# and nothing of find_package's paragraphs. Each case configures this source
+# tree afresh with one dependency hidden (no CUDA, no tests: seconds each).
+source "$(dirname "$0")/common.sh"
+work=$2
+src=$(cd "$(dirname "$0")/../.." && pwd)
+command -v cmake >/dev/null || { echo "SKIP: no cmake on PATH"; exit 77; }
+rm -rf "$work" && mkdir -p "$work/empty"
+failures=0 out=$work/out.txt err=$work/err.txt
+try_seconds=120
+
+# configure_refused WHAT NEEDLE... -- CMAKE_ARGS...: the configure with
+# CMAKE_ARGS fails, and its stderr (blank lines aside) is exactly CMake's
+# "CMake Error at CMakeLists.txt:N (message):" and one line holding every
+# NEEDLE.
+configure_refused() {
+  local what=$1 needles=() needle lines start=$SECONDS
+  shift
+  while [[ $1 != -- ]]; do
+    needles+=("$1")
+    shift
+  done
+  shift
+  try cmake -S "$src" -B "$work/build-$what" -DMPIFORMER_CUDA=OFF -DMPIFORMER_TESTS=OFF "$@"
+  if [[ $rc -eq 0 ]]; then
+    fail "$what: the configure succeeded"
+    return
+  fi
+  mapfile -t lines < <(grep -v '^[[:space:]]*$' "$err")
+  if [[ ${#lines[@]} -ne 2 ]]; then
+    fail "$what: ${#lines[@]} lines on stderr, expected CMake's header and one line"
+    return
+  fi
+  if [[ ! ${lines[0]} =~ ^CMake\ Error\ at\ CMakeLists\.txt:[0-9]+\ \(message\):$ ]]; then
+    fail "$what: stderr starts with '${lines[0]}', not our message's header"
+    return
+  fi
+  for needle in "mpiformer needs" "${needles[@]}" "(docs/INSTALL.md)"; do
+    if [[ ${lines[1]} != *"$needle"* ]]; then
+      fail "$what: the message does not say '$needle'"
+      return
+    fi
+  done
+  echo "PASS: $what refused in $((SECONDS - start)) s:${lines[1]}"
+}
+
+# The cases hide one piece from a configure that otherwise succeeds: where
+# this machine needs hints for that (a build configured with HDF5_ROOT and
+# the like), they would test nothing.
+try cmake -S "$src" -B "$work/build-all" -DMPIFORMER_CUDA=OFF -DMPIFORMER_TESTS=OFF
+if [[ $rc -ne 0 ]]; then
+  echo "SKIP: a configure without hints fails here: $(grep -v '^[[:space:]]*$' "$err" | sed -n 2p)"
+  exit 77
+fi
+
+configure_refused hdf5 "parallel (MPI) build of HDF5: none found" \
+  "apt-get install libhdf5-openmpi-dev" "HDF5_ROOT" -- -DCMAKE_DISABLE_FIND_PACKAGE_HDF5=TRUE
+configure_refused hdf5_root "none under HDF5_ROOT=$work/empty" -- -DHDF5_ROOT="$work/empty"
+configure_refused boost "Boost 1.74 or newer with program_options" \
+  "apt-get install libboost-program-options-dev" "Boost_ROOT" \
+  -- -DCMAKE_DISABLE_FIND_PACKAGE_Boost=TRUE
+configure_refused sentencepiece "SentencePiece C++ library" \
+  "none under SentencePiece_ROOT=$work/empty" "apt-get install libsentencepiece-dev" \
+  -- -DSentencePiece_ROOT="$work/empty"
+
+exit_on_failures
