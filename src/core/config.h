@@ -120,6 +120,13 @@ struct ModelConfig {
   }
 };
 
+// The first flag whose value differs between two models, as "--heads 4 (not 8)"
+// (a's value, then b's); "" when both compute the same function of the same
+// tensors. Dropout is not compared: it changes training, not the function.
+// Checkpoints are averaged only between models that agree here
+// (src/io/checkpoint_average.h).
+std::string model_difference(const ModelConfig& a, const ModelConfig& b);
+
 struct OptimConfig {
   float lr = 1e-3f;
   float beta1 = 0.9f;
