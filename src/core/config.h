@@ -225,6 +225,15 @@ struct PrepareConfig {
   uint64_t seed = 1;
 };
 
+// `mpiformer average`: the mean of the parameters of checkpoints of one
+// model (src/io/checkpoint_average.h), from files or a run's newest.
+struct AverageConfig {
+  std::vector<std::string> inputs;  // checkpoint files, as given
+  std::string run_dir;              // --run RUNDIR: its newest --last checkpoints
+  int last = 0;                     // --last K
+  std::string out;                  // --out FILE
+};
+
 // `mpiformer eval`: a checkpoint on a held-out split of a data set.
 struct EvalConfig {
   std::string checkpoint;          // --checkpoint FILE
