@@ -68,6 +68,9 @@ void add_train_flags(FlagTable& t, TrainConfig* c) {
   t.add("checkpoint-every", &c->checkpoint_every, "N",
         "steps between checkpoints; the last step always writes one (0: only the last)");
   t.add("keep-checkpoints", &c->keep_checkpoints, "K", "newest checkpoints kept (0: all)");
+  t.add("average-checkpoints", &c->average_checkpoints, "K",
+        "at the end, write checkpoints/average_last_K.h5, the mean of the newest K checkpoints' "
+        "weights (`mpiformer average`; 0: none)");
   t.add_choice("on-divergence", &c->on_divergence,
                {{"stop", OnDivergence::kStop}, {"skip", OnDivergence::kSkip}},
                "a step whose loss or gradient norm is not finite: stop (exit 3, nothing of it "
@@ -138,6 +141,13 @@ void validate_train(const TrainConfig& c) {
   require_at_least("--eval-batches", c.eval_batches, 0);
   require_at_least("--checkpoint-every", c.checkpoint_every, 0);
   require_at_least("--keep-checkpoints", c.keep_checkpoints, 0);
+  require_at_least("--average-checkpoints", c.average_checkpoints, 0);
+  if (c.keep_checkpoints > 0 && c.average_checkpoints > c.keep_checkpoints) {
+    usage_error("--average-checkpoints",
+                std::to_string(c.average_checkpoints) + " exceeds --keep-checkpoints (" +
+                    std::to_string(c.keep_checkpoints) +
+                    "): only that many are kept to average; raise --keep-checkpoints");
+  }
   validate_device(c.device, c.precision, c.tf32, c.threads, c.blas_core, c.attention);
   validate_transport(c.device, c.transport);
   if (!(c.loss_scale >= 1.0f && std::isfinite(c.loss_scale))) {

@@ -171,6 +171,9 @@ struct TrainConfig {
   int eval_batches = 0;      // 0: the whole validation split (a synthetic task: 8)
   int checkpoint_every = 0;  // 0: only at the last step
   int keep_checkpoints = 5;  // newest step_*.h5 kept (0: all)
+  // At the end, the mean of the newest K checkpoints in
+  // checkpoints/average_last_K.h5 (0: none; src/io/checkpoint_average.h)
+  int average_checkpoints = 0;
   OnDivergence on_divergence = OnDivergence::kStop;
   DeviceKind device = DeviceKind::kCpu;
   Precision precision = Precision::kFp32;
