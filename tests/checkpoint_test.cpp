@@ -631,10 +631,10 @@ TEST_F(CheckpointTest, AverageIsTheMeanInDoubleRoundedOnce) {
   EXPECT_EQ(mean[2], static_cast<float>((double{0.1f} + double{0.2f}) / 2));
   expect_same_tensors(read_checkpoint_tensors(out, "params"), older.params(), mean.data(),
                       "params");
-  expect_same_tensors(read_checkpoint_tensors(out, "optimizer/m"), newer.params(),
-                      newer.m.data(), "optimizer/m");
-  expect_same_tensors(read_checkpoint_tensors(out, "optimizer/v"), newer.params(),
-                      newer.v.data(), "optimizer/v");
+  expect_same_tensors(read_checkpoint_tensors(out, "optimizer/m"), newer.params(), newer.m.data(),
+                      "optimizer/m");
+  expect_same_tensors(read_checkpoint_tensors(out, "optimizer/v"), newer.params(), newer.v.data(),
+                      "optimizer/v");
   const CheckpointState s = read_checkpoint_state(out);
   EXPECT_EQ(s.step, 20);
   EXPECT_EQ(s.run_id, state_of_step(20).run_id);
@@ -675,8 +675,9 @@ TEST_F(CheckpointTest, AverageRefusesOtherModelsAndDamagedInputsNamingThem) {
   std::vector<float> zeros(other.parameters().count(), 0.0f);
   write_checkpoint(b, other.parameters(), zeros.data(), zeros.data(), state_of_step(2));
   refused({a, b}, nullptr, b,
-          "another model than " + a + ", the newest input: tensor 'decoder.layers.0.mlp.fc.bias' "
-          "of shape (48) (not (32))");
+          "another model than " + a +
+              ", the newest input: tensor 'decoder.layers.0.mlp.fc.bias' "
+              "of shape (48) (not (32))");
 
   // The flags come first, as the caller reads them.
   const ModelDifference by_config = [](const std::string& mine, const std::string& newest) {
