@@ -142,6 +142,9 @@ struct OptimConfig {
 };
 
 struct TrainConfig {
+  // --arch: the preset the flags not given were taken from ("": none;
+  // src/app/arch_presets.h)
+  std::string arch;
   ModelConfig model;
   OptimConfig optim;
 
