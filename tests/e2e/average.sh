@@ -10,7 +10,8 @@
 #   - `train --average-checkpoints 3` leaves checkpoints/average_last_3.h5
 #     with the same contents, and its last line names it;
 #   - eval and generate take the average; training resumes from it with
-#     `latest` naming a step file;
+#     `latest` naming a step file, and with --resume auto from the preset or
+#     from config.ini;
 #   - refusals are one line, exit 2, nothing written: inputs of another
 #     model, a missing or damaged input, --last beyond the checkpoints,
 #     --average-checkpoints beyond --keep-checkpoints, a preset of another
@@ -116,6 +117,13 @@ check "generate takes the average" test "$rc" -eq 0 -a -s "$out"
 try "$bin" train "${train[@]}" --out run --steps 8 --resume run/checkpoints/average_last_3.h5
 check "train --resume AVERAGE continues at step 7" grep -q "^resumed from run/checkpoints/average_last_3.h5: step 6" "$out"
 check "latest names step 8" grep -qx "step_00000008.h5" run/checkpoints/latest
+# The preset again, or the run's config.ini (which records it and every
+# value): --resume auto goes on with the same model.
+try "$bin" train "${train[@]}" --out run --steps 10 --resume auto
+check "--arch tiny --resume auto continues at step 9" grep -q "^resumed from run/checkpoints: step 8" "$out"
+try "$bin" train --config run/config.ini --steps 12 --resume auto
+check "--config RUNDIR/config.ini --resume auto continues at step 11" \
+  grep -q "^resumed from run/checkpoints: step 10" "$out"
 
 # Refusals: one line, exit 2, nothing written.
 "$bin" train "${train[@]}" --out wide --steps 2 --d-ff 256 >wide.log
@@ -127,7 +135,7 @@ head -c 20000 run/checkpoints/step_00000006.h5 >damaged.h5
 try "$bin" average --out refused.h5 run/checkpoints/step_00000004.h5 damaged.h5
 refused "a damaged input" 2 "damaged.h5: " "truncated"
 try "$bin" average --run run --last 9 --out refused.h5
-refused "--last beyond the checkpoints" 2 "--last: 9: run/checkpoints holds 4 checkpoint(s)"
+refused "--last beyond the checkpoints" 2 "--last: 9: run/checkpoints holds 5 checkpoint(s)"
 try "$bin" average --out run/checkpoints/step_00000010.h5 run/checkpoints/step_00000006.h5
 refused "an output named as a training checkpoint" 2 "--out: " "names a training checkpoint"
 check "no refused average was written" test ! -e refused.h5 -a ! -e refused.h5.tmp
