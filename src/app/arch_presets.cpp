@@ -40,8 +40,9 @@ const Flags kGpt2Recipe = {{"max-len", "1024"},
 // The Transformer of "Attention is all you need": post-LN, sinusoidal
 // positions, ReLU, shared embeddings, label smoothing 0.1, Adam (0.9, 0.98,
 // 1e-9) with 4000 warmup steps and inverse square root decay, the peak
-// being d_model^-0.5 x 4000^-0.5 (the presets' --lr). Its presets' --layers
-// gives both stacks; max-len 256 covers the sentences of WMT's BPE.
+// being d_model^-0.5 x 4000^-0.5 (the presets' --lr). The presets give
+// --layers 6, for both stacks, and --max-len 256 (seq2seq skips longer
+// pairs, --too-long).
 const Flags kVaswaniRecipe = {{"norm", "post"},
                               {"positions", "sinusoidal"},
                               {"tied-embeddings", "true"},
