@@ -1,6 +1,7 @@
 // HDF5 checkpoints: a bitwise round trip of a real model's tensors and AdamW
-// moments, the run directory's naming, `latest` and pruning, and one
-// "PATH: fault" error per bad file.
+// moments, the run directory's naming, `latest` and pruning, one "PATH:
+// fault" error per bad file, and averaging (the mean in float64, rounded
+// once; refusals naming the first input at fault).
 #include "src/io/checkpoint.h"
 
 #include <gtest/gtest.h>
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "src/io/checkpoint_average.h"
 #include "src/io/shard.h"
 #include "src/model/model.h"
 #include "tests/damaged_file.h"
@@ -574,6 +576,129 @@ TEST_F(CheckpointTest, LatestNamesACheckpointOfTheDirectory) {
   EXPECT_EQ(checkpoint_step("step_123456789.h5"), 123456789);
   for (const char* other : {"step_.h5", "step_12.h5.tmp", "step_1x.h5", "latest", "x_00000001.h5"})
     EXPECT_EQ(checkpoint_step(other), -1) << other;
+}
+
+// ---------------------------------------------------------------- averaging
+
+// A state the readers accept, of step `step`.
+CheckpointState state_of_step(int64_t step) {
+  CheckpointState s;
+  s.step = step;
+  s.optimizer_steps = step;
+  s.next_batch = static_cast<uint64_t>(step);
+  s.config_ini = "model = seq2seq\n";
+  s.vocab_size = 24;
+  s.tokenizer = "spm";
+  s.run_id = "00000000000000" + std::to_string(step);
+  return s;
+}
+
+TEST_F(CheckpointTest, AverageIsTheMeanInDoubleRoundedOnce) {
+  TinyModel older, newer;
+  float* a = older.params().params();
+  float* b = newer.params().params();
+  // Other weights, and other moments to tell whose are kept.
+  std::mt19937 rng(7);
+  std::normal_distribution<float> step(0.0f, 0.05f);
+  for (size_t i = 0; i < newer.params().count(); ++i) b[i] += step(rng);
+  for (float& x : newer.m) x *= 0.5f;
+  // Where the order and width of the sum show: 1 + 2^-24 rounds to 1 (to
+  // even); a float sum of 3e38 twice would overflow.
+  a[0] = 1.0f;
+  b[0] = std::nextafter(1.0f, 2.0f);
+  a[1] = b[1] = 3e38f;
+  a[2] = 0.1f;
+  b[2] = 0.2f;
+  const std::string older_path = file("older.h5"), newer_path = file("newer.h5");
+  write_checkpoint(older_path, older.params(), older.m.data(), older.v.data(), state_of_step(10));
+  write_checkpoint(newer_path, newer.params(), newer.m.data(), newer.v.data(), state_of_step(20));
+
+  const std::string out = file("average.h5");
+  // The older first: the sum runs in the order given; the newest sets the rest.
+  const CheckpointAverage written = average_checkpoints({older_path, newer_path}, out, nullptr);
+  EXPECT_EQ(written.newest, newer_path);
+  EXPECT_EQ(written.step, 20);
+  EXPECT_EQ(written.steps, (std::vector<int64_t>{10, 20}));
+  EXPECT_EQ(written.parameters, older.params().count());
+
+  const size_t n = older.params().count();
+  std::vector<float> mean(n);  // (count), laid out like the parameter buffer
+  for (size_t i = 0; i < n; ++i) {
+    mean[i] = static_cast<float>((static_cast<double>(a[i]) + static_cast<double>(b[i])) / 2.0);
+  }
+  EXPECT_EQ(mean[0], 1.0f);
+  EXPECT_EQ(mean[1], 3e38f);
+  EXPECT_EQ(mean[2], static_cast<float>((double{0.1f} + double{0.2f}) / 2));
+  expect_same_tensors(read_checkpoint_tensors(out, "params"), older.params(), mean.data(),
+                      "params");
+  expect_same_tensors(read_checkpoint_tensors(out, "optimizer/m"), newer.params(), newer.m.data(),
+                      "optimizer/m");
+  expect_same_tensors(read_checkpoint_tensors(out, "optimizer/v"), newer.params(), newer.v.data(),
+                      "optimizer/v");
+  const CheckpointState s = read_checkpoint_state(out);
+  EXPECT_EQ(s.step, 20);
+  EXPECT_EQ(s.run_id, state_of_step(20).run_id);
+  EXPECT_EQ(s.tokenizer, "spm");
+  EXPECT_EQ(s.averaged_from, older_path + "\n" + newer_path);
+  // The whole file reads as a checkpoint: resume's reader accepts it.
+  EXPECT_EQ(read_checkpoint(out).params.size(), older.params().info().size());
+  EXPECT_EQ(read_checkpoint_state(newer_path).averaged_from, "");
+  EXPECT_EQ(listing(dir_), (std::vector<std::string>{"average.h5", "newer.h5", "older.h5"}));
+}
+
+TEST_F(CheckpointTest, AverageRefusesOtherModelsAndDamagedInputsNamingThem) {
+  TinyModel t;
+  const std::string a = file("a.h5"), b = file("b.h5"), out = file("average.h5");
+  write_checkpoint(a, t.params(), t.m.data(), t.v.data(), state_of_step(4));
+  std::ofstream(out) << "an earlier average\n";
+  const auto refused = [&](const std::vector<std::string>& inputs, const ModelDifference& differ,
+                           const std::string& path, const std::string& words) {
+    try {
+      average_checkpoints(inputs, out, differ);
+      ADD_FAILURE() << "no refusal: " << words;
+    } catch (const AverageInputError& e) {
+      const std::string what = e.what();
+      EXPECT_EQ(what.rfind(path + ": ", 0), 0u) << what;
+      EXPECT_NE(what.find(words), std::string::npos) << what;
+      EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+    }
+    EXPECT_EQ(read_text(out), "an earlier average\n");  // left as it was, no .tmp beside it
+    EXPECT_FALSE(fs::exists(out + ".tmp"));
+  };
+
+  // Another shape: the first tensor that differs, from the newest's side.
+  ModelConfig wider = testing::tiny(ModelKind::kSeq2seq);
+  wider.d_ff = 48;
+  auto ops = make_cpu_ops(1);
+  Model other(*ops, wider, ModelCapacity{32, wider.max_len});
+  other.init_parameters(3);
+  std::vector<float> zeros(other.parameters().count(), 0.0f);
+  write_checkpoint(b, other.parameters(), zeros.data(), zeros.data(), state_of_step(2));
+  refused({a, b}, nullptr, b,
+          "another model than " + a +
+              ", the newest input: tensor 'decoder.layers.0.mlp.fc.bias' "
+              "of shape (48) (not (32))");
+
+  // The flags come first, as the caller reads them.
+  const ModelDifference by_config = [](const std::string& mine, const std::string& newest) {
+    return mine == newest ? std::string() : "--norm post (not pre)";
+  };
+  CheckpointState post = state_of_step(2);
+  post.config_ini = "norm = post\n";
+  write_checkpoint(b, t.params(), t.m.data(), t.v.data(), post);
+  refused({b, a}, by_config, b, "the newest input: --norm post (not pre)");
+
+  CheckpointState other_vocabulary = state_of_step(2);
+  other_vocabulary.tokenizer = "another spm";
+  write_checkpoint(b, t.params(), t.m.data(), t.v.data(), other_vocabulary);
+  refused({a, b}, by_config, b, "another tokenizer");
+
+  refused({a, file("absent.h5")}, nullptr, file("absent.h5"), "no such file");
+
+  // A non-finite weight is found while streaming; nothing is left behind.
+  t.params().params()[5] = std::numeric_limits<float>::quiet_NaN();
+  write_checkpoint(b, t.params(), t.m.data(), t.v.data(), state_of_step(2));
+  refused({a, b}, nullptr, b, "params tensor");
 }
 
 }  // namespace

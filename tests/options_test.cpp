@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "src/app/arch_presets.h"
 #include "src/core/error.h"
 
 namespace mpiformer {
@@ -441,6 +442,173 @@ TEST(TrainOptions, ConfigIniRoundTrips) {
   EXPECT_EQ(back.sharding, Sharding::kFile);
   EXPECT_EQ(back.prefetch, 7);
   EXPECT_EQ(back.model.vocab, 32);
+}
+
+// --arch: a preset fills in the flags not given; the effective values and
+// the preset's name go to config.ini, which then reproduces the run alone.
+TEST(TrainOptions, ArchPresetSetsItsFlags) {
+  const TrainConfig base =
+      parse_train({"--arch", "transformer-base", "--synthetic", "reverse", "--out", "r"});
+  EXPECT_EQ(base.arch, "transformer-base");
+  EXPECT_EQ(base.model.kind, ModelKind::kSeq2seq);
+  EXPECT_EQ(base.model.enc_layers, 6);  // --layers 6 stands for both stacks
+  EXPECT_EQ(base.model.dec_layers, 6);
+  EXPECT_EQ(base.model.d_model, 512);
+  EXPECT_EQ(base.model.heads, 8);
+  EXPECT_EQ(base.model.d_ff, 2048);
+  EXPECT_EQ(base.model.max_len, 256);
+  EXPECT_EQ(base.model.dropout, 0.1f);
+  EXPECT_FALSE(base.model.pre_norm);
+  EXPECT_EQ(base.model.positions, PositionKind::kSinusoidal);
+  EXPECT_EQ(base.model.activation, Activation::kRelu);
+  EXPECT_FALSE(base.model.output_bias);
+  EXPECT_EQ(base.label_smoothing, 0.1f);
+  EXPECT_EQ(base.optim.schedule, ScheduleKind::kInverseSqrt);
+  EXPECT_EQ(base.optim.warmup, 4000);
+  EXPECT_EQ(base.optim.lr, 0.0007f);
+  EXPECT_EQ(base.optim.beta2, 0.98f);
+  EXPECT_EQ(base.optim.eps, 1e-9f);
+
+  const TrainConfig gpt2 =
+      parse_train({"--arch", "gpt2-small", "--synthetic", "copy", "--out", "r"});
+  EXPECT_EQ(gpt2.model.kind, ModelKind::kLm);
+  EXPECT_EQ(gpt2.model.layers, 12);
+  EXPECT_EQ(gpt2.model.d_model, 768);
+  EXPECT_EQ(gpt2.model.heads, 12);
+  EXPECT_EQ(gpt2.model.d_ff, 3072);
+  EXPECT_EQ(gpt2.model.max_len, 1024);
+  EXPECT_TRUE(gpt2.model.pre_norm);
+  EXPECT_FALSE(gpt2.model.output_bias);
+  EXPECT_EQ(gpt2.label_smoothing, 0.0f);
+  EXPECT_EQ(gpt2.optim.schedule, ScheduleKind::kCosine);
+  EXPECT_EQ(gpt2.optim.beta2, 0.95f);
+  EXPECT_EQ(gpt2.optim.weight_decay, 0.1f);
+
+  // tiny fits any kind; a seq2seq model gets it in both stacks, and the
+  // label smoothing of its kind.
+  const TrainConfig tiny =
+      parse_train({"--arch", "tiny", "--model", "seq2seq", "--synthetic", "reverse", "--out", "r"});
+  EXPECT_EQ(tiny.model.enc_layers, 2);
+  EXPECT_EQ(tiny.model.dec_layers, 2);
+  EXPECT_EQ(tiny.model.d_model, 128);
+  EXPECT_EQ(tiny.model.d_ff, 512);
+  EXPECT_EQ(tiny.label_smoothing, 0.1f);
+}
+
+TEST(TrainOptions, EveryArchPresetNamesTrainFlagsOnly) {
+  TempFile data("arch_data", TempFile::Directory{});
+  for (const ArchPreset& preset : arch_presets()) {
+    SCOPED_TRACE(preset.name);
+    TrainConfig cfg;
+    std::ostringstream out;
+    // Shards give the vocabulary; none is read while parsing.
+    EXPECT_NO_THROW(parse_train_options(
+        {"--arch", preset.name, "--data", data.path(), "--out", "r"}, &cfg, out));
+    // Every value is set as the table shows it: config.ini records it so.
+    const std::string ini = train_config_ini(cfg);
+    for (const auto& [flag, value] : preset.flags) {
+      const std::string line = "\n" + std::string(flag) + " = " + value + "\n";
+      EXPECT_NE(ini.find(line), std::string::npos) << line << ini;
+    }
+  }
+}
+
+TEST(TrainOptions, FlagsGivenWinOverTheArchPreset) {
+  const TrainConfig cfg =
+      parse_train({"--arch", "gpt2-small", "--synthetic", "copy", "--out", "r", "--d-model", "256",
+                   "--heads", "8", "--dropout", "0", "--lr", "0.002"});
+  EXPECT_EQ(cfg.model.d_model, 256);
+  EXPECT_EQ(cfg.model.heads, 8);
+  EXPECT_EQ(cfg.model.dropout, 0.0f);
+  EXPECT_EQ(cfg.optim.lr, 0.002f);
+  EXPECT_EQ(cfg.model.layers, 12);  // the preset's, where nothing was given
+  EXPECT_EQ(cfg.model.d_ff, 3072);
+
+  // A --config file's keys are given too.
+  TempFile ini("arch.ini", "arch = transformer-big\nd-ff = 1000\nenc-layers = 3\n");
+  const TrainConfig big = parse_train(
+      {"--config", ini.path(), "--synthetic", "reverse", "--out", "r", "--dropout", "0.2"});
+  EXPECT_EQ(big.arch, "transformer-big");
+  EXPECT_EQ(big.model.d_model, 1024);
+  EXPECT_EQ(big.model.d_ff, 1000);
+  EXPECT_EQ(big.model.enc_layers, 3);
+  EXPECT_EQ(big.model.dec_layers, 6);
+  EXPECT_EQ(big.model.dropout, 0.2f);
+
+  // --layers given stands for both stacks, the preset's 6 for neither.
+  const TrainConfig layers = parse_train(
+      {"--arch", "transformer-base", "--synthetic", "reverse", "--out", "r", "--layers", "3"});
+  EXPECT_EQ(layers.model.enc_layers, 3);
+  EXPECT_EQ(layers.model.dec_layers, 3);
+  // The same --model as the preset's is no contradiction.
+  EXPECT_EQ(
+      parse_train({"--arch", "bert-base", "--model", "mlm", "--synthetic", "copy", "--out", "r"})
+          .model.layers,
+      12);
+}
+
+TEST(TrainOptions, ArchPresetIsRecordedWithItsEffectiveValues) {
+  const TrainConfig cfg = parse_train({"--arch", "tiny", "--model", "lm", "--synthetic", "copy",
+                                       "--out", "runs/a", "--d-ff", "256"});
+  const std::string ini = train_config_ini(cfg);
+  EXPECT_NE(ini.find("# Model\narch = tiny\nmodel = lm\nlayers = 2\n"), std::string::npos) << ini;
+  EXPECT_NE(ini.find("\nd-model = 128\n"), std::string::npos) << ini;
+  EXPECT_NE(ini.find("\nd-ff = 256\n"), std::string::npos) << ini;
+  EXPECT_NE(ini.find("\ndropout = 0.1\n"), std::string::npos) << ini;
+  EXPECT_EQ(train_config_ini(parse_train(base_args())).find("arch ="), std::string::npos);
+
+  // config.ini again, as a resumed run reads it (with its own --arch too):
+  // the same configuration, the preset changing nothing.
+  TempFile file("arch_roundtrip.ini", ini);
+  EXPECT_EQ(train_config_ini(parse_train({"--config", file.path()})), ini);
+  EXPECT_EQ(train_config_ini(parse_train({"--config", file.path(), "--arch", "tiny"})), ini);
+  // What eval and generate read back from a checkpoint's config.
+  const TrainConfig back = train_config_from_ini(ini, "config");
+  EXPECT_EQ(back.arch, "tiny");
+  EXPECT_EQ(back.model.d_ff, 256);
+}
+
+TEST(TrainOptions, ArchPresetRefusals) {
+  EXPECT_EQ(train_error({"--arch", "gpt5", "--synthetic", "copy", "--out", "r"}),
+            "--arch: expected gpt2-small, gpt2-medium, transformer-base, transformer-big, "
+            "bert-base, tiny or list; got 'gpt5'");
+  EXPECT_EQ(train_error({"--arch", "gpt2-small", "--model", "seq2seq", "--synthetic", "reverse",
+                         "--out", "r"}),
+            "--model: seq2seq contradicts --arch gpt2-small, whose model is lm; drop --model, "
+            "or choose a preset of that kind (tiny fits any)");
+  // Values the preset set are validated like given ones.
+  EXPECT_NE(train_error({"--arch", "tiny", "--synthetic", "copy", "--out", "r", "--heads", "3"})
+                .find("--heads: must divide --d-model (128)"),
+            std::string::npos);
+}
+
+TEST(TrainOptions, ArchListAndHelpShowThePresets) {
+  TrainConfig cfg;
+  std::ostringstream list;
+  EXPECT_FALSE(parse_train_options({"--arch", "list"}, &cfg, list));
+  EXPECT_EQ(list.str(), arch_preset_table());
+  for (const ArchPreset& preset : arch_presets()) {
+    EXPECT_NE(list.str().find("\n  " + std::string(preset.name) + " "), std::string::npos)
+        << preset.name;
+  }
+  EXPECT_NE(list.str().find("--d-model 768"), std::string::npos) << list.str();
+  std::ostringstream help;
+  EXPECT_FALSE(parse_train_options({"--help"}, &cfg, help));
+  EXPECT_NE(help.str().find("--arch NAME"), std::string::npos) << help.str();
+  EXPECT_NE(help.str().find(arch_preset_table()), std::string::npos);
+}
+
+TEST(TrainOptions, AverageCheckpointsAtMostTheKeptOnes) {
+  EXPECT_EQ(parse_train(with(base_args(), {"--average-checkpoints", "5"})).average_checkpoints, 5);
+  EXPECT_EQ(
+      parse_train(with(base_args(), {"--average-checkpoints", "9", "--keep-checkpoints", "0"}))
+          .average_checkpoints,
+      9);
+  EXPECT_EQ(train_error(with(base_args(), {"--average-checkpoints", "6"})),
+            "--average-checkpoints: 6 exceeds --keep-checkpoints (5): only that many are kept to "
+            "average; raise --keep-checkpoints");
+  EXPECT_EQ(train_error(with(base_args(), {"--average-checkpoints", "-1"})),
+            "--average-checkpoints: must be at least 0; got -1");
 }
 
 TEST(TrainOptions, UnsetBucketsAreNotWritten) {

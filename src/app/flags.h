@@ -11,6 +11,7 @@
 #include <functional>
 #include <iosfwd>
 #include <optional>
+#include <ostream>
 #include <set>
 #include <string>
 #include <system_error>
@@ -176,6 +177,8 @@ struct CommandFlags {
   void (*finish)(const std::set<std::string>& given, Config* cfg) = nullptr;
   // Where the configuration keeps --config's path (nullptr: nowhere).
   std::string Config::*config_file = nullptr;
+  // Text --help prints after the flags (nullptr: none).
+  std::string (*epilog)() = nullptr;
 };
 
 // The parse of every command: `command.initial()` into *cfg, its flags from
@@ -191,7 +194,10 @@ bool parse_command(const std::vector<std::string>& args, const CommandFlags<Conf
   const auto given =
       parse_flags(args, table, command.synopsis,
                   command.config_file ? &(cfg->*command.config_file) : &config_file, out);
-  if (!given) return false;
+  if (!given) {
+    if (command.epilog) out << command.epilog();
+    return false;
+  }
   command.finish(*given, cfg);
   return true;
 }

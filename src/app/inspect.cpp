@@ -196,6 +196,14 @@ void print_checkpoint(std::ostream& os, const std::string& path) {
      << (state.tokenizer.empty() ? std::string("none (synthetic data)")
                                  : human_bytes(state.tokenizer.size()))
      << "\nparameters   " << count << " in " << tensors.size() << " tensors\n";
+  if (!state.averaged_from.empty()) {
+    // One input a line, as the attribute lists them.
+    std::istringstream inputs(state.averaged_from);
+    std::string input;
+    for (bool first = true; std::getline(inputs, input); first = false) {
+      os << (first ? "averaged     " : "             ") << input << "\n";
+    }
+  }
   // Names and shapes left-aligned in columns, RMS right-aligned.
   auto pad = [](const std::string& s, size_t width) {
     return s + std::string(width - s.size(), ' ');

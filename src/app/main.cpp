@@ -30,6 +30,7 @@ constexpr const char* kUsage =
     "  eval     a checkpoint's loss, perplexity and accuracy on a shard set's valid or test split\n"
     "  generate translate (seq2seq) or continue (lm) text with a checkpoint\n"
     "  classify the best labels of text lines with a classifier checkpoint\n"
+    "  average  average checkpoints' weights into one checkpoint (the last K of a run, or files)\n"
     "  inspect  summarise a shard, checkpoint or metrics file: mpiformer inspect FILE.h5\n"
     "\n"
     "`mpiformer COMMAND --help` lists a command's flags and their defaults.\n";
@@ -39,7 +40,8 @@ constexpr const char* kInspectUsage =
     "Prints a summary of a shard, checkpoint or metrics file; a file it cannot read\n"
     "or describe is one line naming it, exit 2.\n";
 
-constexpr const char* kCommands = "train, eval, generate, classify, bench, prepare or inspect";
+constexpr const char* kCommands =
+    "train, eval, generate, classify, bench, prepare, average or inspect";
 
 // Every rank parses the same arguments and fails the same way, so only rank 0
 // speaks and every rank returns the same code without a collective.
@@ -163,6 +165,8 @@ int main(int argc, char** argv) {
     return parse_and_run<BenchConfig>(comm, cmd, rest, parse_bench_options, run_bench);
   if (cmd == "prepare")
     return parse_and_run<PrepareConfig>(comm, cmd, rest, parse_prepare_options, run_prepare);
+  if (cmd == "average")
+    return parse_and_run<AverageConfig>(comm, cmd, rest, parse_average_options, run_average);
   if (cmd == "inspect") return inspect(comm, rest);
   return usage_failure(comm, "mpiformer",
                        "unknown command '" + cmd + "'; expected " + kCommands + " (see --help)");

@@ -28,6 +28,10 @@ bool parse_classify_options(const std::vector<std::string>& args, ClassifyConfig
                             std::ostream& out);
 bool parse_generate_options(const std::vector<std::string>& args, GenerateConfig* cfg,
                             std::ostream& out);
+// `mpiformer average`: the checkpoint files are the arguments that are no
+// flag nor a flag's value.
+bool parse_average_options(const std::vector<std::string>& args, AverageConfig* cfg,
+                           std::ostream& out);
 
 // --blas-core's value ("auto" when not given) from a command's arguments
 // or its --config file, read before anything else (kernels/cpu/blas_kernels.h):

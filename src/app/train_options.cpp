@@ -1,10 +1,12 @@
 // `mpiformer train`'s flags, and a run's config.ini written and read back.
 #include <cmath>
+#include <ostream>
 #include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "src/app/arch_presets.h"
 #include "src/app/flags.h"
 #include "src/app/options.h"
 #include "src/app/shared_options.h"
@@ -22,6 +24,9 @@ constexpr const char* kTrainSynopsis =
 constexpr int kSyntheticVocab = 32;
 
 void add_train_flags(FlagTable& t, TrainConfig* c) {
+  t.group("Model");
+  t.add("arch", &c->arch, "NAME",
+        "a preset of model and recipe flags (table below; `--arch list`); the flags given win");
   add_model_flags(t, &c->model,
                   "vocabulary size, reserved ids included (0: from the shards with --data, "
                   "32 with --synthetic)");
@@ -80,6 +85,9 @@ void add_train_flags(FlagTable& t, TrainConfig* c) {
   t.add("early-stop", &c->early_stop, "N",
         "stop after N evaluations in a row without a better validation metric, with a "
         "checkpoint (0: never)");
+  t.add("average-checkpoints", &c->average_checkpoints, "K",
+        "at the end, write checkpoints/average_last_K.h5, the mean of the newest K checkpoints' "
+        "weights (`mpiformer average`; 0: none)");
   t.add_choice("on-divergence", &c->on_divergence,
                {{"stop", OnDivergence::kStop}, {"skip", OnDivergence::kSkip}},
                "a step whose loss or gradient norm is not finite: stop (exit 3, nothing of it "
@@ -168,6 +176,13 @@ void validate_train(const TrainConfig& c) {
                 "scores translations against the references of --data's "
                 "validation split; a synthetic task has none");
   }
+  require_at_least("--average-checkpoints", c.average_checkpoints, 0);
+  if (c.keep_checkpoints > 0 && c.average_checkpoints > c.keep_checkpoints) {
+    usage_error("--average-checkpoints",
+                std::to_string(c.average_checkpoints) + " exceeds --keep-checkpoints (" +
+                    std::to_string(c.keep_checkpoints) +
+                    "): only that many are kept to average; raise --keep-checkpoints");
+  }
   validate_device(c.device, c.precision, c.tf32, c.threads, c.blas_core, c.attention);
   validate_transport(c.device, c.transport);
   if (!(c.loss_scale >= 1.0f && std::isfinite(c.loss_scale))) {
@@ -201,7 +216,11 @@ TrainConfig initial_train_config() {
   return cfg;
 }
 
-void finish_train(const std::set<std::string>& given, TrainConfig* cfg) {
+void finish_train(const std::set<std::string>& given_flags, TrainConfig* cfg) {
+  // --arch fills in what was not given; its values then count as given.
+  FlagTable table;
+  add_train_flags(table, cfg);
+  const std::set<std::string> given = apply_arch_preset(table, given_flags, cfg->arch);
   apply_layers_shorthand(given, &cfg->model);
   // As in the Transformer paper for translation; a language model's loss is
   // then its true negative log-likelihood.
@@ -218,12 +237,17 @@ constexpr CommandFlags<TrainConfig> kTrainFlags{.synopsis = kTrainSynopsis,
                                                 .initial = initial_train_config,
                                                 .add = add_train_flags,
                                                 .finish = finish_train,
-                                                .config_file = &TrainConfig::config_file};
+                                                .config_file = &TrainConfig::config_file,
+                                                .epilog = arch_preset_table};
 
 }  // namespace
 
 bool parse_train_options(const std::vector<std::string>& args, TrainConfig* cfg,
                          std::ostream& out) {
+  if (early_flag_value(args, "arch") == "list") {
+    out << arch_preset_table();
+    return false;
+  }
   return parse_command(args, kTrainFlags, cfg, out);
 }
 

@@ -1,5 +1,9 @@
 #include "src/core/config.h"
 
+#include <charconv>
+#include <string>
+#include <type_traits>
+
 namespace mpiformer {
 
 // The spellings below are the command-line and config-file values: the flag
@@ -206,6 +210,65 @@ const char* to_string(OnDivergence k) {
       return "skip";
   }
   return "?";
+}
+
+std::string model_difference(const ModelConfig& a, const ModelConfig& b) {
+  const auto text = [](auto value) -> std::string {
+    using T = decltype(value);
+    if constexpr (std::is_same_v<T, bool>) {
+      return value ? "true" : "false";
+    } else if constexpr (std::is_same_v<T, const char*>) {
+      return value;
+    } else {
+      char buf[32];
+      return std::string(buf, std::to_chars(buf, buf + sizeof buf, value).ptr);
+    }
+  };
+  const auto differs = [&](const char* flag, auto x, auto y) -> std::string {
+    const std::string tx = text(x), ty = text(y);
+    return tx == ty ? "" : std::string(flag) + " " + tx + " (not " + ty + ")";
+  };
+  // In the order of the flag table, so the first difference is the one
+  // config.ini shows first.
+  std::string d = differs("--model", to_string(a.kind), to_string(b.kind));
+  if (!d.empty()) return d;
+  const bool seq2seq = a.kind == ModelKind::kSeq2seq;
+  const std::string checks[] = {
+      seq2seq ? "" : differs("--layers", a.layers, b.layers),
+      seq2seq ? differs("--enc-layers", a.enc_layers, b.enc_layers) : "",
+      seq2seq ? differs("--dec-layers", a.dec_layers, b.dec_layers) : "",
+      differs("--d-model", a.d_model, b.d_model),
+      differs("--heads", a.heads, b.heads),
+      differs("--d-ff", a.d_ff, b.d_ff),
+      differs("--max-len", a.max_len, b.max_len),
+      differs("--vocab", a.vocab, b.vocab),
+      differs("--norm", a.pre_norm ? "pre" : "post", b.pre_norm ? "pre" : "post"),
+      differs("--positions", to_string(a.positions), to_string(b.positions)),
+      differs("--tied-embeddings", a.tied_embeddings, b.tied_embeddings),
+      differs("--output-bias", a.output_bias, b.output_bias),
+      differs("--activation", to_string(a.activation), to_string(b.activation)),
+      differs("--attention-scale", to_string(a.attention_scale), to_string(b.attention_scale)),
+      a.attention_scale == AttentionScale::kLogLength
+          ? differs("--attention-ref-len", a.attention_ref_len, b.attention_ref_len)
+          : "",
+  };
+  for (const std::string& c : checks) {
+    if (!c.empty()) return c;
+  }
+  if (a.kind != ModelKind::kClassify) return "";
+  const std::string classifier_checks[] = {
+      differs("--num-labels", a.num_labels, b.num_labels),
+      differs("--pool", to_string(a.pool), to_string(b.pool)),
+      differs("--loss", to_string(a.loss), to_string(b.loss)),
+      differs("--patch", a.patch, b.patch),
+      differs("--image-height", a.image_height, b.image_height),
+      differs("--image-width", a.image_width, b.image_width),
+      differs("--image-channels", a.image_channels, b.image_channels),
+  };
+  for (const std::string& c : classifier_checks) {
+    if (!c.empty()) return c;
+  }
+  return "";
 }
 
 }  // namespace mpiformer

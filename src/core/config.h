@@ -120,6 +120,13 @@ struct ModelConfig {
   }
 };
 
+// The first flag whose value differs between two models, as "--heads 4 (not 8)"
+// (a's value, then b's); "" when both compute the same function of the same
+// tensors. Dropout is not compared: it changes training, not the function.
+// Checkpoints are averaged only between models that agree here
+// (src/io/checkpoint_average.h).
+std::string model_difference(const ModelConfig& a, const ModelConfig& b);
+
 struct OptimConfig {
   float lr = 1e-3f;
   float beta1 = 0.9f;
@@ -135,6 +142,9 @@ struct OptimConfig {
 };
 
 struct TrainConfig {
+  // --arch: the preset the flags not given were taken from ("": none;
+  // src/app/arch_presets.h)
+  std::string arch;
   ModelConfig model;
   OptimConfig optim;
 
@@ -169,6 +179,9 @@ struct TrainConfig {
   bool valid_bleu = false;
   int keep_best = 0;   // checkpoints of the best evaluations kept (0: none)
   int early_stop = 0;  // evaluations without a better metric before stopping (0: never)
+  // At the end, the mean of the newest K checkpoints in
+  // checkpoints/average_last_K.h5 (0: none; src/io/checkpoint_average.h)
+  int average_checkpoints = 0;
   OnDivergence on_divergence = OnDivergence::kStop;
   DeviceKind device = DeviceKind::kCpu;
   Precision precision = Precision::kFp32;
@@ -221,6 +234,15 @@ struct PrepareConfig {
   int test_lines = 0;              // 0: no test split unless --test
   bool valid_lines_given = false;  // a capped --valid-lines is worth a warning only if asked for
   uint64_t seed = 1;
+};
+
+// `mpiformer average`: the mean of the parameters of checkpoints of one
+// model (src/io/checkpoint_average.h), from files or a run's newest.
+struct AverageConfig {
+  std::vector<std::string> inputs;  // checkpoint files, as given
+  std::string run_dir;              // --run RUNDIR: its newest --last checkpoints
+  int last = 0;                     // --last K
+  std::string out;                  // --out FILE
 };
 
 // `mpiformer eval`: a checkpoint on a held-out split of a data set.

@@ -16,7 +16,15 @@ void resolve_data_config(TrainConfig* cfg) {
   if (!std::filesystem::is_directory(dir)) usage_error("--data", dir + " is not a directory");
   const std::vector<std::string> train = list_shards(dir, "train");
   if (train.empty()) usage_error("--data", dir + " holds no train-*.h5 shards");
-  apply_shard_header(read_shard_header(train.front()), dir, &cfg->model);
+  try {
+    apply_shard_header(read_shard_header(train.front()), dir, &cfg->model);
+  } catch (const UsageError& e) {
+    // The kind came from a preset, not from a --model the user wrote.
+    const std::string what = e.what();
+    if (cfg->arch.empty() || what.rfind("--model:", 0) != 0) throw;
+    throw UsageError(what + " (--arch " + cfg->arch + " sets --model " +
+                     to_string(cfg->model.kind) + "; choose a preset of the shards' kind)");
+  }
 }
 
 std::unique_ptr<BatchSource> make_batch_source(const TrainConfig& cfg, int rank, int world_size,

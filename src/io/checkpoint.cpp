@@ -70,26 +70,6 @@ void durably(Fn&& operation) {
 
 // ---------------------------------------------------------------- writing
 
-// One float32 tensor, chunked and Fletcher32-checksummed so a damaged
-// checkpoint is refused at resume instead of training from garbage.
-// data: host (product of shape)
-void write_tensor(hid_t group, const std::string& name, const std::vector<int>& shape,
-                  const float* data, const Faults& faults, const std::string& what) {
-  std::vector<hsize_t> dims(shape.begin(), shape.end());
-  Hid space = faults.checked(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
-                             H5Sclose, what);
-  Hid dcpl = hdf5::checksummed_chunks(checkpoint_chunk_dims(dims), faults, what);
-  Hid dset = faults.checked(H5Dcreate2(group, name.c_str(), H5T_IEEE_F32LE, space.get(),
-                                       H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
-                            H5Dclose, what);
-  faults.check(H5Dwrite(dset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), what);
-}
-
-Hid create_group(hid_t loc, const char* name, const Faults& faults) {
-  return faults.checked(H5Gcreate2(loc, name, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose,
-                        std::string("group /") + name);
-}
-
 // Everything write_checkpoint can check before touching the disk.
 // What is wrong with a state's resume attributes ("" when nothing): the
 // writer refuses what the reader would.
@@ -186,6 +166,9 @@ void write_checkpoint_attributes(hid_t root, const CheckpointState& state, const
   if (!state.run_id.empty()) hdf5::write_string_attr(root, "run_id", state.run_id, faults);
   if (!state.progress_window.empty())
     hdf5::write_string_attr(root, "progress_window", state.progress_window, faults);
+  if (!state.averaged_from.empty()) {
+    hdf5::write_string_attr(root, "averaged_from", state.averaged_from, faults);
+  }
 }
 
 std::vector<hsize_t> checkpoint_chunk_dims(const std::vector<hsize_t>& dims) {
@@ -196,6 +179,37 @@ std::vector<hsize_t> checkpoint_chunk_dims(const std::vector<hsize_t>& dims) {
     chunk[i] = std::clamp<hsize_t>(kChunkElements / rest, 1, chunk[i]);
   }
   return chunk;
+}
+
+// One float32 tensor, chunked and Fletcher32-checksummed so a damaged
+// checkpoint is refused at resume instead of training from garbage.
+void write_checkpoint_tensor(hid_t group, const std::string& name, const std::vector<int>& shape,
+                             const float* data, const Faults& faults, const std::string& what) {
+  std::vector<hsize_t> dims(shape.begin(), shape.end());
+  Hid space = faults.checked(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
+                             H5Sclose, what);
+  Hid dcpl = hdf5::checksummed_chunks(checkpoint_chunk_dims(dims), faults, what);
+  Hid dset = faults.checked(H5Dcreate2(group, name.c_str(), H5T_IEEE_F32LE, space.get(),
+                                       H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
+                            H5Dclose, what);
+  faults.check(H5Dwrite(dset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), what);
+}
+
+Hid create_checkpoint_group(hid_t loc, const char* name, const Faults& faults) {
+  return faults.checked(H5Gcreate2(loc, name, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose,
+                        std::string("group /") + name);
+}
+
+Hid create_checkpoint_file(const std::string& tmp, const Faults& faults) {
+  // File format 1.8 or later: the config attribute may outgrow the 64 KiB
+  // an attribute gets in the oldest format. No file locking: only this
+  // process ever opens the temporary name, and parallel file systems often
+  // lack flock().
+  Hid fapl = faults.checked(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, "the file");
+  faults.check(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_LATEST), "the file");
+  faults.check(H5Pset_file_locking(fapl.get(), 0, 1), "the file");
+  return faults.checked(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose,
+                        "the file");
 }
 
 bool checkpoint_kill_requested(int64_t step) {
@@ -211,15 +225,7 @@ void write_checkpoint_file(const std::string& tmp, const Faults& faults, const P
   ops.device().synchronize();  // the last update must have landed before it is copied
 
   hdf5::Session session;
-  // File format 1.8 or later: the config attribute may outgrow the 64 KiB
-  // an attribute gets in the oldest format. No file locking: only this
-  // process ever opens the temporary name, and parallel file systems often
-  // lack flock().
-  Hid fapl = faults.checked(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, "the file");
-  faults.check(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_LATEST), "the file");
-  faults.check(H5Pset_file_locking(fapl.get(), 0, 1), "the file");
-  Hid file = faults.checked(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()),
-                            H5Fclose, "the file");
+  Hid file = create_checkpoint_file(tmp, faults);
   const hid_t root = file.get();
 
   write_checkpoint_attributes(root, state, faults);
@@ -228,10 +234,10 @@ void write_checkpoint_file(const std::string& tmp, const Faults& faults, const P
   if (!state.label_names.empty())
     hdf5::write_bytes_dataset(root, "label_names", join_label_names(state.label_names), faults);
 
-  Hid params_group = create_group(root, "params", faults);
-  Hid optimizer = create_group(root, "optimizer", faults);
-  Hid m_group = create_group(optimizer.get(), "m", faults);
-  Hid v_group = create_group(optimizer.get(), "v", faults);
+  Hid params_group = create_checkpoint_group(root, "params", faults);
+  Hid optimizer = create_checkpoint_group(root, "optimizer", faults);
+  Hid m_group = create_checkpoint_group(optimizer.get(), "m", faults);
+  Hid v_group = create_checkpoint_group(optimizer.get(), "v", faults);
   const std::pair<const char*, std::pair<hid_t, const float*>> groups[] = {
       {"/params/", {params_group.get(), params.params()}},
       {"/optimizer/m/", {m_group.get(), adam_m}},
@@ -247,8 +253,8 @@ void write_checkpoint_file(const std::string& tmp, const Faults& faults, const P
     for (const ParamInfo& info : params.info()) {
       host.resize(info.size);
       ops.device().copy_to_host(host.data(), base + info.offset, info.size * sizeof(float));
-      write_tensor(group, info.name, info.shape, host.data(), faults,
-                   "dataset " + std::string(prefix) + info.name);
+      write_checkpoint_tensor(group, info.name, info.shape, host.data(), faults,
+                              "dataset " + std::string(prefix) + info.name);
     }
   }
   faults.check(H5Fflush(root, H5F_SCOPE_LOCAL), "the file");
@@ -445,6 +451,9 @@ CheckpointState read_checkpoint_state(const std::string& path) {
   }
   if (hdf5::attr_exists(root, "progress_window", faults)) {
     state.progress_window = hdf5::read_string_attr(root, "progress_window", faults);
+  }
+  if (hdf5::attr_exists(root, "averaged_from", faults)) {
+    state.averaged_from = hdf5::read_string_attr(root, "averaged_from", faults);
   }
   if (hdf5::link_exists(root, "tokenizer", faults)) {
     state.tokenizer = hdf5::read_bytes_dataset(root, "tokenizer", faults);

@@ -24,6 +24,8 @@
 //     vocab_size, pad_id, bos_id, eos_id, unk_id, mask_id, sep_id
 //     run_id                  the run that wrote it (absent in files of
 //                             earlier versions)
+//     averaged_from           the checkpoints an average was made of, one
+//                             path a line (absent in others; checkpoint_average.h)
 #pragma once
 
 #include <cstdint>
@@ -92,6 +94,10 @@ struct CheckpointState {
   // first line after a resume covers the same steps as without the stop;
   // "" in files of earlier versions, and not written when "".
   std::string progress_window;
+
+  // A checkpoint written by averaging others (src/io/checkpoint_average.h):
+  // their paths, one a line; "" (not written) for any other.
+  std::string averaged_from;
 };
 
 // Writes every tensor of `params` and its moments to `path`: the data goes

@@ -30,6 +30,20 @@ void write_checkpoint_attributes(hid_t root, const CheckpointState& state,
 // A tensor's chunks: at most 2^20 elements, whole rows (outermost dimension cut first).
 std::vector<hsize_t> checkpoint_chunk_dims(const std::vector<hsize_t>& dims);
 
+// Creates the file a single writer writes (HDF5 1.8 format or later, no
+// file locking), truncating what was there.
+hdf5::Hid create_checkpoint_file(const std::string& tmp, const hdf5::Faults& faults);
+
+// A group of the layout ("params", "optimizer", then "m" and "v" in it).
+hdf5::Hid create_checkpoint_group(hid_t loc, const char* name, const hdf5::Faults& faults);
+
+// One float32 tensor in `group`, chunked and Fletcher32-checksummed; `what`
+// names it in faults ("dataset /params/NAME").
+// data: host (product of shape)
+void write_checkpoint_tensor(hid_t group, const std::string& name, const std::vector<int>& shape,
+                             const float* data, const hdf5::Faults& faults,
+                             const std::string& what);
+
 // The crash tests' MPIFORMER_TEST_KILL_IN_CHECKPOINT=STEP names `step`.
 bool checkpoint_kill_requested(int64_t step);
 

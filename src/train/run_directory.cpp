@@ -260,9 +260,10 @@ std::string RunDirectory::make_head(const StartPoint& start) {
            std::to_string(checkpoint_step(later.front())) + ") and a copy of metrics.h5 moved to " +
            dest.string();
   }
-  // `latest` names the head when it is one of this run's files; one naming
-  // a file that moved away is dropped.
-  if (start.resumed && same_file(fs::path(start.checkpoint.path).parent_path(), checkpoints)) {
+  // `latest` names the head when it is one of this run's step_*.h5 files
+  // (not an average beside them); one naming a file that moved away is dropped.
+  if (start.resumed && checkpoint_step(start.checkpoint.path) >= 0 &&
+      same_file(fs::path(start.checkpoint.path).parent_path(), checkpoints)) {
     point_latest_at(path_, start.checkpoint.path);
   } else if (fs::exists(checkpoints / "latest") && latest().empty()) {
     std::error_code ec;

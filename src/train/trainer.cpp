@@ -20,6 +20,7 @@
 #include "src/parallel/collective_checkpoint.h"
 #include "src/parallel/replica_check.h"
 #include "src/train/divergence_guard.h"
+#include "src/train/final_average.h"
 #include "src/train/held_out.h"
 #include "src/train/model_choice.h"
 #include "src/train/step.h"
@@ -410,7 +411,9 @@ int train(const TrainConfig& flags, const Communicator& comm, const ConfigText& 
   const Started started = start_run(flags, comm, config_text, faults);
   if (!started.run) return started.exit_code;
   Trainer trainer(*started.run, comm, config_text, faults, std::move(state), job_start);
-  return trainer.run();
+  const int code = trainer.run();
+  if (code != 0 || flags.average_checkpoints == 0) return code;
+  return write_final_average(flags, comm, config_text);  // the run's last line
 }
 
 }  // namespace mpiformer
