@@ -183,7 +183,7 @@ mpiformer_run() {
   # mpirun exits 1 after a signal of its own even when every rank stopped
   # with a checkpoint (exit 75); their line in the log says so.
   if [[ $rc -ne 75 && $signalled -eq 1 ]] && sleep 1 &&
-    tail -n +"$log_start" "$rundir/train.log" | grep -q '^stopped by SIG.*(exit code 75)$'; then
+    tail -n +"$log_start" "$rundir/train.log" | grep -q '^[0-9-]* [0-9:]* stopped by SIG.*(exit code 75)$'; then
     echo "==> the launcher exited $rc after a signal; the ranks stopped with a checkpoint (75)"
     rc=75
   fi

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdarg>
 #include <cstring>
+#include <ctime>
 #include <mutex>
 #include <stdexcept>
 #include <vector>
@@ -21,7 +22,25 @@ struct RunLog {
   int fd = -1;
   bool holding = true;
   std::string held;
+  bool line_start = true;  // the next text begins a line (it gets a time stamp)
 };
+
+// `text` with each line begun by the local time ("2026-11-25 14:03:07 "):
+// a log read days later says when each thing happened.
+std::string stamped(const std::string& text, bool* line_start) {
+  char stamp[32] = "";
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  if (localtime_r(&now, &local) != nullptr) std::strftime(stamp, sizeof stamp, "%F %T ", &local);
+  std::string out;
+  out.reserve(text.size() + 32);
+  for (char c : text) {
+    if (*line_start) out += stamp;
+    out += c;
+    *line_start = c == '\n';
+  }
+  return out;
+}
 
 RunLog& run_log() {
   static RunLog log;
@@ -60,9 +79,9 @@ void say(std::FILE* stream, const char* format, ...) {
     std::vsnprintf(text.data(), text.size(), format, copy);
     text.pop_back();
     if (log.fd >= 0) {
-      write_all(log.fd, text);
+      write_all(log.fd, stamped(text, &log.line_start));
     } else {
-      log.held += text;
+      log.held += stamped(text, &log.line_start);
     }
   }
   va_end(copy);

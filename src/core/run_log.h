@@ -1,6 +1,7 @@
 // Rank 0's output, also kept in RUNDIR/train.log: every line the trainer
 // prints goes through say(), which writes it to its stream and, once a run
-// directory is claimed, appends it to the log. Lines said before that are
+// directory is claimed, appends it to the log, each line there begun by the
+// local time it was said ("2026-11-25 14:03:07 step 10/200 | ..."). Lines said before that are
 // held and written first, so the log of a run starts with its start-up lines.
 // A job that never claims its directory (busy, refused) writes no log.
 #pragma once

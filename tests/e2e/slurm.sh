@@ -157,6 +157,8 @@ expect() {
 # otherwise), --threads=1, and --resume none for a fresh run
 run=runs/requeue
 log=$run/train.log
+# train.log begins each line with the time it was said.
+stamp='[0-9-]* [0-9:]* '
 steps=3000
 job=$(sbatch --parsable --ntasks=2 --cpus-per-task=1 \
   slurm/train.sbatch $run --model lm --synthetic copy --layers 2 --d-model 32 --heads 2 \
@@ -167,7 +169,7 @@ out=$run/slurm-mpiformer-$job.out
 
 # started: training reached step 100; a job that ended before is a failure.
 started() {
-  grep -qs "^step 100/" "$log" && return 0
+  grep -qs "^${stamp}step 100/" "$log" && return 0
   if gone "$job"; then
     echo "FAIL: job $job ended before training started (ExitCode=$(job_field "$job" ExitCode))" >&2
     show_logs
@@ -179,8 +181,8 @@ wait_for "training to start" 60 started
 
 # What SLURM does before the time limit with --signal=B:USR1@120.
 scancel --signal=USR1 --batch "$job"
-wait_for "the stop" 60 grep -q "^stopped by SIGUSR1 after step" "$log"
-stop_step=$(sed -n 's/^stopped by SIGUSR1 after step \([0-9]*\);.*/\1/p' "$log")
+wait_for "the stop" 60 grep -q "^${stamp}stopped by SIGUSR1 after step" "$log"
+stop_step=$(sed -n "s/^${stamp}stopped by SIGUSR1 after step \([0-9]*\);.*/\1/p" "$log")
 echo "PASS: the run stopped after step $stop_step with a checkpoint"
 wait_for "the requeue" 60 bash -c "squeue -h -j $job -o %T | grep -q PENDING"
 # The script points the next start's output into the run directory.
@@ -188,13 +190,13 @@ wait_for "StdOut in $run" 30 bash -c "scontrol show job $job | grep -q 'StdOut=$
 # SLURM makes a requeued job wait about two minutes before it is eligible
 # again; the test lets it start at once.
 scontrol update JobId="$job" StartTime=now
-wait_for "the resumed run" 90 grep -q "^resumed from .*: step $stop_step," "$log"
+wait_for "the resumed run" 90 grep -q "^${stamp}resumed from .*: step $stop_step," "$log"
 echo "PASS: the job was requeued and resumed from step $stop_step"
 wait_for "the end of the job" 120 gone "$job"
 
 expect "Restarts=1" [ "$(job_field "$job" Restarts)" = 1 ]
 expect "ExitCode=0:0" [ "$(job_field "$job" ExitCode)" = 0:0 ]
-expect "a final eval" grep -q "^final eval" "$log"
+expect "a final eval" grep -q "^${stamp}final eval" "$log"
 expect "a checkpoint of step $stop_step" test -e "$run/checkpoints/$(printf 'step_%08d.h5' "$stop_step")"
 # Every log step once, in order, across the stop.
 "$bin" inspect "$run/metrics.h5" >"$work/metrics.txt"
@@ -242,7 +244,7 @@ echo "submitted jobs $first, $clash and array $sweep"
 wait_for "the First run job, the clash and the sweep" 240 gone "$first" "$clash" "$sweep"
 
 expect "First run flags: ExitCode=0:0" [ "$(job_field "$first" ExitCode)" = 0:0 ]
-expect "First run flags: a final eval in runs/kjv/train.log" grep -q "^final eval" runs/kjv/train.log
+expect "First run flags: a final eval in runs/kjv/train.log" grep -q "^${stamp}final eval" runs/kjv/train.log
 expect "First run flags: --threads 1 wins over --cpus-per-task=2" \
   grep -q "1 rank(s) x 1 thread(s)" runs/kjv/train.log
 expect "First run flags: runs/kjv/slurm-mpiformer-$first.out" \
@@ -255,7 +257,7 @@ expect "the clash: no runs/one" [ ! -e runs/one ]
 expect "the clash: no runs/two" [ ! -e runs/two ]
 for task in 0 1; do
   expect "sweep task $task: ExitCode=0:0" [ "$(job_field "${sweep}_$task" ExitCode)" = 0:0 ]
-  expect "sweep task $task: a final eval" grep -q "^final eval" "runs/sweep/$task/train.log"
+  expect "sweep task $task: a final eval" grep -q "^${stamp}final eval" "runs/sweep/$task/train.log"
   expect "sweep task $task: its output in runs/sweep/$task" \
     test -s "runs/sweep/$task/slurm-mpiformer-sweep-${sweep}_$task.out"
 done
