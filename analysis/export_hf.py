@@ -4,13 +4,29 @@
 usage: analysis/export_hf.py CHECKPOINT OUTDIR [--overwrite]
 
 OUTDIR receives:
-  config.json        GPT2LMHeadModel's configuration (model_type gpt2)
-  model.safetensors  the weights in float32, mapped exactly (below)
-  tokenizer.model    the SentencePiece model the run was trained with (the
-                     checkpoint's /tokenizer bytes; absent for a synthetic
-                     task). transformers' GPT-2 tokenizer does not read it:
-                     encode with the sentencepiece package and put bos_id
-                     first, as training does.
+  config.json            GPT2LMHeadModel's configuration (model_type gpt2)
+  model.safetensors      the weights in float32, mapped exactly (below)
+  generation_config.json mpiformer generate's rules for model.generate():
+                         greedy, at most max-len tokens in all, stop at
+                         EOS, never emit pad, BOS, [MASK] or [SEP]
+                         (suppress_tokens)
+and, for a run on shards (a synthetic task has no tokenizer):
+  tokenizer.model        the run's SentencePiece model (the checkpoint's
+                         /tokenizer bytes)
+  tokenizer.json, tokenizer_config.json, special_tokens_map.json
+                         the same tokenizer for transformers, converted by
+                         analysis/sentencepiece_model.py (its docstring
+                         says how, and what it cannot carry):
+                         AutoTokenizer.from_pretrained(OUTDIR) loads it
+                         with transformers and tokenizers alone, encodes a
+                         line to the ids mpiformer's shards hold, with BOS
+                         put first as the lm reads it in training and in
+                         generate (add_special_tokens=False leaves it out),
+                         and decodes ids as SentencePiece does. Its special
+                         tokens are bos, eos and pad; it pads on the left,
+                         for batched generation.
+A tokenizer that does not convert exactly (byte fallback, a word or char
+model, ...) is refused with one line naming what, exit 2.
 
 OUTDIR must not exist (its parent directories are created) or be an
 empty directory; --overwrite replaces one that holds files (an earlier
@@ -18,11 +34,13 @@ export). The files are written into a temporary directory beside OUTDIR,
 renamed into place once complete: OUTDIR never holds half an export, and
 a refused or failed export leaves it as it was.
 
-`GPT2LMHeadModel.from_pretrained(OUTDIR)` then gives the logits mpiformer
-gives (tests/e2e/export_hf.sh checks it). GPT-2 is a pre-LN decoder with
-learned positions, 1/sqrt(d_head) attention, tanh GELU (gelu_new) or ReLU,
-and no bias on its output projection; a checkpoint that differs is refused
-with one line naming the train flag that makes it fit, exit 2:
+`AutoModelForCausalLM.from_pretrained(OUTDIR)` then gives the logits
+mpiformer gives, and its greedy generate() mpiformer generate's tokens
+(tests/e2e/export_hf.sh checks both; hf_tokenizer.sh the tokenizer). GPT-2 is a pre-LN
+decoder with learned positions, 1/sqrt(d_head) attention, tanh GELU
+(gelu_new) or ReLU, and no bias on its output projection; a checkpoint
+that differs is refused with one line naming the train flag that makes it
+fit, exit 2:
   --model lm, --output-bias false, --norm pre, --positions learned,
   --attention-scale standard.
 
@@ -56,6 +74,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from mpiformer_metrics import (CHECKPOINT_FORMAT, RunError, file_format, h5_file,  # noqa: E402
                                read_config)
+import sentencepiece_model  # noqa: E402
 
 CHECKPOINT_VERSION = 2  # kCheckpointVersion, src/io/checkpoint.h
 LN_EPSILON = 1e-5  # ModelConfig::ln_eps (no flag sets it)
@@ -221,6 +240,60 @@ def hf_config(cfg, attrs, dims, vocab):
     }
 
 
+def generation_config(attrs, dims):
+    """generate()'s defaults as mpiformer generate decodes: greedy, BOS,
+    prompt and new tokens within the positions table, stopping at EOS,
+    never choosing pad, BOS, [MASK] or [SEP] (decoding.cpp's emittable)."""
+    never = sorted({int(attrs[k]) for k in ("pad_id", "bos_id", "mask_id", "sep_id")})
+    return {"bos_token_id": int(attrs["bos_id"]), "eos_token_id": int(attrs["eos_id"]),
+            "pad_token_id": int(attrs["pad_id"]), "do_sample": False, "num_beams": 1,
+            "max_length": dims["n_positions"], "suppress_tokens": never}
+
+
+def tokenizer_files(model_bytes, attrs, dims, vocab):
+    """tokenizer.model (the bytes as they are) and the transformers
+    tokenizer converted from them, {name: bytes}; ExportError for a
+    tokenizer that does not convert exactly or does not fit the checkpoint."""
+    try:
+        model = sentencepiece_model.read_model(model_bytes)
+    except sentencepiece_model.ModelError as e:
+        raise ExportError(f"its /tokenizer is no SentencePiece model ({e})") from None
+    why = sentencepiece_model.convertible(model)
+    if len(model.pieces) != vocab:
+        why.append(f"{len(model.pieces)} pieces for a vocabulary of {vocab}")
+    special = {name: int(attrs[f"{name}_id"]) for name in ("bos", "eos", "pad")}
+    control = set(model.ids_of(sentencepiece_model.CONTROL))
+    for name, i in special.items():
+        if i not in control:
+            why.append(f"its {name} id {i} is no control piece")
+    if why:
+        raise ExportError("its SentencePiece tokenizer does not convert exactly into a "
+                          "Hugging Face tokenizer: " + "; ".join(why))
+    document = sentencepiece_model.tokenizer_json(model, special["bos"])
+    names = {f"{name}_token": model.pieces[i][0] for name, i in special.items()}
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        # The same added tokens as tokenizer.json's, so loading adds none.
+        "added_tokens_decoder": {str(t["id"]): {k: v for k, v in t.items() if k != "id"}
+                                 for t in document["added_tokens"]},
+        **names,
+        # Decoding is SentencePiece's: no clean-up of spaces before punctuation.
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": dims["n_positions"],
+        "padding_side": "left",
+        # GPT-2 adds the embedding of a token_type_id to its input: none.
+        "model_input_names": ["input_ids", "attention_mask"],
+    }
+    return {"tokenizer.model": model_bytes,
+            "tokenizer.json": json_bytes(document),
+            "tokenizer_config.json": json_bytes(config),
+            "special_tokens_map.json": json_bytes(names)}
+
+
+def json_bytes(document):
+    return (json.dumps(document, indent=2, ensure_ascii=False) + "\n").encode()
+
+
 def safetensors_bytes(tensors):
     """The safetensors encoding of `tensors` (name -> float32 array): an
     8-byte little-endian header length, the JSON header (dtype, shape and
@@ -298,10 +371,11 @@ def export(checkpoint, outdir, overwrite=False):
     vocab = int(attrs["vocab_size"])
     tensors, dims = gpt2_tensors(cfg, params, vocab)
     config = hf_config(cfg, attrs, dims, vocab)
-    files = {"config.json": (json.dumps(config, indent=2) + "\n").encode(),
-             "model.safetensors": safetensors_bytes(tensors)}
+    files = {"config.json": json_bytes(config),
+             "generation_config.json": json_bytes(generation_config(attrs, dims))}
     if tokenizer:
-        files["tokenizer.model"] = tokenizer
+        files.update(tokenizer_files(tokenizer, attrs, dims, vocab))
+    files["model.safetensors"] = safetensors_bytes(tensors)
     write_outdir(outdir, files)
     count = sum(t.size for t in tensors.values())
     print(f"wrote {outdir}: GPT-2 of {dims['n_layer']} layers, n_embd {dims['n_embd']}, "
@@ -309,8 +383,8 @@ def export(checkpoint, outdir, overwrite=False):
           f"n_positions {dims['n_positions']}, {config['activation_function']}, "
           f"{'tied' if dims['tied'] else 'untied'} embeddings ({count} parameters, step "
           f"{int(attrs['step'])}); "
-          + ("tokenizer.model (SentencePiece)" if tokenizer else
-             "no tokenizer (a synthetic task)"))
+          + ("its SentencePiece tokenizer as tokenizer.model and tokenizer.json" if tokenizer
+             else "no tokenizer (a synthetic task)"))
 
 
 def main(argv):
