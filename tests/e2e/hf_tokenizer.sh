@@ -180,7 +180,8 @@ for outdir, text, shards, decoded in zip(args[0::4], args[1::4], args[2::4], arg
     say(not wrong, f"{outdir} decodes them to SentencePiece's text ({len(wrong)} differ)")
     batch = tokenizer(lines[:3], padding=True)
     longest = max(len(w) for w in want[:3]) + 1
-    rows_ok = all(row[longest - len(w) - 1:] == [bos] + w and set(row[:longest - len(w) - 1]) <= {pad}
+    rows_ok = all(row[longest - len(w) - 1:] == [bos] + w
+                  and set(row[:longest - len(w) - 1]) <= {pad}
                   and mask == [0] * (longest - len(w) - 1) + [1] * (len(w) + 1)
                   for row, mask, w in zip(batch["input_ids"], batch["attention_mask"], want))
     say(rows_ok and set(batch) == {"input_ids", "attention_mask"},
