@@ -12,7 +12,8 @@ OUTDIR receives:
                          (suppress_tokens)
 and, for a run on shards (a synthetic task has no tokenizer):
   tokenizer.model        the run's SentencePiece model (the checkpoint's
-                         /tokenizer bytes)
+                         /tokenizer bytes), which analysis/import_hf.py
+                         carries back
   tokenizer.json, tokenizer_config.json, special_tokens_map.json
                          the same tokenizer for transformers, converted by
                          analysis/sentencepiece_model.py (its docstring
@@ -58,6 +59,7 @@ Mapping (per layer i; a Conv1D weight is (in, out), the transpose of ours):
   output.weight (untied only)            lm_head.weight
 Both fuse q, k and v in that order along the output dimension, and both
 give head h the columns [h*D, (h+1)*D) of each, so qkv maps unchanged.
+analysis/import_hf.py reads the mapping (name_map) the other way.
 
 Runs on h5py and numpy alone; the safetensors file is written by hand.
 """
@@ -161,6 +163,36 @@ def expect(params, name, shape):
     return t
 
 
+def name_map(layers, C, F, L, vocab, tied):
+    """(our tensor, GPT-2's, our shape, whether GPT-2's is our transpose)
+    for every tensor of an lm of these dimensions: the mapping of the
+    docstring, which analysis/import_hf.py reads the other way."""
+    yield "embed.tokens", "transformer.wte.weight", (vocab, C), False
+    yield "embed.positions", "transformer.wpe.weight", (L, C), False
+    for i in range(layers):
+        ours, theirs = f"decoder.layers.{i}", f"transformer.h.{i}"
+        # (module, ours, theirs, input width, output width); None: a layer norm
+        for sub, name, hf, n_in, n_out in (
+                ("self_attn", "norm", "ln_1", None, C),
+                ("self_attn", "qkv", "attn.c_attn", C, 3 * C),
+                ("self_attn", "out", "attn.c_proj", C, C),
+                ("mlp", "norm", "ln_2", None, C),
+                ("mlp", "fc", "mlp.c_fc", C, F),
+                ("mlp", "proj", "mlp.c_proj", F, C)):
+            prefix = f"{ours}.{sub}.{name}"
+            if n_in is None:
+                yield prefix + ".gamma", f"{theirs}.{hf}.weight", (C,), False
+                yield prefix + ".beta", f"{theirs}.{hf}.bias", (C,), False
+            else:
+                # ours y = x W^T + b with W (out, in); Conv1D y = x W + b with W (in, out)
+                yield prefix + ".weight", f"{theirs}.{hf}.weight", (n_out, n_in), True
+                yield prefix + ".bias", f"{theirs}.{hf}.bias", (n_out,), False
+    yield "decoder.norm.gamma", "transformer.ln_f.weight", (C,), False
+    yield "decoder.norm.beta", "transformer.ln_f.bias", (C,), False
+    if not tied:
+        yield "output.weight", "lm_head.weight", (vocab, C), False
+
+
 def gpt2_tensors(cfg, params, vocab):
     """Our params as GPT2LMHeadModel's state dict, and its dimensions."""
     params = dict(params)
@@ -179,30 +211,10 @@ def gpt2_tensors(cfg, params, vocab):
     if tied != (cfg.get("tied-embeddings", "true") == "true"):
         raise ExportError("its config and its tensors disagree on tied embeddings")
 
-    out = {"transformer.wte.weight": expect(params, "embed.tokens", (vocab, C)),
-           "transformer.wpe.weight": expect(params, "embed.positions", (L, C))}
-    for i in range(layers):
-        ours, theirs = f"decoder.layers.{i}", f"transformer.h.{i}"
-        # (module, ours, theirs, input width, output width); None: a layer norm
-        for sub, name, hf, n_in, n_out in (
-                ("self_attn", "norm", "ln_1", None, C),
-                ("self_attn", "qkv", "attn.c_attn", C, 3 * C),
-                ("self_attn", "out", "attn.c_proj", C, C),
-                ("mlp", "norm", "ln_2", None, C),
-                ("mlp", "fc", "mlp.c_fc", C, F),
-                ("mlp", "proj", "mlp.c_proj", F, C)):
-            prefix = f"{ours}.{sub}.{name}"
-            if n_in is None:
-                out[f"{theirs}.{hf}.weight"] = expect(params, prefix + ".gamma", (C,))
-                out[f"{theirs}.{hf}.bias"] = expect(params, prefix + ".beta", (C,))
-            else:
-                # ours y = x W^T + b with W (out, in); Conv1D y = x W + b with W (in, out)
-                out[f"{theirs}.{hf}.weight"] = expect(params, prefix + ".weight", (n_out, n_in)).T
-                out[f"{theirs}.{hf}.bias"] = expect(params, prefix + ".bias", (n_out,))
-    out["transformer.ln_f.weight"] = expect(params, "decoder.norm.gamma", (C,))
-    out["transformer.ln_f.bias"] = expect(params, "decoder.norm.beta", (C,))
-    if not tied:
-        out["lm_head.weight"] = expect(params, "output.weight", (vocab, C))
+    out = {}
+    for ours, theirs, shape, transposed in name_map(layers, C, F, L, vocab, tied):
+        t = expect(params, ours, shape)
+        out[theirs] = t.T if transposed else t
     if params:
         raise ExportError(f"holds tensor {sorted(params)[0]}, which GPT-2 has no place for "
                           f"(--layers {layers} in its config)")
