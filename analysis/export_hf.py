@@ -4,13 +4,30 @@
 usage: analysis/export_hf.py CHECKPOINT OUTDIR [--overwrite]
 
 OUTDIR receives:
-  config.json        GPT2LMHeadModel's configuration (model_type gpt2)
-  model.safetensors  the weights in float32, mapped exactly (below)
-  tokenizer.model    the SentencePiece model the run was trained with (the
-                     checkpoint's /tokenizer bytes; absent for a synthetic
-                     task). transformers' GPT-2 tokenizer does not read it:
-                     encode with the sentencepiece package and put bos_id
-                     first, as training does.
+  config.json            GPT2LMHeadModel's configuration (model_type gpt2)
+  model.safetensors      the weights in float32, mapped exactly (below)
+  generation_config.json mpiformer generate's rules for model.generate():
+                         greedy, at most max-len tokens in all, stop at
+                         EOS, never emit pad, BOS, [MASK] or [SEP]
+                         (suppress_tokens)
+and, for a run on shards (a synthetic task has no tokenizer):
+  tokenizer.model        the run's SentencePiece model (the checkpoint's
+                         /tokenizer bytes), which analysis/import_hf.py
+                         carries back
+  tokenizer.json, tokenizer_config.json, special_tokens_map.json
+                         the same tokenizer for transformers, converted by
+                         analysis/sentencepiece_model.py (its docstring
+                         says how, and what it cannot carry):
+                         AutoTokenizer.from_pretrained(OUTDIR) loads it
+                         with transformers and tokenizers alone, encodes a
+                         line to the ids mpiformer's shards hold, with BOS
+                         put first as the lm reads it in training and in
+                         generate (add_special_tokens=False leaves it out),
+                         and decodes ids as SentencePiece does. Its special
+                         tokens are bos, eos and pad; it pads on the left,
+                         for batched generation.
+A tokenizer that does not convert exactly (byte fallback, a word or char
+model, ...) is refused with one line naming what, exit 2.
 
 OUTDIR must not exist (its parent directories are created) or be an
 empty directory; --overwrite replaces one that holds files (an earlier
@@ -18,11 +35,13 @@ export). The files are written into a temporary directory beside OUTDIR,
 renamed into place once complete: OUTDIR never holds half an export, and
 a refused or failed export leaves it as it was.
 
-`GPT2LMHeadModel.from_pretrained(OUTDIR)` then gives the logits mpiformer
-gives (tests/e2e/export_hf.sh checks it). GPT-2 is a pre-LN decoder with
-learned positions, 1/sqrt(d_head) attention, tanh GELU (gelu_new) or ReLU,
-and no bias on its output projection; a checkpoint that differs is refused
-with one line naming the train flag that makes it fit, exit 2:
+`AutoModelForCausalLM.from_pretrained(OUTDIR)` then gives the logits
+mpiformer gives, and its greedy generate() mpiformer generate's tokens
+(tests/e2e/export_hf.sh checks both; hf_tokenizer.sh the tokenizer). GPT-2 is a pre-LN
+decoder with learned positions, 1/sqrt(d_head) attention, tanh GELU
+(gelu_new) or ReLU, and no bias on its output projection; a checkpoint
+that differs is refused with one line naming the train flag that makes it
+fit, exit 2:
   --model lm, --output-bias false, --norm pre, --positions learned,
   --attention-scale standard.
 
@@ -40,6 +59,7 @@ Mapping (per layer i; a Conv1D weight is (in, out), the transpose of ours):
   output.weight (untied only)            lm_head.weight
 Both fuse q, k and v in that order along the output dimension, and both
 give head h the columns [h*D, (h+1)*D) of each, so qkv maps unchanged.
+analysis/import_hf.py reads the mapping (name_map) the other way.
 
 Runs on h5py and numpy alone; the safetensors file is written by hand.
 """
@@ -56,6 +76,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from mpiformer_metrics import (CHECKPOINT_FORMAT, RunError, file_format, h5_file,  # noqa: E402
                                read_config)
+import sentencepiece_model  # noqa: E402
 
 CHECKPOINT_VERSION = 2  # kCheckpointVersion, src/io/checkpoint.h
 LN_EPSILON = 1e-5  # ModelConfig::ln_eps (no flag sets it)
@@ -142,6 +163,36 @@ def expect(params, name, shape):
     return t
 
 
+def name_map(layers, C, F, L, vocab, tied):
+    """(our tensor, GPT-2's, our shape, whether GPT-2's is our transpose)
+    for every tensor of an lm of these dimensions: the mapping of the
+    docstring, which analysis/import_hf.py reads the other way."""
+    yield "embed.tokens", "transformer.wte.weight", (vocab, C), False
+    yield "embed.positions", "transformer.wpe.weight", (L, C), False
+    for i in range(layers):
+        ours, theirs = f"decoder.layers.{i}", f"transformer.h.{i}"
+        # (module, ours, theirs, input width, output width); None: a layer norm
+        for sub, name, hf, n_in, n_out in (
+                ("self_attn", "norm", "ln_1", None, C),
+                ("self_attn", "qkv", "attn.c_attn", C, 3 * C),
+                ("self_attn", "out", "attn.c_proj", C, C),
+                ("mlp", "norm", "ln_2", None, C),
+                ("mlp", "fc", "mlp.c_fc", C, F),
+                ("mlp", "proj", "mlp.c_proj", F, C)):
+            prefix = f"{ours}.{sub}.{name}"
+            if n_in is None:
+                yield prefix + ".gamma", f"{theirs}.{hf}.weight", (C,), False
+                yield prefix + ".beta", f"{theirs}.{hf}.bias", (C,), False
+            else:
+                # ours y = x W^T + b with W (out, in); Conv1D y = x W + b with W (in, out)
+                yield prefix + ".weight", f"{theirs}.{hf}.weight", (n_out, n_in), True
+                yield prefix + ".bias", f"{theirs}.{hf}.bias", (n_out,), False
+    yield "decoder.norm.gamma", "transformer.ln_f.weight", (C,), False
+    yield "decoder.norm.beta", "transformer.ln_f.bias", (C,), False
+    if not tied:
+        yield "output.weight", "lm_head.weight", (vocab, C), False
+
+
 def gpt2_tensors(cfg, params, vocab):
     """Our params as GPT2LMHeadModel's state dict, and its dimensions."""
     params = dict(params)
@@ -160,30 +211,10 @@ def gpt2_tensors(cfg, params, vocab):
     if tied != (cfg.get("tied-embeddings", "true") == "true"):
         raise ExportError("its config and its tensors disagree on tied embeddings")
 
-    out = {"transformer.wte.weight": expect(params, "embed.tokens", (vocab, C)),
-           "transformer.wpe.weight": expect(params, "embed.positions", (L, C))}
-    for i in range(layers):
-        ours, theirs = f"decoder.layers.{i}", f"transformer.h.{i}"
-        # (module, ours, theirs, input width, output width); None: a layer norm
-        for sub, name, hf, n_in, n_out in (
-                ("self_attn", "norm", "ln_1", None, C),
-                ("self_attn", "qkv", "attn.c_attn", C, 3 * C),
-                ("self_attn", "out", "attn.c_proj", C, C),
-                ("mlp", "norm", "ln_2", None, C),
-                ("mlp", "fc", "mlp.c_fc", C, F),
-                ("mlp", "proj", "mlp.c_proj", F, C)):
-            prefix = f"{ours}.{sub}.{name}"
-            if n_in is None:
-                out[f"{theirs}.{hf}.weight"] = expect(params, prefix + ".gamma", (C,))
-                out[f"{theirs}.{hf}.bias"] = expect(params, prefix + ".beta", (C,))
-            else:
-                # ours y = x W^T + b with W (out, in); Conv1D y = x W + b with W (in, out)
-                out[f"{theirs}.{hf}.weight"] = expect(params, prefix + ".weight", (n_out, n_in)).T
-                out[f"{theirs}.{hf}.bias"] = expect(params, prefix + ".bias", (n_out,))
-    out["transformer.ln_f.weight"] = expect(params, "decoder.norm.gamma", (C,))
-    out["transformer.ln_f.bias"] = expect(params, "decoder.norm.beta", (C,))
-    if not tied:
-        out["lm_head.weight"] = expect(params, "output.weight", (vocab, C))
+    out = {}
+    for ours, theirs, shape, transposed in name_map(layers, C, F, L, vocab, tied):
+        t = expect(params, ours, shape)
+        out[theirs] = t.T if transposed else t
     if params:
         raise ExportError(f"holds tensor {sorted(params)[0]}, which GPT-2 has no place for "
                           f"(--layers {layers} in its config)")
@@ -219,6 +250,60 @@ def hf_config(cfg, attrs, dims, vocab):
         "use_cache": True,
         "torch_dtype": "float32",
     }
+
+
+def generation_config(attrs, dims):
+    """generate()'s defaults as mpiformer generate decodes: greedy, BOS,
+    prompt and new tokens within the positions table, stopping at EOS,
+    never choosing pad, BOS, [MASK] or [SEP] (decoding.cpp's emittable)."""
+    never = sorted({int(attrs[k]) for k in ("pad_id", "bos_id", "mask_id", "sep_id")})
+    return {"bos_token_id": int(attrs["bos_id"]), "eos_token_id": int(attrs["eos_id"]),
+            "pad_token_id": int(attrs["pad_id"]), "do_sample": False, "num_beams": 1,
+            "max_length": dims["n_positions"], "suppress_tokens": never}
+
+
+def tokenizer_files(model_bytes, attrs, dims, vocab):
+    """tokenizer.model (the bytes as they are) and the transformers
+    tokenizer converted from them, {name: bytes}; ExportError for a
+    tokenizer that does not convert exactly or does not fit the checkpoint."""
+    try:
+        model = sentencepiece_model.read_model(model_bytes)
+    except sentencepiece_model.ModelError as e:
+        raise ExportError(f"its /tokenizer is no SentencePiece model ({e})") from None
+    why = sentencepiece_model.convertible(model)
+    if len(model.pieces) != vocab:
+        why.append(f"{len(model.pieces)} pieces for a vocabulary of {vocab}")
+    special = {name: int(attrs[f"{name}_id"]) for name in ("bos", "eos", "pad")}
+    control = set(model.ids_of(sentencepiece_model.CONTROL))
+    for name, i in special.items():
+        if i not in control:
+            why.append(f"its {name} id {i} is no control piece")
+    if why:
+        raise ExportError("its SentencePiece tokenizer does not convert exactly into a "
+                          "Hugging Face tokenizer: " + "; ".join(why))
+    document = sentencepiece_model.tokenizer_json(model, special["bos"])
+    names = {f"{name}_token": model.pieces[i][0] for name, i in special.items()}
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        # The same added tokens as tokenizer.json's, so loading adds none.
+        "added_tokens_decoder": {str(t["id"]): {k: v for k, v in t.items() if k != "id"}
+                                 for t in document["added_tokens"]},
+        **names,
+        # Decoding is SentencePiece's: no clean-up of spaces before punctuation.
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": dims["n_positions"],
+        "padding_side": "left",
+        # GPT-2 adds the embedding of a token_type_id to its input: none.
+        "model_input_names": ["input_ids", "attention_mask"],
+    }
+    return {"tokenizer.model": model_bytes,
+            "tokenizer.json": json_bytes(document),
+            "tokenizer_config.json": json_bytes(config),
+            "special_tokens_map.json": json_bytes(names)}
+
+
+def json_bytes(document):
+    return (json.dumps(document, indent=2, ensure_ascii=False) + "\n").encode()
 
 
 def safetensors_bytes(tensors):
@@ -298,10 +383,11 @@ def export(checkpoint, outdir, overwrite=False):
     vocab = int(attrs["vocab_size"])
     tensors, dims = gpt2_tensors(cfg, params, vocab)
     config = hf_config(cfg, attrs, dims, vocab)
-    files = {"config.json": (json.dumps(config, indent=2) + "\n").encode(),
-             "model.safetensors": safetensors_bytes(tensors)}
+    files = {"config.json": json_bytes(config),
+             "generation_config.json": json_bytes(generation_config(attrs, dims))}
     if tokenizer:
-        files["tokenizer.model"] = tokenizer
+        files.update(tokenizer_files(tokenizer, attrs, dims, vocab))
+    files["model.safetensors"] = safetensors_bytes(tensors)
     write_outdir(outdir, files)
     count = sum(t.size for t in tensors.values())
     print(f"wrote {outdir}: GPT-2 of {dims['n_layer']} layers, n_embd {dims['n_embd']}, "
@@ -309,8 +395,8 @@ def export(checkpoint, outdir, overwrite=False):
           f"n_positions {dims['n_positions']}, {config['activation_function']}, "
           f"{'tied' if dims['tied'] else 'untied'} embeddings ({count} parameters, step "
           f"{int(attrs['step'])}); "
-          + ("tokenizer.model (SentencePiece)" if tokenizer else
-             "no tokenizer (a synthetic task)"))
+          + ("its SentencePiece tokenizer as tokenizer.model and tokenizer.json" if tokenizer
+             else "no tokenizer (a synthetic task)"))
 
 
 def main(argv):

@@ -8,7 +8,10 @@
 # batch. Two models: tied embeddings with GELU, trained on shards (its
 # tokenizer.model is the shards' SentencePiece model), and untied
 # embeddings with ReLU on a synthetic task (no tokenizer.model). Swapping
-# two heads' query columns is caught. What GPT-2 cannot express is refused
+# two heads' query columns is caught. transformers' greedy generate(), told
+# mpiformer's decoding rules by the export's generation_config.json, gives
+# the tokens of `mpiformer generate`. (tests/e2e/hf_tokenizer.sh checks the
+# tokenizer files, readme_hf.sh the README's example.) What GPT-2 cannot express is refused
 # with one line naming the flag, exit 2, and nothing written. OUTDIR is
 # written whole or not at all, and an earlier export is replaced only with
 # --overwrite.
@@ -117,7 +120,8 @@ expect_one_line_error "an OUTDIR holding an export" 2 "tied-hf: is not empty" "-
 echo "an earlier file" >tied-hf/stale.txt
 export_to tied-hf --overwrite
 check "--overwrite replaces an export (exit $rc: $(head -c 300 "$err"))" test "$rc" -eq 0
-holds_only tied-hf config.json model.safetensors tokenizer.model
+holds_only tied-hf config.json generation_config.json model.safetensors tokenizer.model \
+  tokenizer.json tokenizer_config.json special_tokens_map.json
 [[ $(cksum tied-hf/*) == "$before" ]] || fail "the export again differs from the first"
 mkdir empty-hf
 export_to empty-hf
@@ -215,59 +219,110 @@ sys.exit(1 if failures else 0)
 PY
 [[ $rc -eq 0 ]] || fail "transformers does not give mpiformer's logits (exit $rc)"
 
-# Greedy decoding: transformers with its own key/value cache continues 5
-# prompts for up to 64 new tokens to the tokens `generate` gives (ids of a
-# synthetic task, which carry no BOS: the exported model sees the prompt
-# alone). Our decoder never emits pad, BOS, [MASK] or [SEP] and stops at
-# EOS; transformers is told the same.
+# Greedy decoding: transformers' generate() continues 5 prompts for up to
+# 64 new tokens to the tokens `generate` gives (ids of a synthetic task,
+# which carry no BOS: the exported model sees the prompt alone). Our
+# decoder never emits pad, BOS, [MASK] or [SEP] and stops at EOS; the
+# export's generation_config.json tells transformers the same. A second
+# model, made to favour one of those ids at every step (its final norm
+# gives that id's embedding whatever the input), shows the rule at work:
+# both decoders choose the same other token, and transformers told nothing
+# of it (suppress_tokens=[]) chooses the forbidden id.
 "$bin" train --model lm --synthetic copy --out long --output-bias false --layers 2 --d-model 32 \
   --heads 4 --d-ff 64 --vocab 40 --max-len 96 --max-tokens 1024 --steps 400 --lr 3e-3 \
   --warmup 10 --dropout 0 --log-every 100 --threads 1 >train-long.log
-python3 "$src/analysis/export_hf.py" long/checkpoints/step_00000400.h5 long-hf
-# The copy task's lm reads x SEP (5) and continues with x and EOS.
-printf '%s 5\n' "6 7 8" "20 21 22 23 24 25 26 27" "9" "30 12 30 12 30 12 30 12 30 12 30 12" \
-  "39 38 37 36 35 34 33 32 31 30 29 28 27 26 25 24 23 22 21 20 19 18 17 16 15 14 13" >prompts.txt
-"$bin" generate --checkpoint long/checkpoints/step_00000400.h5 --input prompts.txt \
-  --max-new-tokens 64 --threads 1 --output ours.txt
+cp long/checkpoints/step_00000400.h5 favours.h5
+python3 - favours.h5 <<'PY'
+import sys
+
+import h5py
+import numpy as np
+
+with h5py.File(sys.argv[1], "r+") as f:
+    p = f["params"]
+    table = np.asarray(p["embed.tokens"], dtype=np.float64)
+    # An id that scores highest against its own embedding among pad, BOS,
+    # [MASK] and [SEP]: a constant final hidden state of its embedding
+    # makes every step's logits favour it.
+    for token in (5, 4, 1, 0):
+        if np.argmax(table @ table[token]) == token:
+            break
+    else:
+        sys.exit("no forbidden id scores highest against its own embedding")
+    p["decoder.norm.gamma"][...] = 0
+    p["decoder.norm.beta"][...] = 4 * table[token] / np.linalg.norm(table[token])
+PY
+for model in long favours; do
+  ckpt=long/checkpoints/step_00000400.h5
+  [[ $model == long ]] || ckpt=favours.h5
+  python3 "$src/analysis/export_hf.py" $ckpt $model-hf >/dev/null
+  # The copy task's lm reads x SEP (5) and continues with x and EOS.
+  printf '%s 5\n' "6 7 8" "20 21 22 23 24 25 26 27" "9" "30 12 30 12 30 12 30 12 30 12 30 12" \
+    "39 38 37 36 35 34 33 32 31 30 29 28 27 26 25 24 23 22 21 20 19 18 17 16 15 14 13" \
+    >prompts.txt
+  "$bin" generate --checkpoint $ckpt --input prompts.txt --max-new-tokens 64 --threads 1 \
+    --output ours-$model.txt 2>/dev/null
+done
 rc=0
-"$hf_python" - long-hf prompts.txt ours.txt <<'PY' || rc=$?
+"$hf_python" - prompts.txt long-hf ours-long.txt favours-hf ours-favours.txt <<'PY' || rc=$?
 import sys
 import warnings
 
 import torch
-from transformers import GPT2LMHeadModel
+from transformers import GenerationConfig, GPT2LMHeadModel
 from transformers.utils import logging
 
 warnings.simplefilter("ignore")
 logging.set_verbosity_error()
-PAD, BOS, EOS, MASK, SEP = 0, 1, 2, 4, 5
-model = GPT2LMHeadModel.from_pretrained(sys.argv[1]).eval()
-prompts = [[int(w) for w in line.split()] for line in open(sys.argv[2])]
-ours = [[int(w) for w in line.split()] for line in open(sys.argv[3])]
-failures, produced = 0, 0
-for k, (prompt, mine) in enumerate(zip(prompts, ours)):
-    # Step by step on the model's own cache (past_key_values): the
-    # distribution's torch breaks GenerationMixin.generate's FSDP import.
-    theirs, ids, past = [], torch.tensor([prompt]), None
+EOS, NEVER = 2, [0, 1, 4, 5]  # generate's stop and the ids it never emits
+prompts = [[int(w) for w in line.split()] for line in open(sys.argv[1])]
+failures = 0
+
+
+def say(ok, message):
+    global failures
+    failures += not ok
+    print(f"{'PASS' if ok else 'FAIL'}: {message}", file=sys.stdout if ok else sys.stderr)
+
+
+def decode(model, **options):
+    """generate()'s new tokens for each prompt, EOS dropped."""
+    outputs = []
     with torch.no_grad():
-        for _ in range(64):
-            out = model(ids, past_key_values=past, use_cache=True)
-            past = out.past_key_values
-            logits = out.logits[0, -1].double()
-            logits[[PAD, BOS, MASK, SEP]] = -float("inf")
-            token = int(torch.argmax(logits))
-            if token == EOS:
-                break
-            theirs.append(token)
-            ids = torch.tensor([[token]])
-    produced += len(theirs)
-    if theirs != mine:
-        failures += 1
-        print(f"FAIL: prompt {k + 1}: transformers gives {theirs}, generate {mine}",
-              file=sys.stderr)
-print(f"{'PASS' if failures == 0 else 'FAIL'}: transformers' cached greedy decoding gives "
-      f"generate's tokens for {len(prompts)} prompts ({produced} new tokens)")
-sys.exit(1 if failures or len(ours) != len(prompts) or produced == 0 else 0)
+        for prompt in prompts:
+            ids = torch.tensor([prompt])
+            new = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=64,
+                                 **options)[0, len(prompt):].tolist()
+            outputs.append(new[:new.index(EOS)] if EOS in new else new)
+    return outputs
+
+
+for outdir, ours_file in zip(sys.argv[2::2], sys.argv[3::2]):
+    model = GPT2LMHeadModel.from_pretrained(outdir).eval()
+    ours = [[int(w) for w in line.split()] for line in open(ours_file)]
+    theirs = decode(model)  # with the export's generation_config.json
+    for k, (mine, their) in enumerate(zip(ours, theirs)):
+        if their != mine:
+            print(f"  prompt {k + 1}: transformers gives {their}, generate {mine}",
+                  file=sys.stderr)
+    produced = sum(map(len, theirs))
+    say(theirs == ours and len(ours) == len(prompts) and produced > 0,
+        f"{outdir}: transformers' greedy generate() with the export's generation config "
+        f"gives generate's tokens for {len(prompts)} prompts ({produced} new tokens)")
+    config = GenerationConfig.from_pretrained(outdir)
+    expected = {"do_sample": False, "num_beams": 1, "eos_token_id": EOS, "pad_token_id": 0,
+                "bos_token_id": 1, "max_length": model.config.n_positions,
+                "suppress_tokens": NEVER}
+    differ = {k: getattr(config, k) for k, v in expected.items() if getattr(config, k) != v}
+    say(not differ, f"{outdir}/generation_config.json holds {expected}"
+        + (f"; differs in {differ}" if differ else ""))
+    if outdir.startswith("favours"):
+        free = decode(model, suppress_tokens=[])
+        forbidden = sorted({t for row in free for t in row if t in NEVER})
+        say(forbidden and not any(t in NEVER for row in theirs for t in row),
+            f"{outdir}: generate() told nothing of the forbidden ids emits {forbidden}; with "
+            "the export's generation config, as mpiformer, none")
+sys.exit(1 if failures else 0)
 PY
 [[ $rc -eq 0 ]] || fail "transformers does not decode to generate's tokens (exit $rc)"
 
