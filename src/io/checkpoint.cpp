@@ -171,6 +171,14 @@ void write_checkpoint_attributes(hid_t root, const CheckpointState& state, const
   }
 }
 
+void write_checkpoint_header(hid_t root, const CheckpointState& state, const Faults& faults) {
+  write_checkpoint_attributes(root, state, faults);
+  if (!state.tokenizer.empty())
+    hdf5::write_bytes_dataset(root, "tokenizer", state.tokenizer, faults);
+  if (!state.label_names.empty())
+    hdf5::write_bytes_dataset(root, "label_names", join_label_names(state.label_names), faults);
+}
+
 std::vector<hsize_t> checkpoint_chunk_dims(const std::vector<hsize_t>& dims) {
   std::vector<hsize_t> chunk = dims;
   for (size_t i = 0; i < chunk.size(); ++i) {
@@ -228,11 +236,7 @@ void write_checkpoint_file(const std::string& tmp, const Faults& faults, const P
   Hid file = create_checkpoint_file(tmp, faults);
   const hid_t root = file.get();
 
-  write_checkpoint_attributes(root, state, faults);
-  if (!state.tokenizer.empty())
-    hdf5::write_bytes_dataset(root, "tokenizer", state.tokenizer, faults);
-  if (!state.label_names.empty())
-    hdf5::write_bytes_dataset(root, "label_names", join_label_names(state.label_names), faults);
+  write_checkpoint_header(root, state, faults);
 
   Hid params_group = create_checkpoint_group(root, "params", faults);
   Hid optimizer = create_checkpoint_group(root, "optimizer", faults);

@@ -123,11 +123,7 @@ void write_average(const std::string& tmp, const Faults& faults,
 
   Hid file = create_checkpoint_file(tmp, faults);
   const hid_t root = file.get();
-  write_checkpoint_attributes(root, state, faults);
-  if (!state.tokenizer.empty())
-    hdf5::write_bytes_dataset(root, "tokenizer", state.tokenizer, faults);
-  if (!state.label_names.empty())
-    hdf5::write_bytes_dataset(root, "label_names", join_label_names(state.label_names), faults);
+  write_checkpoint_header(root, state, faults);
 
   Hid params_group = create_checkpoint_group(root, "params", faults);
   const double count = static_cast<double>(inputs.size());

@@ -26,6 +26,9 @@ void check_checkpoint_writable(const hdf5::Faults& faults, const ParameterSet& p
 // Every root attribute of `state` (format, version, step, ..., run_id).
 void write_checkpoint_attributes(hid_t root, const CheckpointState& state,
                                  const hdf5::Faults& faults);
+// The attributes, then /tokenizer and /label_names where the state has them:
+// what a single writer puts in a file before its tensors.
+void write_checkpoint_header(hid_t root, const CheckpointState& state, const hdf5::Faults& faults);
 
 // A tensor's chunks: at most 2^20 elements, whole rows (outermost dimension cut first).
 std::vector<hsize_t> checkpoint_chunk_dims(const std::vector<hsize_t>& dims);
