@@ -35,9 +35,9 @@ class MetricsTest : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  // A multi-label classifier's attributes by default: its files hold the
-  // label figures.
-  static RunAttributes attrs(int world_size, bool label_figures = true) {
+  // By default a file with every column (a multi-label classifier's label
+  // figures and a seq2seq --valid-bleu's bleu); `optional` false: neither.
+  static RunAttributes attrs(int world_size, bool optional = true) {
     return {"[model]\nkind = classify\n",
             "classify",
             world_size,
@@ -45,7 +45,8 @@ class MetricsTest : public ::testing::Test {
             "mpiformer x",
             "abc123",
             "",
-            label_figures};
+            optional,
+            optional};
   }
   // Row of step s: every column a distinct function of s.
   static TrainRow train_row(int64_t s) {
@@ -176,11 +177,12 @@ TEST_F(MetricsTest, RowsAndAttributesReadBackExactly) {
             "\"macro_f1\": null, \"bleu\": 31.25}");
 }
 
-// Other models than multi-label classifiers have no label figures: their
+// Other models than multi-label classifiers have no label figures (and runs
+// without --valid-bleu no bleu): their
 // files and lines hold no such columns, and readers see them as NaN.
 TEST_F(MetricsTest, OnlyAMultiLabelClassifierHasLabelColumns) {
   {
-    MetricsLog log(path_, attrs(1, /*label_figures=*/false), -1);
+    MetricsLog log(path_, attrs(1, /*optional=*/false), -1);
     log.append(train_row(10));
     log.append(eval_row(10));
   }
@@ -189,7 +191,8 @@ TEST_F(MetricsTest, OnlyAMultiLabelClassifierHasLabelColumns) {
     const hid_t file = H5Fopen(path_.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
     ASSERT_GE(file, 0);
     EXPECT_GT(H5Lexists(file, "/train/hidden_share", H5P_DEFAULT), 0);
-    for (const char* name : {"/train/micro_f1", "/train/macro_recall", "/eval/micro_precision"})
+    for (const char* name :
+         {"/train/micro_f1", "/train/macro_recall", "/eval/micro_precision", "/eval/bleu"})
       EXPECT_EQ(H5Lexists(file, name, H5P_DEFAULT), 0) << name;
     H5Fclose(file);
   }

@@ -153,8 +153,8 @@ MetricsLog::MetricsLog(const std::string& path, const RunAttributes& attrs,
 
   file_ = file.release();  // closed by close_all() from here on
   try {
-    open_columns("train", kTrainColumns, attrs.label_figures, &train_);
-    open_columns("eval", kEvalColumns, attrs.label_figures, &eval_);
+    open_columns("train", kTrainColumns, attrs, &train_);
+    open_columns("eval", kEvalColumns, attrs, &eval_);
     for (const std::vector<double>& row : old.train_rows)
       if (row[0] <= static_cast<double>(keep_through_step)) write_row(train_, &train_rows_, row);
     for (const std::vector<double>& row : old.eval_rows)
@@ -226,13 +226,14 @@ void MetricsLog::append_json(const char* group, const std::vector<Column>& colum
 
 void MetricsLog::open_columns(const char* group,
                               const std::vector<std::pair<const char*, bool>>& names,
-                              bool label_figures, std::vector<Column>* columns) {
+                              const RunAttributes& attrs, std::vector<Column>* columns) {
   const Faults faults = faults_of(path_);
   Hid g = faults.checked(H5Gcreate2(file_, group, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose,
                          std::string("group /") + group);
   for (size_t source = 0; source < names.size(); ++source) {
     const auto& [name, integer] = names[source];
-    if (!label_figures && is_label_column(name)) continue;
+    if (!attrs.label_figures && is_label_column(name)) continue;
+    if (!attrs.valid_bleu && std::string(name) == "bleu") continue;
     Column c{std::string(group) + "/" + name, H5I_INVALID_HID, integer, source};
     const hsize_t dims[1] = {0}, maxdims[1] = {H5S_UNLIMITED}, chunk[1] = {kRowsPerChunk};
     Hid space = faults.checked(H5Screate_simple(1, dims, maxdims), H5Sclose, c.name);
@@ -363,6 +364,7 @@ MetricsTable read_metrics(const std::string& path) {
     t.attrs.run_id = hdf5::read_string_attr(root, "run_id", faults);
   }
   t.attrs.label_figures = hdf5::link_exists(root, "/train/micro_f1", faults);
+  t.attrs.valid_bleu = hdf5::link_exists(root, "/eval/bleu", faults);
   if (hdf5::attr_exists(root, "resumed_at_steps", faults)) {
     Hid attr(H5Aopen(root, "resumed_at_steps", H5P_DEFAULT), H5Aclose);
     Hid space(attr.ok() ? H5Aget_space(attr.get()) : H5I_INVALID_HID, H5Sclose);

@@ -14,7 +14,7 @@
 //          files of multi-label classifiers)
 //   /eval/step (int64), loss, perplexity, accuracy (float64), tokens (int64),
 //          nll, elapsed_s, the six label figures (float64, likewise), then
-//          bleu (seq2seq --valid-bleu; NaN otherwise)
+//          bleu (float64; only in the files of seq2seq runs with --valid-bleu)
 // (version 1 files lack the columns after loss_scale and tokens, version 2
 // files the label figures; carried into a version 3 file on resume, those
 // read as NaN. Version 3 files of other models than multi-label classifiers
@@ -86,6 +86,8 @@ struct RunAttributes {
   // Whether the six label figures are columns: a multi-label classifier's
   // (a reader sees them as NaN in other files).
   bool label_figures = false;
+  // Whether /eval/bleu is a column: a seq2seq run's with --valid-bleu.
+  bool valid_bleu = false;
 };
 
 class MetricsLog {
@@ -121,9 +123,9 @@ class MetricsLog {
     bool integer = false;
     size_t source = 0;  // its value's place in a row of every column
   };
-  // A multi-label classifier's figures only with label_figures.
+  // A multi-label classifier's figures and bleu only where attrs say so.
   void open_columns(const char* group, const std::vector<std::pair<const char*, bool>>& names,
-                    bool label_figures, std::vector<Column>* columns);
+                    const RunAttributes& attrs, std::vector<Column>* columns);
   // values: one per column, in column order (integers exact up to 2^53).
   // append_row flushes; write_row does not and needs the caller's session.
   void append_row(std::vector<Column>& columns, hsize_t* rows, const std::vector<double>& values);
