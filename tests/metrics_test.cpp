@@ -177,9 +177,9 @@ TEST_F(MetricsTest, RowsAndAttributesReadBackExactly) {
             "\"macro_f1\": null, \"bleu\": 31.25}");
 }
 
-// Other models than multi-label classifiers have no label figures (and runs
-// without --valid-bleu no bleu): their
-// files and lines hold no such columns, and readers see them as NaN.
+// Other models than multi-label classifiers have no label figures, and runs
+// without --valid-bleu no bleu: their files and lines hold no such columns,
+// and readers see them as NaN.
 TEST_F(MetricsTest, OnlyAMultiLabelClassifierHasLabelColumns) {
   {
     MetricsLog log(path_, attrs(1, /*optional=*/false), -1);
