@@ -357,8 +357,10 @@ int Trainer::evaluate_and_log(int64_t step, bool final_eval, double* metric) {
   double bleu = std::nan("");
   if (bleu_) {
     const Clock::time_point start = Clock::now();
-    if (!agreed(comm_, [&] { bleu = bleu_->score(*run_.model, *run_.ops, comm_); }))
+    BleuCounts local;
+    if (!agreed(comm_, [&] { local = bleu_->translate(*run_.model, *run_.ops); }))
       return kExitFailure;
+    bleu = ValidationBleu::score(local, comm_);
     *metric = bleu;
     if (comm_.is_root() && final_eval) {
       say(stdout, "valid BLEU: %zu sentences translated (greedy) in %.1f s; %s\n",

@@ -5,7 +5,6 @@
 #include <stdexcept>
 
 #include "src/io/shard.h"
-#include "src/loss/bleu.h"
 
 namespace mpiformer {
 
@@ -46,7 +45,7 @@ ValidationBleu::ValidationBleu(const TrainConfig& cfg, const std::string& tokeni
 
 ValidationBleu::~ValidationBleu() = default;
 
-double ValidationBleu::score(Model& trained, Ops& ops, const Communicator& comm) {
+BleuCounts ValidationBleu::translate(Model& trained, Ops& ops) {
   BleuCounts counts;  // a rank without sentences (more ranks than sentences) adds zeros
   if (!sources_.empty()) {
     const Layout layout;  // shards' text: a source EOS
@@ -72,7 +71,11 @@ double ValidationBleu::score(Model& trained, Ops& ops, const Communicator& comm)
              counts += count_sentence(tokenizer_->decode(ids), references_[plan_.order[k]]);
            });
   }
-  std::array<int64_t, kBleuCountFields> fields = counts.fields();
+  return counts;
+}
+
+double ValidationBleu::score(const BleuCounts& local, const Communicator& comm) {
+  std::array<int64_t, kBleuCountFields> fields = local.fields();
   comm.allreduce_sum(fields.data(), kBleuCountFields);
   return bleu_score(BleuCounts::from_fields(fields));
 }

@@ -14,6 +14,7 @@
 
 #include "src/core/config.h"
 #include "src/data/tokenizer.h"
+#include "src/loss/bleu.h"
 #include "src/model/decoding.h"
 #include "src/model/model.h"
 #include "src/parallel/communicator.h"
@@ -27,11 +28,13 @@ class ValidationBleu {
   ValidationBleu(const TrainConfig& cfg, const std::string& tokenizer, const Communicator& comm);
   ~ValidationBleu();
 
-  // Collective: the BLEU (0..100) of greedy translations by `trained`'s
-  // weights. The first call builds the decoding model beside it (the same
-  // dimensions, fp32, its own key/value cache); later calls copy the
-  // weights into it.
-  double score(Model& trained, Ops& ops, const Communicator& comm);
+  // This rank's n-gram counts of greedy translations by `trained`'s
+  // weights (no collective: a fault here is agreed before score()). The
+  // first call builds the decoding model beside it (the same dimensions,
+  // fp32, its own key/value cache); later calls copy the weights into it.
+  BleuCounts translate(Model& trained, Ops& ops);
+  // Collective: the BLEU (0..100) of every rank's counts.
+  static double score(const BleuCounts& local, const Communicator& comm);
   size_t sentences() const { return total_; }  // of the split, all ranks
 
  private:
