@@ -135,6 +135,7 @@ RunAttributes run_attributes(const TrainConfig& cfg, const std::string& config_i
   a.run_id = run_id;
   a.model = to_string(cfg.model.kind);
   a.label_figures = cfg.model.kind == ModelKind::kClassify && cfg.model.loss == ClassifyLoss::kZlpr;
+  a.valid_bleu = cfg.valid_bleu;
   a.world_size = world_size;
   a.devices = std::to_string(world_size) + " x " + ops.device().name() + " (" +
               std::to_string(threads) + " thread(s) each)";
