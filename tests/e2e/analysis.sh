@@ -29,9 +29,6 @@ as_version_1 old-run/metrics.h5
 mkdir nolabels-run && cp -r run-a/metrics.h5 run-a/metrics.jsonl run-a/checkpoints nolabels-run/
 without_label_columns nolabels-run
 
-# not_in NEEDLE FILE: FILE does not hold NEEDLE.
-not_in() { ! grep -qF -- "$1" "$2"; }
-
 # is_plot PNG: a PNG of plot_run.py's size (15 x 8 inches at 100 dpi) with ink.
 is_plot() { is_png "$1" 1500 800; }
 

@@ -103,6 +103,9 @@ try() {
   [[ $rc -ne 124 ]] || fail "$*: hung (killed after ${try_seconds:-60} s)"
 }
 
+# not_in NEEDLE FILE: FILE does not hold NEEDLE (a fixed string).
+not_in() { ! grep -qF -- "$1" "$2"; }
+
 # refused WHAT EXPECTED NEEDLE...: expect_one_line_error that goes on after a
 # failure, so that one run of a test of many cases shows every case failing.
 refused() { expect_one_line_error "$@" || true; }

@@ -43,9 +43,6 @@ as_version_1 old-run/metrics.h5
 mkdir nolabels-run && cp shards-run/metrics.h5 shards-run/metrics.jsonl nolabels-run/
 without_label_columns nolabels-run
 
-# not_in NEEDLE FILE: FILE does not hold NEEDLE.
-not_in() { ! grep -qF -- "$1" "$2"; }
-
 # readback RUNDIR...: the events under each RUNDIR/tensorboard against its
 # metrics.h5. Read with purging off: a point written twice would show.
 readback() {
