@@ -340,7 +340,9 @@ def plot_runs(runs, axes, window=1, x="step", log_loss=False):
     tokens/s are drawn faint as logged and their trailing moving average
     over `window` rows over them. x: one of X_AXES (raises RunError for a
     run that lacks its column, before drawing). log_loss: log-scale loss and
-    perplexity axes."""
+    perplexity axes. Padding efficiency keeps a fixed y range, 0.9 (lower
+    if a point is) to 1. A panel without a point says "no data: ..." why
+    (a run read before its first row or its first evaluation)."""
     flat = list(np.ravel(axes))
     panels = PANELS if len(flat) >= len(PANELS) else PANELS_OF_FOUR
     ax_of = dict(zip(panels, flat))
@@ -394,10 +396,40 @@ def plot_runs(runs, axes, window=1, x="step", log_loss=False):
         ax.set_title(_TITLES[name])
         ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
-        if log_loss and name in ("loss", "perplexity") and ax.lines:
+        if not _drawn(ax):
+            # Blank axes read as a broken plot: say why there is nothing.
+            ax.text(0.5, 0.5, "no data: " + _NO_DATA.get(name, "no rows logged yet"),
+                    transform=ax.transAxes, ha="center", va="center", color="0.4", wrap=True)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            continue
+        if name == "padding_efficiency":
+            _fraction_axis(ax)
+        if log_loss and name in ("loss", "perplexity"):
             _log_axis(ax)
-        if ax.lines:
-            ax.legend(fontsize="small")
+        ax.legend(fontsize="small")
+
+
+# Why a panel can be empty: a run read before its first row (metrics.h5 is
+# read while the run trains), or before its first evaluation.
+_NO_DATA = {"loss": "no rows logged yet",
+            "perplexity": "no evaluation yet\n(every --eval-every steps and at the end)"}
+
+
+def _drawn(ax):
+    """Whether an axis shows any finite point (a column without a value
+    plots an empty or all-NaN line)."""
+    return any(np.isfinite(np.asarray(line.get_ydata(), dtype=float)).any() for line in ax.lines)
+
+
+def _fraction_axis(ax):
+    """A fixed y range for a fraction that sits near 1 (padding efficiency:
+    autoscaled, 0.993 to 0.999 would turn noise into a trend): from 0.9, or
+    lower in steps of 0.1 to hold every point, up to 1."""
+    low = min(float(np.nanmin(line.get_ydata())) for line in ax.lines
+              if np.isfinite(np.asarray(line.get_ydata(), dtype=float)).any())
+    bottom = min(0.9, np.floor(low * 10) / 10)
+    ax.set_ylim(bottom, 1.0 + 0.02 * (1.0 - bottom))  # a curve at 1 clear of the frame
 
 
 def _same(a, b):

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Plots one or more mpiformer runs (their metrics.h5) into one PNG:
 loss (train objective and NLL, eval loss and NLL), eval perplexity,
-learning rate, gradient norm, tokens/s and padding efficiency, the runs
-overlaid. Works while the runs still train.
+learning rate, gradient norm, tokens/s and padding efficiency (on a fixed
+0.9-to-1 axis, lower only when a point is), the runs overlaid. Works while
+the runs still train; a panel with nothing to show yet says so.
 
 usage: analysis/plot_run.py RUNDIR [RUNDIR...] -o out.png [--smooth N]
            [--x step|tokens|time] [--log-loss]

@@ -6,8 +6,12 @@
 # label-smoothed loss, x = cumulative tokens or elapsed_s, faint raw curves
 # under smoothed ones, log loss axes). A metrics file of an older version
 # (without nll, elapsed_s, ...) still plots, and --x time on it is one line,
-# exit 2; so is a directory without metrics (nothing written).
-# run_report.ipynb executes headless on a run and on the older file.
+# exit 2; so is a directory without metrics (nothing written). A file
+# without the label-figure columns (micro/macro P/R/F1) plots. Padding
+# efficiency has a fixed y range up to 1; a panel without data (no
+# evaluation yet) says "no data: ...". run_report.ipynb executes headless,
+# without nbformat's MissingIDFieldWarning, on a run, on the older file and
+# on the file without label columns.
 source "$(dirname "$0")/common.sh"
 bin=$1 work=$2
 src=$(cd "$(dirname "$0")/../.." && pwd)
@@ -21,6 +25,9 @@ tiny=(train --model lm --synthetic copy --layers 1 --d-model 32 --heads 2 --d-ff
 # run-a's metrics as versions before metrics version 2 wrote them.
 mkdir old-run && cp -r run-a/metrics.h5 run-a/checkpoints old-run/
 as_version_1 old-run/metrics.h5
+# run-a's metrics without the label-figure columns.
+mkdir nolabels-run && cp -r run-a/metrics.h5 run-a/metrics.jsonl run-a/checkpoints nolabels-run/
+without_label_columns nolabels-run
 
 # is_plot PNG: a PNG of plot_run.py's size (15 x 8 inches at 100 dpi) with ink.
 is_plot() { is_png "$1" 1500 800; }
@@ -125,11 +132,34 @@ fig = plot_figure(runs, x="time")
 line = lines(panels(fig)["loss"])["run-b train"]
 unit = {"elapsed (s)": 1, "elapsed (min)": 60, "elapsed (h)": 3600}[panels(fig)["loss"].get_xlabel()]
 assert np.allclose(line.get_xdata() * unit, b["elapsed_s"])
+
+# Padding efficiency: a fixed range from 0.9 (or below the lowest point, in
+# steps of 0.1) to just above 1, not autoscaled around the noise.
+pad = panels(plot_figure(runs))["padding efficiency"]
+low, high = pad.get_ylim()
+lowest = min(np.nanmin(m["train"]["padding_efficiency"]) for m in runs.values())
+assert low <= min(0.9, lowest) and lowest - low <= 0.1 and 1.0 <= high <= 1.02, (low, high, lowest)
+
+# A run read before its first evaluation: the perplexity panel says so.
+early = {"attrs": runs["run-a"]["attrs"], "train": runs["run-a"]["train"],
+         "eval": {name: values[:0] for name, values in runs["run-a"]["eval"].items()}}
+fig = plot_figure({"early": early})
+notes = {title: [t.get_text() for t in ax.texts] for title, ax in panels(fig).items()}
+assert notes["eval perplexity"] and notes["eval perplexity"][0].startswith("no data: "), notes
+assert not any(notes[t] for t in notes if t != "eval perplexity"), notes
 print("PASS: the figure's panels and curves follow the flags")
 PY
   :
 else
   fail "the figure does not hold what the flags ask for"
+fi
+
+rc=0
+python3 "$src/analysis/plot_run.py" nolabels-run run-b -o nolabels.png >"$out" 2>"$err" || rc=$?
+if [[ $rc -eq 0 ]] && is_plot nolabels.png; then
+  echo "PASS: a metrics file without the label-figure columns plots"
+else
+  fail "plot_run.py on a file without the label-figure columns: exit code $rc"
 fi
 
 # A file of an older version plots, except against time.
@@ -164,16 +194,20 @@ elif ! grep -q "rms" "$work/report.ipynb" || ! grep -q "image/png" "$work/report
 else
   echo "PASS: run_report.ipynb executes on a run: figures and the checkpoint's tensors"
 fi
+# Every cell has an id (nbformat 4.5): no warning that one is missing.
+check "nbconvert gives no MissingIDFieldWarning" not_in MissingIDFieldWarning "$err"
 
-rc=0
-MPIFORMER_RUN=old-run timeout 300 python3 -m nbconvert --to notebook --execute \
-  --output-dir "$work" --output report-old.ipynb "$src/analysis/run_report.ipynb" >"$out" 2>"$err" ||
-  rc=$?
-if [[ $rc -ne 0 ]]; then
-  fail "run_report.ipynb did not execute on a file without the newer columns (exit code $rc)"
-else
-  echo "PASS: run_report.ipynb executes on a file without the newer columns"
-fi
+for run in old-run nolabels-run; do
+  rc=0
+  MPIFORMER_RUN=$run timeout 300 python3 -m nbconvert --to notebook --execute \
+    --output-dir "$work" --output "report-$run.ipynb" "$src/analysis/run_report.ipynb" \
+    >"$out" 2>"$err" || rc=$?
+  if [[ $rc -ne 0 ]]; then
+    fail "run_report.ipynb did not execute on $run (exit code $rc)"
+  else
+    echo "PASS: run_report.ipynb executes on $run"
+  fi
+done
 
 exit_on_failures
 echo "analysis: all checks passed"

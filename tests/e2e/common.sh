@@ -103,6 +103,9 @@ try() {
   [[ $rc -ne 124 ]] || fail "$*: hung (killed after ${try_seconds:-60} s)"
 }
 
+# not_in NEEDLE FILE: FILE does not hold NEEDLE (a fixed string).
+not_in() { ! grep -qF -- "$1" "$2"; }
+
 # refused WHAT EXPECTED NEEDLE...: expect_one_line_error that goes on after a
 # failure, so that one run of a test of many cases shows every case failing.
 refused() { expect_one_line_error "$@" || true; }
@@ -122,6 +125,34 @@ with h5py.File(sys.argv[1], "r+") as f:
         if name in f:
             del f[name]
     f.attrs["version"] = 1
+PY
+}
+
+# without_label_columns RUNDIR: drops the six label figures of a multi-label
+# classifier (micro/macro precision, recall, F1) from RUNDIR/metrics.h5 and
+# RUNDIR/metrics.jsonl (where they are), as the metrics of a run that is not
+# a multi-label classifier may come without them.
+without_label_columns() {
+  python3 - "$1" <<'PY'
+import json
+import os
+import sys
+
+import h5py
+
+LABELS = ("micro_precision", "micro_recall", "micro_f1", "macro_precision", "macro_recall",
+          "macro_f1")
+with h5py.File(os.path.join(sys.argv[1], "metrics.h5"), "r+") as f:
+    for group in ("train", "eval"):
+        for name in LABELS:
+            if name in f[group]:
+                del f[f"{group}/{name}"]
+path = os.path.join(sys.argv[1], "metrics.jsonl")
+if os.path.exists(path):
+    rows = [json.loads(line) for line in open(path) if line.strip()]
+    with open(path, "w") as out:
+        for row in rows:
+            out.write(json.dumps({k: v for k, v in row.items() if k not in LABELS}) + "\n")
 PY
 }
 

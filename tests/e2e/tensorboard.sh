@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # analysis/to_tensorboard.py: a run on real shards over 2 ranks (label
 # smoothing on, so loss and nll differ; an epoch and a hidden share are
-# written), a synthetic run on 1 rank (no epoch, no hidden share) and a file
-# as older versions wrote it (no nll, no elapsed_s, ...) are converted, and
-# TensorBoard's own EventAccumulator reads back every column of /train and
-# /eval but step as the tag GROUP/COLUMN with the file's steps and values
-# (to float32), wall times from elapsed_s (0 without it), and the run's
-# config as text; columns without a value are left out and said so.
+# written), the same run's metrics without the label-figure columns
+# (micro/macro P/R/F1), a synthetic run on 1 rank (no epoch, no hidden share)
+# and a file as older versions wrote it (no nll, no elapsed_s, ...) are
+# converted, and TensorBoard's own EventAccumulator reads back every column
+# of /train and /eval but step as the tag GROUP/COLUMN with the file's steps
+# and values (to float32), wall times from elapsed_s (0 without it), and the
+# run's config as text; columns without a value are left out and said so.
 # Converting again replaces the events (no point twice, one event file),
 # also while a run trains (SWMR). A missing run directory or one without
 # metrics.h5 is one line, exit 2, and nothing is converted. Skipped (exit
@@ -38,6 +39,9 @@ timeout 120 "${mpirun[@]}" -np 2 "$bin" train --model lm --data shards --out sha
 # epoch, comm_wait_ms, hidden_share (wall times are then 0).
 mkdir old-run && cp synthetic-run/metrics.h5 old-run/
 as_version_1 old-run/metrics.h5
+# The real run's metrics without the label-figure columns.
+mkdir nolabels-run && cp shards-run/metrics.h5 shards-run/metrics.jsonl nolabels-run/
+without_label_columns nolabels-run
 
 # readback RUNDIR...: the events under each RUNDIR/tensorboard against its
 # metrics.h5. Read with purging off: a point written twice would show.
@@ -90,7 +94,7 @@ for rundir in sys.argv[2:]:
     if tags != set(expected):
         problems.append(f"{rundir}: tags {sorted(tags)}, expected {sorted(expected)}")
     version = int(m["attrs"].get("version", 1))
-    if version >= 2 and rundir == "shards-run" and not NEW <= tags:
+    if version >= 2 and rundir in ("shards-run", "nolabels-run") and not NEW <= tags:
         problems.append(f"{rundir}: no tag for {sorted(NEW - tags)}")
     for tag in sorted(tags & set(expected)):
         steps, values, walls = expected[tag]
@@ -125,12 +129,12 @@ PY
 }
 
 rc=0
-"${convert[@]}" shards-run synthetic-run old-run >"$out" 2>"$err" || rc=$?
+"${convert[@]}" shards-run nolabels-run synthetic-run old-run >"$out" 2>"$err" || rc=$?
 cat "$out"
-check "to_tensorboard.py on three runs exits 0 (got $rc)" test "$rc" -eq 0
-check "it says what it converted" grep -q "^converted 3 run(s): [0-9]* scalar tags, [0-9]* points$" "$out"
+check "to_tensorboard.py on four runs exits 0 (got $rc)" test "$rc" -eq 0
+check "it says what it converted" grep -q "^converted 4 run(s): [0-9]* scalar tags, [0-9]* points$" "$out"
 check "it names the tags of each run" grep -q "^  train ([0-9]* rows): .*grad_norm, .*loss" "$out"
-if readback shards-run synthetic-run old-run >readback.txt; then
+if readback shards-run nolabels-run synthetic-run old-run >readback.txt; then
   echo "PASS: every column reads back from TensorBoard's events with its steps and values"
 else
   fail "the events do not hold the metrics (see above)"
@@ -143,6 +147,8 @@ while read -r _ run empty; do
       grep -qF "left out (no value written): ${empty// /, }" "$out"
   fi
 done < <(grep '^EMPTY ' readback.txt)
+check "no label-figure tag is written or named for the run without those columns" \
+  not_in micro_ <(awk '/^nolabels-run:/ { on = 1; print; next } /^[^ ]/ { on = 0 } on' "$out")
 if grep -q '^EMPTY synthetic-run .*train/epoch' readback.txt; then
   echo "PASS: the synthetic run has no epoch, and no tag for it"
 else
@@ -152,10 +158,10 @@ fi
 
 first=$(ls shards-run/tensorboard)
 rc=0
-"${convert[@]}" shards-run synthetic-run old-run >"$out" 2>"$err" || rc=$?
+"${convert[@]}" shards-run nolabels-run synthetic-run old-run >"$out" 2>"$err" || rc=$?
 check "converting again exits 0 (got $rc)" test "$rc" -eq 0
 check "converting again replaced the event file" test "$(ls shards-run/tensorboard)" != "$first"
-if readback shards-run synthetic-run old-run >/dev/null; then
+if readback shards-run nolabels-run synthetic-run old-run >/dev/null; then
   echo "PASS: converting again leaves one event file and every point once"
 else
   fail "converting again duplicated or lost points"
