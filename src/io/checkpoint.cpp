@@ -56,18 +56,6 @@ std::string shape_string(const std::vector<int>& shape) {
   return s + ")";
 }
 
-// Runs a file operation of src/io/atomic_file.h, its faults as CheckpointError.
-template <class Fn>
-void durably(Fn&& operation) {
-  try {
-    operation();
-  } catch (const CheckpointError&) {
-    throw;
-  } catch (const std::runtime_error& e) {
-    throw CheckpointError(e.what());
-  }
-}
-
 // ---------------------------------------------------------------- writing
 
 // Everything write_checkpoint can check before touching the disk.

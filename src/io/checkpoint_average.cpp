@@ -164,18 +164,6 @@ void write_average(const std::string& tmp, const Faults& faults,
   faults.check(file.close(), "the file");
 }
 
-// A file operation of src/io/atomic_file.h, its faults as CheckpointError.
-template <class Fn>
-void durably(Fn&& operation) {
-  try {
-    operation();
-  } catch (const CheckpointError&) {
-    throw;
-  } catch (const std::runtime_error& e) {
-    throw CheckpointError(e.what());
-  }
-}
-
 }  // namespace
 
 CheckpointAverage average_checkpoints(const std::vector<std::string>& inputs,

@@ -6,6 +6,7 @@
 #include <hdf5.h>
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -58,5 +59,17 @@ void check_checkpoint_format(hid_t root, const hdf5::Faults& faults);
 CheckpointTensor read_checkpoint_tensor(hid_t group, const std::string& name,
                                         const std::string& where, const hdf5::Faults& faults,
                                         bool with_data);
+
+// Runs a file operation of src/io/atomic_file.h, its faults as CheckpointError.
+template <class Fn>
+void durably(Fn&& operation) {
+  try {
+    operation();
+  } catch (const CheckpointError&) {
+    throw;
+  } catch (const std::runtime_error& e) {
+    throw CheckpointError(e.what());
+  }
+}
 
 }  // namespace mpiformer
