@@ -106,8 +106,6 @@ int Trainer::run() {
         agreed(comm_, [&] { state_.window.restore(run_.start.state.progress_window, comm_); });
     if (!restored) return kExitFailure;
   }
-  loop_start_ = Clock::now();
-  state_.window.start_clock();
 
   if (cfg.keep_best > 0 || cfg.early_stop > 0) {
     const bool made = agreed(comm_, [&] {
@@ -126,6 +124,8 @@ int Trainer::run() {
     if (!made) return kExitFailure;
   }
   int64_t saved_at = run_.start.resumed ? run_.start.state.step : -1;
+  loop_start_ = Clock::now();
+  state_.window.start_clock();
 
   const StopSignals stop_signals;
   run_.source->prefetch(run_.cursor.first, run_.cursor.stride);
