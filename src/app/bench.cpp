@@ -146,9 +146,9 @@ int run_bench(const BenchConfig& cfg, Communicator& comm) {
   // The start line goes to stderr: stdout keeps its one JSON line.
   const bool on_cpu = cfg.device == DeviceKind::kCpu;
   if (comm.is_root()) {
-    std::fprintf(stderr, "mpiformer bench: %s on %s, %d rank(s) x %d thread(s); %s: %s\n",
+    std::fprintf(stderr, "mpiformer bench: %s on %s, %d rank(s) x %d thread(s) on %s; %s: %s\n",
                  to_string(cfg.model.kind), backend->device().name().c_str(), comm.size(), threads,
-                 on_cpu ? "BLAS" : "attention",
+                 comm.describe_nodes().c_str(), on_cpu ? "BLAS" : "attention",
                  on_cpu ? describe_blas_kernels().c_str() : backend->attention_kernels().c_str());
     std::fflush(stderr);
   }
@@ -238,13 +238,14 @@ int run_bench(const BenchConfig& cfg, Communicator& comm) {
         "%.1f, \"step_ms\": %.2f, "
         "\"mfu\": %.4f, \"peak_flops\": %.4g, \"peak_mem_bytes\": %zu, \"allocated_bytes\": %zu, "
         "\"allreduce_bytes\": %zu, \"buckets\": %zu, \"comm_wait_ms\": %.3f, "
-        "\"hidden_share\": %.3f, \"transport\": \"%s\"%s%s}\n",
+        "\"comm_in_flight_ms\": %.3f, \"hidden_share\": %.3f, \"transport\": \"%s\"%s%s}\n",
         to_string(cfg.model.kind), backend->device().name().c_str(), W, threads, cfg.batch, cfg.seq,
         tokens, static_cast<long long>(batch[0].padded_tokens()) * W, to_string(cfg.precision),
         to_string(cfg.recompute), model.parameters().count(), tokens / step_s, 1000.0 * step_s, mfu,
         peak, peak_rss_bytes(), backend->device().peak_allocated_bytes(),
         W > 1 && reducer ? reducer->bytes_per_step() : 0,
         W > 1 && reducer ? reducer->buckets().size() : 0, 1000.0 * reduce_sums[0] / (W * cfg.steps),
+        1000.0 * reduce_sums[1] / (W * cfg.steps),
         reduce_sums[1] > 0 ? reduce_sums[2] / reduce_sums[1] : 0.0,
         reducer ? reducer->transport().name().c_str() : "none", kernels.c_str(),
         profile_json(profile_ms).c_str());

@@ -38,6 +38,20 @@ Communicator::Communicator(int* argc, char*** argv) {
   MPI_Comm_rank(node, &local_rank_);
   MPI_Comm_size(node, &local_size_);
   MPI_Comm_free(&node);
+  // Each node counted once, by its local rank 0.
+  int first_of_node = local_rank_ == 0 ? 1 : 0;
+  MPI_Allreduce(&first_of_node, &nodes_, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  MPI_Allreduce(&local_size_, &fewest_local_, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&local_size_, &most_local_, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+}
+
+std::string Communicator::describe_nodes() const {
+  if (nodes_ == 1) return "1 node";
+  const std::string local = fewest_local_ == most_local_ ? std::to_string(most_local_)
+                                                         : std::to_string(fewest_local_) + " to " +
+                                                               std::to_string(most_local_);
+  return std::to_string(nodes_) + " nodes x " + local +
+         (most_local_ == 1 ? " local rank" : " local ranks");
 }
 
 Communicator::~Communicator() {

@@ -24,6 +24,12 @@ class Communicator {
   int size() const { return size_; }
   int local_rank() const { return local_rank_; }
   int local_size() const { return local_size_; }
+  // Nodes of the world (groups of ranks sharing memory), and the fewest and
+  // most ranks on one of them.
+  int nodes() const { return nodes_; }
+  // "1 node", "2 nodes x 2 local ranks", "3 nodes x 1 to 2 local ranks":
+  // where the ranks run, for the start lines.
+  std::string describe_nodes() const;
   bool is_root() const { return rank_ == 0; }
   // The node's cores shared evenly by the ranks on it (at least 1).
   int cores_per_local_rank() const;
@@ -66,6 +72,9 @@ class Communicator {
   int size_ = 1;
   int local_rank_ = 0;
   int local_size_ = 1;
+  int nodes_ = 1;
+  int fewest_local_ = 1;
+  int most_local_ = 1;
   bool owns_mpi_ = false;
 };
 
