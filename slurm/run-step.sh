@@ -4,7 +4,8 @@
 #
 # mpiformer_run RUNDIR [train flags...] runs
 #   $MPIFORMER_LAUNCH $MPIFORMER_BIN train --out RUNDIR --resume R --threads T FLAGS
-# in the background (launcher default: srun --mpi=pmix; binary default:
+# in the background (launcher default: srun --mpi=pmix --kill-on-bad-exit=1;
+# binary default:
 # $SLURM_SUBMIT_DIR/build/mpiformer); rank 0 appends its output to
 # RUNDIR/train.log itself. The three flags this script sets are taken out of
 # FLAGS first (`--flag value` or `--flag=value`), and the user's value wins:
@@ -122,9 +123,12 @@ mpiformer_run() {
   fi
   local root=${SLURM_SUBMIT_DIR:-$(pwd)}
   local bin=${MPIFORMER_BIN:-$root/build/mpiformer}
-  # Word splitting is intended: the launcher and its arguments.
+  # Word splitting is intended: the launcher and its arguments. A rank that
+  # dies (its node lost, killed) leaves the others waiting on it in a
+  # collective for ever: --kill-on-bad-exit ends them, as mpirun does, and
+  # srun's line names the lost tasks (ranks).
   # shellcheck disable=SC2206
-  local launch=(${MPIFORMER_LAUNCH:-srun --mpi=pmix})
+  local launch=(${MPIFORMER_LAUNCH:-srun --mpi=pmix --kill-on-bad-exit=1})
   local threads=${mf_threads:-${SLURM_CPUS_PER_TASK:-1}}
   # --threads 0 leaves the count to the trainer (the node's cores shared by
   # its ranks); anything else not a count it refuses itself.
