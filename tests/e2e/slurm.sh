@@ -17,88 +17,27 @@
 # Afterwards no output says "No such file", and the checkout holds nothing
 # new but runs/. Needs root (the daemons) and Debian's slurm-wlm and munge.
 source "$(dirname "$0")/common.sh"
+source "$(dirname "$0")/lib/slurm_cluster.sh"
 bin=$1 work=$2
 src=$(cd "$(dirname "$0")/../.." && pwd)
 rm -rf "$work" && mkdir -p "$work"
 work=$(cd "$work" && pwd)
 
-for tool in munged slurmctld slurmd sbatch scontrol; do
-  if ! command -v "$tool" >/dev/null; then
-    echo "FAIL: $tool is missing; scripts/setup installs slurm-wlm and munge" >&2
-    exit 1
-  fi
-done
-if [[ $(id -u) -ne 0 ]]; then
-  echo "FAIL: the SLURM test starts slurmd and needs root" >&2
-  exit 1
-fi
+require_root_and "the SLURM test starts slurmd" munged slurmctld slurmd sbatch scontrol
 
 # ---- the cluster
 host=$(hostname -s)
-mkdir -p "$work"/{munge,state,spool,log}
-chmod 700 "$work/munge"
-dd if=/dev/urandom of="$work/munge/munge.key" bs=1024 count=1 status=none
-chmod 400 "$work/munge/munge.key"
 # Ports from the pid, away from the defaults, so parallel runs do not meet.
-port=$((20000 + ($$ % 20000)))
-export SLURM_CONF=$work/slurm.conf
-cat >"$SLURM_CONF" <<EOF
-ClusterName=mpiformertest
-SlurmctldHost=$host(127.0.0.1)
-SlurmctldPort=$port
-SlurmdPort=$((port + 1))
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo=socket=$work/munge/munge.sock
-MpiDefault=pmix
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-SchedulerType=sched/backfill
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-StateSaveLocation=$work/state
-SlurmdSpoolDir=$work/spool
-SlurmctldPidFile=$work/slurmctld.pid
-SlurmdPidFile=$work/slurmd.pid
-SlurmctldLogFile=$work/log/slurmctld.log
-SlurmdLogFile=$work/log/slurmd.log
-ReturnToService=2
-JobRequeue=1
-KillWait=10
-NodeName=$host NodeAddr=127.0.0.1 CPUs=$(nproc) State=UNKNOWN
-PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE
-EOF
+write_slurm_conf "$host(127.0.0.1)" $((20000 + ($$ % 20000))) \
+  "NodeName=$host NodeAddr=127.0.0.1 CPUs=$(nproc) State=UNKNOWN"
 
 stop_cluster() {
   scancel --quiet --user=root 2>/dev/null || true
-  local pidfile
-  for pidfile in "$work/slurmd.pid" "$work/slurmctld.pid" "$work/munge/munged.pid"; do
-    [[ -s $pidfile ]] && kill "$(cat "$pidfile")" 2>/dev/null || true
-  done
-  sleep 1
-  for pidfile in "$work/slurmd.pid" "$work/slurmctld.pid" "$work/munge/munged.pid"; do
-    [[ -s $pidfile ]] && kill -9 "$(cat "$pidfile")" 2>/dev/null || true
-  done
+  stop_daemons
 }
 trap stop_cluster EXIT
 
-# show_logs: what the daemons said, for a failure.
-show_logs() {
-  local f
-  for f in "$work"/log/*.log "$work"/slurm-*.out "$work"/checkout/slurm-*.out \
-    "$work"/checkout/runs/*/train.log "$work"/checkout/runs/*/slurm-*.out \
-    "$work"/checkout/runs/*/*/slurm-*.out; do
-    [[ -f $f ]] && { echo "---- $f" >&2; tail -n 25 "$f" >&2; }
-  done
-  return 0
-}
-
-munged --socket="$work/munge/munge.sock" --key-file="$work/munge/munge.key" \
-  --pid-file="$work/munge/munged.pid" --log-file="$work/munge/munged.log" \
-  --seed-file="$work/munge/munged.seed" --force
+start_munge
 slurmctld -f "$SLURM_CONF"
 slurmd -f "$SLURM_CONF"
 for _ in $(seq 60); do
@@ -116,49 +55,16 @@ echo "PASS: a one-node cluster is up ($host, $(nproc) CPUs)"
 # ---- a fresh checkout: HEAD plus this tree's uncommitted changes, with the
 # build under test as build/, where the scripts look for the binary
 clone=$work/checkout
-git clone --quiet --no-hardlinks "$src" "$clone"
-(cd "$src" && git diff HEAD --binary) | (cd "$clone" && git apply --allow-empty)
-(cd "$src" && git ls-files --others --exclude-standard -z) |
-  (cd "$src" && xargs -0 -r cp -R --parents -t "$clone")
-ln -s "$(dirname "$bin")" "$clone/build"
-(cd "$clone" && git add -A >/dev/null && git -c user.name=t -c user.email=t@t commit -qm tree \
-  --allow-empty)
+fresh_checkout "$src" "$bin"
 cd "$clone" || exit 1
 clone_real=$(pwd -P)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
 
-# wait_for WHAT SECONDS CONDITION...: polls CONDITION once a second.
-wait_for() {
-  local what=$1 seconds=$2
-  shift 2
-  for _ in $(seq "$seconds"); do
-    "$@" && return 0
-    sleep 1
-  done
-  echo "FAIL: timed out waiting for $what" >&2
-  show_logs
-  exit 1
-}
-# gone JOB...: none of the jobs is in the queue any more.
-gone() { ! squeue -h -j "$(IFS=,; echo "$*")" 2>/dev/null | grep -q .; }
-# job_field JOB NAME: a field of scontrol show job (ExitCode, Restarts, ...).
-job_field() { scontrol show job "$1" | tr ' ' '\n' | sed -n "s/^$2=//p" | sed -n 1p; }
-
-failures=0
-# expect WHAT CONDITION...: CONDITION holds, or a failure is counted.
-expect() {
-  local what=$1
-  shift
-  if "$@"; then echo "PASS: $what"; else echo "FAIL: $what" >&2; failures=$((failures + 1)); fi
-}
-
 # ---- the requeue: RUNDIR given twice (as RUNDIR and as --out, spelled
 # otherwise), --threads=1, and --resume none for a fresh run
 run=runs/requeue
 log=$run/train.log
-# train.log begins each line with the time it was said.
-stamp='[0-9-]* [0-9:]* '
 steps=3000
 job=$(sbatch --parsable --ntasks=2 --cpus-per-task=1 \
   slurm/train.sbatch $run --model lm --synthetic copy --layers 2 --d-model 32 --heads 2 \
@@ -187,9 +93,7 @@ echo "PASS: the run stopped after step $stop_step with a checkpoint"
 wait_for "the requeue" 60 bash -c "squeue -h -j $job -o %T | grep -q PENDING"
 # The script points the next start's output into the run directory.
 wait_for "StdOut in $run" 30 bash -c "scontrol show job $job | grep -q 'StdOut=$clone_real/$out\$'"
-# SLURM makes a requeued job wait about two minutes before it is eligible
-# again; the test lets it start at once.
-scontrol update JobId="$job" StartTime=now
+start_requeued_now "$job"
 wait_for "the resumed run" 90 grep -q "^${stamp}resumed from .*: step $stop_step," "$log"
 echo "PASS: the job was requeued and resumed from step $stop_step"
 wait_for "the end of the job" 120 gone "$job"
@@ -200,8 +104,7 @@ expect "a final eval" grep -q "^${stamp}final eval" "$log"
 expect "a checkpoint of step $stop_step" test -e "$run/checkpoints/$(printf 'step_%08d.h5' "$stop_step")"
 # Every log step once, in order, across the stop.
 "$bin" inspect "$run/metrics.h5" >"$work/metrics.txt"
-awk '/^\/train/ { on = 1; next } /^\/eval/ { on = 0 } on && $1 ~ /^[0-9]/ { print $1 }' \
-  "$work/metrics.txt" >"$work/steps.txt"
+logged_steps "$run/metrics.h5" "$bin" >"$work/steps.txt"
 seq 10 10 $steps >"$work/expected-steps.txt"
 expect "metrics.h5 /train/step is 10, 20, ..., $steps: each log step once" \
   cmp -s "$work/steps.txt" "$work/expected-steps.txt"
