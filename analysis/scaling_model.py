@@ -5,6 +5,8 @@ gradients summed by bucketed ring all-reduces overlapped with backward.
     python3 analysis/scaling_model.py               # plain-text table, defaults
     python3 analysis/scaling_model.py --markdown    # the same table as Markdown
     python3 analysis/scaling_model.py --help        # every input and its default
+    python3 analysis/scaling_model.py --measured bench.json --link-rate 1gbit
+                                  # a bench line over a TCP link, beside the model
 
 A model, not a measurement: compute runs at a fixed MFU, all-reduces follow
 t = 2(p-1) alpha + 2(p-1)/p * S / busbw per bucket, and buckets are serialised
@@ -60,6 +62,23 @@ def parse_args(argv=None):
     g.add_argument("--ib-alpha-us", type=float, default=6.0, help="per ring step")
     g.add_argument("--gpus-per-node", type=int, default=8,
                    help="hier: NVLink inside a node, IB between nodes (one NIC per GPU)")
+    g = a.add_argument_group("a measured bench over one TCP link (analysis/SCALING.md)")
+    g.add_argument("--measured", metavar="JSON", default="",
+                   help="mpiformer bench's JSON line (ranks, allreduce_bytes, buckets, step_ms, "
+                        "comm_wait_ms, comm_in_flight_ms, hidden_share): predict its exchange "
+                        "from the link and print both")
+    g.add_argument("--link-rate", default="1gbit",
+                   help="the link's rate as tc writes it (1gbit, 500mbit): Ethernet frames")
+    g.add_argument("--link-delay-us", type=float, default=0.0,
+                   help="one-way delay added to the link (netem delay)")
+    g.add_argument("--link-alpha-us", type=float, default=60.0,
+                   help="per ring step besides the delay: TCP and MPI software on both ends")
+    g.add_argument("--link-algorithm", choices=("binomial", "ring"), default="binomial",
+                   help="binomial: reduce up a binomial tree, then broadcast down, each of the "
+                        "whole bucket (Open MPI's libnbc MPI_Iallreduce for an in-place sum, as "
+                        "mpiformer's mpi transport calls it); ring: 2(p-1)/p of it (NCCL)")
+    g.add_argument("--mtu", type=int, default=1500,
+                   help="the link's MTU: TCP carries MTU - 52 bytes in MTU + 14 on the wire")
     g = a.add_argument_group("output")
     g.add_argument("--target-efficiency", type=float, default=0.9,
                    help="last column: tokens per GPU needed to reach it (accum 1)")
@@ -382,8 +401,75 @@ def plot(args, path):
     return len(ranks) * len(args.networks) * len(args.grad_bytes)
 
 
+# ---------------------------------------------------------------- one TCP link
+
+def parse_rate(text):
+    """tc's rate syntax (bit/s): 1gbit, 500mbit, 100kbit, 1e9."""
+    units = {"gbit": 1e9, "mbit": 1e6, "kbit": 1e3, "bit": 1.0}
+    t = text.strip().lower()
+    for unit, scale in units.items():
+        if t.endswith(unit):
+            return float(t[:-len(unit)]) * scale
+    return float(t)
+
+
+def link_prediction(args, bench):
+    """The exchange of one bench step over the link: equal buckets, each an
+    all-reduce (--link-algorithm) at the link's TCP payload rate; backward (a
+    share of the step less its exposed wait) finishes them at a uniform rate;
+    one stream that progresses in the background."""
+    p, nbytes, n = bench["ranks"], bench["allreduce_bytes"], max(1, bench["buckets"])
+    # TCP with timestamps carries MTU - 52 bytes in a frame of MTU + 14 (tbf counts the header).
+    payload_bps = parse_rate(args.link_rate) * (args.mtu - 52) / (args.mtu + 14) / 8.0
+    alpha = (args.link_delay_us + args.link_alpha_us) * 1e-6
+    if args.link_algorithm == "binomial":
+        rounds = 2 * max(1, (p - 1).bit_length())  # ceil(log2 p) up, as many down
+        per_bucket = rounds * (alpha + (nbytes / n) / payload_bps)
+    else:
+        per_bucket = 2 * (p - 1) * alpha + 2.0 * (p - 1) / p * (nbytes / n) / payload_bps
+    compute = (bench["step_ms"] - bench["comm_wait_ms"]) * 1e-3
+    window = args.backward_share * compute
+    free = 0.0
+    for k in range(1, n + 1):
+        free = max(free, window * k / n) + per_bucket
+    total = n * per_bucket
+    exposed = max(0.0, free - window)
+    return {"in_flight_ms": total * 1e3, "exposed_ms": exposed * 1e3,
+            "hidden_share": (total - exposed) / total if total > 0 else 0.0,
+            "payload_gbps": payload_bps * 8 / 1e9}
+
+
+def measured_line(args):
+    import json
+    with open(args.measured) as f:
+        bench = json.loads(f.readline())
+    for key in ("ranks", "allreduce_bytes", "buckets", "step_ms", "comm_wait_ms",
+                "comm_in_flight_ms", "hidden_share"):
+        if key not in bench:
+            raise SystemExit("scaling_model.py: --measured: %s has no %s: not a bench line of "
+                             "mpirun -np 2 or more" % (args.measured, key))
+    if bench["ranks"] < 2:
+        raise SystemExit("scaling_model.py: --measured: %s is a bench of 1 rank: nothing is "
+                         "exchanged" % args.measured)
+    m = link_prediction(args, bench)
+    head = ["link", "ranks", "MB/step", "bkts", "step ms", "exchange ms meas.", "pred.",
+            "meas./pred.", "exposed ms meas.", "pred.", "hidden meas.", "pred."]
+    row = ["%s (+%g us), %s" % (args.link_rate, args.link_delay_us, args.link_algorithm),
+           str(bench["ranks"]),
+           "%.2f" % (bench["allreduce_bytes"] / 1e6), str(bench["buckets"]),
+           "%.1f" % bench["step_ms"], "%.1f" % bench["comm_in_flight_ms"],
+           "%.1f" % m["in_flight_ms"], "%.2f" % (bench["comm_in_flight_ms"] / m["in_flight_ms"]),
+           "%.1f" % bench["comm_wait_ms"], "%.1f" % m["exposed_ms"],
+           "%.0f%%" % (100 * bench["hidden_share"]), "%.0f%%" % (100 * m["hidden_share"])]
+    return head, [row]
+
+
 def main():
     args = parse_args()
+    if args.measured:
+        head, body = measured_line(args)
+        print(table_markdown(head, body) if args.markdown else table_text(head, body))
+        return
     body = rows(args)
     if args.markdown:
         print("\n".join("- " + s for s in summary(args)))
