@@ -24,8 +24,7 @@ class Communicator {
   int size() const { return size_; }
   int local_rank() const { return local_rank_; }
   int local_size() const { return local_size_; }
-  // Nodes of the world (groups of ranks sharing memory), and the fewest and
-  // most ranks on one of them.
+  // Nodes of the world: groups of ranks that share memory.
   int nodes() const { return nodes_; }
   // "1 node", "2 nodes x 2 local ranks", "3 nodes x 1 to 2 local ranks":
   // where the ranks run, for the start lines.
@@ -73,7 +72,7 @@ class Communicator {
   int local_rank_ = 0;
   int local_size_ = 1;
   int nodes_ = 1;
-  int fewest_local_ = 1;
+  int fewest_local_ = 1;  // the fewest and most ranks on one node
   int most_local_ = 1;
   bool owns_mpi_ = false;
 };
