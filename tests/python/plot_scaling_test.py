@@ -23,6 +23,7 @@ LINE = ('{{"model": "{model}", "device": "cpu", "ranks": {ranks}, "threads": 1, 
         '"recompute": "none", "parameters": {params}, "tokens_per_s": {speed}, "step_ms": {step_ms}, "mfu": 0.1330, '
         '"peak_flops": 7.825e+10, "peak_mem_bytes": 27201536, "allocated_bytes": 388708, '
         '"allreduce_bytes": {bytes}, "buckets": {buckets}, "comm_wait_ms": {wait}, '
+        '"comm_in_flight_ms": {wait}, '
         '"hidden_share": {hidden}, "transport": "{transport}", "blas": "OpenBLAS 0.3.21", '
         '"blas_core": "Haswell"}}')
 # What only a GPU's line has (a CPU's line has the BLAS fields instead).
