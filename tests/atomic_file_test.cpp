@@ -141,6 +141,28 @@ TEST(AbandonedTemporary, OnlyThoseOfAProcessThatIsGone) {
   EXPECT_FALSE(abandoned_temporary("x.txt", &final_name));
 }
 
+// On a shared file system two nodes' writers may have the same pid: the
+// name carries the host, and a pid is looked up only on its own host.
+TEST(AbandonedTemporary, TheHostNamesWhereThePidIsLookedUp) {
+  const std::string here = host_in_file_names();
+  const std::string me = std::to_string(::getpid());
+  EXPECT_EQ(temporary_name("shards/train-00000.h5"),
+            "shards/train-00000.h5.tmp-" + here + "-" + me);
+  std::string final_name;
+  EXPECT_FALSE(abandoned_temporary("x.txt.tmp-" + here + "-" + me, &final_name));
+  EXPECT_FALSE(abandoned_temporary("x.txt.tmp-" + here + "-1", &final_name));
+  EXPECT_TRUE(
+      abandoned_temporary("x.txt.tmp-" + here + "-" + std::to_string(dead_pid()), &final_name));
+  EXPECT_EQ(final_name, "x.txt");
+  // Another node's, whatever runs here under its pid.
+  final_name.clear();
+  EXPECT_TRUE(abandoned_temporary("train-00001.h5.tmp-gpu-node-07" + here + "-" + me, &final_name));
+  EXPECT_EQ(final_name, "train-00001.h5");
+  EXPECT_FALSE(abandoned_temporary("x.txt.tmp--" + me, &final_name));
+  EXPECT_FALSE(abandoned_temporary("x.txt.tmp-node2-", &final_name));
+  EXPECT_FALSE(abandoned_temporary("x.txt.tmp-node2-12ab", &final_name));
+}
+
 // A rank killed after its mpirun exited is a zombie where nothing reaps
 // orphans: ended, so its temporaries are abandoned; a child that still runs
 // keeps its own.

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -41,6 +42,18 @@ bool ended(pid_t pid) {
 }
 
 }  // namespace
+
+std::string host_in_file_names() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof(host) - 1) != 0 || host[0] == '\0') return "unknown";
+  std::string name(host);
+  for (char& c : name) {
+    const bool kept =
+        std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '.' || c == '_' || c == '-';
+    if (!kept) c = '_';
+  }
+  return name;
+}
 
 void fsync_file(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -94,16 +107,27 @@ void write_file_atomically(const std::string& path, const std::string& text) {
 }
 
 std::string temporary_name(const std::string& path) {
-  return path + ".tmp-" + std::to_string(::getpid());
+  return path + ".tmp-" + host_in_file_names() + "-" + std::to_string(::getpid());
 }
 
 bool abandoned_temporary(const std::string& name, std::string* final_name) {
   const size_t at = name.rfind(".tmp-");
   if (at == std::string::npos || at == 0) return false;
-  const std::string digits = name.substr(at + 5);
+  // HOST-PID, or PID alone as written before hosts were named (this host's).
+  const std::string tail = name.substr(at + 5);
+  const size_t dash = tail.rfind('-');
+  const std::string host = dash == std::string::npos ? "" : tail.substr(0, dash);
+  const std::string digits = dash == std::string::npos ? tail : tail.substr(dash + 1);
   if (digits.empty() || digits.size() > 9 ||
       !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
     return false;
+  }
+  if (dash != std::string::npos) {
+    if (host.empty()) return false;
+    if (host != host_in_file_names()) {  // another node's: see the header
+      *final_name = name.substr(0, at);
+      return true;
+    }
   }
   // Only a process that is certainly gone: one that runs, even as another
   // user (EPERM), keeps its files. A zombie has ended: a rank killed after

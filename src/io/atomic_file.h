@@ -24,14 +24,23 @@ void commit_file(const std::string& tmp, const std::string& path);
 // Writes `text` to `path`: PATH.tmp, fsync, rename, fsync of the directory.
 void write_file_atomically(const std::string& path, const std::string& text);
 
-// PATH.tmp-PID: where this process writes PATH until it is complete. The
-// pid lets a later process tell a temporary of a writer that was killed
-// from one still being written.
+// This host's name as it stands in temporary_name (gethostname, any
+// character but letters, digits, '.', '_' and '-' as '_').
+std::string host_in_file_names();
+
+// PATH.tmp-HOST-PID: where this process writes PATH until it is complete.
+// The host keeps the writers of two nodes apart on a shared file system
+// (their pids may be equal), and the pid lets a later process on the same
+// host tell a temporary of a writer that was killed from one still being
+// written.
 std::string temporary_name(const std::string& path);
 
 // Whether `name` (a file name, no directory) is a temporary_name of a
-// process that no longer runs on this host; if so, *final_name is the name
-// it stood for.
+// writer that no longer runs; if so, *final_name is the name it stood for.
+// A writer of this host (or a PATH.tmp-PID of older versions) is looked
+// up by its pid. One of another host cannot be looked up from here and
+// counts as gone: call this only under a lock that every writer of such
+// files holds while it runs (prepare's output directory lock).
 bool abandoned_temporary(const std::string& name, std::string* final_name);
 
 // A text file written piece by piece under temporary_name(path) and renamed

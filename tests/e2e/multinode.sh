@@ -7,7 +7,8 @@
 # and Open MPI between the nodes over TCP only (vader within one), on the
 # link slurm/README.md tells users to name. Submitted from a fresh
 # checkout with the project's own scripts:
-# - prepare over 2 nodes writes the same shards as on one;
+# - prepare over 2 nodes writes the same shards as on one, and removes a
+#   temporary of node2's whose pid runs on node1;
 # - slurm/train.sbatch on 2 nodes x 2 tasks: the start line says so, and
 #   the parameters after 3 steps equal bitwise those of 1 rank with
 #   --accum-steps 4;
@@ -140,8 +141,17 @@ decoder=$(dirname "$bin")/tests/decode_shards
 "$src/data/extract-kjv.sh" "$work/kjv-all.txt"
 head -n 2000 "$work/kjv-all.txt" >"$work/kjv.txt"
 prepare=(--kind lm --input "$work/kjv.txt" --shards 2 --vocab-size 500 --valid-lines 100)
+# A shard's temporary left by a prepare killed on node2, under the pid of a
+# process that runs on node1 (its slurmctld): pids are per host, so node1's
+# prepare must not take it for one of its own that still runs.
+mkdir -p shards-two
+busy_pid=$(cat "$work/slurmctld.pid")
+echo partial >"shards-two/train-00001.h5.tmp-node2-$busy_pid"
 srun -K1 -N 2 --ntasks-per-node 1 --cpus-per-task 1 "$bin" prepare "${prepare[@]}" \
   --out shards-two >"$work/prepare-two.log" 2>&1 || { cat "$work/prepare-two.log"; exit 1; }
+expect "prepare on node1 removes node2's abandoned temporary (pid $busy_pid runs on node1)" \
+  bash -c "grep -q 'removed 1 temporary file(s) left in shards-two' '$work/prepare-two.log' &&
+    ! compgen -G 'shards-two/*.tmp-*' >/dev/null"
 srun -K1 -N 1 -n 2 --cpus-per-task 1 -w node1 "$bin" prepare "${prepare[@]}" \
   --out shards-one >"$work/prepare-one.log" 2>&1 || { cat "$work/prepare-one.log"; exit 1; }
 expect "prepare over 2 nodes: the tokenizer of one node" \
