@@ -3,12 +3,13 @@
 
 #include <cblas.h>
 #include <strings.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+
+#include "kernels/cpu/program_restart.h"
 
 // Declared by OpenBLAS's cblas.h in recent releases; not by every one.
 extern "C" char* openblas_get_corename(void);
@@ -19,6 +20,10 @@ namespace {
 
 // Set for the second start: the family the first asked for, and why.
 constexpr const char* kChosenVariable = "MPIFORMER_BLAS_CHOSEN";
+// Set to 1, the first start starts again even when the family stays, as on
+// a machine where OpenBLAS falls back: a check that nothing a run does
+// depends on whether it started again (tests/e2e/process_name.sh).
+constexpr const char* kRestartAlwaysVariable = "MPIFORMER_BLAS_RESTART_ALWAYS";
 
 // Why the family that runs was chosen (select_blas_kernels).
 std::string& chosen_reason() {
@@ -137,17 +142,22 @@ void select_blas_kernels(char** argv, const std::string& requested) {
     if (!same_name(blas_core(), asked))
       chosen_reason() = "asked for " + asked + " kernels, which OpenBLAS did not load";
     ::unsetenv(kChosenVariable);
+    keep_process_name();
     return;
   }
   const char* coretype = std::getenv("OPENBLAS_CORETYPE");
   const BlasKernelChoice choice =
       choose_blas_kernels(requested, coretype ? coretype : "", blas_core(), cpu_vector_support());
   chosen_reason() = choice.reason;
-  if (choice.switch_to.empty()) return;
+  // MPIFORMER_BLAS_RESTART_ALWAYS=1: the family that loaded, through a new start.
+  const char* always = std::getenv(kRestartAlwaysVariable);
+  const bool forced = choice.switch_to.empty() && always && std::string(always) == "1";
+  const std::string family = forced ? blas_core() : choice.switch_to;
+  if (family.empty()) return;
   const std::string previous = coretype ? coretype : "";
-  ::setenv("OPENBLAS_CORETYPE", choice.switch_to.c_str(), 1);
-  ::setenv(kChosenVariable, (choice.switch_to + "\t" + choice.reason).c_str(), 1);
-  ::execv("/proc/self/exe", argv);
+  ::setenv("OPENBLAS_CORETYPE", family.c_str(), 1);
+  ::setenv(kChosenVariable, (family + "\t" + choice.reason).c_str(), 1);
+  restart_program(argv);
   // Still here: run on what loaded, and say why.
   const std::string why = std::strerror(errno);
   if (coretype)
@@ -156,7 +166,8 @@ void select_blas_kernels(char** argv, const std::string& requested) {
     ::unsetenv("OPENBLAS_CORETYPE");
   ::unsetenv(kChosenVariable);
   chosen_reason() =
-      "OpenBLAS's choice; starting again with " + choice.switch_to + " kernels failed: " + why;
+      forced ? choice.reason + "; starting again failed: " + why
+             : "OpenBLAS's choice; starting again with " + family + " kernels failed: " + why;
 }
 
 std::string blas_request_problem(const std::string& requested) {

@@ -49,7 +49,8 @@ BlasKernelChoice choose_blas_kernels(const std::string& requested, const std::st
 // Called first in main with the program's arguments and --blas-core's
 // value ("auto" when not given). When choose_blas_kernels() asks for
 // another family, sets OPENBLAS_CORETYPE and executes this program again
-// with the same arguments (once: the new process keeps what it loaded).
+// with the same arguments, under its own name (once: the new process keeps
+// what it loaded; kernels/cpu/program_restart.h).
 // Returns when nothing is to change or the new start failed.
 void select_blas_kernels(char** argv, const std::string& requested);
 
