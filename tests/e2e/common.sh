@@ -198,3 +198,40 @@ same() {
     fail "$3: $1 and $2 differ"
   fi
 }
+
+# Finding a run's processes. Tests find them by their parents (pgrep -P:
+# the launcher, mpirun, a slurmstepd) or by the file they execute, never by
+# name alone: a new start for OpenBLAS's kernels (kernels/cpu/
+# program_restart.h) keeps the pid and the binary, and must keep the name,
+# which is what process_names checks.
+
+# executing BIN PID...: those of the PIDs whose process executes BIN (the
+# same file, through whatever path or name it was started).
+executing() {
+  local bin=$1 pid
+  shift
+  for pid in "$@"; do
+    [[ /proc/$pid/exe -ef $bin ]] && echo "$pid"
+  done
+  return 0
+}
+
+# process_names PID...: each PID's name as the kernel holds it
+# (/proc/PID/comm: what ps, top, pgrep and process accounting show), one
+# line each.
+process_names() {
+  local pid
+  for pid in "$@"; do
+    cat "/proc/$pid/comm" 2>/dev/null || echo "(gone)"
+  done
+}
+
+# another_blas_core BIN: a kernel family other than the one OpenBLAS loads
+# here by itself, which every CPU of this kind runs: --blas-core with it
+# always makes mpiformer start again.
+another_blas_core() {
+  local loaded
+  loaded=$(env -u OPENBLAS_CORETYPE OPENBLAS_VERBOSE=2 "$1" --version 2>&1 |
+    sed -n 's/^Core: //p' | sed -n 1p)
+  if [[ ${loaded,,} == sandybridge ]]; then echo Haswell; else echo Sandybridge; fi
+}
