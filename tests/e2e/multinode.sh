@@ -232,17 +232,13 @@ lost=$(sbatch --parsable -N 2 --ntasks-per-node 1 --cpus-per-task 1 slurm/train.
   --model lm --synthetic copy --layers 1 --d-model 16 --heads 2 --d-ff 32 --max-len 16 \
   --max-tokens 64 --steps 1000000 --log-every 100)
 wait_for "the job to lose a node" 90 grep -qs "^${stamp}step 200/" runs/lost/train.log
-# ranks_on NODE: the pids of mpiformer processes in NODE's namespace.
-ranks_on() {
-  local pid
-  for pid in $(ip netns pids "$ns-$1" 2>/dev/null); do
-    [[ $(cat "/proc/$pid/comm" 2>/dev/null) == mpiformer ]] && echo "$pid"
-  done
-  return 0
-}
+# ranks_on NODE: the pids in NODE's namespace that execute the binary.
+ranks_on() { executing "$bin" $(ip netns pids "$ns-$1" 2>/dev/null); }
 victims=$(ranks_on node2)
 survivors=$(ranks_on node1)
 expect "a rank on each node (node1: $survivors, node2: $victims)" [ -n "$victims" -a -n "$survivors" ]
+names=$(process_names $survivors $victims | sort -u)
+expect "the ranks on both nodes are named mpiformer (${names//$'\n'/, })" [ "$names" = mpiformer ]
 killed_at=$SECONDS
 kill -9 $victims
 none_left() { [[ -z $(ranks_on node1) ]]; }

@@ -84,6 +84,23 @@ started() {
   return 1
 }
 wait_for "training to start" 60 started
+# job_ranks JOB: the pids of JOB's ranks, the children of its step daemons
+# that execute the binary.
+job_ranks() {
+  local daemons
+  daemons=$(pgrep -d, -f "^slurmstepd: \[$1\.[0-9]" || true)
+  [[ -z $daemons ]] || executing "$bin" $(pgrep -P "$daemons")
+}
+# named_mpiformer WHAT JOB: JOB has two ranks and each is named mpiformer
+# (/proc/PID/comm: what ps, pgrep and SLURM's accounting see).
+named_mpiformer() {
+  local ranks names
+  ranks=$(job_ranks "$2")
+  names=$(process_names $ranks | sort -u)
+  expect "$1: two ranks ($(echo $ranks))" [ "$(echo "$ranks" | wc -w)" -eq 2 ]
+  expect "$1: named mpiformer (${names//$'\n'/, })" [ "$names" = mpiformer ]
+}
+named_mpiformer "srun, --blas-core auto" "$job"
 
 # What SLURM does before the time limit with --signal=B:USR1@120.
 scancel --signal=USR1 --batch "$job"
@@ -164,6 +181,23 @@ for task in 0 1; do
   expect "sweep task $task: its output in runs/sweep/$task" \
     test -s "runs/sweep/$task/slurm-mpiformer-sweep-${sweep}_$task.out"
 done
+
+# ---- srun's ranks keep their name when they start again for OpenBLAS's
+# kernels (--blas-core with another family than the one loaded here)
+other=$(another_blas_core "$bin")
+srun -K1 --mpi=pmix -n 2 --cpus-per-task=1 --job-name=names "$bin" train --model lm \
+  --synthetic copy --layers 1 --d-model 16 --heads 2 --d-ff 32 --max-len 16 --max-tokens 64 \
+  --steps 1000000 --log-every 10 --threads 1 --out runs/names --blas-core "$other" \
+  >"$work/names.out" 2>&1 &
+launcher=$!
+wait_for "the srun run's first step" 60 grep -q "^step [0-9]*/" "$work/names.out"
+names_job=$(squeue -h -n names -o %i)
+expect "srun: started again on $other kernels" \
+  grep -q "^  BLAS: OpenBLAS [0-9.]*, $other kernels (--blas-core $other)" "$work/names.out"
+named_mpiformer "srun, --blas-core $other" "$names_job"
+scancel "$names_job"
+wait "$launcher" || true
+wait_for "the end of the srun run" 60 gone "$names_job"
 
 # ---- what every job left behind
 # none_say TEXT PATH...: no file under the PATHs holds TEXT (those that do
