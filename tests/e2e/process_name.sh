@@ -7,6 +7,8 @@
 #   which always starts again: from the build path, through PATH, through
 #   a symlink of another name, as a copy with a long name, on both ranks
 #   under mpirun;
+# - the binary replaced at its path before the new start: the running
+#   binary starts again, still named mpiformer;
 # - auto through a new start on any machine (MPIFORMER_BLAS_RESTART_ALWAYS=1,
 #   as where OpenBLAS falls back to generic kernels), the default (a new
 #   start only there) and OPENBLAS_CORETYPE=Haswell (never a new start).
@@ -32,12 +34,17 @@ start_run() {
   out=$work/$name.out err=$work/$name.err
   "$@" >"$out" 2>"$err" &
   started=$!
+  wait_for_progress "$name"
+}
+
+# wait_for_progress NAME: the first progress line of the run $started.
+wait_for_progress() {
   for _ in $(seq 600); do
     grep -q "^step [0-9]*/" "$out" && return 0
     kill -0 "$started" 2>/dev/null || break
     sleep 0.1
   done
-  fail "$name: no progress line"
+  fail "$1: no progress line"
   return 1
 }
 
@@ -57,7 +64,7 @@ stop_run() {
 argv0() { tr '\0' '\n' <"/proc/$1/cmdline" | sed -n 1p; }
 
 # identity WHAT NAME ARGV0 BINARY PID...: each process is named NAME (by
-# the kernel and by ps), holds ARGV0 and executes BINARY.
+# the kernel and by ps), holds ARGV0 and executes BINARY (unless "").
 identity() {
   local what=$1 name=$2 typed=$3 binary=$4 pid
   shift 4
@@ -70,7 +77,7 @@ identity() {
       test "$(process_names "$pid")" == "$name"
     check "$what: ps -o comm shows '$name'" test "$(ps -o comm= -p "$pid")" == "$name"
     check "$what: argv[0] is '$typed' ($(argv0 "$pid"))" test "$(argv0 "$pid")" == "$typed"
-    check "$what: it executes $binary" test "/proc/$pid/exe" -ef "$binary"
+    [[ -z $binary ]] || check "$what: it executes $binary" test "/proc/$pid/exe" -ef "$binary"
   done
 }
 
@@ -119,6 +126,32 @@ if start_run mpirun mpirun -np 2 "$bin" "${train[@]}" --out mpirun --blas-core "
   identity "mpirun -np 2" mpiformer "$bin" "$bin" $ranks
 fi
 stop_run
+
+# ---- the binary replaced before the new start (a rebuild while a job
+# starts): the running binary starts again, not the file now at its path,
+# and keeps its name. gdb stops the first start where it reads its own path.
+doomed=$work/doomed/mpiformer
+mkdir -p "$work/doomed" && cp "$bin" "$doomed"
+out=$work/doomed.out err=$work/doomed.err
+timeout 120 gdb -batch -nx \
+  -ex 'set breakpoint pending on' -ex 'break readlink if $_streq((char*)$rdi, "/proc/self/exe")' \
+  -ex run -ex "shell rm $doomed && cp $(command -v true) $doomed" -ex 'catch exec' \
+  -ex continue -ex detach --args "$doomed" "${train[@]}" --out "$work/doomed-run" \
+  --blas-core "$other" >"$out" 2>"$err" || true
+# Detached, the run goes on writing to $out.
+started=$(pgrep -f -- "--out $work/doomed-run " || true)
+if grep -q "ptrace: Operation not permitted" "$out" "$err"; then
+  echo "SKIP: the binary replaced before the new start: gdb may not trace here"
+else
+  what="the binary replaced before the new start"
+  check "$what: the run goes on ($started)" test -n "$started"
+  if [[ -n $started ]] && wait_for_progress "$what"; then
+    identity "$what" mpiformer "$doomed" "" "$started"
+    check "$what: it runs the binary that started, now removed, not the new file" \
+      grep -q "^$doomed (deleted)\$" <(readlink "/proc/$started/exe")
+  fi
+fi
+[[ -z $started ]] || stop_run
 
 # ---- auto, as on a machine where OpenBLAS falls back: a new start that
 # keeps the family (MPIFORMER_BLAS_RESTART_ALWAYS=1)
