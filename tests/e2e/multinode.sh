@@ -105,6 +105,8 @@ on() {
     mount --rbind "$tmp" /tmp && mount -t tmpfs tmpfs /dev/shm || exit 1
     exec "$@"' sh "$node" "$work/nodes/$node/tmp" "${carry[*]}" "$@"
 }
+# ranks_on NODE: the pids in NODE's namespace that execute the binary.
+ranks_on() { executing "$bin" $(ip netns pids "$ns-$1" 2>/dev/null); }
 # The user's commands run on node1, the login node.
 for command in sbatch squeue scontrol scancel sinfo srun salloc; do
   eval "$command() { on node1 $command \"\$@\"; }"
@@ -200,8 +202,21 @@ started() {
 }
 wait_for "training on two nodes to start" 90 started
 # Held still (SIGSTOP, its lock held) while a job on node2 tries the same
-# run directory; the time-limit warning comes as soon as it goes on.
+# run directory; the time-limit warning comes once it goes on.
 scontrol suspend "$job"
+# all_stopped: slurmd has stopped every rank (it does so after scontrol
+# returns); step_lines: the step lines in the log so far.
+all_stopped() {
+  local ranks pid
+  ranks=$(ranks_on node1; ranks_on node2)
+  [[ -n $ranks ]] || return 1
+  for pid in $ranks; do
+    [[ $(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1) == T ]] || return 1
+  done
+}
+step_lines() { grep -c "^${stamp}step " "$log"; }
+wait_for "the suspended job's ranks to stop" 30 all_stopped
+steps_before=$(step_lines)
 intruder=$(sbatch --parsable -N 1 -n 1 --cpus-per-task 1 -w node2 \
   --output="$work/slurm-intruder-%j.out" slurm/train.sbatch $run --model lm --synthetic copy)
 wait_for "the job from node2" 60 gone "$intruder"
@@ -210,6 +225,11 @@ expect "a job from node2 in the same run directory: ExitCode=2:0" \
 expect "... refused by the lock of node1's rank 0" \
   grep -q "$run is in use by another process (host node1, pid " "$work/slurm-intruder-$intruder.out"
 scontrol resume "$job"
+# slurmd resumes the steps after scontrol returns, and a step not yet
+# resumed refuses signals: the warning could be lost. Once a new step line
+# is logged, the ranks run.
+going_on() { [[ $(step_lines) -gt $steps_before ]]; }
+wait_for "training to go on after the resume" 30 going_on
 scancel --signal=USR1 --batch "$job"
 wait_for "the stop" 60 grep -q "^${stamp}stopped by SIGUSR1 after step" "$log"
 stop_step=$(sed -n "s/^${stamp}stopped by SIGUSR1 after step \([0-9]*\);.*/\1/p" "$log")
@@ -232,8 +252,6 @@ lost=$(sbatch --parsable -N 2 --ntasks-per-node 1 --cpus-per-task 1 slurm/train.
   --model lm --synthetic copy --layers 1 --d-model 16 --heads 2 --d-ff 32 --max-len 16 \
   --max-tokens 64 --steps 1000000 --log-every 100)
 wait_for "the job to lose a node" 90 grep -qs "^${stamp}step 200/" runs/lost/train.log
-# ranks_on NODE: the pids in NODE's namespace that execute the binary.
-ranks_on() { executing "$bin" $(ip netns pids "$ns-$1" 2>/dev/null); }
 victims=$(ranks_on node2)
 survivors=$(ranks_on node1)
 expect "a rank on each node (node1: $survivors, node2: $victims)" [ -n "$victims" -a -n "$survivors" ]
