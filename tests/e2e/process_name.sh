@@ -96,7 +96,6 @@ if start_run built "$bin" "${train[@]}" --out built --blas-core "$other"; then
 fi
 stop_run
 
-mkdir -p path
 if start_run path env PATH="$(dirname "$bin"):$PATH" mpiformer "${train[@]}" --out path \
   --blas-core "$other"; then
   started_again "through PATH"
