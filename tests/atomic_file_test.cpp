@@ -4,18 +4,22 @@
 // with the registered files gone.
 #include "src/io/atomic_file.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 
+#include "src/core/own_file.h"
 #include "src/io/stop_cleanup.h"
 
 namespace mpiformer {
@@ -101,7 +105,7 @@ TEST_F(StagedFiles, AnUncommittedFileLeavesThePreviousOneAndNoTemporary) {
   EXPECT_EQ(entries(), 1u);
 }
 
-TEST_F(StagedFiles, ADeviceIsWrittenInPlaceAndALinkKeepsPointing) {
+TEST_F(StagedFiles, ADeviceIsWrittenInPlaceAndALinkIsReplaced) {
   StagedTextFile null("/dev/null");
   null.write("nothing\n");
   null.commit();
@@ -109,13 +113,65 @@ TEST_F(StagedFiles, ADeviceIsWrittenInPlaceAndALinkKeepsPointing) {
   ASSERT_EQ(::stat("/dev/null", &info), 0);
   EXPECT_TRUE(S_ISCHR(info.st_mode));
 
+  // A link to a file is replaced, its target left alone: in a shared
+  // directory another user may have planted it.
   write(path("target.txt"), "old\n");
   fs::create_symlink("target.txt", path("link.txt"));
-  StagedTextFile through(path("link.txt"));
-  through.write("new\n");
-  through.commit();
-  EXPECT_TRUE(fs::is_symlink(path("link.txt")));
-  EXPECT_EQ(read(path("target.txt")), "new\n");
+  StagedTextFile replaced(path("link.txt"));
+  replaced.write("new\n");
+  replaced.commit();
+  EXPECT_FALSE(fs::is_symlink(path("link.txt")));
+  EXPECT_EQ(read(path("link.txt")), "new\n");
+  EXPECT_EQ(read(path("target.txt")), "old\n");
+}
+
+// The run directory's files are never written through a link, nor opened
+// when a FIFO stands in their place (which would block).
+TEST_F(StagedFiles, RunFilesRefuseLinksAndFifos) {
+  write(path("victim.txt"), "keep\n");
+  fs::create_symlink(path("victim.txt"), path("latest.tmp"));
+  write_file_atomically(path("latest"), "step_1.h5\n");
+  EXPECT_EQ(read(path("victim.txt")), "keep\n");
+  EXPECT_EQ(read(path("latest")), "step_1.h5\n");
+
+  fs::create_symlink(path("victim.txt"), path("train.log"));
+  std::string why;
+  EXPECT_EQ(open_regular_file(path("train.log"), O_WRONLY | O_APPEND, &why), -1);
+  EXPECT_NE(why.find("is a symbolic link"), std::string::npos) << why;
+  ASSERT_EQ(::mkfifo(path("fifo").c_str(), 0644), 0);
+  EXPECT_EQ(open_regular_file(path("fifo"), O_WRONLY, &why), -1);  // at once, no reader needed
+  EXPECT_NE(why.find("FIFO"), std::string::npos) << why;
+  EXPECT_EQ(read(path("victim.txt")), "keep\n");
+}
+
+// Disk set aside beyond the end shows in the blocks, not the size, and goes
+// back on release; a file size limit (ulimit -f) refuses it.
+TEST_F(StagedFiles, SpaceIsSetAsideAndGivenBack) {
+  const std::string file = path("data.bin");
+  write(file, std::string(1000, 'x'));
+  const auto blocks = [&] {
+    struct stat info {};
+    EXPECT_EQ(::stat(file.c_str(), &info), 0);
+    return static_cast<uint64_t>(info.st_blocks) * 512;
+  };
+  ASSERT_EQ(reserve_file_space(file, 8u << 20), 0);
+  EXPECT_EQ(fs::file_size(file), 1000u);
+  if (blocks() < (8u << 20)) GTEST_SKIP() << "this file system sets nothing aside (no fallocate)";
+  release_reserved_space(file);
+  EXPECT_LT(blocks(), 1u << 20);
+  EXPECT_EQ(read(file), std::string(1000, 'x'));
+
+  EXPECT_EQ(in_child([&] {
+              struct rlimit limit {
+                1u << 20, 1u << 20
+              };
+              ::setrlimit(RLIMIT_FSIZE, &limit);
+              ::_exit(file_size_limit() == (1u << 20) && reserve_file_space(file, 2u << 20) == EFBIG
+                          ? 0
+                          : 1);
+            }),
+            0);
+  EXPECT_EQ(reserve_file_space(path("missing.bin"), 10), ENOENT);
 }
 
 TEST_F(StagedFiles, AFileThatCannotBeCreatedIsNamed) {

@@ -23,6 +23,7 @@
 
 #include "kernels/backend.h"
 #include "src/io/checkpoint_average.h"
+#include "src/io/checkpoint_layout.h"
 #include "src/io/shard.h"
 #include "src/model/model.h"
 #include "tests/damaged_file.h"
@@ -398,6 +399,45 @@ TEST_F(CheckpointTest, FailedWriteLeavesNothing) {
   expect_fault([&] { write_checkpoint(blocked, t.params(), t.m.data(), t.v.data(), {}); }, blocked,
                "cannot rename");
   EXPECT_EQ(listing(dir_), std::vector<std::string>{"blocked.h5"});
+}
+
+// The space a collective writer sets aside must hold the whole file: a
+// small and a large model (tensors of several chunks), with long strings.
+TEST_F(CheckpointTest, TheBoundHoldsTheFile) {
+  ModelConfig large = testing::tiny(ModelKind::kLm);
+  large.d_model = 256;
+  large.vocab = 5000;  // the embedding: 1.28M elements, two chunks
+  for (const ModelConfig& c : {testing::tiny(ModelKind::kSeq2seq), large}) {
+    std::unique_ptr<Ops> ops = make_cpu_ops(1);
+    Model model(*ops, c, ModelCapacity{32, c.max_len});
+    model.init_parameters(3);
+    ParameterSet& params = model.parameters();
+    const std::vector<float> moments(params.count(), 0.5f);
+    CheckpointState s = some_state();
+    s.config_ini.assign(100000, 'x');
+    s.label_names.assign(10000, "a label name");  // several chunks
+    const std::string path = file("bound.h5");
+    write_checkpoint(path, params, moments.data(), moments.data(), s);
+    const uint64_t size = fs::file_size(path), data = 3 * params.count() * sizeof(float);
+    SCOPED_TRACE("d_model " + std::to_string(c.d_model));
+    EXPECT_GE(checkpoint_file_bound(params, s), size);
+    // Not wildly above it either, or a disk that would hold the file refuses it.
+    EXPECT_LE(checkpoint_file_bound(params, s), 2 * size + (256u << 10));
+    EXPECT_GT(size, data);
+  }
+}
+
+// A link planted where the temporary goes (a shared directory) is replaced,
+// never written through.
+TEST_F(CheckpointTest, ALinkAtTheTemporaryIsNotFollowed) {
+  TinyModel t;
+  const std::string victim = file("victim.txt"), path = file("ckpt.h5");
+  std::ofstream(victim) << "keep me\n";
+  fs::create_symlink(victim, path + ".tmp");
+  write_checkpoint(path, t.params(), t.m.data(), t.v.data(), some_state());
+  EXPECT_EQ(read_text(victim), "keep me\n");
+  EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(path)));
+  EXPECT_EQ(listing(dir_), (std::vector<std::string>{"ckpt.h5", "victim.txt"}));
 }
 
 TEST_F(CheckpointTest, ReadCheckpointRestoresEveryTensorIntoTheParameterLayout) {

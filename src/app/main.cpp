@@ -1,4 +1,10 @@
 // mpiformer [--help|--version] COMMAND [flags]
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cinttypes>
+#include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <iostream>
@@ -124,9 +130,43 @@ bool computes(const std::string& cmd) {
          cmd == "bench";
 }
 
+// OpenBLAS maps a buffer per thread as it loads, and under an address-space
+// limit (ulimit -v) that refuses one it retries for ever, before main. This
+// runs first (the executable's .preinit_array precedes every library's
+// initialisation): BLAS runs on one thread here anyway (make_cpu_ops), so
+// OpenBLAS starts with one, and a limit that leaves no room for it and for
+// MPI's start (threads, each with a stack and a malloc arena) is one line
+// and exit 1, not a hang or a page of MPI's errors.
+void bound_blas_start(int, char**, char**) {
+  setenv("OPENBLAS_NUM_THREADS", "1", /*overwrite=*/0);
+  rlimit limit{};
+  if (getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return;
+  // The libraries are mapped; OpenBLAS's buffer is 32 to 128 MiB, by build,
+  // and MPI failed to start its threads with 270 MiB left.
+  constexpr uint64_t kStart = uint64_t{384} << 20;
+  uint64_t pages = 0;
+  if (FILE* statm = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(statm, "%" SCNu64, &pages) != 1) pages = 0;
+    std::fclose(statm);
+  }
+  const uint64_t used = pages * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  if (limit.rlim_cur >= used + kStart) return;
+  std::fprintf(stderr,
+               "mpiformer: the address-space limit (ulimit -v) of %" PRIu64
+               " MiB leaves too little once the libraries are loaded (they map %" PRIu64
+               " MiB) for OpenBLAS and MPI to start: raise it above %" PRIu64 " MiB\n",
+               static_cast<uint64_t>(limit.rlim_cur) >> 20, used >> 20, (used + kStart) >> 20);
+  std::_Exit(kExitFailure);
+}
+__attribute__((section(".preinit_array"),
+               used)) void (*const preinit_blas_start)(int, char**, char**) = bound_blas_start;
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A write past the file size limit (ulimit -f) then fails with EFBIG and is
+  // reported like a full disk; by default the signal kills without a word.
+  std::signal(SIGXFSZ, SIG_IGN);
   // OpenBLAS chose its kernels when it loaded; a better choice starts this
   // program again, which must happen before MPI starts (kernels/cpu/blas_kernels.h).
   if (argc > 1 && computes(argv[1])) {

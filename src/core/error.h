@@ -35,4 +35,7 @@ class CommandError : public std::runtime_error {
 // Throws UsageError("--flag: message").
 [[noreturn]] void usage_error(const std::string& flag, const std::string& message);
 
+// A size in messages: "12.3 GiB", "456.0 MiB", "0.9 KiB".
+std::string format_bytes(double bytes);
+
 }  // namespace mpiformer

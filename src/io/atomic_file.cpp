@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -12,7 +13,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <stdexcept>
+
+#include "src/core/own_file.h"
 
 namespace mpiformer {
 
@@ -83,10 +87,47 @@ void commit_file(const std::string& tmp, const std::string& path) {
   fsync_dir(parent_dir(path));
 }
 
+int reserve_file_space(const std::string& path, uint64_t bytes) {
+  if (bytes > file_size_limit()) return EFBIG;
+  const int fd = ::open(path.c_str(), O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return errno;
+  struct stat info {};
+  int err = ::fstat(fd, &info) == 0 ? 0 : errno;
+  if (err == 0 && bytes > 0 &&
+      ::fallocate(fd, FALLOC_FL_KEEP_SIZE, info.st_size, static_cast<off_t>(bytes)) != 0) {
+    err = errno == EOPNOTSUPP || errno == ENOSYS ? 0 : errno;
+  }
+  ::close(fd);
+  return err;
+}
+
+void release_reserved_space(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return;
+  struct stat info {};
+  // tmpfs frees blocks past the end when they are punched out, ext4 and XFS
+  // when the file is cut to its own size; each ignores the other's way.
+  if (::fstat(fd, &info) == 0) {
+    ::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, info.st_size,
+                std::numeric_limits<off_t>::max() - info.st_size);
+    if (::ftruncate(fd, info.st_size) != 0) {
+      // Nothing lost: the blocks go with the file.
+    }
+  }
+  ::close(fd);
+}
+
+uint64_t file_size_limit() {
+  struct rlimit limit {};
+  if (::getrlimit(RLIMIT_FSIZE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return UINT64_MAX;
+  return static_cast<uint64_t>(limit.rlim_cur);
+}
+
 void write_file_atomically(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) fail(tmp, "cannot create", errno);
+  std::string why;
+  const int fd = create_new_file(tmp, &why);
+  if (fd < 0) throw std::runtime_error(tmp + ": " + why);
   size_t done = 0;
   bool ok = true;
   while (ok && done < text.size()) {
@@ -140,28 +181,25 @@ bool abandoned_temporary(const std::string& name, std::string* final_name) {
   return true;
 }
 
-StagedTextFile::StagedTextFile(const std::string& path) : path_(path), target_(path) {
+StagedTextFile::StagedTextFile(const std::string& path) : path_(path) {
   struct stat info {};
   if (::stat(path.c_str(), &info) == 0 && !S_ISREG(info.st_mode)) {
-    // A device or a FIFO (/dev/null, a named pipe) has no content to keep
-    // and cannot be renamed onto: written in place.
+    // A device or a FIFO the user named (/dev/null, a named pipe, a shell's
+    // /dev/fd/N) has no content to keep and cannot be renamed onto: written
+    // in place.
     fd_ = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
     if (fd_ < 0) fail(path_, "cannot open", errno);
     return;
   }
-  // Through a symbolic link the file it names is replaced, not the link.
-  std::error_code ec;
-  if (fs::is_symlink(path, ec)) {
-    const fs::path resolved = fs::weakly_canonical(path, ec);
-    if (!ec) target_ = resolved.string();
-  }
-  temporary_ = temporary_name(target_);
+  // A symbolic link is replaced by the file, never written through: in a
+  // shared directory another user may have planted it.
+  temporary_ = temporary_name(path_);
   on_stop_ = RemovedOnStop(temporary_);
-  fd_ = ::open(temporary_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  std::string why;
+  fd_ = create_new_file(temporary_, &why);
   if (fd_ < 0) {
-    const int err = errno;
     temporary_.clear();
-    fail(path_, "cannot create", err);
+    throw std::runtime_error(path_ + ": " + why);
   }
 }
 
@@ -193,7 +231,7 @@ void StagedTextFile::commit() {
   const int close_error = errno;
   fd_ = -1;
   if (!synced || !closed) fail(path_, "cannot write", synced ? close_error : sync_error);
-  commit_file(temporary_, target_);
+  commit_file(temporary_, path_);
   temporary_.clear();
   on_stop_.forget();
 }

@@ -4,6 +4,7 @@
 // left behind.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "src/io/stop_cleanup.h"
@@ -20,6 +21,22 @@ void fsync_dir(const std::string& dir);
 // Moves a complete, fsync'ed `tmp` onto `path` and makes the move durable;
 // removes `tmp` when the move fails.
 void commit_file(const std::string& tmp, const std::string& path);
+
+// Sets aside `bytes` of disk beyond the end of the existing file `path`
+// (fallocate, keeping its size), so that writing them later cannot meet a
+// full disk or a quota half-way: a collective writer cannot leave a write
+// that failed on one rank (its ranks would wait on each other for ever).
+// Returns 0, or the errno why not (ENOSPC, EDQUOT, EFBIG: beyond the file
+// size limit of `ulimit -f`). A file system without fallocate (EOPNOTSUPP)
+// sets nothing aside and returns 0.
+int reserve_file_space(const std::string& path, uint64_t bytes);
+
+// Gives back the disk reserve_file_space set aside beyond the end of the
+// file; a file system that cannot punch holes keeps it until the file goes.
+void release_reserved_space(const std::string& path);
+
+// The largest file this process may write (ulimit -f), or UINT64_MAX.
+uint64_t file_size_limit();
 
 // Writes `text` to `path`: PATH.tmp, fsync, rename, fsync of the directory.
 void write_file_atomically(const std::string& path, const std::string& text);
@@ -47,8 +64,8 @@ bool abandoned_temporary(const std::string& name, std::string* final_name);
 // onto `path` by commit(): until then `path` keeps what it held, or stays
 // absent. Faults name `path`. A file never committed has its temporary
 // removed by the destructor, or by a stop signal (stop_cleanup.h). A
-// device or FIFO (/dev/null) is written in place; through a symbolic link,
-// the file it names is replaced.
+// device or FIFO (/dev/null) is written in place; a symbolic link to a
+// file is replaced, never written through.
 class StagedTextFile {
  public:
   // Creates the temporary: "PATH: cannot create (reason)".
@@ -66,7 +83,7 @@ class StagedTextFile {
   const std::string& path() const { return path_; }
 
  private:
-  std::string path_, target_, temporary_;  // temporary_: "" once committed or in place
+  std::string path_, temporary_;  // temporary_: "" once committed or in place
   int fd_ = -1;
   RemovedOnStop on_stop_;
 };

@@ -204,8 +204,35 @@ Hid create_checkpoint_file(const std::string& tmp, const Faults& faults) {
   Hid fapl = faults.checked(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, "the file");
   faults.check(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_LATEST), "the file");
   faults.check(H5Pset_file_locking(fapl.get(), 0, 1), "the file");
-  return faults.checked(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose,
-                        "the file");
+  Hid file = hdf5::create_anew(tmp, fapl.get(), faults);
+  if (!file.ok()) faults.check(-1, "the file");
+  return file;
+}
+
+uint64_t checkpoint_file_bound(const ParameterSet& params, const CheckpointState& state) {
+  // Measured files hold under 3 KiB per tensor beyond its data (its object
+  // header, chunk index and checksums); each figure here is twice or more.
+  constexpr uint64_t kPerFile = 64 << 10, kPerTensor = 6 << 10, kPerChunk = 256;
+  uint64_t bytes = kPerFile + 2 * (state.config_ini.size() + state.run_id.size() +
+                                   state.progress_window.size() + state.averaged_from.size());
+  const uint64_t label_bytes = join_label_names(state.label_names).size();
+  for (const uint64_t n : {static_cast<uint64_t>(state.tokenizer.size()), label_bytes}) {
+    const uint64_t chunks = (n + kCheckpointBytesChunk - 1) / kCheckpointBytesChunk;
+    bytes += (chunks > 1 ? chunks * kCheckpointBytesChunk : n) + chunks * kPerChunk;
+  }
+  for (const ParamInfo& info : params.info()) {
+    const std::vector<hsize_t> dims(info.shape.begin(), info.shape.end());
+    const std::vector<hsize_t> chunk = checkpoint_chunk_dims(dims);
+    // HDF5 stores a chunk at the edge of a tensor as a whole one.
+    uint64_t chunks = 1, chunk_elements = 1;
+    for (size_t d = 0; d < dims.size(); ++d) {
+      chunks *= (dims[d] + chunk[d] - 1) / chunk[d];
+      chunk_elements *= chunk[d];
+    }
+    const uint64_t stored = chunks * (chunk_elements * sizeof(float) + kPerChunk);
+    bytes += 3 * (stored + kPerTensor);  // params, m, v
+  }
+  return bytes;
 }
 
 bool checkpoint_kill_requested(int64_t step) {

@@ -34,8 +34,13 @@ void write_checkpoint_header(hid_t root, const CheckpointState& state, const hdf
 // A tensor's chunks: at most 2^20 elements, whole rows (outermost dimension cut first).
 std::vector<hsize_t> checkpoint_chunk_dims(const std::vector<hsize_t>& dims);
 
-// Creates the file a single writer writes (HDF5 1.8 format or later, no
-// file locking), truncating what was there.
+// More than the size of the checkpoint file of `params` and `state`:
+// what a writer sets aside before it writes (reserve_file_space).
+uint64_t checkpoint_file_bound(const ParameterSet& params, const CheckpointState& state);
+
+// Creates the checkpoint file `tmp` (HDF5 1.8 format or later, no file
+// locking) with a single writer. Whatever stood at the name goes first: a
+// symbolic link planted there is removed, never written through.
 hdf5::Hid create_checkpoint_file(const std::string& tmp, const hdf5::Faults& faults);
 
 // A group of the layout ("params", "optimizer", then "m" and "v" in it).

@@ -235,6 +235,11 @@ std::string file_format(const Faults& faults, const std::string& noun, bool besi
   return read_format(file.get(), faults);
 }
 
+Hid create_anew(const std::string& path, hid_t fapl, const Faults& faults) {
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) faults.fail_errno("cannot replace " + path);
+  return Hid(H5Fcreate(path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, fapl), H5Fclose);
+}
+
 bool has_format(const std::string& path, const std::string& format, bool beside_writer) {
   try {
     return file_format(Faults::of<std::runtime_error>(path), "HDF5 file", beside_writer) == format;

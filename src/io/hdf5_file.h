@@ -164,6 +164,12 @@ std::string read_format(hid_t file, const Faults& faults);
 // has none); every fault as `faults` reports it.
 std::string file_format(const Faults& faults, const std::string& noun, bool beside_writer = false);
 
+// Creates the HDF5 file `path` with file access `fapl`. Whatever stood at
+// the name goes first and the name must then be new (H5F_ACC_EXCL): a
+// symbolic link planted there is removed, never written through. Returns
+// an invalid Hid when HDF5 fails (its reason on its error stack).
+Hid create_anew(const std::string& path, hid_t fapl, const Faults& faults);
+
 // True when `path` is an HDF5 file whose root attribute `format` is
 // `format`; false for anything else, never throws.
 bool has_format(const std::string& path, const std::string& format, bool beside_writer = false);

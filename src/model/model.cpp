@@ -857,6 +857,8 @@ ModelMemory Model::measure(Ops& ops, const ModelConfig& config, const ModelCapac
   // Decoding: and what the backend keeps of the weights while it decodes.
   if (capacity.cache_rows > 0) m.activation_bytes += ops.batch_invariant_bytes(params.count());
   m.upload_bytes = impl.upload_bytes;
+  for (const ParamInfo& info : params.info())
+    m.largest_tensor = std::max(m.largest_tensor, info.size);
   return m;
 }
 

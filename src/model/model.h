@@ -52,6 +52,7 @@ struct ModelMemory {
   size_t parameters = 0;        // floats of the flat parameter buffer
   size_t activation_bytes = 0;  // its activation buffers at the capacity
   size_t upload_bytes = 0;      // staging of the batch uploads in flight
+  size_t largest_tensor = 0;    // floats of the largest parameter tensor
 };
 
 // One step of incremental decoding (src/model/decoding.cpp builds it): R

@@ -14,6 +14,12 @@ int agree(const Communicator& comm, const Verdict& mine) {
   return comm.max(mine.code);
 }
 
+int agree_first(const Communicator& comm, Verdict mine) {
+  const int speaker = comm.min_with_rank(mine.code != 0 ? 0 : 1).second;  // a collective
+  if (comm.rank() != speaker) mine.message.clear();
+  return agree(comm, mine);
+}
+
 int agree_on(const Communicator& comm, const Verdict& verdict) {
   return agree(comm, comm.is_root() ? verdict : Verdict{});
 }

@@ -26,6 +26,10 @@ struct Verdict {
 // rank the largest code of all ranks' verdicts.
 int agree(const Communicator& comm, const Verdict& mine);
 
+// As agree, but only the lowest rank with a fault prints its line: one line
+// for all, however many ranks met the fault (a full disk meets them all).
+int agree_first(const Communicator& comm, Verdict mine);
+
 // Rank 0's verdict, for every rank (the other ranks' verdicts are ignored).
 int agree_on(const Communicator& comm, const Verdict& verdict);
 
@@ -74,11 +78,11 @@ Verdict attempt(const Communicator& comm, Fn&& step, Faults faults = Faults::kOf
   }
 }
 
-// Runs `what` on every rank; true on every rank when it succeeded on all. A
-// rank that failed prints "[rank r] message".
+// Runs `what` on every rank; true on every rank when it succeeded on all.
+// The lowest rank that failed prints "[rank r] message".
 template <class Fn>
 bool agreed(const Communicator& comm, Fn&& what) {
-  return agree(comm, attempt(comm, std::forward<Fn>(what))) == 0;
+  return agree_first(comm, attempt(comm, std::forward<Fn>(what))) == 0;
 }
 
 // Runs `check` of the given flags and files on every rank; returns the agreed

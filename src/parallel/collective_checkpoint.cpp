@@ -1,12 +1,14 @@
 #include "src/parallel/collective_checkpoint.h"
 
 #include <hdf5.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <functional>
@@ -197,17 +199,36 @@ void write_bytes_collectively(const Communicator& comm, hid_t root, const char* 
   faults.check(H5Dwrite(dset.get(), H5T_NATIVE_UINT8, memory.get(), space.get(), dxpl, data), what);
 }
 
+// Makes the file `tmp` on rank 0 and sets `bytes` of disk aside for it, and
+// checks every rank may write that much (ulimit -f). A failed write inside
+// HDF5's collective calls leaves the ranks waiting on each other for ever
+// (a rank that failed skips a barrier the others entered): a full disk, a
+// quota or a file size limit must be met here, before the first of them.
+void set_disk_aside(const Communicator& comm, const std::string& tmp, uint64_t bytes,
+                    const hdf5::Faults& faults) {
+  const std::string what = "cannot write: no room for up to " + format_bytes(bytes);
+  if (const uint64_t limit = file_size_limit(); limit < bytes) {
+    faults.fail(what + " (" + std::strerror(EFBIG) + "): the file size limit (ulimit -f) is " +
+                format_bytes(limit));
+  }
+  if (!comm.is_root()) return;
+  {
+    hdf5::Session session;
+    faults.check(create_checkpoint_file(tmp, faults).close(), "the file");
+  }
+  if (const int err = reserve_file_space(tmp, bytes); err != 0) {
+    errno = err;
+    faults.fail_errno(what);
+  }
+}
+
 // Every rank's verdict on `fault`: the lowest rank that failed prints it,
 // and every rank returns kExitFailure when any rank failed.
 int agree_once(const Communicator& comm, const FirstFault& fault) {
-  const int speaker = comm.min_with_rank(fault.ok() ? 1 : 0).second;  // a collective
   Verdict mine;
-  if (!fault.ok()) {
-    mine.code = kExitFailure;
-    if (comm.rank() == speaker)
-      mine.message = "[rank " + std::to_string(comm.rank()) + "] " + fault.what();
-  }
-  return agree(comm, mine);
+  if (!fault.ok())
+    mine = {kExitFailure, "[rank " + std::to_string(comm.rank()) + "] " + fault.what()};
+  return agree_first(comm, mine);
 }
 
 }  // namespace
@@ -255,6 +276,12 @@ SavedCheckpoint save_checkpoint_collectively(const Communicator& comm, const std
   }
 
   const std::string tmp = saved.path + ".tmp";
+  failed.attempt([&] { set_disk_aside(comm, tmp, checkpoint_file_bound(params, state), faults); });
+  if (comm.any(!failed.ok())) {
+    if (comm.is_root()) ::unlink(tmp.c_str());
+    saved.code = agree_once(comm, failed);
+    return saved;
+  }
   params.ops().device().synchronize();  // the last update must have landed before it is copied
   {
     hdf5::Session session;
@@ -269,8 +296,7 @@ SavedCheckpoint save_checkpoint_collectively(const Communicator& comm, const std
     // Metadata, identical on every rank: the file, attributes, groups, datasets.
     failed.attempt([&] {
       Hid fapl = mpio_access(faults);
-      file = faults.checked(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()),
-                            H5Fclose, "the file");
+      file = faults.checked(H5Fopen(tmp.c_str(), H5F_ACC_RDWR, fapl.get()), H5Fclose, "the file");
       dxpl = collective_transfer(faults);
       const hid_t root = file.get();
       write_checkpoint_attributes(root, state, faults);
@@ -365,6 +391,7 @@ SavedCheckpoint save_checkpoint_collectively(const Communicator& comm, const std
     if (written_everywhere) {
       failed.attempt([&] {
         try {
+          release_reserved_space(tmp);
           fsync_file(tmp);
           std::error_code ec;
           saved.bytes = fs::file_size(tmp, ec);

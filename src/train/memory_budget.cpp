@@ -99,16 +99,6 @@ int refuse_on_shortfall(const Communicator& comm, const std::string& shortfall,
   return agree(comm, mine);
 }
 
-std::string format_bytes(double bytes) {
-  static const char* const units[] = {"KiB", "MiB", "GiB", "TiB"};
-  double value = bytes / 1024.0;
-  int unit = 0;
-  for (; unit < 3 && value >= 1024.0; ++unit) value /= 1024.0;
-  char buf[48];
-  std::snprintf(buf, sizeof buf, "%.1f %s", value, units[unit]);
-  return buf;
-}
-
 std::string MemoryEstimate::describe() const {
   const auto part = [](size_t bytes) { return format_bytes(static_cast<double>(bytes)); };
   std::ostringstream s;
@@ -125,8 +115,14 @@ std::string MemoryEstimate::describe() const {
     // The scores of the longest sequence can dwarf the rest: named apart.
     if (attention_bytes > 0) s << " (attention scratch " << part(attention_bytes) << ")";
   }
-  if (host_bytes > 0)
-    s << (device_is_host ? ", " : "; host: ") << "gradient staging " << part(host_bytes);
+  if (host_bytes > checkpoint_bytes) {
+    s << (device_is_host ? ", " : "; host: ") << "gradient staging "
+      << part(host_bytes - checkpoint_bytes);
+  }
+  if (checkpoint_bytes > 0) {
+    s << (device_is_host || host_bytes > checkpoint_bytes ? ", " : "; host: ")
+      << "checkpoint writing " << part(checkpoint_bytes);
+  }
   s << ")";
   return s.str();
 }
@@ -159,6 +155,11 @@ MemoryEstimate estimate_memory(Ops& ops, const ModelConfig& model, const ModelCa
     const size_t exact_sum = plan.reducer_exact_sum ? (P + 1) * sizeof(int64_t) : 0;
     e.buffer_bytes += exact_sum;
     if (plan.reducer_staged) e.host_bytes = plan.reducer_exact_sum ? exact_sum : P * sizeof(float);
+    // A checkpoint stages a tensor on the host; HDF5 checksums and converts
+    // a chunk (4 MiB) at a time, and MPI-IO gathers up to 16 MiB per write.
+    constexpr size_t kCheckpointLibraryBytes = size_t{32} << 20;
+    e.checkpoint_bytes = m.largest_tensor * sizeof(float) + kCheckpointLibraryBytes;
+    e.host_bytes += e.checkpoint_bytes;
   }
   e.device_is_host = ops.device().host_accessible();
   return e;

@@ -45,6 +45,7 @@ struct MemoryEstimate {
   size_t buffer_bytes = 0;      // attention scratch and the exact sum (backend memory)
   size_t attention_bytes = 0;   // the attention scratch, of buffer_bytes
   size_t host_bytes = 0;        // host-only buffers (the reducer's staging)
+  size_t checkpoint_bytes = 0;  // host: writing a checkpoint (within host_bytes)
   bool device_is_host = true;   // CPU backend: everything is host memory
 
   size_t device_total() const {
@@ -85,8 +86,5 @@ std::string memory_shortfall(const MemoryEstimate& estimate, const Ops& ops, int
 // one rank) and every rank returns kExitUsage; 0 otherwise.
 int refuse_on_shortfall(const Communicator& comm, const std::string& shortfall,
                         const std::string& prefix);
-
-// "12.3 GiB", "456.0 MiB"
-std::string format_bytes(double bytes);
 
 }  // namespace mpiformer
