@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <boost/program_options.hpp>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -91,6 +92,8 @@ std::string FlagTable::list_choices_bar(const std::vector<std::string>& names) {
 namespace {
 
 constexpr unsigned kHelpWidth = 100;
+// A config file is a page of flags: anything larger is not one.
+constexpr uint64_t kConfigFileLimit = uint64_t{16} << 20;
 
 // Builds Boost's view of the table; values stay text until Flag::parse.
 po::options_description describe(const FlagTable& table) {
@@ -248,6 +251,15 @@ std::string read_config_text(const std::string& path) {
   if (::stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) {
     usage_error("--config", path + " is a directory");
   }
+  // A FIFO would block the reader, and a device (/dev/zero) never ends.
+  if (::stat(path.c_str(), &info) == 0 && !S_ISREG(info.st_mode)) {
+    usage_error("--config", path + " is not a regular file (a FIFO, socket or device)");
+  }
+  if (::stat(path.c_str(), &info) == 0 && static_cast<uint64_t>(info.st_size) > kConfigFileLimit) {
+    usage_error("--config", path + " holds " + std::to_string(info.st_size) +
+                                " bytes, more than the " + std::to_string(kConfigFileLimit >> 20) +
+                                " MiB a config file may");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) usage_error("--config", "cannot read " + quoted(path));
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -380,7 +392,10 @@ std::string early_flag_value(const std::vector<std::string>& args, const std::st
       if (arg.rfind(with_equals, 0) == 0) *field = arg.substr(with_equals.size());
     }
   }
-  if (value.empty() && !config_file.empty()) {
+  struct stat info {};
+  const bool readable = ::stat(config_file.c_str(), &info) == 0 && S_ISREG(info.st_mode) &&
+                        static_cast<uint64_t>(info.st_size) <= kConfigFileLimit;
+  if (value.empty() && readable) {
     // Only this key; parsing proper reports what else is wrong with the file.
     po::options_description wanted;
     wanted.add_options()(name.c_str(), po::value<std::string>());

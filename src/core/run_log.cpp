@@ -11,6 +11,8 @@
 #include <stdexcept>
 #include <vector>
 
+#include "src/core/own_file.h"
+
 namespace mpiformer {
 namespace {
 
@@ -88,8 +90,9 @@ void say(std::FILE* stream, const char* format, ...) {
 }
 
 void attach_run_log(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (fd < 0) throw std::runtime_error(path + ": " + std::strerror(errno));
+  std::string why;
+  const int fd = open_regular_file(path, O_WRONLY | O_CREAT | O_APPEND, &why);
+  if (fd < 0) throw std::runtime_error(path + ": " + why);
   RunLog& log = run_log();
   std::lock_guard<std::mutex> lock(log.mutex);
   if (log.fd >= 0) ::close(log.fd);

@@ -14,6 +14,8 @@
 #include <thread>
 #include <utility>
 
+#include "src/core/own_file.h"
+
 namespace mpiformer {
 namespace {
 
@@ -74,8 +76,9 @@ std::string DirLock::try_acquire(const std::string& dir) {
   // opened and locked may no longer be the one at the path; a lock on it
   // would exclude nobody. Such a lock is dropped and the new file tried.
   for (int attempt = 0; attempt < 100; ++attempt) {
-    const int fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) return path_ + ": cannot create (" + os_error(errno) + ")";
+    std::string why;
+    const int fd = open_regular_file(path_, O_RDWR | O_CREAT, &why);
+    if (fd < 0) return path_ + ": " + why;
     if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
       const int err = errno;
       if (err == EWOULDBLOCK) {

@@ -1,14 +1,18 @@
 // metrics.h5 in SWMR mode; see metrics.h.
 #include "src/io/metrics.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <utility>
 
+#include "src/core/own_file.h"
 #include "src/io/hdf5_file.h"
 
 namespace mpiformer {
@@ -87,6 +91,10 @@ MetricsLog::MetricsLog(const std::string& path, const RunAttributes& attrs,
   if (resume) {
     {
       hdf5::Session session;
+      // A FIFO would block H5Fis_hdf5 until a writer came.
+      if (!fs::is_regular_file(path, ec)) {
+        faults.fail("not a regular file; move it away or choose another --out");
+      }
       if (H5Fis_hdf5(path.c_str()) <= 0) {
         faults.fail("not an HDF5 file; move it away or choose another --out");
       }
@@ -124,7 +132,7 @@ MetricsLog::MetricsLog(const std::string& path, const RunAttributes& attrs,
   // The newest file format: SWMR needs it.
   Hid fapl = faults.checked(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, "the file");
   faults.check(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_LATEST, H5F_LIBVER_LATEST), "the file");
-  Hid file(H5Fcreate(target.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
+  Hid file = hdf5::create_anew(target, fapl.get(), faults);
   if (!file.ok()) faults.fail_corrupt("create " + target);
   const hid_t root = file.get();
   hdf5::write_string_attr(root, "format", kMetricsFormat, faults);
@@ -161,8 +169,14 @@ MetricsLog::MetricsLog(const std::string& path, const RunAttributes& attrs,
       if (row[0] <= static_cast<double>(keep_through_step)) write_row(eval_, &eval_rows_, row);
     // metrics.jsonl is rewritten from the rows kept: it follows the branch.
     const std::string json_target = json_path + ".tmp";
-    json_ = std::fopen(json_target.c_str(), "w");
-    if (json_ == nullptr) faults.fail_errno("cannot create " + json_target);
+    std::string why;
+    const int json_fd = create_new_file(json_target, &why);
+    if (json_fd < 0) faults.fail("cannot create " + json_target + ": " + why);
+    json_ = ::fdopen(json_fd, "w");
+    if (json_ == nullptr) {
+      ::close(json_fd);
+      faults.fail_errno("cannot create " + json_target);
+    }
     for (const std::vector<double>& row : old.train_rows) {
       if (row[0] > static_cast<double>(keep_through_step)) continue;
       append_json("train", train_, row);
