@@ -75,7 +75,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from mpiformer_metrics import (CHECKPOINT_FORMAT, RunError, file_format, group_of,  # noqa: E402
-                               h5_file, int_attr, numbers, read_config)
+                               h5_file, int_attr, numbers, read_config, report_fault)
 import sentencepiece_model  # noqa: E402
 
 CHECKPOINT_VERSION = 2  # kCheckpointVersion, src/io/checkpoint.h
@@ -416,14 +416,11 @@ def main(argv):
     try:
         export(checkpoint, outdir, overwrite)
     except ExportError as e:
-        print(f"export_hf.py: {checkpoint}: {e}", file=sys.stderr)
-        return 2
+        return report_fault("export_hf.py", f"{checkpoint}: {e}")
     except RunError as e:  # a checkpoint that cannot be read, an OUTDIR refused
-        print(f"export_hf.py: {e}", file=sys.stderr)
-        return 2
+        return report_fault("export_hf.py", e)
     except WriteError as e:
-        print(f"export_hf.py: {e}", file=sys.stderr)
-        return 1
+        return report_fault("export_hf.py", e, 1)
     return 0
 
 

@@ -20,7 +20,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from mpiformer_metrics import (RunError, file_format, group_of, h5_file, int_attr,  # noqa: E402
-                               numbers)
+                               numbers, report_fault)
 
 SHARD_FORMAT = "mpiformer-shard"
 LABELLED_KINDS = ("classify", "image")
@@ -90,24 +90,20 @@ def main():
     args = parser.parse_args()
     if not os.path.isdir(args.data):
         what = "not a directory" if os.path.exists(args.data) else "no such directory"
-        print(f"label_baseline.py: {args.data}: {what}", file=sys.stderr)
-        return 2
+        return report_fault("label_baseline.py", f"{args.data}: {what}")
     train = sorted(glob.glob(os.path.join(args.data, "train-*.h5")))
     held = sorted(glob.glob(os.path.join(args.data, args.split + "-*.h5")))
     if not train or not held:
-        print(f"label_baseline.py: {args.data} has no train or {args.split} shards",
-              file=sys.stderr)
-        return 2
+        return report_fault("label_baseline.py",
+                            f"{args.data} has no train or {args.split} shards")
     try:
         train_truth = [label_matrix(p) for p in train]
         held_truth = [label_matrix(p) for p in held]
     except RunError as e:
-        print(f"label_baseline.py: {e}", file=sys.stderr)
-        return 2
+        return report_fault("label_baseline.py", e)
     if len({m.shape[1] for m in train_truth + held_truth}) > 1:
-        print(f"label_baseline.py: {args.data}: its train and {args.split} shards disagree on "
-              "num_labels", file=sys.stderr)
-        return 2
+        return report_fault("label_baseline.py", f"{args.data}: its train and {args.split} "
+                            "shards disagree on num_labels")
     frequency = sum(m.sum(0) for m in train_truth)
     truth = np.concatenate(held_truth)
     order = np.argsort(-frequency, kind="stable")

@@ -21,13 +21,15 @@ never writes and a reader must not follow: links other than hard ones
 storage (data in other files), filters other than Fletcher32, deflate and
 shuffle (code a file asks HDF5 to load), groups that loop back or nest
 beyond MAX_GROUP_DEPTH, and datasets or attributes that declare more
-bytes than the file can hold (a read would allocate them).
+bytes than the file can hold (a read would allocate them). Text from a
+file reaches the terminal only through terminal_safe.
 """
 
 import contextlib
 import ctypes
 import os
 import re
+import sys
 import time
 
 import h5py
@@ -85,6 +87,23 @@ class NotAsWritten(ValueError):
 def _text(value):
     # Bytes that are not UTF-8 stay visible as \xNN rather than failing.
     return value.decode(errors="backslashreplace") if isinstance(value, bytes) else str(value)
+
+
+def terminal_safe(text, keep_newlines=False):
+    """TEXT with every character a terminal would act on (ESC, the other
+    control characters, bidirectional overrides) written as its Python
+    escape (\\x1b), so that text from a file cannot recolour, retitle or
+    rewrite the terminal; with keep_newlines line breaks stay (text shown
+    as lines), else they become \\n (a one-line message stays one line)."""
+    return "".join(c if c.isprintable() or (keep_newlines and c == "\n") else repr(c)[1:-1]
+                   for c in str(text))
+
+
+def report_fault(tool, message, exit_code=2):
+    """Prints "TOOL: MESSAGE" on stderr as one terminal-safe line; returns
+    exit_code, the tool's exit code."""
+    print(f"{tool}: {terminal_safe(message)}", file=sys.stderr)
+    return exit_code
 
 
 def _h5py_message(e):

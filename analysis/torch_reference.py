@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from mpiformer_metrics import RunError, h5_file, read_config  # noqa: E402
+from mpiformer_metrics import RunError, h5_file, read_config, report_fault  # noqa: E402
 
 
 def layer_norm(x, p, name):
@@ -367,24 +367,21 @@ def main(argv):
                    "pool": ("cls", "mean"), "loss": ("softmax", "zlpr")}
         for key, values in covered.items():
             if cfg.get(key) not in values:
-                print(f"torch_reference.py: covers {key} = {' or '.join(values)}; the "
-                      f"checkpoint has {cfg.get(key)}", file=sys.stderr)
-                return 2
+                return report_fault("torch_reference.py", f"covers {key} = "
+                                    f"{' or '.join(values)}; the checkpoint has {cfg.get(key)}")
         figures = classify_figures(params, cfg, args.data, args.split, args.device)
         print(" ".join(f"{k} {v}" if isinstance(v, int) else f"{k} {v:.10f}"
                        for k, v in figures.items()))
         return 0
     if cfg.get("model") not in ("lm", "seq2seq"):
-        print(f"torch_reference.py: covers lm, seq2seq and classify; the checkpoint has "
-              f"{cfg.get('model')}", file=sys.stderr)
-        return 2
+        return report_fault("torch_reference.py", "covers lm, seq2seq and classify; the "
+                            f"checkpoint has {cfg.get('model')}")
     covered = {"norm": "pre", "positions": "learned", "tied-embeddings": "true",
                "activation": "gelu", "attention-scale": "standard", "dropout": "0"}
     for key, value in covered.items():
         if cfg.get(key) != value:
-            print(f"torch_reference.py: covers {key} = {value}; the checkpoint has "
-                  f"{cfg.get(key)}", file=sys.stderr)
-            return 2
+            return report_fault("torch_reference.py", f"covers {key} = {value}; the checkpoint "
+                                f"has {cfg.get(key)}")
 
     if args.data is not None:
         if cfg["model"] != "lm":
@@ -443,5 +440,4 @@ if __name__ == "__main__":
     try:
         sys.exit(main(sys.argv[1:]))
     except RunError as e:  # a checkpoint, dump or shard that cannot be read
-        print(f"torch_reference.py: {e}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(report_fault("torch_reference.py", e))
