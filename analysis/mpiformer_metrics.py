@@ -12,7 +12,9 @@ killed while it did; a plain open is refused then) is opened as an SWMR
 reader, with HDF5's checksum retries bounded (SWMR_READ_ATTEMPTS): its
 default of 100, with a sleep that doubles each time, never ends on a
 damaged file. h5py has no setter for them, so the bound is set through
-ctypes on the HDF5 library h5py itself runs on.
+ctypes on the HDF5 library h5py itself runs on. A plain open that fails on
+a file whose superblock says a writer has it open is a torn read beside
+that writer, tried again as any fault of a file being written (read_h5).
 
 Files come from elsewhere too (a checkpoint shared for export, shards
 downloaded), so h5_file refuses, before anything is read, what mpiformer
@@ -60,6 +62,10 @@ MAX_GROUP_DEPTH = 64
 OUTSIDE = "refusing a file that reaches outside itself"
 # A refused object's name is shown whole up to twice this, else its ends.
 SHOWN_NAME_ENDS = 60
+# An HDF5 superblock: its signature, and the consistency flags a writer sets
+# (superblock versions 2 and 3, those of SWMR files): write, SWMR write.
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+SUPERBLOCK_WRITER_FLAGS = 0x01 | 0x04
 # Attempts at a checksummed metadata read beside an SWMR writer. HDF5 sleeps
 # 1 ns, 2 ns, 4 ns, ... between them: 2^N ns in all, about 0.27 s for 28,
 # time enough for the writer to finish a write the reader caught half done.
@@ -132,6 +138,19 @@ def _open_fault(e):
     return f"truncated or corrupt (HDF5 could not open the file: {why})"
 
 
+def _marked_as_written(path):
+    """Whether PATH's superblock (version 2 or 3, at the start: mpiformer
+    writes no user block) has a writer's consistency flags set, read from
+    the bytes where HDF5 would not open the file."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(12)
+    except OSError:
+        return False
+    return (len(head) == 12 and head[:8] == HDF5_SIGNATURE and head[8] in (2, 3)
+            and bool(head[11] & SUPERBLOCK_WRITER_FLAGS))
+
+
 def _bounded_swmr_fapl():
     """A file access property list with SWMR_READ_ATTEMPTS, set through
     H5Pset_metadata_read_attempts of the HDF5 library h5py runs on (dlsym
@@ -162,9 +181,10 @@ def open_h5(path, noun="HDF5 file"):
     except OSError as e:
         plain = e
     if "already open for write" not in str(plain):
-        # A writer holding the file's lock is finishing it: worth another try.
-        fault = _WhileWritten if "unable to lock file" in str(plain) else RunError
-        raise fault(f"{path}: {_open_fault(plain)}")
+        # A writer holding the file's lock is finishing it, and a file whose
+        # superblock names a writer was caught half written: worth another try.
+        being_written = "unable to lock file" in str(plain) or _marked_as_written(path)
+        raise (_WhileWritten if being_written else RunError)(f"{path}: {_open_fault(plain)}")
     fapl = _bounded_swmr_fapl()
     if fapl is None:
         raise RunError(f"{path}: is open for writing, and the HDF5 library of this h5py cannot "
