@@ -55,7 +55,7 @@ MISSING = ("doesn't exist", "can't locate attribute", "component not found")
 # shuffle, which h5py writes; any other is a plugin a file asks HDF5 to load.
 READABLE_FILTERS = (h5z.FILTER_FLETCHER32, h5z.FILTER_DEFLATE, h5z.FILTER_SHUFFLE)
 # Deflate's largest ratio (a run of one byte): the most a deflated dataset
-# can unpack to, per byte of the file.
+# can unpack to, per byte it stores.
 DEFLATE_MAX_RATIO = 1032
 # mpiformer nests two groups deep (/optimizer/m); a walk stops far beyond.
 MAX_GROUP_DEPTH = 64
@@ -205,6 +205,7 @@ class _StorageCheck:
 
     def __init__(self, path):
         self.path, self.size, self.reached = path, os.path.getsize(path), {}
+        self.stored = 0  # bytes declared so far by what is stored as it reads
 
     def refuse(self, name, what):
         if len(name) > 2 * SHOWN_NAME_ENDS:  # a path 64 groups deep, a name of 64 KiB
@@ -257,22 +258,37 @@ class _StorageCheck:
                 self.refuse(name, f"filtered by HDF5 filter {code}, which mpiformer never "
                             "writes (it writes Fletcher32; deflate and shuffle are read too); "
                             "refusing it")
-        ratio = DEFLATE_MAX_RATIO if h5z.FILTER_DEFLATE in filters else 1
-        self.declared(name, did.get_space(), did.get_type(), ratio)
+        size = _declared_bytes(did)
+        if h5z.FILTER_DEFLATE in filters:
+            stored = did.get_storage_size()
+            if size > stored * DEFLATE_MAX_RATIO:
+                self.refuse(name, f"declared as {size} bytes, more than its {stored} deflated "
+                            "bytes can hold; refusing it")
+        else:
+            self.declared(name, size)
 
     def attributes(self, oid, name):
         for i in range(h5a.get_num_attrs(oid)):
             attr = h5a.open(oid, index=i)
-            self.declared(f"attribute '{_text(attr.name)}' of {name}", attr.get_space(),
-                          attr.get_type())
+            self.declared(f"attribute '{_text(attr.name)}' of {name}", _declared_bytes(attr))
 
-    def declared(self, name, space, type_, ratio=1):
-        """Refuses data whose declared size the file cannot hold (each
-        value stored once, at most `ratio` bytes per byte of the file)."""
-        size = space.get_simple_extent_npoints() * type_.get_size()
-        if size > self.size * ratio:
+    def declared(self, name, size):
+        """Refuses data stored as it reads (no deflate) that the file cannot
+        hold beside what was declared before it: each value is stored once,
+        and data never written would read as fill values."""
+        self.stored += size
+        if size > self.size:
             self.refuse(name, f"declared as {size} bytes, more than the file's {self.size} bytes "
                         "can hold; refusing it")
+        if self.stored > self.size:
+            self.refuse(name, f"declared as {size} bytes, more than the file's {self.size} bytes "
+                        f"can hold beside the {self.stored - size} bytes declared before it; "
+                        "refusing it")
+
+
+def _declared_bytes(obj):
+    """The bytes a dataset's or an attribute's values take in memory."""
+    return obj.get_space().get_simple_extent_npoints() * obj.get_type().get_size()
 
 
 def _read_fault(e):
