@@ -5,7 +5,8 @@
 # file, a virtual dataset over it, a dataset stored in a plain file beside
 # them), or hold what mpiformer never writes (a soft link, an unregistered
 # optional filter, a group linking to itself, groups nested 100 deep, a
-# dataset declaring 4 TiB, strings where numbers belong, a missing
+# dataset declaring 4 TiB, datasets never written that together declare
+# more than the file holds, strings where numbers belong, a missing
 # attribute, escape sequences in attributes and names). export_hf.py,
 # plot_run.py, to_tensorboard.py and label_baseline.py refuse each (within
 # `timeout`) with one line naming the file and the object, exit 2, no
@@ -114,6 +115,15 @@ def deep(f, name):
         group = group.create_group(f"d{depth}")
 
 
+def unwritten(f, name):
+    """Datasets never written (they would read as fill values): each fits
+    the file, together they declare twice its size."""
+    group = f[name.rsplit("/", 1)[0]]
+    rows = os.path.getsize(f.filename) // 8 // 16
+    for i in range(32):
+        group.create_dataset(f"unwritten{i:02}", shape=(rows,), dtype="<f8", chunks=(64,))
+
+
 def no_vocab_size(f, name):
     del f.attrs["vocab_size"]
 
@@ -124,7 +134,8 @@ def escapes_in_format(f, name):
 
 CASES = {"extlink": external_link, "softlink": soft_link, "virtual": virtual,
          "extstorage": external_storage, "filter": unknown_filter, "huge": huge,
-         "strings": strings, "cycle": cycle, "deep": deep, "novocab": no_vocab_size,
+         "strings": strings, "cycle": cycle, "deep": deep, "unwritten": unwritten,
+         "novocab": no_vocab_size,
          "escapes": escapes_in_format}
 
 
@@ -157,7 +168,7 @@ with h5py.File("ck-tokenizer.h5", "r+") as f:
 for case, name in (("extlink", "train/loss"), ("virtual", "train/lr"),
                    ("extstorage", "eval/loss"), ("filter", "train/tokens"),
                    ("huge", "train/loss"), ("strings", "train/loss"), ("cycle", "train/loss"),
-                   ("deep", "eval/loss")):
+                   ("deep", "eval/loss"), ("unwritten", "train/loss")):
     hostile("run/metrics.h5", f"m-{case}/metrics.h5", case, name)
 # Escape sequences in attributes and in a column's name: read, and shown escaped.
 os.makedirs("m-escapes")
@@ -251,6 +262,7 @@ huge /train/loss is declared as
 strings /train/loss holds strings, not numbers
 cycle /train/loop is a second link to /train
 deep is nested more than 64 groups deep
+unwritten /train/unwritten|bytes can hold beside the
 EOF
   # Escape sequences in its attributes and a column's name: a file that
   # reads, its text shown escaped.
