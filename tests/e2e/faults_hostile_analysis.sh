@@ -25,16 +25,16 @@ try_seconds=60  # the limit of `try` (common.sh)
 tiny=(--model lm --synthetic copy --layers 2 --heads 2 --d-ff 64 --max-len 32 --d-model 32
   --max-tokens 256 --threads 1)
 # --output-bias false: a checkpoint export_hf.py exports when it is intact.
-"$bin" train "${tiny[@]}" --steps 2 --output-bias false --out run >run.log
+timeout 300 "$bin" train "${tiny[@]}" --steps 2 --output-bias false --out run >run.log
 grep -v '^[[:space:]]*$' /usr/share/common-licenses/GPL-3 >gpl.txt
 awk '{ n = NR % 3; print (n == 0 ? "law" : n == 1 ? "code user:0.5" : "user") }' gpl.txt >gpl.labels
-"$bin" prepare --kind classify --input gpl.txt --labels gpl.labels --out tagged --shards 1 \
-  --vocab-size 300 --valid-lines 50 --test-lines 50 >prepare.log
+timeout 300 "$bin" prepare --kind classify --input gpl.txt --labels gpl.labels --out tagged \
+  --shards 1 --vocab-size 300 --valid-lines 50 --test-lines 50 >prepare.log
 
 # The hostile copies: ck-NAME.h5 (checkpoints), m-NAME/metrics.h5, sh-NAME/
 # (the shards, train-00000.h5 hostile). What lies outside them, marked:
 # outside.h5:/secret (floats 1234.5) and secret.bin (bytes SECRET-BYTES).
-python3 - <<'PY'
+timeout 300 python3 - <<'PY'
 import os
 import shutil
 
@@ -203,7 +203,7 @@ outside="refusing a file that reaches outside itself"
 exports() {
   local py=$1 case needles needle
   check "$py export_hf.py exports the intact checkpoint" \
-    "$py" "$tools/export_hf.py" run/checkpoints/step_00000002.h5 hf-intact --overwrite
+    timeout 60 "$py" "$tools/export_hf.py" run/checkpoints/step_00000002.h5 hf-intact --overwrite
   while read -r case needles; do
     IFS='|' read -ra needle <<<"$needles"
     rm -rf "hf-$case"
@@ -225,7 +225,7 @@ novocab has no attribute 'vocab_size'
 escapes not an mpiformer checkpoint|\x1b]0;owned\x07\x1b[2Jmpiformer-checkpoint
 EOF
   # What lies outside never reaches an export (were one written).
-  check "$py: no export holds the bytes of outside.h5 or secret.bin" python3 - <<'PY'
+  check "$py: no export holds the bytes of outside.h5 or secret.bin" timeout 60 python3 - <<'PY'
 import glob
 import struct
 import sys
@@ -329,7 +329,7 @@ PY
 }
 
 rc=0
-{ MPIFORMER_TEST_KILL_IN_CHECKPOINT=2 "$bin" train "${tiny[@]}" --steps 2 --out killed \
+{ MPIFORMER_TEST_KILL_IN_CHECKPOINT=2 timeout 300 "$bin" train "${tiny[@]}" --steps 2 --out killed \
   >killed.log 2>&1; } 2>/dev/null || rc=$?
 [[ $rc -ne 0 ]] || fail "the run to kill was not killed"
 
