@@ -74,11 +74,13 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from mpiformer_metrics import (CHECKPOINT_FORMAT, RunError, file_format, h5_file,  # noqa: E402
-                               read_config)
+from mpiformer_metrics import (CHECKPOINT_FORMAT, RunError, file_format, group_of,  # noqa: E402
+                               h5_file, int_attr, numbers, read_config, report_fault)
 import sentencepiece_model  # noqa: E402
 
 CHECKPOINT_VERSION = 2  # kCheckpointVersion, src/io/checkpoint.h
+# The integer root attributes an export reads.
+INT_ATTRS = ("step", "vocab_size", "pad_id", "bos_id", "eos_id", "mask_id", "sep_id")
 LN_EPSILON = 1e-5  # ModelConfig::ln_eps (no flag sets it)
 ACTIVATIONS = {"gelu": "gelu_new", "relu": "relu"}  # ours (tanh GELU) -> transformers' name
 USAGE = "usage: export_hf.py CHECKPOINT OUTDIR [--overwrite]"
@@ -93,7 +95,7 @@ class WriteError(Exception):
 
 
 def text(value):
-    return value.decode() if isinstance(value, bytes) else str(value)
+    return value.decode(errors="backslashreplace") if isinstance(value, bytes) else str(value)
 
 
 def read_checkpoint(path):
@@ -105,18 +107,20 @@ def read_checkpoint(path):
         if format_ != CHECKPOINT_FORMAT:
             raise ExportError("not an mpiformer checkpoint (its 'format' attribute is "
                               + (f"'{format_}'" if format_ else "missing") + ")")
-        attrs = {key: f.attrs[key] for key in f.attrs}
-        version = int(attrs.get("version", -1))
+        version = int_attr(f, "version") if "version" in f.attrs else -1
         if version != CHECKPOINT_VERSION:
             raise ExportError(f"checkpoint version {version}; this exporter reads version "
                               f"{CHECKPOINT_VERSION}")
-        if "params" not in f or "config" not in attrs:
+        if "params" not in f or "config" not in f.attrs:
             raise ExportError("no /params group or no config attribute")
+        attrs = {key: int_attr(f, key) for key in INT_ATTRS}
+        config = read_config(text(f.attrs["config"]))
         # Reading verifies each chunk's Fletcher32 checksum.
-        params = {name: np.asarray(f["params"][name], dtype=np.float32) for name in f["params"]}
-        tokenizer = bytes(np.asarray(f["tokenizer"], dtype=np.uint8)) if "tokenizer" in f \
+        stored = group_of(f, "params")
+        params = {name: numbers(stored[name], (1, 2)).astype(np.float32) for name in stored}
+        tokenizer = bytes(numbers(f["tokenizer"]).astype(np.uint8)) if "tokenizer" in f \
             else None
-    return attrs, read_config(text(attrs["config"])), params, tokenizer
+    return attrs, config, params, tokenizer
 
 
 def refusals(cfg, params):
@@ -380,7 +384,7 @@ def export(checkpoint, outdir, overwrite=False):
     why = refusals(cfg, params)
     if why:
         raise ExportError("cannot be a GPT-2 model: " + "; ".join(why))
-    vocab = int(attrs["vocab_size"])
+    vocab = attrs["vocab_size"]
     tensors, dims = gpt2_tensors(cfg, params, vocab)
     config = hf_config(cfg, attrs, dims, vocab)
     files = {"config.json": json_bytes(config),
@@ -394,7 +398,7 @@ def export(checkpoint, outdir, overwrite=False):
           f"{dims['n_head']} heads, n_inner {dims['n_inner']}, vocab {vocab}, "
           f"n_positions {dims['n_positions']}, {config['activation_function']}, "
           f"{'tied' if dims['tied'] else 'untied'} embeddings ({count} parameters, step "
-          f"{int(attrs['step'])}); "
+          f"{attrs['step']}); "
           + ("its SentencePiece tokenizer as tokenizer.model and tokenizer.json" if tokenizer
              else "no tokenizer (a synthetic task)"))
 
@@ -412,14 +416,11 @@ def main(argv):
     try:
         export(checkpoint, outdir, overwrite)
     except ExportError as e:
-        print(f"export_hf.py: {checkpoint}: {e}", file=sys.stderr)
-        return 2
+        return report_fault("export_hf.py", f"{checkpoint}: {e}")
     except RunError as e:  # a checkpoint that cannot be read, an OUTDIR refused
-        print(f"export_hf.py: {e}", file=sys.stderr)
-        return 2
+        return report_fault("export_hf.py", e)
     except WriteError as e:
-        print(f"export_hf.py: {e}", file=sys.stderr)
-        return 1
+        return report_fault("export_hf.py", e, 1)
     return 0
 
 

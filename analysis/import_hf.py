@@ -55,7 +55,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from export_hf import CHECKPOINT_VERSION, LN_EPSILON, name_map  # noqa: E402
-from mpiformer_metrics import CHECKPOINT_FORMAT, RunError  # noqa: E402
+from mpiformer_metrics import CHECKPOINT_FORMAT, RunError, report_fault  # noqa: E402
 import sentencepiece_model as spm  # noqa: E402
 
 USAGE = "usage: import_hf.py HF_DIR OUT.h5 [--overwrite]"
@@ -374,15 +374,12 @@ def main(argv):
     hf_dir, out = args
     try:
         import_hf(hf_dir, out, overwrite)
-    except ImportRefused as e:
-        print(f"import_hf.py: {hf_dir}: {e}", file=sys.stderr)
-        return 2
+    except ImportRefused as e:  # its words may quote config.json: report_fault escapes them
+        return report_fault("import_hf.py", f"{hf_dir}: {e}")
     except RunError as e:
-        print(f"import_hf.py: {e}", file=sys.stderr)
-        return 2
+        return report_fault("import_hf.py", e)
     except WriteError as e:
-        print(f"import_hf.py: {e}", file=sys.stderr)
-        return 1
+        return report_fault("import_hf.py", e, 1)
     return 0
 
 

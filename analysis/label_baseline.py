@@ -19,10 +19,18 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from mpiformer_metrics import RunError, file_format, h5_file  # noqa: E402
+from mpiformer_metrics import (RunError, file_format, group_of, h5_file, int_attr,  # noqa: E402
+                               numbers, report_fault)
 
 SHARD_FORMAT = "mpiformer-shard"
 LABELLED_KINDS = ("classify", "image")
+
+
+def name_count(label_names):
+    """How many names /label_names' bytes hold: lines, the last one
+    without its newline (as src/io/label_names.cpp splits them)."""
+    text = bytes(np.asarray(label_names, dtype=np.uint8))
+    return text.count(b"\n") + (not text.endswith(b"\n")) if text else 0
 
 
 def label_matrix(path):
@@ -32,14 +40,20 @@ def label_matrix(path):
         if file_format(f) != SHARD_FORMAT:
             raise RunError(f"{path}: not an mpiformer shard")
         kind = f.attrs["kind"] if "kind" in f.attrs else b"?"
-        kind = (kind.decode() if isinstance(kind, bytes) else str(kind)).rstrip(" ")
+        kind = (kind.decode(errors="backslashreplace") if isinstance(kind, bytes)
+                else str(kind)).rstrip(" ")
         if kind not in LABELLED_KINDS or "num_labels" not in f.attrs or "labels" not in f:
             raise RunError(f"{path}: a shard of kind {kind}, without labels: the baseline reads "
                            "the shards of prepare --kind classify or image")
-        k = int(f.attrs["num_labels"])
-        ids = f["labels/ids"][:]
-        weights = f["labels/weights"][:]
-        offsets = f["labels/offsets"][:].astype(np.int64)
+        k = int_attr(f, "num_labels")
+        # As the trainer reads it: one name per label (bounds the matrix below).
+        names = name_count(numbers(f["label_names"]))
+        if k < 1 or k != names:
+            raise RunError(f"{path}: num_labels {k}, but /label_names holds {names} names")
+        labels = group_of(f, "labels")
+        ids = numbers(labels["ids"]).astype(np.int64)
+        weights = numbers(labels["weights"])
+        offsets = numbers(labels["offsets"]).astype(np.int64)
     if len(offsets) < 1 or offsets[0] != 0 or offsets[-1] != len(ids) or len(weights) != len(ids) \
             or np.any(np.diff(offsets) < 0) or np.any((ids < 0) | (ids >= k)):
         raise RunError(f"{path}: its /labels are inconsistent (offsets, or ids not below "
@@ -76,24 +90,20 @@ def main():
     args = parser.parse_args()
     if not os.path.isdir(args.data):
         what = "not a directory" if os.path.exists(args.data) else "no such directory"
-        print(f"label_baseline.py: {args.data}: {what}", file=sys.stderr)
-        return 2
+        return report_fault("label_baseline.py", f"{args.data}: {what}")
     train = sorted(glob.glob(os.path.join(args.data, "train-*.h5")))
     held = sorted(glob.glob(os.path.join(args.data, args.split + "-*.h5")))
     if not train or not held:
-        print(f"label_baseline.py: {args.data} has no train or {args.split} shards",
-              file=sys.stderr)
-        return 2
+        return report_fault("label_baseline.py",
+                            f"{args.data} has no train or {args.split} shards")
     try:
         train_truth = [label_matrix(p) for p in train]
         held_truth = [label_matrix(p) for p in held]
     except RunError as e:
-        print(f"label_baseline.py: {e}", file=sys.stderr)
-        return 2
+        return report_fault("label_baseline.py", e)
     if len({m.shape[1] for m in train_truth + held_truth}) > 1:
-        print(f"label_baseline.py: {args.data}: its train and {args.split} shards disagree on "
-              "num_labels", file=sys.stderr)
-        return 2
+        return report_fault("label_baseline.py", f"{args.data}: its train and {args.split} "
+                            "shards disagree on num_labels")
     frequency = sum(m.sum(0) for m in train_truth)
     truth = np.concatenate(held_truth)
     order = np.argsort(-frequency, kind="stable")

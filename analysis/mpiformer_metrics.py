@@ -12,17 +12,31 @@ killed while it did; a plain open is refused then) is opened as an SWMR
 reader, with HDF5's checksum retries bounded (SWMR_READ_ATTEMPTS): its
 default of 100, with a sleep that doubles each time, never ends on a
 damaged file. h5py has no setter for them, so the bound is set through
-ctypes on the HDF5 library h5py itself runs on.
+ctypes on the HDF5 library h5py itself runs on. A plain open that fails on
+a file whose superblock says a writer has it open is a torn read beside
+that writer, tried again as any fault of a file being written (read_h5).
+
+Files come from elsewhere too (a checkpoint shared for export, shards
+downloaded), so h5_file refuses, before anything is read, what mpiformer
+never writes and a reader must not follow: links other than hard ones
+(an external link opens another file), virtual datasets and external
+storage (data in other files), filters other than Fletcher32, deflate and
+shuffle (code a file asks HDF5 to load), groups that loop back or nest
+beyond MAX_GROUP_DEPTH, and datasets or attributes that declare more
+bytes than the file can hold (a read would allocate them). Text from a
+file reaches the terminal only through terminal_safe.
 """
 
 import contextlib
 import ctypes
 import os
 import re
+import sys
 import time
 
 import h5py
 import numpy as np
+from h5py import h5a, h5d, h5g, h5l, h5o, h5z
 
 METRICS_FORMAT = "mpiformer-metrics"
 CHECKPOINT_FORMAT = "mpiformer-checkpoint"
@@ -31,6 +45,27 @@ CHECKPOINT_FORMAT = "mpiformer-checkpoint"
 # KeyError when an object will not open, RuntimeError when attributes will
 # not list.
 H5_FAULTS = (OSError, KeyError, RuntimeError)
+# What reading raises where a file holds what the reader did not expect (a
+# string where numbers belong, a scalar where a column does): a fault of
+# the file as well, inside h5_file.
+SHAPE_FAULTS = (TypeError, ValueError, IndexError)
+# h5py's words for an object or attribute a file lacks.
+MISSING = ("doesn't exist", "can't locate attribute", "component not found")
+# Filters a reader runs: Fletcher32, which mpiformer writes, and deflate and
+# shuffle, which h5py writes; any other is a plugin a file asks HDF5 to load.
+READABLE_FILTERS = (h5z.FILTER_FLETCHER32, h5z.FILTER_DEFLATE, h5z.FILTER_SHUFFLE)
+# Deflate's largest ratio (a run of one byte): the most a deflated dataset
+# can unpack to, per byte it stores.
+DEFLATE_MAX_RATIO = 1032
+# mpiformer nests two groups deep (/optimizer/m); a walk stops far beyond.
+MAX_GROUP_DEPTH = 64
+OUTSIDE = "refusing a file that reaches outside itself"
+# A refused object's name is shown whole up to twice this, else its ends.
+SHOWN_NAME_ENDS = 60
+# An HDF5 superblock: its signature, and the consistency flags a writer sets
+# (superblock versions 2 and 3, those of SWMR files): write, SWMR write.
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+SUPERBLOCK_WRITER_FLAGS = 0x01 | 0x04
 # Attempts at a checksummed metadata read beside an SWMR writer. HDF5 sleeps
 # 1 ns, 2 ns, 4 ns, ... between them: 2^N ns in all, about 0.27 s for 28,
 # time enough for the writer to finish a write the reader caught half done.
@@ -50,8 +85,31 @@ class _WhileWritten(RunError):
     writer had half written, worth another try (read_h5)."""
 
 
+class NotAsWritten(ValueError):
+    """An object of an open file that is not as mpiformer writes it, in
+    words without the file's path (h5_file puts it first)."""
+
+
 def _text(value):
-    return value.decode() if isinstance(value, bytes) else str(value)
+    # Bytes that are not UTF-8 stay visible as \xNN rather than failing.
+    return value.decode(errors="backslashreplace") if isinstance(value, bytes) else str(value)
+
+
+def terminal_safe(text, keep_newlines=False):
+    """TEXT with every character a terminal would act on (ESC, the other
+    control characters, bidirectional overrides) written as its Python
+    escape (\\x1b), so that text from a file cannot recolour, retitle or
+    rewrite the terminal; with keep_newlines line breaks stay (text shown
+    as lines), else they become \\n (a one-line message stays one line)."""
+    return "".join(c if c.isprintable() or (keep_newlines and c == "\n") else repr(c)[1:-1]
+                   for c in str(text))
+
+
+def report_fault(tool, message, exit_code=2):
+    """Prints "TOOL: MESSAGE" on stderr as one terminal-safe line; returns
+    exit_code, the tool's exit code."""
+    print(f"{tool}: {terminal_safe(message)}", file=sys.stderr)
+    return exit_code
 
 
 def _h5py_message(e):
@@ -78,6 +136,19 @@ def _open_fault(e):
     if getattr(e, "errno", None):
         return f"cannot open for reading ({os.strerror(e.errno)})"
     return f"truncated or corrupt (HDF5 could not open the file: {why})"
+
+
+def _marked_as_written(path):
+    """Whether PATH's superblock (version 2 or 3, at the start: mpiformer
+    writes no user block) has a writer's consistency flags set, read from
+    the bytes where HDF5 would not open the file."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(12)
+    except OSError:
+        return False
+    return (len(head) == 12 and head[:8] == HDF5_SIGNATURE and head[8] in (2, 3)
+            and bool(head[11] & SUPERBLOCK_WRITER_FLAGS))
 
 
 def _bounded_swmr_fapl():
@@ -110,9 +181,10 @@ def open_h5(path, noun="HDF5 file"):
     except OSError as e:
         plain = e
     if "already open for write" not in str(plain):
-        # A writer holding the file's lock is finishing it: worth another try.
-        fault = _WhileWritten if "unable to lock file" in str(plain) else RunError
-        raise fault(f"{path}: {_open_fault(plain)}")
+        # A writer holding the file's lock is finishing it, and a file whose
+        # superblock names a writer was caught half written: worth another try.
+        being_written = "unable to lock file" in str(plain) or _marked_as_written(path)
+        raise (_WhileWritten if being_written else RunError)(f"{path}: {_open_fault(plain)}")
     fapl = _bounded_swmr_fapl()
     if fapl is None:
         raise RunError(f"{path}: is open for writing, and the HDF5 library of this h5py cannot "
@@ -125,19 +197,129 @@ def open_h5(path, noun="HDF5 file"):
     return h5py.File(fid), True
 
 
+class _StorageCheck:
+    """Refuses (RunError "PATH: OBJECT is ...") what mpiformer never writes
+    and a reader must not follow or allocate: see the module's note. Each
+    object is reached once: a second link to one (a group holding itself)
+    is refused, so no walk loops."""
+
+    def __init__(self, path):
+        self.path, self.size, self.reached = path, os.path.getsize(path), {}
+        self.stored = 0  # bytes declared so far by what is stored as it reads
+
+    def refuse(self, name, what):
+        if len(name) > 2 * SHOWN_NAME_ENDS:  # a path 64 groups deep, a name of 64 KiB
+            name = f"{name[:SHOWN_NAME_ENDS]}...{name[-SHOWN_NAME_ENDS:]}"
+        raise RunError(f"{self.path}: {name} is {what}")
+
+    def group(self, gid, name, depth=0):
+        if depth > MAX_GROUP_DEPTH:
+            self.refuse(name, f"nested more than {MAX_GROUP_DEPTH} groups deep; refusing it")
+        self.reached.setdefault(h5o.get_info(gid).addr, name)
+        self.attributes(gid, name)
+        links = []
+        gid.links.iterate(links.append)
+        for link in links:
+            child = name.rstrip("/") + "/" + _text(link)
+            self.hard_link(gid, link, child)
+            obj = h5o.open(gid, link)  # a hard link: opens nothing outside
+            address = h5o.get_info(obj).addr
+            if address in self.reached:
+                self.refuse(child, f"a second link to {self.reached[address]}; refusing a file "
+                            "whose groups loop back or share an object")
+            self.reached[address] = child
+            if isinstance(obj, h5g.GroupID):
+                self.group(obj, child, depth + 1)
+            elif isinstance(obj, h5d.DatasetID):
+                self.dataset(obj, child)
+
+    def hard_link(self, gid, link, name):
+        kind = gid.links.get_info(link).type
+        if kind == h5l.TYPE_EXTERNAL:
+            self.refuse(name, "an external link; " + OUTSIDE)
+        if kind == h5l.TYPE_SOFT:
+            self.refuse(name, "a soft link, which mpiformer never writes; refusing it")
+        if kind != h5l.TYPE_HARD:
+            self.refuse(name, f"a user-defined link (type {kind}); " + OUTSIDE)
+
+    def dataset(self, did, name):
+        self.attributes(did, name)
+        dcpl = did.get_create_plist()
+        layout = dcpl.get_layout()
+        if layout == h5d.VIRTUAL:
+            self.refuse(name, "a virtual dataset (its data lies in other files); " + OUTSIDE)
+        if layout not in (h5d.COMPACT, h5d.CONTIGUOUS, h5d.CHUNKED):
+            self.refuse(name, f"a dataset of storage layout {layout}; refusing it")
+        if dcpl.get_external_count() > 0:
+            self.refuse(name, "a dataset stored in external files; " + OUTSIDE)
+        filters = [dcpl.get_filter(i)[0] for i in range(dcpl.get_nfilters())]
+        for code in filters:
+            if code not in READABLE_FILTERS:
+                self.refuse(name, f"filtered by HDF5 filter {code}, which mpiformer never "
+                            "writes (it writes Fletcher32; deflate and shuffle are read too); "
+                            "refusing it")
+        size = _declared_bytes(did)
+        if h5z.FILTER_DEFLATE in filters:
+            stored = did.get_storage_size()
+            if size > stored * DEFLATE_MAX_RATIO:
+                self.refuse(name, f"declared as {size} bytes, more than its {stored} deflated "
+                            "bytes can hold; refusing it")
+        else:
+            self.declared(name, size)
+
+    def attributes(self, oid, name):
+        for i in range(h5a.get_num_attrs(oid)):
+            attr = h5a.open(oid, index=i)
+            self.declared(f"attribute '{_text(attr.name)}' of {name}", _declared_bytes(attr))
+
+    def declared(self, name, size):
+        """Refuses data stored as it reads (no deflate) that the file cannot
+        hold beside what was declared before it: each value is stored once,
+        and data never written would read as fill values."""
+        self.stored += size
+        if size > self.size:
+            self.refuse(name, f"declared as {size} bytes, more than the file's {self.size} bytes "
+                        "can hold; refusing it")
+        if self.stored > self.size:
+            self.refuse(name, f"declared as {size} bytes, more than the file's {self.size} bytes "
+                        f"can hold beside the {self.stored - size} bytes declared before it; "
+                        "refusing it")
+
+
+def _declared_bytes(obj):
+    """The bytes a dataset's or an attribute's values take in memory."""
+    return obj.get_space().get_simple_extent_npoints() * obj.get_type().get_size()
+
+
+def _read_fault(e):
+    """What an exception raised while reading a file says of it."""
+    message = _h5py_message(e)
+    if isinstance(e, NotAsWritten):
+        return message
+    if isinstance(e, SHAPE_FAULTS) or (isinstance(e, KeyError) and
+                                       any(m in message for m in MISSING)):
+        return f"not as mpiformer writes it ({message})"
+    return f"truncated or corrupt ({message})"
+
+
 @contextlib.contextmanager
 def h5_file(path, noun="HDF5 file"):
-    """PATH open for reading (open_h5) for the with-block; what h5py raises
-    inside it becomes RunError "PATH: truncated or corrupt (...)", one line.
-    Keep the block to reading the file: a KeyError of other code would read
-    as a fault of the file."""
+    """PATH open for reading (open_h5) for the with-block, after refusing
+    what a reader must not follow (_StorageCheck). What h5py raises inside
+    it becomes RunError "PATH: truncated or corrupt (...)", one line, and
+    what a file of unexpected content makes reading raise (SHAPE_FAULTS,
+    NotAsWritten) "PATH: ..." too. Keep the block to reading the file: a
+    KeyError of other code would read as a fault of the file."""
     f, written = open_h5(path, noun)
     fault = _WhileWritten if written else RunError
     try:
         with f:
+            _StorageCheck(path).group(f["/"].id, "/")
             yield f
-    except H5_FAULTS as e:
-        raise fault(f"{path}: truncated or corrupt ({_h5py_message(e)})") from None
+    except H5_FAULTS + SHAPE_FAULTS as e:
+        # Content not as written is no torn read: reported at once.
+        fault = RunError if isinstance(e, NotAsWritten) else fault
+        raise fault(f"{path}: {_read_fault(e)}") from None
 
 
 def read_h5(path, read, noun="HDF5 file", patience=0.0):
@@ -182,6 +364,42 @@ def file_format(f):
     return _text(f.attrs["format"]).rstrip(" ") if "format" in f.attrs else ""
 
 
+def numbers(dataset, ndims=(1,)):
+    """The values of a dataset that must hold integers or floats in one of
+    `ndims` dimensions (None: any); NotAsWritten naming it otherwise (a
+    string where numbers belong, a group where a dataset does)."""
+    if not isinstance(dataset, h5py.Dataset):
+        raise NotAsWritten(f"{dataset.name} is not a dataset")
+    dtype = dataset.dtype
+    if not (np.issubdtype(dtype, np.integer) or np.issubdtype(dtype, np.floating)):
+        held = "strings" if dtype.kind in "OSU" else dtype
+        raise NotAsWritten(f"{dataset.name} holds {held}, not numbers")
+    if ndims is not None and dataset.ndim not in ndims:
+        raise NotAsWritten(f"{dataset.name} has {dataset.ndim} dimensions, not "
+                           + " or ".join(map(str, ndims)))
+    return dataset[()]
+
+
+def group_of(f, name):
+    """Group `name` of an open file; NotAsWritten when it is missing or
+    something else."""
+    if not isinstance(f.get(name), h5py.Group):
+        raise NotAsWritten(f"no /{name} group")
+    return f[name]
+
+
+def int_attr(obj, name):
+    """Attribute `name` of an open group or dataset as an int; NotAsWritten
+    naming it when it is missing or not one integer."""
+    where = "the root group" if obj.name == "/" else obj.name
+    if name not in obj.attrs:
+        raise NotAsWritten(f"{where} has no attribute '{name}'")
+    value = np.asarray(obj.attrs[name])
+    if value.ndim != 0 or not np.issubdtype(value.dtype, np.integer):
+        raise NotAsWritten(f"attribute '{name}' of {where} is not one integer")
+    return int(value)
+
+
 def _attributes(f):
     return {k: (_text(v) if isinstance(v, (bytes, str)) else v) for k, v in f.attrs.items()}
 
@@ -190,9 +408,9 @@ def _columns(group):
     data = {}
     for name in group.keys():
         dataset = group[name]
-        if group.file.swmr_mode:
+        if group.file.swmr_mode and isinstance(dataset, h5py.Dataset):
             dataset.refresh()  # see what the writer has flushed since opening
-        data[name] = dataset[()]
+        data[name] = numbers(dataset)
     n = min((len(v) for v in data.values()), default=0)
     return {name: np.asarray(v[:n]) for name, v in data.items()}
 
@@ -208,11 +426,9 @@ def read_metrics(rundir, patience=FOLLOW_PATIENCE_S):
     def read(f):
         if file_format(f) != METRICS_FORMAT:
             raise RunError(f"{path}: not an mpiformer metrics file")
-        for group in ("train", "eval"):
-            if group not in f:
-                raise RunError(f"{path}: no /{group} group")
-        return {"attrs": _attributes(f), "train": _columns(f["train"]),
-                "eval": _columns(f["eval"])}
+        groups = {name: group_of(f, name) for name in ("train", "eval")}
+        return {"attrs": _attributes(f), "train": _columns(groups["train"]),
+                "eval": _columns(groups["eval"])}
 
     return read_h5(path, read, "metrics file", patience)
 
@@ -231,10 +447,9 @@ def read_checkpoint(path, group="params"):
     with h5_file(path, "checkpoint") as f:
         if file_format(f) != CHECKPOINT_FORMAT:
             raise RunError(f"{path}: not an mpiformer checkpoint")
-        if group not in f:
-            raise RunError(f"{path}: no /{group} group")
+        stored = group_of(f, group)
         attrs = _attributes(f)
-        tensors = {name: f[group][name][()] for name in sorted(f[group].keys())}
+        tensors = {name: numbers(stored[name], None) for name in sorted(stored.keys())}
     return tensors, attrs
 
 

@@ -26,7 +26,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from mpiformer_metrics import (X_AXES, RunError, metrics_path, plot_figure,  # noqa: E402
-                               read_metrics, x_values)
+                               read_metrics, report_fault, terminal_safe, x_values)
 
 
 def main(argv):
@@ -54,12 +54,11 @@ def main(argv):
                 raise RunError(f"{metrics_path(rundir)}: {e}") from None
         fig = plot_figure(runs, window=args.smooth, x=args.x, log_loss=args.log_loss)
     except RunError as e:
-        print(f"plot_run.py: {e}", file=sys.stderr)
-        return 2
+        return report_fault("plot_run.py", e)
     fig.savefig(args.output, dpi=100)
     plt.close(fig)
     rows = ", ".join(f"{label}: {len(m['train'].get('step', []))} rows" for label, m in runs.items())
-    print(f"wrote {args.output} ({rows})")
+    print(terminal_safe(f"wrote {args.output} ({rows})"))
     return 0
 
 

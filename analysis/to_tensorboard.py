@@ -30,7 +30,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from mpiformer_metrics import RunError, read_metrics  # noqa: E402
+from mpiformer_metrics import RunError, read_metrics, report_fault, terminal_safe  # noqa: E402
 
 # The events of a conversion end in this, so that a new one knows what to
 # replace and leaves any other writer's files in the directory alone.
@@ -147,30 +147,30 @@ def main(argv):
                 raise RunError(f"{path}: no such run directory")
             runs.append((rundir, read_metrics(path)))
     except RunError as e:
-        print(f"to_tensorboard.py: {e}", file=sys.stderr)
-        return 2
+        return report_fault("to_tensorboard.py", e)
     total_tags = total_points = 0
+    # Column names come from the files: printed terminal-safe.
     for rundir, metrics in runs:
         try:
             event_file, tags, left_out = write_run(rundir, metrics, tensorboard)
         except OSError as e:
-            print(f"to_tensorboard.py: {rundir}: cannot write events ({e})", file=sys.stderr)
-            return 1
+            return report_fault("to_tensorboard.py", f"{rundir}: cannot write events ({e})", 1)
         points = sum(tags.values())
         total_tags += len(tags)
         total_points += points
-        print(f"{rundir}: {len(tags)} scalar tags, {points} points -> {event_file}")
+        print(terminal_safe(f"{rundir}: {len(tags)} scalar tags, {points} points -> {event_file}"))
         partly = []
         for group in ("train", "eval"):
             rows = len(metrics[group].get("step", []))
             names = [tag.split("/", 1)[1] for tag in tags if tag.startswith(group + "/")]
-            print(f"  {group} ({rows} rows): {', '.join(names) if names else 'no tags'}")
+            listed = ", ".join(names) if names else "no tags"
+            print(terminal_safe(f"  {group} ({rows} rows): {listed}"))
             partly += [f"{group}/{n} {tags[group + '/' + n]} of {rows}" for n in names
                        if tags[group + "/" + n] < rows]
         if partly:
-            print(f"  partly written (NaN left out): {', '.join(partly)}")
+            print(terminal_safe(f"  partly written (NaN left out): {', '.join(partly)}"))
         if left_out:
-            print(f"  left out (no value written): {', '.join(left_out)}")
+            print(terminal_safe(f"  left out (no value written): {', '.join(left_out)}"))
     print(f"converted {len(runs)} run(s): {total_tags} scalar tags, {total_points} points")
     return 0
 

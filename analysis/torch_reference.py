@@ -40,12 +40,11 @@ import math
 import os
 import sys
 
-import h5py
 import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from mpiformer_metrics import read_config  # noqa: E402
+from mpiformer_metrics import RunError, h5_file, read_config, report_fault  # noqa: E402
 
 
 def layer_norm(x, p, name):
@@ -149,7 +148,7 @@ def split_nll(params, cfg, data_dir, split, device):
     total, tokens = 0.0, 0
     with torch.no_grad():
         for path in files:
-            with h5py.File(path, "r") as f:
+            with h5_file(path, "shard file") as f:
                 bos, eos = int(f.attrs["bos_id"]), int(f.attrs["eos_id"])
                 ids = np.asarray(f["tokens"], dtype=np.int64)
                 offsets = np.asarray(f["offsets"], dtype=np.int64)
@@ -207,12 +206,12 @@ def classify_split(cfg, data_dir, split):
     skip_long = cfg.get("too-long", "auto") == "skip"  # auto truncates: not seq2seq
     examples, K = [], None
     for path in files:
-        with h5py.File(path, "r") as f:
+        with h5_file(path, "shard file") as f:
             kind = f.attrs["kind"]
             kind = kind.decode() if isinstance(kind, bytes) else str(kind)
             if kind != ("image" if P > 0 else "classify"):
-                raise SystemExit(f"torch_reference.py: {path} is a {kind} shard; the checkpoint "
-                                 f"needs {'image' if P > 0 else 'classify'} shards")
+                raise RunError(f"{path} is a {kind} shard; the checkpoint needs "
+                               f"{'image' if P > 0 else 'classify'} shards")
             K = int(f.attrs["num_labels"])
             label_ids = np.asarray(f["labels/ids"], dtype=np.int64)
             label_weights = np.asarray(f["labels/weights"], dtype=np.float64)
@@ -351,7 +350,7 @@ def main(argv):
     if (args.dump is None) == (args.data is None):
         parser.error("give a DUMP or --data DIR")
 
-    with h5py.File(args.checkpoint, "r") as f:
+    with h5_file(args.checkpoint, "checkpoint") as f:
         config = f.attrs["config"]
         cfg = read_config(config)
         params = {name: torch.tensor(np.asarray(f["params"][name]), dtype=torch.float64,
@@ -368,24 +367,21 @@ def main(argv):
                    "pool": ("cls", "mean"), "loss": ("softmax", "zlpr")}
         for key, values in covered.items():
             if cfg.get(key) not in values:
-                print(f"torch_reference.py: covers {key} = {' or '.join(values)}; the "
-                      f"checkpoint has {cfg.get(key)}", file=sys.stderr)
-                return 2
+                return report_fault("torch_reference.py", f"covers {key} = "
+                                    f"{' or '.join(values)}; the checkpoint has {cfg.get(key)}")
         figures = classify_figures(params, cfg, args.data, args.split, args.device)
         print(" ".join(f"{k} {v}" if isinstance(v, int) else f"{k} {v:.10f}"
                        for k, v in figures.items()))
         return 0
     if cfg.get("model") not in ("lm", "seq2seq"):
-        print(f"torch_reference.py: covers lm, seq2seq and classify; the checkpoint has "
-              f"{cfg.get('model')}", file=sys.stderr)
-        return 2
+        return report_fault("torch_reference.py", "covers lm, seq2seq and classify; the "
+                            f"checkpoint has {cfg.get('model')}")
     covered = {"norm": "pre", "positions": "learned", "tied-embeddings": "true",
                "activation": "gelu", "attention-scale": "standard", "dropout": "0"}
     for key, value in covered.items():
         if cfg.get(key) != value:
-            print(f"torch_reference.py: covers {key} = {value}; the checkpoint has "
-                  f"{cfg.get(key)}", file=sys.stderr)
-            return 2
+            return report_fault("torch_reference.py", f"covers {key} = {value}; the checkpoint "
+                                f"has {cfg.get(key)}")
 
     if args.data is not None:
         if cfg["model"] != "lm":
@@ -398,7 +394,7 @@ def main(argv):
               f"tokens {tokens}")
         return 0
 
-    with h5py.File(args.dump, "r") as f:
+    with h5_file(args.dump, "dump") as f:
         batch = {k: torch.tensor(np.asarray(f["batch"][k]), dtype=torch.long, device=args.device)
                  for k in f["batch"]}
         ours_grads = {name: np.asarray(f["grads"][name]) for name in f["grads"]}
@@ -441,4 +437,7 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except RunError as e:  # a checkpoint, dump or shard that cannot be read
+        sys.exit(report_fault("torch_reference.py", e))
