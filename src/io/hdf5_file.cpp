@@ -202,7 +202,68 @@ Hid open_for_reading(const Faults& faults, const std::string& noun, bool beside_
     faults.fail("truncated or corrupt (HDF5 could not open the file" +
                 (detail.empty() ? "" : ": " + detail) + ")");
   }
+  refuse_foreign_storage(file.get(), faults);
   return file;
+}
+
+namespace {
+
+// What refuse_foreign_storage finds wrong with the dataset at `name`, or "".
+std::string foreign_storage_of(hid_t file, const char* name) {
+  Hid dset(H5Dopen2(file, name, H5P_DEFAULT), H5Dclose);
+  Hid dcpl(dset.ok() ? H5Dget_create_plist(dset.get()) : H5I_INVALID_HID, H5Pclose);
+  if (!dcpl.ok()) return "cannot be opened";
+  if (H5Pget_layout(dcpl.get()) == H5D_VIRTUAL)
+    return "is a virtual dataset (its data lies in other files)";
+  if (H5Pget_external_count(dcpl.get()) != 0) return "is stored in external files";
+  const int filters = H5Pget_nfilters(dcpl.get());
+  for (int i = 0; i < filters; ++i) {
+    unsigned flags = 0, config = 0;
+    size_t values = 0;
+    const H5Z_filter_t id = H5Pget_filter2(dcpl.get(), static_cast<unsigned>(i), &flags, &values,
+                                           nullptr, 0, nullptr, &config);
+    if (id != H5Z_FILTER_FLETCHER32 && id != H5Z_FILTER_DEFLATE && id != H5Z_FILTER_SHUFFLE) {
+      return "is filtered by HDF5 filter " + std::to_string(id) + ", which mpiformer never writes";
+    }
+  }
+  return "";
+}
+
+struct ForeignStorage {
+  std::string object, what;  // the first object refused, and why
+};
+
+herr_t check_link(hid_t group, const char* name, const H5L_info_t* link, void* data) {
+  auto* found = static_cast<ForeignStorage*>(data);
+  if (link->type == H5L_TYPE_SOFT) {
+    found->what = "is a soft link, which mpiformer never writes";
+  } else if (link->type == H5L_TYPE_EXTERNAL) {
+    found->what = "is an external link (to another file)";
+  } else if (link->type != H5L_TYPE_HARD) {
+    found->what = "is a user-defined link, which mpiformer never writes";
+  } else {
+    H5O_info_t info;
+    if (H5Oget_info_by_name2(group, name, &info, H5O_INFO_BASIC, H5P_DEFAULT) < 0) {
+      found->what = "cannot be read";
+    } else if (info.type == H5O_TYPE_DATASET) {
+      found->what = foreign_storage_of(group, name);
+    }
+  }
+  if (found->what.empty()) return 0;
+  found->object = std::string("/") + name;
+  return 1;  // stop: the first is enough
+}
+
+}  // namespace
+
+void refuse_foreign_storage(hid_t file, const Faults& faults) {
+  ForeignStorage found;
+  // H5Lvisit visits a group reached twice (a loop of hard links) once.
+  if (H5Lvisit(file, H5_INDEX_NAME, H5_ITER_INC, check_link, &found) < 0)
+    faults.fail_corrupt("list the file's objects");
+  if (!found.what.empty()) {
+    faults.fail(found.object + " " + found.what + "; refusing a file that reaches outside itself");
+  }
 }
 
 bool link_exists(hid_t loc, const std::string& path, const Faults& faults) {

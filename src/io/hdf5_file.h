@@ -144,9 +144,17 @@ constexpr unsigned kSwmrReadAttempts = 28;
 
 // open_read_only after checking that the file exists, is a regular file
 // (never a pipe, which would block), is readable and is HDF5; names a
-// truncated file plainly. `noun` completes "is a directory, not
-// a NOUN" ("shard file").
+// truncated file plainly, and refuses foreign storage (refuse_foreign_storage). `noun` completes
+// "is a directory, not a NOUN" ("shard file").
 Hid open_for_reading(const Faults& faults, const std::string& noun, bool beside_writer = false);
+
+// Refuses ("truncated or corrupt" aside, one line naming the object) a file
+// that reaches outside itself or holds what mpiformer never writes: soft,
+// external or user-defined links, virtual datasets, external storage, and
+// filters other than Fletcher32, deflate and shuffle. A file from
+// elsewhere could otherwise pull any local file's bytes into a checkpoint.
+// open_for_reading checks every file it opens.
+void refuse_foreign_storage(hid_t file, const Faults& faults);
 
 // Whether `path` ("a/b", "/a/b", relative to `loc`) names a link, each group
 // on the way looked up in turn (H5Lexists faults on a missing parent). Links

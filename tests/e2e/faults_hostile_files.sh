@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The Python tools of analysis/ take HDF5 files from elsewhere as untrusted.
+# mpiformer and the Python tools of analysis/ take HDF5 files from elsewhere
+# as untrusted.
 # From a tiny run's checkpoint and metrics.h5, and classify shards, h5py
 # makes copies that reach outside themselves (an external link to another
 # file, a virtual dataset over it, a dataset stored in a plain file beside
@@ -14,6 +15,8 @@
 # character of a file on the terminal. A metrics.h5 whose superblock says a
 # writer has it open, caught cut short as a reader beside a live writer can
 # catch it, is read once it is whole again, not called corrupt at once.
+# mpiformer's inspect, generate, average and train (at resume, and on the
+# shards) refuse the copies that reach outside themselves, one line each.
 source "$(dirname "$0")/common.sh"
 bin=$1 work=$2
 src=$(cd "$(dirname "$0")/../.." && pwd)
@@ -346,5 +349,33 @@ for py in "${pythons[@]}"; do
   torn_read "$py"
 done
 
+# ---- mpiformer itself: every command that reads the hostile checkpoints,
+# metrics and shards refuses what reaches outside the file, with one line
+# naming the file and the object, before reading a byte of it.
+while read -r case object; do
+  for command in "inspect ck-$case.h5" "generate --checkpoint ck-$case.h5 --prompt 3" \
+    "average --out averaged-$case.h5 ck-$case.h5 run/checkpoints/step_00000002.h5"; do
+    read -ra words <<<"$command"
+    try "$bin" "${words[@]}"
+    refused "mpiformer $command" nonzero "ck-$case.h5: $object" "$outside"
+  done
+  check "average ck-$case.h5 writes nothing" test ! -e "averaged-$case.h5"
+done <<EOF
+extlink /params/embed.tokens is an external link
+softlink /params/embed.tokens is a soft link
+virtual /params/embed.tokens is a virtual dataset
+extstorage /params/embed.positions is stored in external files
+filter /params/embed.tokens is filtered by HDF5 filter 32999
+tokenizer /tokenizer is stored in external files
+EOF
+mkdir -p resumed-extlink && cp -r run/. resumed-extlink/ && cp m-extlink/metrics.h5 resumed-extlink/
+try "$bin" train "${tiny[@]}" --output-bias false --steps 4 --out resumed-extlink --resume auto
+refused "train --resume auto beside a metrics.h5 with an external link" nonzero \
+  "resumed-extlink/metrics.h5: /train/loss is an external link"
+try "$bin" train --model classify --data sh-extlink --layers 2 --heads 2 --d-ff 64 --d-model 32 \
+  --max-tokens 256 --threads 1 --steps 2 --out shards-extlink
+refused "train on shards with an external link" nonzero \
+  "sh-extlink/train-00000.h5: /labels/ids is an external link"
+check "no secret in any checkpoint" not_in SECRET-BYTES <(cat ./*/checkpoints/*.h5 2>/dev/null)
 exit_on_failures
-echo "faults_hostile_analysis: all checks passed"
+echo "faults_hostile_files: all checks passed"
