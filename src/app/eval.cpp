@@ -80,7 +80,9 @@ int run_eval(const EvalConfig& cfg, Communicator& comm) {
   if (const int code = agree_on_root(
           comm,
           [&] {
-            ModelCheckpoint model = read_model_checkpoint(cfg.checkpoint, "--checkpoint");
+            ModelCheckpoint model = read_model_checkpoint(
+                cfg.checkpoint, "--checkpoint",
+                [&](const std::string& ini) { train_config_from_ini(ini, cfg.checkpoint); });
             state = std::move(model.state);
             tensors = std::move(model.params);
           },
@@ -89,7 +91,7 @@ int run_eval(const EvalConfig& cfg, Communicator& comm) {
   }
   std::string ini = state.config_ini;
   comm.broadcast(&ini, 0);
-  TrainConfig run = train_config_from_ini(ini, cfg.checkpoint + " (its config attribute)");
+  TrainConfig run = train_config_from_ini(ini, cfg.checkpoint);  // checked on rank 0
   run.data_dir = cfg.data_dir;
   run.synthetic = SyntheticTask::kNone;
   run.sharding = Sharding::kData;

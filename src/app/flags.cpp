@@ -350,7 +350,22 @@ void read_ini(const FlagTable& table, const std::string& ini, const std::string&
   po::variables_map vm;
   std::istringstream in(ini);
   store_ini(in, flags, source, &vm);
-  apply_flags(table, vm, {}, source);
+  // A value's fault is the flag's own (as given on the command line): the
+  // caller names the text it came from.
+  std::set<std::string> every;
+  for (const Flag& f : table.flags()) every.insert(f.name);
+  apply_flags(table, vm, every, source);
+}
+
+std::string ini_value(const std::string& ini, const std::string& key) {
+  std::istringstream in(ini);
+  for (std::string line; std::getline(in, line);) {
+    const size_t eq = line.find('=');
+    if (eq != std::string::npos && trimmed(line.substr(0, eq)) == key) {
+      return trimmed(line.substr(eq + 1));
+    }
+  }
+  return "";
 }
 
 std::string write_ini(const FlagTable& table, const std::string& header) {
@@ -402,6 +417,13 @@ void require_at_least(const char* flag, int64_t value, int64_t least) {
     usage_error(flag, least == 1 ? "must be positive; got " + std::to_string(value)
                                  : "must be at least " + std::to_string(least) + "; got " +
                                        std::to_string(value));
+  }
+}
+
+void require_between(const char* flag, int64_t value, int64_t least, int64_t most) {
+  require_at_least(flag, value, least);
+  if (value > most) {
+    usage_error(flag, "must be at most " + std::to_string(most) + "; got " + std::to_string(value));
   }
 }
 

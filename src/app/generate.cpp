@@ -187,10 +187,12 @@ ModelCapacity plan_capacity(const GenerateConfig& cfg, const ModelConfig& model,
 // a bad line is found at once), their order and the model.
 std::unique_ptr<Setup> prepare_setup(const GenerateConfig& cfg, const Communicator& comm) {
   auto setup = std::make_unique<Setup>();
-  const ModelCheckpoint checkpoint = read_model_checkpoint(cfg.checkpoint, "--checkpoint");
+  const ModelCheckpoint checkpoint = read_model_checkpoint(
+      cfg.checkpoint, "--checkpoint",
+      [&](const std::string& ini) { train_config_from_ini(ini, cfg.checkpoint); });
   const CheckpointState& state = checkpoint.state;
   const std::vector<CheckpointTensor>& tensors = checkpoint.params;
-  TrainConfig run = train_config_from_ini(state.config_ini, cfg.checkpoint + " (its config)");
+  TrainConfig run = train_config_from_ini(state.config_ini, cfg.checkpoint);
   run.model.vocab = state.vocab_size;
   run.model.special = state.special;
   if (run.model.kind == ModelKind::kMlm) {

@@ -3,7 +3,7 @@
 namespace mpiformer {
 
 void usage_error(const std::string& flag, const std::string& message) {
-  throw UsageError(flag + ": " + message);
+  throw UsageError(flag, message);
 }
 
 }  // namespace mpiformer

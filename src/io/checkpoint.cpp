@@ -532,12 +532,17 @@ void unpack_checkpoint_tensors(const std::string& path,
   }
 }
 
-ModelCheckpoint read_model_checkpoint(const std::string& path, const std::string& flag) {
+ModelCheckpoint read_model_checkpoint(const std::string& path, const std::string& flag,
+                                      const ConfigCheck& check_config) {
   try {
-    ModelCheckpoint model{read_checkpoint_state(path), read_checkpoint_tensors(path, "params")};
+    ModelCheckpoint model{read_checkpoint_state(path), {}};
+    check_config(model.state.config_ini);  // before any tensor is allocated
+    model.params = read_checkpoint_tensors(path, "params");
     require_finite(path, model.params, "params");
     return model;
   } catch (const CheckpointError& e) {
+    usage_error(flag, e.what());
+  } catch (const UsageError& e) {
     usage_error(flag, e.what());
   }
 }
