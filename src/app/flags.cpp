@@ -91,6 +91,7 @@ std::string FlagTable::list_choices_bar(const std::vector<std::string>& names) {
 namespace {
 
 constexpr unsigned kHelpWidth = 100;
+constexpr char kUtf8Bom[] = "\xef\xbb\xbf";
 
 // Builds Boost's view of the table; values stay text until Flag::parse.
 po::options_description describe(const FlagTable& table) {
@@ -252,6 +253,8 @@ std::string read_config_text(const std::string& path) {
   if (!in) usage_error("--config", "cannot read " + quoted(path));
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (in.bad()) usage_error("--config", "cannot read " + quoted(path));
+  // Editors on some systems start UTF-8 text with a byte order mark.
+  if (text.rfind(kUtf8Bom, 0) == 0) text.erase(0, sizeof(kUtf8Bom) - 1);
   size_t line = 1;
   for (size_t at = 0; at < text.size(); ++line) {
     const size_t end = std::min(text.find('\n', at), text.size());
@@ -400,7 +403,10 @@ std::string early_flag_value(const std::vector<std::string>& args, const std::st
     po::options_description wanted;
     wanted.add_options()(name.c_str(), po::value<std::string>());
     po::variables_map vm;
-    std::ifstream in(config_file);
+    std::ifstream file(config_file, std::ios::binary);
+    std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+    if (text.rfind(kUtf8Bom, 0) == 0) text.erase(0, sizeof(kUtf8Bom) - 1);
+    std::istringstream in(text);
     try {
       po::store(po::parse_config_file(in, wanted, /*allow_unregistered=*/true), vm);
       if (vm.count(name)) value = vm[name].as<std::string>();

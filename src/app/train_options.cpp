@@ -137,6 +137,12 @@ void validate_train_values(const TrainConfig& c) {
   }
   validate_model(c.model, /*vocab_from_data=*/has_data);
   if (c.out_dir.empty()) usage_error("--out", "required: the run directory");
+  // config.ini records the path on one line, and every checkpoint carries it.
+  if (c.out_dir.find_first_of("\n\r") != std::string::npos) {
+    usage_error("--out",
+                "a path with a line break cannot be recorded in the run's config.ini; "
+                "choose another");
+  }
   if (c.resume.empty()) usage_error("--resume", "expected auto, none or a checkpoint file");
   require_at_least("--max-tokens", c.max_tokens, 1);
   require_at_least("--max-sentences", c.max_sentences, 0);
