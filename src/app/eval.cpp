@@ -136,6 +136,8 @@ int run_eval(const EvalConfig& cfg, Communicator& comm) {
             }
           }
         }
+      } catch (const ShardError& e) {
+        verdict = {kExitUsage, std::string("mpiformer eval: --data: ") + e.what()};
       } catch (const std::exception& e) {
         verdict = {kExitFailure, std::string("[rank 0] ") + e.what()};
       }

@@ -94,6 +94,16 @@ struct SplitInputs {
   std::string origin;  // where the split came from, when the shards say
 };
 
+// Reads a shard of --data: its faults are the user's input (exit 2).
+template <class Read>
+auto data_shard(Read read) {
+  try {
+    return read();
+  } catch (const ShardError& e) {
+    usage_error("--data", e.what());
+  }
+}
+
 SplitInputs read_split(const GenerateConfig& cfg, const CheckpointState& state, bool lm,
                        bool synthetic, const Tokenizer* tokenizer) {
   if (lm) {
@@ -118,7 +128,7 @@ SplitInputs read_split(const GenerateConfig& cfg, const CheckpointState& state, 
   }
   SplitInputs split;
   for (const std::string& file : files) {
-    const ShardHeader header = read_shard_header(file);
+    const ShardHeader header = data_shard([&] { return read_shard_header(file); });
     if (header.kind != "seq2seq") {
       throw UsageError("--data: " + file + " is a shard of kind " + header.kind +
                        "; a seq2seq checkpoint translates the sources of a seq2seq set");
@@ -130,7 +140,7 @@ SplitInputs read_split(const GenerateConfig& cfg, const CheckpointState& state, 
                        " ids and their own tokenizer; the checkpoint was trained on " +
                        std::to_string(state.vocab_size) + " ids with another tokenizer");
     }
-    const Shard shard = read_shard(file);
+    const Shard shard = data_shard([&] { return read_shard(file); });
     for (size_t i = 0; i < shard.source.count(); ++i) {
       const auto ids = [&](const TokenSequences& side) {
         const auto* first = side.tokens.data() + side.offsets[i];

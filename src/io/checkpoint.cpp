@@ -22,6 +22,7 @@
 #include "src/core/error.h"
 #include "src/io/atomic_file.h"
 #include "src/io/checkpoint_layout.h"
+#include "src/io/declared_size.h"
 #include "src/io/hdf5_file.h"
 #include "src/io/label_names.h"
 
@@ -325,6 +326,7 @@ CheckpointTensor read_checkpoint_tensor(hid_t group, const std::string& name,
     count *= static_cast<size_t>(d);
   }
   if (!with_data) return t;
+  checked_extent(object.get(), where, faults);
   t.data.resize(count);  // (product of shape)
   if (count > 0 &&
       H5Dread(object.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data.data()) < 0) {
@@ -436,7 +438,10 @@ CheckpointState read_checkpoint_state(const std::string& path) {
   state.sharding = hdf5::read_string_attr(root, "data_sharding", faults);
   state.loss_scale = hdf5::read_double_attr(root, "loss_scale", faults);
   state.vocab_size = hdf5::read_int_attr<int>(root, "vocab_size", faults);
-  if (state.vocab_size < 1) faults.fail("attribute 'vocab_size' is < 1");
+  // --vocab's rule: the checkpoint's vocabulary becomes the model's.
+  if (const std::string fault = vocab_fault(state.vocab_size); !fault.empty()) {
+    faults.fail("attribute 'vocab_size' = " + std::to_string(state.vocab_size) + ": " + fault);
+  }
   state.special = hdf5::read_special_token_attrs(root, state.vocab_size, faults);
   if (hdf5::attr_exists(root, "run_id", faults)) {
     state.run_id = hdf5::read_string_attr(root, "run_id", faults);
@@ -448,9 +453,11 @@ CheckpointState read_checkpoint_state(const std::string& path) {
     state.averaged_from = hdf5::read_string_attr(root, "averaged_from", faults);
   }
   if (hdf5::link_exists(root, "tokenizer", faults)) {
+    check_declared_size(root, "tokenizer", faults);
     state.tokenizer = hdf5::read_bytes_dataset(root, "tokenizer", faults);
   }
   if (hdf5::link_exists(root, "label_names", faults)) {
+    check_declared_size(root, "label_names", faults);
     state.label_names = split_label_names(hdf5::read_bytes_dataset(root, "label_names", faults));
   }
   // Values no run writes: a hand-edited or damaged file would resume wrongly.
