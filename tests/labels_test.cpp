@@ -7,6 +7,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "src/core/escape.h"
 #include "src/io/label_names.h"
 #include "src/loss/cross_entropy.h"
 
@@ -104,7 +105,7 @@ TEST(LabelNames, NonEmptyUtf8WithoutSpaceOrControls) {
   EXPECT_EQ(label_name_fault("\xc0\xaf"), "is not UTF-8 (byte 0xc0 at byte 1)");       // overlong
   EXPECT_EQ(label_name_fault("x\xed\xa0\x80"), "is not UTF-8 (byte 0xed at byte 2)");  // surrogate
   EXPECT_EQ(label_name_fault("\xe4\xb8"), "is not UTF-8 (byte 0xe4 at byte 1)");       // cut short
-  EXPECT_EQ(printable_label_name(std::string("a\0\xff b", 5)), "a\\x00\\xff b");
+  EXPECT_EQ(escaped(std::string("a\0\xff b", 5)), "a\\x00\\xff b");
 }
 
 TEST(LabelVocabulary, MostFrequentFirstTiesByName) {

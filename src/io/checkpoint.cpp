@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "src/core/error.h"
+#include "src/core/escape.h"
 #include "src/io/atomic_file.h"
 #include "src/io/checkpoint_layout.h"
 #include "src/io/declared_size.h"
@@ -85,7 +86,7 @@ std::string state_fault(const CheckpointState& state) {
     return refuse("data_batches_per_step", std::to_string(state.batches_per_step), ">= 1");
   }
   if (state.sharding != "data" && state.sharding != "file") {
-    return refuse("data_sharding", "'" + state.sharding + "'", "'data' or 'file'");
+    return refuse("data_sharding", "'" + escaped(state.sharding) + "'", "'data' or 'file'");
   }
   if (!(state.loss_scale >= kMinLossScale && state.loss_scale <= kMaxLossScale)) {
     char value[32];
@@ -273,7 +274,7 @@ void check_checkpoint_format(hid_t root, const Faults& faults) {
   const std::string format = hdf5::read_format(root, faults);
   if (format.empty()) faults.fail("not an mpiformer checkpoint (no 'format' attribute)");
   if (format != kCheckpointFormat)
-    faults.fail("not an mpiformer checkpoint (format is '" + format + "')");
+    faults.fail("not an mpiformer checkpoint (format is '" + escaped(format) + "')");
   const int version = hdf5::read_int_attr<int>(root, "version", faults);
   if (version != kCheckpointVersion) {
     faults.fail("unsupported checkpoint version " + std::to_string(version) +

@@ -167,7 +167,8 @@ std::string read_trimmed_attr(hid_t loc, const char* name, const Faults& faults)
 ShardHeader read_header(hid_t file, const Faults& faults, uint64_t* sequences, uint64_t* tokens) {
   const std::string format = hdf5::read_format(file, faults);
   if (format.empty()) faults.fail("not an mpiformer shard (no 'format' attribute)");
-  if (format != kShardFormat) faults.fail("not an mpiformer shard (format is '" + format + "')");
+  if (format != kShardFormat)
+    faults.fail("not an mpiformer shard (format is '" + escaped(format) + "')");
   ShardHeader h;
   h.version = hdf5::read_int_attr<int>(file, "version", faults);
   if (h.version != kShardVersion) {
@@ -176,7 +177,7 @@ ShardHeader read_header(hid_t file, const Faults& faults, uint64_t* sequences, u
   }
   h.kind = read_trimmed_attr(file, "kind", faults);
   if (h.kind != "lm" && h.kind != "seq2seq" && !h.has_labels()) {
-    faults.fail("kind '" + h.kind + "' is not lm, seq2seq, classify or image");
+    faults.fail("kind '" + escaped(h.kind) + "' is not lm, seq2seq, classify or image");
   }
   h.vocab_size = hdf5::read_int_attr<int>(file, "vocab_size", faults);
   // --vocab's rule: the shards' vocabulary becomes the model's.

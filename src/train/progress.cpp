@@ -7,6 +7,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "src/core/escape.h"
 #include "src/loss/cross_entropy.h"
 #include "src/train/held_out.h"
 
@@ -115,7 +116,7 @@ void ProgressWindow::restore(const std::string& text, const Communicator& comm) 
   std::istringstream in(text);
   std::string format, word;
   std::getline(in, format);
-  if (format != kWindowFormat) fail("unknown format '" + format + "'");
+  if (format != kWindowFormat) fail("unknown format '" + escaped(format) + "'");
   int saved_ranks = 0, labels = 0;
   std::string labels_word;
   if (!(in >> word >> saved_ranks >> labels_word >> labels) || word != "ranks" ||
