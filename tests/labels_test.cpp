@@ -108,6 +108,24 @@ TEST(LabelNames, NonEmptyUtf8WithoutSpaceOrControls) {
   EXPECT_EQ(escaped(std::string("a\0\xff b", 5)), "a\\x00\\xff b");
 }
 
+TEST(Escaped, ControlCharactersAndBrokenUtf8AsHexNewlineAsBackslashN) {
+  EXPECT_EQ(escaped("plain text, 100%"), "plain text, 100%");
+  EXPECT_EQ(escaped("x\x1b[2J\x1b]0;title\x07"), "x\\x1b[2J\\x1b]0;title\\x07");
+  EXPECT_EQ(escaped("line\nfinal eval | acc 100%"), "line\\nfinal eval | acc 100%");
+  EXPECT_EQ(escaped("tab\there\r\x7f"), "tab\\x09here\\x0d\\x7f");
+  // Printable UTF-8 stays; C1 controls (CSI is U+009B) are escaped byte by byte.
+  EXPECT_EQ(escaped("Gr\xc3\xbc\xc3\x9f"
+                    "e \xe6\x97\xa5"),
+            "Gr\xc3\xbc\xc3\x9f"
+            "e \xe6\x97\xa5");
+  EXPECT_EQ(escaped("a\xc2\x9b"
+                    "31m"),
+            "a\\xc2\\x9b31m");
+  EXPECT_EQ(escaped("\xc0\xaf"), "\\xc0\\xaf");  // overlong
+  EXPECT_EQ(escaped("\xe4\xb8"), "\\xe4\\xb8");  // cut short
+  EXPECT_EQ(escaped(""), "");
+}
+
 TEST(LabelVocabulary, MostFrequentFirstTiesByName) {
   LabelVocabulary v;
   v.count(parse_label_line("b c"));

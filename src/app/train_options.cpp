@@ -284,12 +284,12 @@ TrainConfig train_config_from_ini(const std::string& ini, const std::string& pat
     validate_train_values(cfg);
   } catch (const UsageError& e) {
     // The text's form (an unknown key): its message names `path`.
-    if (e.flag() == "--config") throw UsageError(e.reason());
+    if (e.flag() == "--config") throw UsageError(escaped(e.reason()));
     if (e.flag().rfind("--", 0) != 0) throw UsageError(path + ": config: " + e.what());
     // The key and its text as the file has them, with the flag's reason.
     const std::string key = e.flag().substr(2);
     throw UsageError(path + ": config key " + quoted(key) + " = " + escaped(ini_value(ini, key)) +
-                     ": " + e.reason());
+                     ": " + escaped(e.reason()));
   }
   return cfg;
 }
