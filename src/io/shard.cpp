@@ -162,6 +162,29 @@ std::string read_trimmed_attr(hid_t loc, const char* name, const Faults& faults)
   return value;
 }
 
+// An image shard's image_height, image_width and image_channels, positive
+// and within the bounds of their flags.
+void read_image_size(hid_t file, const Faults& faults, ShardHeader* h) {
+  h->image_height = hdf5::read_int_attr<int>(file, "image_height", faults);
+  h->image_width = hdf5::read_int_attr<int>(file, "image_width", faults);
+  h->image_channels = hdf5::read_int_attr<int>(file, "image_channels", faults);
+  if (h->image_height <= 0 || h->image_width <= 0 || h->image_channels <= 0) {
+    faults.fail("image size " + std::to_string(h->image_height) + " x " +
+                std::to_string(h->image_width) + " x " + std::to_string(h->image_channels) +
+                " is not positive");
+  }
+  // The bounds of --image-height, --image-width and --image-channels.
+  for (const auto& [name, value, most] :
+       {std::tuple{"image_height", h->image_height, kMaxImageSide},
+        {"image_width", h->image_width, kMaxImageSide},
+        {"image_channels", h->image_channels, kMaxPatch}}) {
+    if (value > most) {
+      faults.fail("attribute '" + std::string(name) + "' = " + std::to_string(value) +
+                  ": must be at most " + std::to_string(most));
+    }
+  }
+}
+
 // Header attributes plus /tokenizer; `sequences`/`tokens` receive the
 // count attributes.
 ShardHeader read_header(hid_t file, const Faults& faults, uint64_t* sequences, uint64_t* tokens) {
@@ -206,26 +229,7 @@ ShardHeader read_header(hid_t file, const Faults& faults, uint64_t* sequences, u
                   std::to_string(h.label_names.size()) + " names");
     }
   }
-  if (h.kind == "image") {
-    h.image_height = hdf5::read_int_attr<int>(file, "image_height", faults);
-    h.image_width = hdf5::read_int_attr<int>(file, "image_width", faults);
-    h.image_channels = hdf5::read_int_attr<int>(file, "image_channels", faults);
-    if (h.image_height <= 0 || h.image_width <= 0 || h.image_channels <= 0) {
-      faults.fail("image size " + std::to_string(h.image_height) + " x " +
-                  std::to_string(h.image_width) + " x " + std::to_string(h.image_channels) +
-                  " is not positive");
-    }
-    // The bounds of --image-height, --image-width and --image-channels.
-    for (const auto& [name, value, most] :
-         {std::tuple{"image_height", h.image_height, kMaxImageSide},
-          {"image_width", h.image_width, kMaxImageSide},
-          {"image_channels", h.image_channels, kMaxPatch}}) {
-      if (value > most) {
-        faults.fail("attribute '" + std::string(name) + "' = " + std::to_string(value) +
-                    ": must be at most " + std::to_string(most));
-      }
-    }
-  }
+  if (h.kind == "image") read_image_size(file, faults, &h);
   return h;
 }
 

@@ -225,17 +225,23 @@ int check_reserved_ids(const BatchSource& source, const Communicator& comm,
   return 0;
 }
 
+// The data against the flags (--max-tokens, --too-long, --loss), then what
+// its ids are made of: a refusal is exit 2, and start_run withdraws from the
+// run directory.
+int make_source(TrainingRun& run, const Communicator& comm) {
+  if (const int code = agree_on_inputs(
+          comm, [&] { run.source = make_batch_source(run.cfg, comm.rank(), comm.size()); },
+          "train"))
+    return code;
+  return check_reserved_ids(*run.source, comm, run.cfg.data_dir);
+}
+
 // 3. Data, backend, model, optimizer, scaler, and the data cursor.
 int build(TrainingRun& run, const Communicator& comm, const FaultInjection& faults,
           StartNotes* notes) {
   const TrainConfig& cfg = run.cfg;
   const int world = comm.size(), rank = comm.rank(), accum = cfg.accum_steps;
-  // The data against the flags (--max-tokens, --too-long, --loss): a refusal
-  // is exit 2, and start_run withdraws from the run directory.
-  if (const int code = agree_on_inputs(
-          comm, [&] { run.source = make_batch_source(cfg, rank, world); }, "train"))
-    return code;
-  if (const int code = check_reserved_ids(*run.source, comm, cfg.data_dir)) return code;
+  if (const int code = make_source(run, comm)) return code;
   notes->threads = cfg.threads > 0 ? cfg.threads : comm.cores_per_local_rank();
   // A rank without the device it was given is an agreed failure, not a hang.
   if (!agreed(comm, [&] { run.ops = make_ops(cfg.device, notes->threads, comm, cfg.tf32); })) {
