@@ -403,14 +403,14 @@ std::string early_flag_value(const std::vector<std::string>& args, const std::st
     po::options_description wanted;
     wanted.add_options()(name.c_str(), po::value<std::string>());
     po::variables_map vm;
-    std::ifstream file(config_file, std::ios::binary);
-    std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-    if (text.rfind(kUtf8Bom, 0) == 0) text.erase(0, sizeof(kUtf8Bom) - 1);
-    std::istringstream in(text);
     try {
+      std::ifstream file(config_file, std::ios::binary);
+      std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+      if (text.rfind(kUtf8Bom, 0) == 0) text.erase(0, sizeof(kUtf8Bom) - 1);
+      std::istringstream in(text);
       po::store(po::parse_config_file(in, wanted, /*allow_unregistered=*/true), vm);
       if (vm.count(name)) value = vm[name].as<std::string>();
-    } catch (const po::error&) {
+    } catch (const std::exception&) {  // a directory reads as an error
     }
   }
   return value;

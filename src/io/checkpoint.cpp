@@ -439,9 +439,11 @@ CheckpointState read_checkpoint_state(const std::string& path) {
   state.sharding = hdf5::read_string_attr(root, "data_sharding", faults);
   state.loss_scale = hdf5::read_double_attr(root, "loss_scale", faults);
   state.vocab_size = hdf5::read_int_attr<int>(root, "vocab_size", faults);
-  // --vocab's rule: the checkpoint's vocabulary becomes the model's.
-  if (const std::string fault = vocab_fault(state.vocab_size); !fault.empty()) {
-    faults.fail("attribute 'vocab_size' = " + std::to_string(state.vocab_size) + ": " + fault);
+  // The vocabulary becomes the model's (its config's rules are the caller's:
+  // an image classifier's is the reserved ids alone).
+  if (state.vocab_size < 1 || state.vocab_size > kMaxWidth) {
+    faults.fail("attribute 'vocab_size' = " + std::to_string(state.vocab_size) +
+                ": must be in [1, " + std::to_string(kMaxWidth) + "]");
   }
   state.special = hdf5::read_special_token_attrs(root, state.vocab_size, faults);
   if (hdf5::attr_exists(root, "run_id", faults)) {

@@ -203,8 +203,10 @@ ShardHeader read_header(hid_t file, const Faults& faults, uint64_t* sequences, u
     faults.fail("kind '" + escaped(h.kind) + "' is not lm, seq2seq, classify or image");
   }
   h.vocab_size = hdf5::read_int_attr<int>(file, "vocab_size", faults);
-  // --vocab's rule: the shards' vocabulary becomes the model's.
-  if (const std::string fault = vocab_fault(h.vocab_size); !fault.empty()) {
+  // --vocab's rule: the shards' vocabulary becomes the model's (images have
+  // none beyond the reserved ids).
+  const std::string fault = h.kind == "image" ? "" : vocab_fault(h.vocab_size);
+  if (!fault.empty()) {
     faults.fail("attribute 'vocab_size' = " + std::to_string(h.vocab_size) + ": " + fault);
   }
   h.special = hdf5::read_special_token_attrs(file, h.vocab_size, faults);
