@@ -30,17 +30,17 @@ try_seconds=60
 try_memory_kb=$((3 * 1024 * 1024))
 
 grep -v '^[[:space:]]*$' /usr/share/common-licenses/GPL-3 | sed -n 1,400p >text.txt
-"$bin" prepare --input text.txt --out shards --vocab-size 200 --shards 2 --valid-lines 20 \
-  >prepare.log
+timeout 300 "$bin" prepare --input text.txt --out shards --vocab-size 200 --shards 2 \
+  --valid-lines 20 >prepare.log
 lm=(--model lm --layers 1 --d-model 32 --heads 2 --d-ff 64 --max-len 64 --max-tokens 512
   --threads 1)
-"$bin" train "${lm[@]}" --data shards --out run --steps 2 >train.log
+timeout 300 "$bin" train "${lm[@]}" --data shards --out run --steps 2 >train.log
 ckpt=run/checkpoints/step_00000002.h5
 
 # with_config KEY VALUE OUT: a copy of the checkpoint whose config says KEY = VALUE.
 with_config() {
   cp "$ckpt" "$3"
-  python3 - "$@" <<'PY'
+  timeout 60 python3 - "$@" <<'PY'
 import re
 import sys
 
@@ -87,7 +87,7 @@ refused "eval of a model too big for memory" 2 "mpiformer eval: --max-tokens: th
 
 # ---- 2. declared sizes against the file, before anything is allocated
 cp -r shards declared
-python3 - <<'PY'
+timeout 60 python3 - <<'PY'
 import h5py
 
 # Chunked datasets whose chunks were never written: they read as fill values.
@@ -108,7 +108,7 @@ try "$bin" train "${lm[@]}" --data declared --out never
 refused "train on a shard declaring more than it holds" 2 "mpiformer train: --data: declared/" \
   "declares"
 cp "$ckpt" huge-tensor.h5
-python3 - <<'PY'
+timeout 60 python3 - <<'PY'
 import h5py
 
 with h5py.File("huge-tensor.h5", "r+") as f:
@@ -118,13 +118,15 @@ with h5py.File("huge-tensor.h5", "r+") as f:
 PY
 try "$bin" eval --checkpoint huge-tensor.h5 --data shards --threads 1
 refused "eval of a checkpoint declaring a 1e12-float tensor" 2 \
-  "mpiformer eval: --checkpoint: huge-tensor.h5: /params/embed.tokens declares 1000000000000 elements of 4 bytes"
+  "mpiformer eval: --checkpoint: huge-tensor.h5: /params/embed.tokens declares" \
+  "1000000000000 elements of 4 bytes"
 try "$bin" inspect huge-tensor.h5
 refused "inspect of a checkpoint declaring a 1e12-float tensor" 2 \
   "huge-tensor.h5: /params/embed.tokens declares 1000000000000 elements"
-mkdir -p window/checkpoints && cp run/config.ini run/metrics.h5 window/ && cp "$ckpt" window/checkpoints/
+mkdir -p window/checkpoints
+cp run/config.ini run/metrics.h5 window/ && cp "$ckpt" window/checkpoints/
 echo step_00000002.h5 >window/checkpoints/latest
-python3 - <<'PY'
+timeout 60 python3 - <<'PY'
 import h5py
 import numpy as np
 
@@ -142,14 +144,15 @@ refused "resume of a progress window declaring 2e9 ranks" nonzero \
 # forge DIR PYTHON: a copy of the shard set, changed by PYTHON (f: train-00001.h5).
 forge() {
   cp -r shards "$1"
-  python3 -c "import h5py, numpy as np
+  timeout 60 python3 -c "import h5py, numpy as np
 with h5py.File('$1/train-00001.h5', 'r+') as f:
     $2"
 }
 forge range 'f["tokens"][50] = 500'
-forge wide 't = f["tokens"][:].astype(np.int64); t[100] = 2**32 + 10; del f["tokens"]; f.create_dataset("tokens", data=t, chunks=True, fletcher32=True)'
+forge wide 't = f["tokens"][:].astype(np.int64); t[100] = 2**32 + 10; del f["tokens"]
+    f.create_dataset("tokens", data=t, chunks=True, fletcher32=True)'
 cp -r shards damaged
-python3 - <<'PY'
+timeout 60 python3 - <<'PY'
 import h5py
 
 path = "damaged/train-00001.h5"
@@ -166,7 +169,8 @@ for ranks in 1 2; do
   [[ $ranks -eq 1 ]] || launch=("${mpirun[@]}" -np 2 "$bin")
   try "${launch[@]}" train "${lm[@]}" --data range --out never
   refused "train, an id out of range, $ranks rank(s)" 2 \
-    "mpiformer train: --data: range/train-00001.h5: token id 500 at position 50 of /tokens is not below vocab_size 200"
+    "mpiformer train: --data: range/train-00001.h5: token id 500 at position 50 of /tokens" \
+    "is not below vocab_size 200"
   try "${launch[@]}" train "${lm[@]}" --data wide --out never
   refused "train, an int64 id past int32, $ranks rank(s)" 2 \
     "mpiformer train: --data: wide/train-00001.h5: token id 4294967306 at position 100 of /tokens"
@@ -182,7 +186,7 @@ check "no run directory is left by a refused start" test ! -e never
 # ---- 4. training ids that are reserved ids
 for share in 1.0 0.7; do
   cp -r shards "pad-$share"
-  python3 - "$share" <<'PY'
+  timeout 60 python3 - "$share" <<'PY'
 import glob
 import sys
 
@@ -211,7 +215,7 @@ refused "train on 70% pad ids warns in one line" 0 \
 cp shards/train-00000.h5 forged.h5
 cp "$ckpt" forged-ckpt.h5
 cp shards/train-00000.h5 forged-format.h5
-python3 - <<'PY'
+timeout 60 python3 - <<'PY'
 import h5py
 import numpy as np
 
@@ -259,7 +263,8 @@ check "nothing is made for an --out with a line break" test ! -e $'line\nbreak'
 synthetic=(--model lm --synthetic copy --layers 1 --d-model 32 --heads 2 --d-ff 64 --max-len 32
   --max-tokens 256 --steps 2 --threads 1)
 try bash -c 'ulimit -n 20 && exec "$@"' - "$bin" train "${synthetic[@]}" --out few-files
-refused "ulimit -n 20, 1 rank" 2 "mpiformer: only 20 files may be open (ulimit -n; the hard limit is 20)"
+refused "ulimit -n 20, 1 rank" 2 \
+  "mpiformer: only 20 files may be open (ulimit -n; the hard limit is 20)"
 try "${mpirun[@]}" -np 2 bash -c 'ulimit -n 20 && exec "$@"' - "$bin" train "${synthetic[@]}" \
   --out few-files
 refused "ulimit -n 20 on each of 2 ranks" 2 "mpiformer: only 20 files may be open"
