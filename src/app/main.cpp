@@ -129,6 +129,15 @@ bool first_rank_of_launcher() {
   return true;
 }
 
+// Open files, before MPI, which would abort in many lines of its own
+// without them: exit 2 after one line when too few may be open.
+int check_file_limit() {
+  const std::string fault = raise_file_limit();
+  if (fault.empty()) return 0;
+  if (first_rank_of_launcher()) std::cerr << "mpiformer: " << fault << std::endl;
+  return kExitUsage;
+}
+
 // The commands that run the model (and so BLAS).
 bool computes(const std::string& cmd) {
   return cmd == "train" || cmd == "eval" || cmd == "generate" || cmd == "classify" ||
@@ -138,11 +147,7 @@ bool computes(const std::string& cmd) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Before MPI, which would abort in many lines of its own without them.
-  if (const std::string fault = raise_file_limit(); !fault.empty()) {
-    if (first_rank_of_launcher()) std::cerr << "mpiformer: " << fault << std::endl;
-    return kExitUsage;
-  }
+  if (const int code = check_file_limit()) return code;
   // OpenBLAS chose its kernels when it loaded; a better choice starts this
   // program again, which must happen before MPI starts (kernels/cpu/blas_kernels.h).
   if (argc > 1 && computes(argv[1])) {
