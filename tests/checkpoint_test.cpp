@@ -720,7 +720,8 @@ TEST_F(CheckpointTest, AverageRefusesOtherModelsAndDamagedInputsNamingThem) {
               "of shape (48) (not (32))");
 
   // The flags come first, as the caller reads them.
-  const ModelDifference by_config = [](const std::string& mine, const std::string& newest) {
+  const ModelDifference by_config = [](const std::string&, const std::string& mine,
+                                       const std::string&, const std::string& newest) {
     return mine == newest ? std::string() : "--norm post (not pre)";
   };
   CheckpointState post = state_of_step(2);

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "src/core/escape.h"
 #include "src/io/label_names.h"
 #include "src/loss/cross_entropy.h"
 
@@ -104,7 +105,25 @@ TEST(LabelNames, NonEmptyUtf8WithoutSpaceOrControls) {
   EXPECT_EQ(label_name_fault("\xc0\xaf"), "is not UTF-8 (byte 0xc0 at byte 1)");       // overlong
   EXPECT_EQ(label_name_fault("x\xed\xa0\x80"), "is not UTF-8 (byte 0xed at byte 2)");  // surrogate
   EXPECT_EQ(label_name_fault("\xe4\xb8"), "is not UTF-8 (byte 0xe4 at byte 1)");       // cut short
-  EXPECT_EQ(printable_label_name(std::string("a\0\xff b", 5)), "a\\x00\\xff b");
+  EXPECT_EQ(escaped(std::string("a\0\xff b", 5)), "a\\x00\\xff b");
+}
+
+TEST(Escaped, ControlCharactersAndBrokenUtf8AsHexNewlineAsBackslashN) {
+  EXPECT_EQ(escaped("plain text, 100%"), "plain text, 100%");
+  EXPECT_EQ(escaped("x\x1b[2J\x1b]0;title\x07"), "x\\x1b[2J\\x1b]0;title\\x07");
+  EXPECT_EQ(escaped("line\nfinal eval | acc 100%"), "line\\nfinal eval | acc 100%");
+  EXPECT_EQ(escaped("tab\there\r\x7f"), "tab\\x09here\\x0d\\x7f");
+  // Printable UTF-8 stays; C1 controls (CSI is U+009B) are escaped byte by byte.
+  EXPECT_EQ(escaped("Gr\xc3\xbc\xc3\x9f"
+                    "e \xe6\x97\xa5"),
+            "Gr\xc3\xbc\xc3\x9f"
+            "e \xe6\x97\xa5");
+  EXPECT_EQ(escaped("a\xc2\x9b"
+                    "31m"),
+            "a\\xc2\\x9b31m");
+  EXPECT_EQ(escaped("\xc0\xaf"), "\\xc0\\xaf");  // overlong
+  EXPECT_EQ(escaped("\xe4\xb8"), "\\xe4\\xb8");  // cut short
+  EXPECT_EQ(escaped(""), "");
 }
 
 TEST(LabelVocabulary, MostFrequentFirstTiesByName) {

@@ -568,6 +568,57 @@ TEST(TrainOptions, ArchPresetIsRecordedWithItsEffectiveValues) {
   EXPECT_EQ(back.model.d_ff, 256);
 }
 
+// A run's config.ini with `key`'s line replaced by `key = value`.
+std::string ini_with(const std::string& key, const std::string& value) {
+  std::string ini = train_config_ini(parse_train(base_args()));
+  const size_t at = ini.find("\n" + key + " = ");
+  EXPECT_NE(at, std::string::npos) << key;
+  const size_t end = ini.find('\n', at + 1);
+  return ini.replace(at + 1, end - at - 1, key + " = " + value);
+}
+
+// The message train_config_from_ini gives for `ini` read from "ckpt.h5".
+std::string config_error(const std::string& ini) {
+  try {
+    train_config_from_ini(ini, "ckpt.h5");
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(TrainConfigFromIni, ValuesKeepTheFlagsRulesNamingFileAndKey) {
+  EXPECT_EQ(config_error(ini_with("d-model", "32")), "");
+  EXPECT_EQ(config_error(ini_with("heads", "0")),
+            "ckpt.h5: config key 'heads' = 0: must be positive; got 0");
+  EXPECT_EQ(config_error(ini_with("heads", "3")),
+            "ckpt.h5: config key 'heads' = 3: must divide --d-model (64); got 3");
+  EXPECT_EQ(config_error(ini_with("layers", "-1")),
+            "ckpt.h5: config key 'layers' = -1: must be positive; got -1");
+  EXPECT_EQ(config_error(ini_with("d-model", "1000000000")),
+            "ckpt.h5: config key 'd-model' = 1000000000: must be at most 16777216; got "
+            "1000000000");
+  EXPECT_EQ(config_error(ini_with("dropout", "2")),
+            "ckpt.h5: config key 'dropout' = 2: must be in [0, 1); got 2");
+  // The reason is the flag's, as train gives it on the command line.
+  EXPECT_EQ(train_error(with(base_args(), {"--heads", "0"})), "--heads: must be positive; got 0");
+  // A value that does not parse, and text that could reach a terminal.
+  EXPECT_EQ(config_error(ini_with("heads", "x\x1b[2J")),
+            "ckpt.h5: config key 'heads' = x\\x1b[2J: expected an integer; got 'x\\x1b[2J'");
+  // What this machine lacks is not the file's fault: a GPU run's config reads here.
+  EXPECT_EQ(config_error(ini_with("device", "cuda")), "");
+}
+
+TEST(TrainOptions, ConfigWithByteOrderMarkAndOutWithLineBreak) {
+  TempFile bom("bom.ini", "\xef\xbb\xbfheads = 2\n");
+  EXPECT_EQ(parse_train(with(base_args(), {"--config", bom.path()})).model.heads, 2);
+  EXPECT_EQ(train_error({"--model", "lm", "--synthetic", "copy", "--out", "a\nb"}),
+            "--out: a path with a line break cannot be recorded in the run's config.ini; choose "
+            "another");
+  EXPECT_EQ(ini_value("a = 1\n b  =  two words \n", "b"), "two words");
+  EXPECT_EQ(ini_value("a = 1\n", "c"), "");
+}
+
 TEST(TrainOptions, ArchPresetRefusals) {
   EXPECT_EQ(train_error({"--arch", "gpt5", "--synthetic", "copy", "--out", "r"}),
             "--arch: expected gpt2-small, gpt2-medium, transformer-base, transformer-big, "
@@ -888,6 +939,27 @@ TEST(ValidateModel, AcceptsDefaultsAndRefusesBadShapes) {
   EXPECT_NO_THROW(validate_model(m));
   m.dropout = 1.0f;
   EXPECT_THROW(validate_model(m), UsageError);
+}
+
+TEST(ValidateModel, SizesKeepEveryShapeAnInt) {
+  ModelConfig m;
+  m.d_model = 1000000000;
+  m.heads = 1;
+  EXPECT_THROW(validate_model(m), UsageError);
+  m = ModelConfig{};
+  m.layers = kMaxLayers + 1;
+  try {
+    validate_model(m);
+    ADD_FAILURE() << "no refusal";
+  } catch (const UsageError& e) {
+    EXPECT_EQ(e.flag(), "--layers");
+    EXPECT_EQ(e.reason(), "must be at most 4096; got 4097");
+  }
+  m = ModelConfig{};
+  m.vocab = kMaxWidth;
+  EXPECT_NO_THROW(validate_model(m));
+  EXPECT_EQ(vocab_fault(kMaxWidth + 1), "must be at most 16777216; got 16777217");
+  EXPECT_EQ(vocab_fault(3), "must be at least 8 (6 reserved ids and two data symbols); got 3");
 }
 
 TEST(ValidateModel, VocabZeroOnlyAsFromData) {

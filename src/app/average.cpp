@@ -28,9 +28,10 @@ std::vector<std::string> newest_checkpoints(const std::string& rundir, int last)
 }
 
 // Two checkpoints' models, as their config attributes describe them.
-std::string config_model_difference(const std::string& this_ini, const std::string& newest_ini) {
-  return model_difference(train_config_from_ini(this_ini, "a checkpoint's config").model,
-                          train_config_from_ini(newest_ini, "a checkpoint's config").model);
+std::string config_model_difference(const std::string& this_path, const std::string& this_ini,
+                                    const std::string& newest_path, const std::string& newest_ini) {
+  return model_difference(train_config_from_ini(this_ini, this_path).model,
+                          train_config_from_ini(newest_ini, newest_path).model);
 }
 
 }  // namespace

@@ -82,10 +82,12 @@ std::string what_is_kept(const ClassifyConfig& cfg) {
 }
 
 int classify_on_root(const ClassifyConfig& cfg) {
-  const ModelCheckpoint checkpoint = read_model_checkpoint(cfg.checkpoint, "--checkpoint");
+  const ModelCheckpoint checkpoint = read_model_checkpoint(
+      cfg.checkpoint, "--checkpoint",
+      [&](const std::string& ini) { train_config_from_ini(ini, cfg.checkpoint); });
   const CheckpointState& state = checkpoint.state;
   const std::vector<CheckpointTensor>& tensors = checkpoint.params;
-  TrainConfig run = train_config_from_ini(state.config_ini, cfg.checkpoint + " (its config)");
+  TrainConfig run = train_config_from_ini(state.config_ini, cfg.checkpoint);
   run.model.vocab = state.vocab_size;
   run.model.special = state.special;
   const ModelConfig& m = run.model;

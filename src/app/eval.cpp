@@ -69,6 +69,45 @@ class ReportingSource : public BatchSource {
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now(), last_ = start_;
 };
 
+// Rank 0: the split must be there, and its shards must speak the
+// checkpoint's vocabulary: same ids, same tokenizer, a classifier's same
+// labels in the same order. A checkpoint of a synthetic task has no
+// tokenizer to match. A damaged shard is the user's input (exit 2).
+Verdict check_split(const EvalConfig& cfg, const CheckpointState& state) {
+  try {
+    const std::vector<std::string> split = list_shards(cfg.data_dir, cfg.split);
+    if (split.empty()) {
+      return {kExitUsage, "mpiformer eval: --split: " + cfg.data_dir + " has no " + cfg.split +
+                              " split (no " + cfg.split + "-NNNNN.h5)" +
+                              (cfg.split == "test"
+                                   ? "; `mpiformer prepare` writes one with --test or --test-lines"
+                                   : "")};
+    }
+    const ShardHeader header = read_shard_header(split.front());
+    if (header.vocab_size != state.vocab_size || header.special != state.special ||
+        header.tokenizer != state.tokenizer) {
+      return {kExitUsage, "mpiformer eval: --data: the shards of " + cfg.data_dir + " have " +
+                              std::to_string(header.vocab_size) +
+                              " ids and their own tokenizer; the checkpoint was trained on " +
+                              std::to_string(state.vocab_size) +
+                              (state.tokenizer.empty() ? " ids of a synthetic task"
+                                                       : " ids with another tokenizer")};
+    }
+    if (state.label_names.empty()) return {};
+    // A classifier's ids mean its labels: another set (renamed, reordered)
+    // would be scored by the wrong names.
+    const std::string differ = label_set_difference(
+        state.label_names, "the checkpoint", header.label_names, "the shards of " + cfg.data_dir);
+    if (differ.empty()) return {};
+    return {kExitUsage, "mpiformer eval: --data: the label sets differ: " + differ +
+                            "; evaluate on shards of the checkpoint's labels"};
+  } catch (const ShardError& e) {
+    return {kExitUsage, std::string("mpiformer eval: --data: ") + e.what()};
+  } catch (const std::exception& e) {
+    return {kExitFailure, std::string("[rank 0] ") + e.what()};
+  }
+}
+
 }  // namespace
 
 int run_eval(const EvalConfig& cfg, Communicator& comm) {
@@ -80,7 +119,9 @@ int run_eval(const EvalConfig& cfg, Communicator& comm) {
   if (const int code = agree_on_root(
           comm,
           [&] {
-            ModelCheckpoint model = read_model_checkpoint(cfg.checkpoint, "--checkpoint");
+            ModelCheckpoint model = read_model_checkpoint(
+                cfg.checkpoint, "--checkpoint",
+                [&](const std::string& ini) { train_config_from_ini(ini, cfg.checkpoint); });
             state = std::move(model.state);
             tensors = std::move(model.params);
           },
@@ -89,55 +130,17 @@ int run_eval(const EvalConfig& cfg, Communicator& comm) {
   }
   std::string ini = state.config_ini;
   comm.broadcast(&ini, 0);
-  TrainConfig run = train_config_from_ini(ini, cfg.checkpoint + " (its config attribute)");
+  TrainConfig run = train_config_from_ini(ini, cfg.checkpoint);  // checked on rank 0
   run.data_dir = cfg.data_dir;
   run.synthetic = SyntheticTask::kNone;
   run.sharding = Sharding::kData;
   if (cfg.max_tokens > 0) run.max_tokens = cfg.max_tokens;
 
   // 2. The split must be there, and its shards must speak the checkpoint's
-  //    vocabulary: same ids, same tokenizer, a classifier's same labels in
-  //    the same order. A checkpoint of a synthetic task has no tokenizer to
-  //    match.
+  //    vocabulary.
   {
     Verdict verdict;
-    if (comm.is_root()) {
-      try {
-        const std::vector<std::string> split = list_shards(cfg.data_dir, cfg.split);
-        if (split.empty()) {
-          verdict = {kExitUsage,
-                     "mpiformer eval: --split: " + cfg.data_dir + " has no " + cfg.split +
-                         " split (no " + cfg.split + "-NNNNN.h5)" +
-                         (cfg.split == "test"
-                              ? "; `mpiformer prepare` writes one with --test or --test-lines"
-                              : "")};
-        } else {
-          const ShardHeader header = read_shard_header(split.front());
-          if (header.vocab_size != state.vocab_size || header.special != state.special ||
-              header.tokenizer != state.tokenizer) {
-            verdict = {kExitUsage,
-                       "mpiformer eval: --data: the shards of " + cfg.data_dir + " have " +
-                           std::to_string(header.vocab_size) +
-                           " ids and their own tokenizer; the checkpoint was trained on " +
-                           std::to_string(state.vocab_size) +
-                           (state.tokenizer.empty() ? " ids of a synthetic task"
-                                                    : " ids with another tokenizer")};
-          } else if (!state.label_names.empty()) {
-            // A classifier's ids mean its labels: another set (renamed,
-            // reordered) would be scored by the wrong names.
-            const std::string differ =
-                label_set_difference(state.label_names, "the checkpoint", header.label_names,
-                                     "the shards of " + cfg.data_dir);
-            if (!differ.empty()) {
-              verdict = {kExitUsage, "mpiformer eval: --data: the label sets differ: " + differ +
-                                         "; evaluate on shards of the checkpoint's labels"};
-            }
-          }
-        }
-      } catch (const std::exception& e) {
-        verdict = {kExitFailure, std::string("[rank 0] ") + e.what()};
-      }
-    }
+    if (comm.is_root()) verdict = check_split(cfg, state);
     if (const int code = agree_on(comm, verdict)) return code;
   }
 

@@ -94,6 +94,7 @@ namespace {
 constexpr unsigned kHelpWidth = 100;
 // A config file is a page of flags: anything larger is not one.
 constexpr uint64_t kConfigFileLimit = uint64_t{16} << 20;
+constexpr char kUtf8Bom[] = "\xef\xbb\xbf";
 
 // Builds Boost's view of the table; values stay text until Flag::parse.
 po::options_description describe(const FlagTable& table) {
@@ -248,22 +249,23 @@ bool is_text_line(const std::string& line) {
 // parser's messages, so the line is named instead.
 std::string read_config_text(const std::string& path) {
   struct stat info {};
-  if (::stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) {
-    usage_error("--config", path + " is a directory");
-  }
-  // A FIFO would block the reader, and a device (/dev/zero) never ends.
-  if (::stat(path.c_str(), &info) == 0 && !S_ISREG(info.st_mode)) {
-    usage_error("--config", path + " is not a regular file (a FIFO, socket or device)");
-  }
-  if (::stat(path.c_str(), &info) == 0 && static_cast<uint64_t>(info.st_size) > kConfigFileLimit) {
-    usage_error("--config", path + " holds " + std::to_string(info.st_size) +
-                                " bytes, more than the " + std::to_string(kConfigFileLimit >> 20) +
-                                " MiB a config file may");
+  if (::stat(path.c_str(), &info) == 0) {
+    if (S_ISDIR(info.st_mode)) usage_error("--config", path + " is a directory");
+    // A FIFO would block the reader, and a device (/dev/zero) never ends.
+    if (!S_ISREG(info.st_mode))
+      usage_error("--config", path + " is not a regular file (a FIFO, socket or device)");
+    if (static_cast<uint64_t>(info.st_size) > kConfigFileLimit) {
+      usage_error("--config",
+                  path + " holds " + std::to_string(info.st_size) + " bytes, more than the " +
+                      std::to_string(kConfigFileLimit >> 20) + " MiB a config file may");
+    }
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) usage_error("--config", "cannot read " + quoted(path));
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (in.bad()) usage_error("--config", "cannot read " + quoted(path));
+  // Editors on some systems start UTF-8 text with a byte order mark.
+  if (text.rfind(kUtf8Bom, 0) == 0) text.erase(0, sizeof(kUtf8Bom) - 1);
   size_t line = 1;
   for (size_t at = 0; at < text.size(); ++line) {
     const size_t end = std::min(text.find('\n', at), text.size());
@@ -362,7 +364,22 @@ void read_ini(const FlagTable& table, const std::string& ini, const std::string&
   po::variables_map vm;
   std::istringstream in(ini);
   store_ini(in, flags, source, &vm);
-  apply_flags(table, vm, {}, source);
+  // A value's fault is the flag's own (as given on the command line): the
+  // caller names the text it came from.
+  std::set<std::string> every;
+  for (const Flag& f : table.flags()) every.insert(f.name);
+  apply_flags(table, vm, every, source);
+}
+
+std::string ini_value(const std::string& ini, const std::string& key) {
+  std::istringstream in(ini);
+  for (std::string line; std::getline(in, line);) {
+    const size_t eq = line.find('=');
+    if (eq != std::string::npos && trimmed(line.substr(0, eq)) == key) {
+      return trimmed(line.substr(eq + 1));
+    }
+  }
+  return "";
 }
 
 std::string write_ini(const FlagTable& table, const std::string& header) {
@@ -400,11 +417,14 @@ std::string early_flag_value(const std::vector<std::string>& args, const std::st
     po::options_description wanted;
     wanted.add_options()(name.c_str(), po::value<std::string>());
     po::variables_map vm;
-    std::ifstream in(config_file);
     try {
+      std::ifstream file(config_file, std::ios::binary);
+      std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+      if (text.rfind(kUtf8Bom, 0) == 0) text.erase(0, sizeof(kUtf8Bom) - 1);
+      std::istringstream in(text);
       po::store(po::parse_config_file(in, wanted, /*allow_unregistered=*/true), vm);
       if (vm.count(name)) value = vm[name].as<std::string>();
-    } catch (const po::error&) {
+    } catch (const std::exception&) {  // a directory reads as an error
     }
   }
   return value;
@@ -417,6 +437,13 @@ void require_at_least(const char* flag, int64_t value, int64_t least) {
     usage_error(flag, least == 1 ? "must be positive; got " + std::to_string(value)
                                  : "must be at least " + std::to_string(least) + "; got " +
                                        std::to_string(value));
+  }
+}
+
+void require_between(const char* flag, int64_t value, int64_t least, int64_t most) {
+  require_at_least(flag, value, least);
+  if (value > most) {
+    usage_error(flag, "must be at most " + std::to_string(most) + "; got " + std::to_string(value));
   }
 }
 

@@ -203,8 +203,13 @@ bool parse_command(const std::vector<std::string>& args, const CommandFlags<Conf
 }
 
 // Reads an INI text like --config into the fields bound by `table`; `source`
-// names it in errors. Throws UsageError.
+// names it in the errors of its form (an unknown key), while a bad value is
+// the flag's own UsageError (flag() and reason() set), for the caller to
+// name its source. Throws UsageError.
 void read_ini(const FlagTable& table, const std::string& ini, const std::string& source);
+
+// The text of `key`'s value in an INI text, as written; "" when absent.
+std::string ini_value(const std::string& ini, const std::string& key);
 
 // The fields bound by `table` as INI text: the comment line `header`, then
 // each group under a comment naming it; unset fields are left out.
@@ -218,6 +223,9 @@ std::string early_flag_value(const std::vector<std::string>& args, const std::st
 // ---- validation ------------------------------------------------------------
 
 void require_at_least(const char* flag, int64_t value, int64_t least);
+
+// [least, most].
+void require_between(const char* flag, int64_t value, int64_t least, int64_t most);
 
 // `path` names an existing regular file.
 void require_file(const char* flag, const std::string& path);

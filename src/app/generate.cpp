@@ -94,6 +94,16 @@ struct SplitInputs {
   std::string origin;  // where the split came from, when the shards say
 };
 
+// Reads a shard of --data: its faults are the user's input (exit 2).
+template <class Read>
+auto data_shard(Read read) {
+  try {
+    return read();
+  } catch (const ShardError& e) {
+    usage_error("--data", e.what());
+  }
+}
+
 SplitInputs read_split(const GenerateConfig& cfg, const CheckpointState& state, bool lm,
                        bool synthetic, const Tokenizer* tokenizer) {
   if (lm) {
@@ -118,7 +128,7 @@ SplitInputs read_split(const GenerateConfig& cfg, const CheckpointState& state, 
   }
   SplitInputs split;
   for (const std::string& file : files) {
-    const ShardHeader header = read_shard_header(file);
+    const ShardHeader header = data_shard([&] { return read_shard_header(file); });
     if (header.kind != "seq2seq") {
       throw UsageError("--data: " + file + " is a shard of kind " + header.kind +
                        "; a seq2seq checkpoint translates the sources of a seq2seq set");
@@ -130,7 +140,7 @@ SplitInputs read_split(const GenerateConfig& cfg, const CheckpointState& state, 
                        " ids and their own tokenizer; the checkpoint was trained on " +
                        std::to_string(state.vocab_size) + " ids with another tokenizer");
     }
-    const Shard shard = read_shard(file);
+    const Shard shard = data_shard([&] { return read_shard(file); });
     for (size_t i = 0; i < shard.source.count(); ++i) {
       const auto ids = [&](const TokenSequences& side) {
         const auto* first = side.tokens.data() + side.offsets[i];
@@ -187,10 +197,12 @@ ModelCapacity plan_capacity(const GenerateConfig& cfg, const ModelConfig& model,
 // a bad line is found at once), their order and the model.
 std::unique_ptr<Setup> prepare_setup(const GenerateConfig& cfg, const Communicator& comm) {
   auto setup = std::make_unique<Setup>();
-  const ModelCheckpoint checkpoint = read_model_checkpoint(cfg.checkpoint, "--checkpoint");
+  const ModelCheckpoint checkpoint = read_model_checkpoint(
+      cfg.checkpoint, "--checkpoint",
+      [&](const std::string& ini) { train_config_from_ini(ini, cfg.checkpoint); });
   const CheckpointState& state = checkpoint.state;
   const std::vector<CheckpointTensor>& tensors = checkpoint.params;
-  TrainConfig run = train_config_from_ini(state.config_ini, cfg.checkpoint + " (its config)");
+  TrainConfig run = train_config_from_ini(state.config_ini, cfg.checkpoint);
   run.model.vocab = state.vocab_size;
   run.model.special = state.special;
   if (run.model.kind == ModelKind::kMlm) {

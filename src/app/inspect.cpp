@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "src/core/escape.h"
 #include "src/io/checkpoint.h"
 #include "src/io/hdf5_file.h"
 #include "src/io/metrics.h"
@@ -108,14 +109,15 @@ void print_labels(std::ostream& os, const ShardHeader& h, const ShardLabels& lab
   const size_t shown = std::min(K, kTopLabels);
   int width = 5;  // "label"
   for (size_t i = 0; i < shown; ++i)
-    width = std::max(width, static_cast<int>(h.label_names[order[i]].size()));
+    width = std::max(width, static_cast<int>(escaped(h.label_names[order[i]]).size()));
   os << "  label" << std::string(width - 5, ' ') << "   examples  share\n";
   const uint64_t peak = std::max<uint64_t>(1, examples[order[0]]);
   for (size_t i = 0; i < shown; ++i) {
     const size_t k = order[i];
     const int bar =
         examples[k] == 0 ? 0 : std::max<int>(1, static_cast<int>(kBarWidth * examples[k] / peak));
-    os << "  " << h.label_names[k] << std::string(width - h.label_names[k].size(), ' ');
+    const std::string name = escaped(h.label_names[k]);
+    os << "  " << name << std::string(width - name.size(), ' ');
     std::snprintf(buf, sizeof buf, " %10llu %5.1f%% |%s\n",
                   static_cast<unsigned long long>(examples[k]), 100.0 * examples[k] / n,
                   std::string(bar, '#').c_str());
@@ -131,11 +133,11 @@ void print_summary(std::ostream& os, const std::string& path, const Shard& s) {
   const uintmax_t bytes = std::filesystem::file_size(path, ec);
   os << "file         " << path;
   if (!ec) os << " (" << human_bytes(bytes) << ")";
-  os << "\nformat       mpiformer-shard, version " << h.version << "\nkind         " << h.kind
-     << "\n";
+  os << "\nformat       mpiformer-shard, version " << h.version << "\nkind         "
+     << escaped(h.kind) << "\n";
   if (!h.split.empty() || !h.origin.empty()) {
-    os << "split        " << (h.split.empty() ? "-" : h.split)
-       << (h.origin.empty() ? "" : " (" + h.origin + ")") << "\n";
+    os << "split        " << (h.split.empty() ? "-" : escaped(h.split))
+       << (h.origin.empty() ? "" : " (" + escaped(h.origin) + ")") << "\n";
   }
   if (image) {
     // No tokens: an image shard's vocabulary is the reserved ids alone.
@@ -182,7 +184,7 @@ void print_checkpoint(std::ostream& os, const std::string& path) {
   size_t count = 0, name_width = 6, shape_width = 5;
   for (const CheckpointTensor& t : tensors) {
     count += t.data.size();
-    name_width = std::max(name_width, t.name.size());
+    name_width = std::max(name_width, escaped(t.name).size());
     shape_width = std::max(shape_width, shape_string(t.shape).size());
   }
   os << "file         " << path;
@@ -191,8 +193,8 @@ void print_checkpoint(std::ostream& os, const std::string& path) {
      << state.step << "\nworld size   " << state.world_size << "\nupdates      "
      << state.optimizer_steps << " (AdamW)\ndata cursor  micro-batch " << state.next_batch
      << " (epoch " << state.epoch << "), " << state.batches_per_step << " per step, sharding "
-     << state.sharding << "\nseed         " << state.seed << "\nloss scale   " << state.loss_scale
-     << "\nvocabulary   " << state.vocab_size << " ids, tokenizer "
+     << escaped(state.sharding) << "\nseed         " << state.seed << "\nloss scale   "
+     << state.loss_scale << "\nvocabulary   " << state.vocab_size << " ids, tokenizer "
      << (state.tokenizer.empty() ? std::string("none (synthetic data)")
                                  : human_bytes(state.tokenizer.size()))
      << "\nparameters   " << count << " in " << tensors.size() << " tensors\n";
@@ -201,7 +203,7 @@ void print_checkpoint(std::ostream& os, const std::string& path) {
     std::istringstream inputs(state.averaged_from);
     std::string input;
     for (bool first = true; std::getline(inputs, input); first = false) {
-      os << (first ? "averaged     " : "             ") << input << "\n";
+      os << (first ? "averaged     " : "             ") << escaped(input) << "\n";
     }
   }
   // Names and shapes left-aligned in columns, RMS right-aligned.
@@ -215,12 +217,12 @@ void print_checkpoint(std::ostream& os, const std::string& path) {
     for (float x : t.data) sum += static_cast<double>(x) * x;
     const double rms = t.data.empty() ? 0.0 : std::sqrt(sum / static_cast<double>(t.data.size()));
     std::snprintf(rms_text, sizeof rms_text, "%10.4e", rms);
-    os << "  " << pad(t.name, name_width) << "  " << pad(shape_string(t.shape), shape_width) << "  "
-       << rms_text << "\n";
+    os << "  " << pad(escaped(t.name), name_width) << "  "
+       << pad(shape_string(t.shape), shape_width) << "  " << rms_text << "\n";
   }
   os << "config\n";
   std::istringstream config(state.config_ini);
-  for (std::string line; std::getline(config, line);) os << "  " << line << "\n";
+  for (std::string line; std::getline(config, line);) os << "  " << escaped(line) << "\n";
 }
 
 // The shortest text that reads back as the same double: exact and short.
@@ -234,9 +236,9 @@ std::string exact(double v) {
 void print_metrics(std::ostream& os, const std::string& path) {
   const MetricsTable t = read_metrics(path);
   os << "file         " << path << "\nformat       mpiformer-metrics\nmodel        "
-     << t.attrs.model << "\nworld size   " << t.attrs.world_size << "\ndevices      "
-     << t.attrs.devices << "\nversions     " << t.attrs.versions << "\ngit commit   "
-     << t.attrs.git_commit << "\n";
+     << escaped(t.attrs.model) << "\nworld size   " << t.attrs.world_size << "\ndevices      "
+     << escaped(t.attrs.devices) << "\nversions     " << escaped(t.attrs.versions)
+     << "\ngit commit   " << escaped(t.attrs.git_commit) << "\n";
   if (!t.resumed_at_steps.empty()) {
     os << "resumed at  ";
     for (int64_t step : t.resumed_at_steps) os << " " << step;
@@ -245,7 +247,7 @@ void print_metrics(std::ostream& os, const std::string& path) {
   const auto table = [&os](const char* name, const std::vector<std::string>& columns,
                            const std::vector<std::vector<double>>& rows) {
     os << name << " (" << rows.size() << " rows)\n ";
-    for (const std::string& c : columns) os << " " << c;
+    for (const std::string& c : columns) os << " " << escaped(c);
     os << "\n";
     for (const std::vector<double>& row : rows) {
       os << " ";

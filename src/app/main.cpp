@@ -17,6 +17,7 @@
 #include "src/app/inspect.h"
 #include "src/app/options.h"
 #include "src/core/error.h"
+#include "src/core/file_limit.h"
 #include "src/core/run_log.h"
 #include "src/core/version.h"
 #include "src/io/hdf5_file.h"
@@ -124,6 +125,25 @@ int check_srun_world(const Communicator& comm) {
   return kExitUsage;
 }
 
+// Before MPI starts every rank is alone: the rank its launcher gave it
+// (mpirun, srun), so that a fault all ranks see is said once; 0 when none.
+bool first_rank_of_launcher() {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"}) {
+    const char* rank = std::getenv(name);
+    if (rank) return std::string(rank) == "0";
+  }
+  return true;
+}
+
+// Open files, before MPI, which would abort in many lines of its own
+// without them: exit 2 after one line when too few may be open.
+int check_file_limit() {
+  const std::string fault = raise_file_limit();
+  if (fault.empty()) return 0;
+  if (first_rank_of_launcher()) std::cerr << "mpiformer: " << fault << std::endl;
+  return kExitUsage;
+}
+
 // The commands that run the model (and so BLAS).
 bool computes(const std::string& cmd) {
   return cmd == "train" || cmd == "eval" || cmd == "generate" || cmd == "classify" ||
@@ -167,6 +187,7 @@ int main(int argc, char** argv) {
   // A write past the file size limit (ulimit -f) then fails with EFBIG and is
   // reported like a full disk; by default the signal kills without a word.
   std::signal(SIGXFSZ, SIG_IGN);
+  if (const int code = check_file_limit()) return code;
   // OpenBLAS chose its kernels when it loaded; a better choice starts this
   // program again, which must happen before MPI starts (kernels/cpu/blas_kernels.h).
   if (argc > 1 && computes(argv[1])) {

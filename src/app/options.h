@@ -42,9 +42,12 @@ std::string requested_blas_core(const std::vector<std::string>& args);
 std::string train_config_ini(const TrainConfig& cfg);
 
 // The configuration a run recorded (train_config_ini's text, e.g. a
-// checkpoint's config attribute), read back like --config. `source` names
-// it in errors. Throws UsageError.
-TrainConfig train_config_from_ini(const std::string& ini, const std::string& source);
+// checkpoint's config attribute), read back like --config and held to the
+// rules of train's flags that concern the values alone (not whether the
+// shards, devices or files it names exist here). A file decides this text,
+// so a value its flag would refuse is UsageError "PATH: config key 'heads' =
+// 0: must be positive; got 0", `path` naming the file.
+TrainConfig train_config_from_ini(const std::string& ini, const std::string& path);
 
 // Checks that hold for any model: sizes positive, heads dividing d-model,
 // dropout and label smoothing in range. vocab 0 means "from the shards" and

@@ -59,19 +59,22 @@ void add_model_flags(FlagTable& t, ModelConfig* m, const char* vocab_help) {
 }
 
 void validate_model(const ModelConfig& m, bool vocab_from_data) {
-  require_at_least("--layers", m.layers, 1);
-  require_at_least("--enc-layers", m.enc_layers, 1);
-  require_at_least("--dec-layers", m.dec_layers, 1);
-  require_at_least("--d-model", m.d_model, 1);
-  require_at_least("--heads", m.heads, 1);
+  require_between("--layers", m.layers, 1, kMaxLayers);
+  require_between("--enc-layers", m.enc_layers, 1, kMaxLayers);
+  require_between("--dec-layers", m.dec_layers, 1, kMaxLayers);
+  require_between("--d-model", m.d_model, 1, kMaxWidth);
+  require_between("--heads", m.heads, 1, kMaxWidth);
   if (m.d_model % m.heads != 0) {
     usage_error("--heads", "must divide --d-model (" + std::to_string(m.d_model) + "); got " +
                                std::to_string(m.heads));
   }
-  require_at_least("--d-ff", m.d_ff, 1);
-  require_at_least("--max-len", m.max_len, 4);
-  require_at_least("--num-labels", m.num_labels, 0);
-  require_at_least("--patch", m.patch, 0);
+  require_between("--d-ff", m.d_ff, 1, kMaxWidth);
+  require_between("--max-len", m.max_len, 4, kMaxWidth);
+  require_between("--num-labels", m.num_labels, 0, kMaxWidth);
+  require_between("--patch", m.patch, 0, kMaxPatch);
+  require_between("--image-height", m.image_height, 0, kMaxImageSide);
+  require_between("--image-width", m.image_width, 0, kMaxImageSide);
+  require_between("--image-channels", m.image_channels, 0, kMaxPatch);
   const bool classify = m.kind == ModelKind::kClassify;
   if (!classify && m.patch > 0) usage_error("--patch", "only with --model classify");
   if (m.patch > 0 && m.positions != PositionKind::kLearned) {
@@ -80,14 +83,10 @@ void validate_model(const ModelConfig& m, bool vocab_from_data) {
   if (classify && m.num_labels == 1 && m.loss == ClassifyLoss::kSoftmax) {
     usage_error("--num-labels", "a softmax over one label learns nothing; give at least 2");
   }
-  // At least two data symbols, or no task has anything to learn. Images
-  // have no vocabulary.
-  const int least_vocab = SpecialTokens::kCount + 2;
-  if (!m.images() && m.vocab < least_vocab && !(m.vocab == 0 && vocab_from_data)) {
-    usage_error("--vocab", "must be at least " + std::to_string(least_vocab) + " (" +
-                               std::to_string(SpecialTokens::kCount) +
-                               " reserved ids and two data symbols); got " +
-                               std::to_string(m.vocab));
+  // Images have no vocabulary.
+  if (!m.images() && !(m.vocab == 0 && vocab_from_data)) {
+    const std::string fault = vocab_fault(m.vocab);
+    if (!fault.empty()) usage_error("--vocab", fault);
   }
   require_unit_interval("--dropout", m.dropout);
   if (!(m.attention_ref_len > 1)) {
@@ -183,6 +182,12 @@ void validate_device(DeviceKind device, Precision precision, bool tf32, int thre
       usage_error("--device", "cuda requested but no GPU is visible to this process");
     }
   }
+  validate_device_choice(device, precision, tf32, threads, attention);
+  validate_cpu(threads, blas_core);
+}
+
+void validate_device_choice(DeviceKind device, Precision precision, bool tf32, int threads,
+                            AttentionPath attention) {
   if (tf32 && (device != DeviceKind::kCuda || precision != Precision::kFp32)) {
     usage_error("--tf32", "only with --device cuda --precision fp32");
   }
@@ -192,7 +197,7 @@ void validate_device(DeviceKind device, Precision precision, bool tf32, int thre
       usage_error("--attention",
                   "cudnn runs bf16 or fp16 (--precision); fp32 runs the plain kernels");
   }
-  validate_cpu(threads, blas_core);
+  require_at_least("--threads", threads, 0);
 }
 
 void add_recompute_flag(FlagTable& t, Recompute* recompute) {

@@ -32,6 +32,10 @@ void add_device_flags(FlagTable& t, DeviceKind* device, Precision* precision, bo
                       int* threads, std::string* blas_core, AttentionPath* attention);
 void validate_device(DeviceKind device, Precision precision, bool tf32, int threads,
                      const std::string& blas_core, AttentionPath attention);
+// The same rules of the values alone, with no look at this machine's
+// devices and BLAS (a run's recorded configuration keeps them).
+void validate_device_choice(DeviceKind device, Precision precision, bool tf32, int threads,
+                            AttentionPath attention);
 
 // The gradient all-reduce (train, bench).
 void add_reducer_flags(FlagTable& t, float* bucket_mb, bool* overlap, GradSum* grad_sum,

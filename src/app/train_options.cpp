@@ -11,6 +11,7 @@
 #include "src/app/options.h"
 #include "src/app/shared_options.h"
 #include "src/core/error.h"
+#include "src/core/escape.h"
 #include "src/data/synthetic.h"
 
 namespace mpiformer {
@@ -118,7 +119,10 @@ void add_train_flags(FlagTable& t, TrainConfig* c) {
   add_recompute_flag(t, &c->recompute);
 }
 
-void validate_train(const TrainConfig& c) {
+// The rules of the values alone, which a run's recorded configuration (a
+// checkpoint's config) keeps as the command line does: nothing here looks
+// at files or devices.
+void validate_train_values(const TrainConfig& c) {
   const bool has_data = !c.data_dir.empty();
   const bool has_synthetic = c.synthetic != SyntheticTask::kNone;
   if (has_data && has_synthetic)
@@ -132,10 +136,14 @@ void validate_train(const TrainConfig& c) {
                 "--data (prepare --kind classify or image)");
   }
   validate_model(c.model, /*vocab_from_data=*/has_data);
-  if (has_data) require_directory("--data", c.data_dir);
   if (c.out_dir.empty()) usage_error("--out", "required: the run directory");
+  // config.ini records the path on one line, and every checkpoint carries it.
+  if (c.out_dir.find_first_of("\n\r") != std::string::npos) {
+    usage_error("--out",
+                "a path with a line break cannot be recorded in the run's config.ini; "
+                "choose another");
+  }
   if (c.resume.empty()) usage_error("--resume", "expected auto, none or a checkpoint file");
-  if (c.resume != "none" && c.resume != "auto") require_file("--resume", c.resume);
   require_at_least("--max-tokens", c.max_tokens, 1);
   require_at_least("--max-sentences", c.max_sentences, 0);
   for (int boundary : c.buckets) {
@@ -183,8 +191,7 @@ void validate_train(const TrainConfig& c) {
                     std::to_string(c.keep_checkpoints) +
                     "): only that many are kept to average; raise --keep-checkpoints");
   }
-  validate_device(c.device, c.precision, c.tf32, c.threads, c.blas_core, c.attention);
-  validate_transport(c.device, c.transport);
+  validate_device_choice(c.device, c.precision, c.tf32, c.threads, c.attention);
   if (!(c.loss_scale >= 1.0f && std::isfinite(c.loss_scale))) {
     usage_error("--loss-scale", "must be a finite number >= 1; got " + format_number(c.loss_scale));
   }
@@ -206,6 +213,16 @@ void validate_train(const TrainConfig& c) {
       throw UsageError(e.what());
     }
   }
+}
+
+// The values, then what they name on this machine: the shards, the
+// checkpoint, the device and the BLAS kernels.
+void validate_train(const TrainConfig& c) {
+  validate_train_values(c);
+  if (!c.data_dir.empty()) require_directory("--data", c.data_dir);
+  if (c.resume != "none" && c.resume != "auto") require_file("--resume", c.resume);
+  validate_device(c.device, c.precision, c.tf32, c.threads, c.blas_core, c.attention);
+  validate_transport(c.device, c.transport);
 }
 
 // Before any flag is read: no vocabulary until it is known, from the shards
@@ -258,11 +275,22 @@ std::string train_config_ini(const TrainConfig& cfg) {
   return write_ini(table, "mpiformer train configuration; re-use with --config FILE");
 }
 
-TrainConfig train_config_from_ini(const std::string& ini, const std::string& source) {
+TrainConfig train_config_from_ini(const std::string& ini, const std::string& path) {
   TrainConfig cfg = initial_train_config();
   FlagTable table;
   add_train_flags(table, &cfg);
-  read_ini(table, ini, source);
+  try {
+    read_ini(table, ini, path);
+    validate_train_values(cfg);
+  } catch (const UsageError& e) {
+    // The text's form (an unknown key): its message names `path`.
+    if (e.flag() == "--config") throw UsageError(escaped(e.reason()));
+    if (e.flag().rfind("--", 0) != 0) throw UsageError(path + ": config: " + e.what());
+    // The key and its text as the file has them, with the flag's reason.
+    const std::string key = e.flag().substr(2);
+    throw UsageError(path + ": config key " + quoted(key) + " = " + escaped(ini_value(ini, key)) +
+                     ": " + escaped(e.reason()));
+  }
   return cfg;
 }
 

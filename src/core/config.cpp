@@ -6,6 +6,19 @@
 
 namespace mpiformer {
 
+std::string vocab_fault(int64_t vocab) {
+  constexpr int least = SpecialTokens::kCount + 2;
+  if (vocab < least) {
+    return "must be at least " + std::to_string(least) + " (" +
+           std::to_string(SpecialTokens::kCount) + " reserved ids and two data symbols); got " +
+           std::to_string(vocab);
+  }
+  if (vocab > kMaxWidth) {
+    return "must be at most " + std::to_string(kMaxWidth) + "; got " + std::to_string(vocab);
+  }
+  return "";
+}
+
 // The spellings below are the command-line and config-file values: the flag
 // tables of src/app/*_options.cpp parse them and config.ini records them, so
 // they must stay in step.

@@ -78,6 +78,22 @@ struct SpecialTokens {
   bool operator==(const SpecialTokens&) const = default;
 };
 
+// --vocab's rule, which a file's vocabulary (a shard's vocab_size) keeps too:
+// the reserved ids and at least two data symbols, or no task has anything to
+// learn. "" when `vocab` keeps it, else why not ("must be at least 8 ...").
+std::string vocab_fault(int64_t vocab);
+
+// The largest width (--d-model, --d-ff, --vocab, --max-len, ...) and depth
+// a model may have: tensor shapes are int, and a width of 3 x --d-model
+// (fused QKV) must still be one. Far above any model that fits a machine,
+// whose size the memory estimate then judges.
+constexpr int kMaxWidth = 1 << 24;
+constexpr int kMaxLayers = 1 << 12;
+// Images: a patch row holds patch x patch x channels values (each at most
+// kMaxPatch) and an image at most (kMaxImageSide / patch)^2 rows.
+constexpr int kMaxPatch = 1 << 10;
+constexpr int kMaxImageSide = 1 << 14;
+
 struct ModelConfig {
   ModelKind kind = ModelKind::kLm;
   int layers = 2;      // lm and mlm

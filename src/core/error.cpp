@@ -5,7 +5,7 @@
 namespace mpiformer {
 
 void usage_error(const std::string& flag, const std::string& message) {
-  throw UsageError(flag + ": " + message);
+  throw UsageError(flag, message);
 }
 
 std::string format_bytes(double bytes) {

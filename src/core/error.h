@@ -23,6 +23,16 @@ constexpr int kExitDiverged = 3;
 class UsageError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+  // "FLAG: REASON", keeping both: a value read from a file names its key and
+  // gives the flag's reason (a checkpoint's config).
+  UsageError(const std::string& flag, const std::string& reason)
+      : std::runtime_error(flag + ": " + reason), flag_(flag), reason_(reason) {}
+  // What the flag was refused for, without the flag; "" when not made so.
+  const std::string& flag() const { return flag_; }
+  const std::string& reason() const { return reason_; }
+
+ private:
+  std::string flag_, reason_;
 };
 
 // A failure of the command as a whole rather than of one rank (an output

@@ -39,6 +39,14 @@ class BatchSource {
 
   // A summary for the run's log (sequences, skipped, batches, padding); may be empty.
   virtual std::string describe() const { return ""; }
+
+  // The ids of this rank's training sequences as stored, and how many of
+  // them are reserved ids (pad, bos, eos, unk, mask, sep): data made of
+  // little else teaches nothing. {0, 0} where not known (synthetic, images).
+  struct IdCounts {
+    int64_t ids = 0, reserved = 0;
+  };
+  virtual IdCounts train_ids() const { return {}; }
 };
 
 }  // namespace mpiformer

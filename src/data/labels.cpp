@@ -6,6 +6,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "src/core/escape.h"
+
 namespace mpiformer {
 
 namespace {
@@ -55,7 +57,7 @@ bool meant_as_weight(std::string tail) {
 float parse_weight(const std::string& name, const std::string& tail) {
   if (tail.empty()) throw std::invalid_argument("'" + name + ":' has no weight after its ':'");
   if (!is_decimal(tail)) {
-    throw std::invalid_argument("weight '" + printable_label_name(tail) + "' of '" + name +
+    throw std::invalid_argument("weight '" + escaped(tail) + "' of '" + name +
                                 "' is not a decimal number (such as 0.25)");
   }
   const char* first = tail.data() + (tail[0] == '+');
@@ -88,13 +90,13 @@ std::vector<LabelWeight> parse_label_line(const std::string& line) {
     if (colon != std::string::npos && meant_as_weight(tail)) {
       label.name = word.substr(0, colon);
       if (label.name.empty()) throw std::invalid_argument("'" + word + "' has no label name");
-      label.weight = parse_weight(printable_label_name(label.name), tail);
+      label.weight = parse_weight(escaped(label.name), tail);
     } else {
       label.name = word;
     }
     const std::string fault = label_name_fault(label.name);
     if (!fault.empty()) {
-      throw std::invalid_argument("label '" + printable_label_name(label.name) + "' " + fault);
+      throw std::invalid_argument("label '" + escaped(label.name) + "' " + fault);
     }
     if (!seen.insert(label.name).second) {
       throw std::invalid_argument("label '" + label.name + "' given twice");

@@ -18,6 +18,8 @@ void resolve_data_config(TrainConfig* cfg) {
   if (train.empty()) usage_error("--data", dir + " holds no train-*.h5 shards");
   try {
     apply_shard_header(read_shard_header(train.front()), dir, &cfg->model);
+  } catch (const ShardError& e) {
+    usage_error("--data", e.what());
   } catch (const UsageError& e) {
     // The kind came from a preset, not from a --model the user wrote.
     const std::string what = e.what();
@@ -34,7 +36,13 @@ std::unique_ptr<BatchSource> make_batch_source(const TrainConfig& cfg, int rank,
                                              cfg.max_sentences, cfg.min_len, cfg.mlm_probability,
                                              cfg.seed);
   if (cfg.data_dir.empty()) usage_error("--data", "required: --data DIR or --synthetic TASK");
-  return std::make_unique<ShardSource>(cfg, rank, world_size, splits);
+  try {
+    return std::make_unique<ShardSource>(cfg, rank, world_size, splits);
+  } catch (const ShardError& e) {
+    // The user's data: a damaged or malformed shard is refused as --data's
+    // fault (exit 2), not as a failure of this rank.
+    usage_error("--data", e.what());
+  }
 }
 
 }  // namespace mpiformer

@@ -17,7 +17,8 @@ void resolve_data_config(TrainConfig* cfg);
 
 // Validates the data against the configuration (every fault names its file)
 // and builds the source for this rank; `splits` chooses the shards' splits
-// (synthetic tasks have none). Throws std::runtime_error.
+// (synthetic tasks have none). A shard that is damaged, malformed or holds
+// values out of range is the user's input: UsageError "--data: PATH: what".
 std::unique_ptr<BatchSource> make_batch_source(const TrainConfig& cfg, int rank, int world_size,
                                                const SplitChoice& splits = {});
 

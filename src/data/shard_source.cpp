@@ -233,6 +233,28 @@ ShardSource::~ShardSource() {
 
 // ---- loading ---------------------------------------------------------------
 
+namespace {
+
+// Adds the stored ids of sequence i of `shard` to the counts of `stats`.
+void count_ids(const Shard& shard, size_t i, bool seq2seq, LoadStats* stats) {
+  const SpecialTokens& s = shard.header.special;
+  const auto count = [&](const TokenSequences& side) {
+    if (side.count() == 0) return;  // an image shard has no ids
+    const int32_t* t = side.tokens.data() + side.offsets[i];
+    const size_t n = side.length(i);
+    for (size_t k = 0; k < n; ++k) {
+      const int32_t id = t[k];
+      stats->reserved_ids +=
+          id == s.pad || id == s.bos || id == s.eos || id == s.unk || id == s.mask || id == s.sep;
+    }
+    stats->ids += static_cast<int64_t>(n);
+  };
+  count(shard.target);
+  if (seq2seq) count(shard.source);
+}
+
+}  // namespace
+
 void ShardSource::load_split(const std::vector<std::string>& files, Split* split) const {
   const bool seq2seq = model_.kind == ModelKind::kSeq2seq;
   const bool mlm = model_.kind == ModelKind::kMlm;
@@ -292,6 +314,7 @@ void ShardSource::load_split(const std::vector<std::string>& files, Split* split
             "--data: more than 2^32 - 1 sequences on one rank; use --sharding file");
       }
       split->examples.push_back(e);
+      count_ids(shard, i, seq2seq, &stats);
       ++stats.sequences;
       stats.tokens += encoder_length(e) + decoder_length(e);
       stats.decoder_tokens += decoder_length(e);

@@ -63,6 +63,8 @@ struct LoadStats {
   int64_t skipped = 0;         // longer than --max-len under --too-long skip
   int64_t truncated = 0;       // cut to --max-len under --too-long truncate
   int64_t empty = 0;           // mlm: empty sequences, nothing to predict
+  int64_t ids = 0;             // stored ids of the kept sequences (both sides)
+  int64_t reserved_ids = 0;    // of them the reserved ids (SpecialTokens)
 };
 
 // The splits a ShardSource reads.
@@ -95,6 +97,7 @@ class ShardSource : public BatchSource {
     return train_.planner ? train_.planner->batches_per_epoch() : 0;
   }
   const LoadStats& train_stats() const { return train_.stats; }
+  IdCounts train_ids() const override { return {train_.stats.ids, train_.stats.reserved_ids}; }
   const LoadStats& eval_stats() const { return eval_.stats; }
   const std::vector<int>& boundaries() const { return boundaries_; }
   const ModelConfig& model() const { return model_; }

@@ -20,8 +20,10 @@
 #include <utility>
 
 #include "src/core/error.h"
+#include "src/core/escape.h"
 #include "src/io/atomic_file.h"
 #include "src/io/checkpoint_layout.h"
+#include "src/io/declared_size.h"
 #include "src/io/hdf5_file.h"
 #include "src/io/label_names.h"
 
@@ -84,7 +86,7 @@ std::string state_fault(const CheckpointState& state) {
     return refuse("data_batches_per_step", std::to_string(state.batches_per_step), ">= 1");
   }
   if (state.sharding != "data" && state.sharding != "file") {
-    return refuse("data_sharding", "'" + state.sharding + "'", "'data' or 'file'");
+    return refuse("data_sharding", "'" + escaped(state.sharding) + "'", "'data' or 'file'");
   }
   if (!(state.loss_scale >= kMinLossScale && state.loss_scale <= kMaxLossScale)) {
     char value[32];
@@ -299,7 +301,7 @@ void check_checkpoint_format(hid_t root, const Faults& faults) {
   const std::string format = hdf5::read_format(root, faults);
   if (format.empty()) faults.fail("not an mpiformer checkpoint (no 'format' attribute)");
   if (format != kCheckpointFormat)
-    faults.fail("not an mpiformer checkpoint (format is '" + format + "')");
+    faults.fail("not an mpiformer checkpoint (format is '" + escaped(format) + "')");
   const int version = hdf5::read_int_attr<int>(root, "version", faults);
   if (version != kCheckpointVersion) {
     faults.fail("unsupported checkpoint version " + std::to_string(version) +
@@ -352,6 +354,7 @@ CheckpointTensor read_checkpoint_tensor(hid_t group, const std::string& name,
     count *= static_cast<size_t>(d);
   }
   if (!with_data) return t;
+  checked_extent(object.get(), where, faults);
   t.data.resize(count);  // (product of shape)
   if (count > 0 &&
       H5Dread(object.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data.data()) < 0) {
@@ -463,7 +466,12 @@ CheckpointState read_checkpoint_state(const std::string& path) {
   state.sharding = hdf5::read_string_attr(root, "data_sharding", faults);
   state.loss_scale = hdf5::read_double_attr(root, "loss_scale", faults);
   state.vocab_size = hdf5::read_int_attr<int>(root, "vocab_size", faults);
-  if (state.vocab_size < 1) faults.fail("attribute 'vocab_size' is < 1");
+  // The vocabulary becomes the model's (its config's rules are the caller's:
+  // an image classifier's is the reserved ids alone).
+  if (state.vocab_size < 1 || state.vocab_size > kMaxWidth) {
+    faults.fail("attribute 'vocab_size' = " + std::to_string(state.vocab_size) +
+                ": must be in [1, " + std::to_string(kMaxWidth) + "]");
+  }
   state.special = hdf5::read_special_token_attrs(root, state.vocab_size, faults);
   if (hdf5::attr_exists(root, "run_id", faults)) {
     state.run_id = hdf5::read_string_attr(root, "run_id", faults);
@@ -475,9 +483,11 @@ CheckpointState read_checkpoint_state(const std::string& path) {
     state.averaged_from = hdf5::read_string_attr(root, "averaged_from", faults);
   }
   if (hdf5::link_exists(root, "tokenizer", faults)) {
+    check_declared_size(root, "tokenizer", faults);
     state.tokenizer = hdf5::read_bytes_dataset(root, "tokenizer", faults);
   }
   if (hdf5::link_exists(root, "label_names", faults)) {
+    check_declared_size(root, "label_names", faults);
     state.label_names = split_label_names(hdf5::read_bytes_dataset(root, "label_names", faults));
   }
   // Values no run writes: a hand-edited or damaged file would resume wrongly.
@@ -559,12 +569,17 @@ void unpack_checkpoint_tensors(const std::string& path,
   }
 }
 
-ModelCheckpoint read_model_checkpoint(const std::string& path, const std::string& flag) {
+ModelCheckpoint read_model_checkpoint(const std::string& path, const std::string& flag,
+                                      const ConfigCheck& check_config) {
   try {
-    ModelCheckpoint model{read_checkpoint_state(path), read_checkpoint_tensors(path, "params")};
+    ModelCheckpoint model{read_checkpoint_state(path), {}};
+    check_config(model.state.config_ini);  // before any tensor is allocated
+    model.params = read_checkpoint_tensors(path, "params");
     require_finite(path, model.params, "params");
     return model;
   } catch (const CheckpointError& e) {
+    usage_error(flag, e.what());
+  } catch (const UsageError& e) {
     usage_error(flag, e.what());
   }
 }

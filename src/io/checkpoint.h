@@ -29,6 +29,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -193,10 +194,18 @@ struct ModelCheckpoint {
   std::vector<CheckpointTensor> params;
 };
 
-// Reads the model of `path`, given as `flag`. The file is what the user gave,
-// so any fault of it (not HDF5, damaged, not a checkpoint, non-finite
-// parameters) is a UsageError "FLAG: PATH: what", exit code 2.
-ModelCheckpoint read_model_checkpoint(const std::string& path, const std::string& flag);
+// Checks a checkpoint's config attribute (INI text) before its tensors are
+// read; throws UsageError "PATH: what". The flag table that reads the text
+// lives above this layer, so the caller supplies it.
+using ConfigCheck = std::function<void(const std::string& config_ini)>;
+
+// Reads the model of `path`, given as `flag`: the state, `check_config` of
+// its config, then the parameters. The file is what the user gave, so any
+// fault of it (not HDF5, damaged, not a checkpoint, a config its flags would
+// refuse, non-finite parameters) is a UsageError "FLAG: PATH: what", exit
+// code 2.
+ModelCheckpoint read_model_checkpoint(const std::string& path, const std::string& flag,
+                                      const ConfigCheck& check_config);
 
 // RUNDIR/checkpoints/step_*.h5, newest (highest step) first. Temporary
 // files of a write that never finished are not listed.

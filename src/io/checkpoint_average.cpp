@@ -44,7 +44,7 @@ std::string model_mismatch(const LoadedCheckpoint& input, const LoadedCheckpoint
                            const ModelDifference& model_difference) {
   const CheckpointState &a = input.state, &b = newest.state;
   if (model_difference) {
-    const std::string flags = model_difference(a.config_ini, b.config_ini);
+    const std::string flags = model_difference(input.path, a.config_ini, newest.path, b.config_ini);
     if (!flags.empty()) return flags;
   }
   if (a.vocab_size != b.vocab_size) {

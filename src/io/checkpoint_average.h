@@ -39,9 +39,11 @@ class AverageInputError : public CheckpointError {
 // How two checkpoints' config attributes (INI text) differ as models: ""
 // when they are the same model, else the first flag that differs, "--heads
 // 4 (not 8)" (this input's value, then the newest's). The flag table that
-// reads the text lives above this layer, so the caller supplies it.
+// reads the text lives above this layer, so the caller supplies it; the
+// paths name a file whose config it refuses.
 using ModelDifference =
-    std::function<std::string(const std::string& this_ini, const std::string& newest_ini)>;
+    std::function<std::string(const std::string& this_path, const std::string& this_ini,
+                              const std::string& newest_path, const std::string& newest_ini)>;
 
 // What average_checkpoints wrote.
 struct CheckpointAverage {

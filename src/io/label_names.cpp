@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "src/core/escape.h"
+
 namespace mpiformer {
 
 std::string join_label_names(const std::vector<std::string>& names) {
@@ -67,34 +69,20 @@ std::string label_name_fault(const std::string& name) {
   return "";
 }
 
-std::string printable_label_name(const std::string& name) {
-  std::string out;
-  for (const char ch : name) {
-    const auto c = static_cast<unsigned char>(ch);
-    if (c >= 0x20 && c < 0x7f) {
-      out += ch;
-    } else {
-      out += "\\x" + hex_byte(c).substr(2);
-    }
-  }
-  return out;
-}
-
 std::string label_set_difference(const std::vector<std::string>& a, const std::string& a_name,
                                  const std::vector<std::string>& b, const std::string& b_name) {
   const size_t n = std::min(a.size(), b.size());
   for (size_t i = 0; i < n; ++i) {
     if (a[i] != b[i]) {
-      return "label " + std::to_string(i) + " is '" + printable_label_name(a[i]) + "' in " +
-             a_name + " and '" + printable_label_name(b[i]) + "' in " + b_name;
+      return "label " + std::to_string(i) + " is '" + escaped(a[i]) + "' in " + a_name + " and '" +
+             escaped(b[i]) + "' in " + b_name;
     }
   }
   if (a.size() == b.size()) return "";
   const bool a_longer = a.size() > b.size();
   return std::to_string(a.size()) + " label(s) in " + a_name + ", " + std::to_string(b.size()) +
          " in " + b_name + " (label " + std::to_string(n) + " is '" +
-         printable_label_name((a_longer ? a : b)[n]) + "' in " + (a_longer ? a_name : b_name) +
-         " alone)";
+         escaped((a_longer ? a : b)[n]) + "' in " + (a_longer ? a_name : b_name) + " alone)";
 }
 
 }  // namespace mpiformer

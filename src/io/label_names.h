@@ -24,8 +24,4 @@ std::string label_set_difference(const std::vector<std::string>& a, const std::s
 // byte 2".
 std::string label_name_fault(const std::string& name);
 
-// `name` for an error message: bytes outside printable ASCII as \xNN, so a
-// message never carries raw control bytes or broken UTF-8.
-std::string printable_label_name(const std::string& name);
-
 }  // namespace mpiformer

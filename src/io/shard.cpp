@@ -6,8 +6,13 @@
 #include <hdf5.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <filesystem>
+#include <tuple>
+#include <type_traits>
 
+#include "src/core/escape.h"
+#include "src/io/declared_size.h"
 #include "src/io/hdf5_file.h"
 #include "src/io/label_names.h"
 
@@ -157,12 +162,36 @@ std::string read_trimmed_attr(hid_t loc, const char* name, const Faults& faults)
   return value;
 }
 
+// An image shard's image_height, image_width and image_channels, positive
+// and within the bounds of their flags.
+void read_image_size(hid_t file, const Faults& faults, ShardHeader* h) {
+  h->image_height = hdf5::read_int_attr<int>(file, "image_height", faults);
+  h->image_width = hdf5::read_int_attr<int>(file, "image_width", faults);
+  h->image_channels = hdf5::read_int_attr<int>(file, "image_channels", faults);
+  if (h->image_height <= 0 || h->image_width <= 0 || h->image_channels <= 0) {
+    faults.fail("image size " + std::to_string(h->image_height) + " x " +
+                std::to_string(h->image_width) + " x " + std::to_string(h->image_channels) +
+                " is not positive");
+  }
+  // The bounds of --image-height, --image-width and --image-channels.
+  for (const auto& [name, value, most] :
+       {std::tuple{"image_height", h->image_height, kMaxImageSide},
+        {"image_width", h->image_width, kMaxImageSide},
+        {"image_channels", h->image_channels, kMaxPatch}}) {
+    if (value > most) {
+      faults.fail("attribute '" + std::string(name) + "' = " + std::to_string(value) +
+                  ": must be at most " + std::to_string(most));
+    }
+  }
+}
+
 // Header attributes plus /tokenizer; `sequences`/`tokens` receive the
 // count attributes.
 ShardHeader read_header(hid_t file, const Faults& faults, uint64_t* sequences, uint64_t* tokens) {
   const std::string format = hdf5::read_format(file, faults);
   if (format.empty()) faults.fail("not an mpiformer shard (no 'format' attribute)");
-  if (format != kShardFormat) faults.fail("not an mpiformer shard (format is '" + format + "')");
+  if (format != kShardFormat)
+    faults.fail("not an mpiformer shard (format is '" + escaped(format) + "')");
   ShardHeader h;
   h.version = hdf5::read_int_attr<int>(file, "version", faults);
   if (h.version != kShardVersion) {
@@ -171,11 +200,15 @@ ShardHeader read_header(hid_t file, const Faults& faults, uint64_t* sequences, u
   }
   h.kind = read_trimmed_attr(file, "kind", faults);
   if (h.kind != "lm" && h.kind != "seq2seq" && !h.has_labels()) {
-    faults.fail("kind '" + h.kind + "' is not lm, seq2seq, classify or image");
+    faults.fail("kind '" + escaped(h.kind) + "' is not lm, seq2seq, classify or image");
   }
   h.vocab_size = hdf5::read_int_attr<int>(file, "vocab_size", faults);
-  if (h.vocab_size <= 0)
-    faults.fail("vocab_size " + std::to_string(h.vocab_size) + " is not positive");
+  // --vocab's rule: the shards' vocabulary becomes the model's (images have
+  // none beyond the reserved ids).
+  const std::string fault = h.kind == "image" ? "" : vocab_fault(h.vocab_size);
+  if (!fault.empty()) {
+    faults.fail("attribute 'vocab_size' = " + std::to_string(h.vocab_size) + ": " + fault);
+  }
   h.special = hdf5::read_special_token_attrs(file, h.vocab_size, faults);
   *sequences = hdf5::read_int_attr<uint64_t>(file, "sequences", faults);
   *tokens = hdf5::read_int_attr<uint64_t>(file, "tokens", faults);
@@ -185,25 +218,20 @@ ShardHeader read_header(hid_t file, const Faults& faults, uint64_t* sequences, u
     h.origin = read_trimmed_attr(file, "origin", faults);
 
   // /tokenizer: uint8 bytes of the SentencePiece model.
+  if (hdf5::link_exists(file, "tokenizer", faults)) check_declared_size(file, "tokenizer", faults);
   h.tokenizer = hdf5::read_bytes_dataset(file, "tokenizer", faults);
   if (h.has_labels()) {
     const int K = hdf5::read_int_attr<int>(file, "num_labels", faults);
+    if (hdf5::link_exists(file, "label_names", faults)) {
+      check_declared_size(file, "label_names", faults);
+    }
     h.label_names = split_label_names(hdf5::read_bytes_dataset(file, "label_names", faults));
     if (K <= 0 || static_cast<size_t>(K) != h.label_names.size()) {
       faults.fail("attribute 'num_labels' says " + std::to_string(K) + " but /label_names holds " +
                   std::to_string(h.label_names.size()) + " names");
     }
   }
-  if (h.kind == "image") {
-    h.image_height = hdf5::read_int_attr<int>(file, "image_height", faults);
-    h.image_width = hdf5::read_int_attr<int>(file, "image_width", faults);
-    h.image_channels = hdf5::read_int_attr<int>(file, "image_channels", faults);
-    if (h.image_height <= 0 || h.image_width <= 0 || h.image_channels <= 0) {
-      faults.fail("image size " + std::to_string(h.image_height) + " x " +
-                  std::to_string(h.image_width) + " x " + std::to_string(h.image_channels) +
-                  " is not positive");
-    }
-  }
+  if (h.kind == "image") read_image_size(file, faults, &h);
   return h;
 }
 
@@ -218,7 +246,7 @@ void read_numbers(hid_t file, const std::string& name, hid_t mem_type, const Fau
   if (!space.ok() || H5Sget_simple_extent_ndims(space.get()) != 1) {
     faults.fail(name + " is not a 1-D dataset");
   }
-  out->resize(static_cast<size_t>(H5Sget_simple_extent_npoints(space.get())));
+  out->resize(static_cast<size_t>(checked_extent(dset.get(), "/" + name, faults)));
   if (!out->empty() &&
       H5Dread(dset.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, out->data()) < 0) {
     faults.fail_corrupt("read " + name);
@@ -269,8 +297,73 @@ Hid open_int_dataset(hid_t file, const std::string& name, const Faults& faults, 
     faults.fail(name + " holds " + (type.ok() ? hdf5::type_name(type.get()) : "unreadable") +
                 " values, expected integers");
   }
-  *n = static_cast<hsize_t>(H5Sget_simple_extent_npoints(space.get()));
+  *n = checked_extent(dset.get(), name, faults);
   return dset;
+}
+
+// "token id V at position I of NAME is negative" (or not below vocab_size).
+[[noreturn]] void fail_token(const std::string& value, bool negative, hsize_t i,
+                             const std::string& name, int vocab_size, const Faults& faults) {
+  faults.fail(
+      "token id " + value + " at position " + std::to_string(i) + " of " + name +
+      (negative ? " is negative" : " is not below vocab_size " + std::to_string(vocab_size)));
+}
+
+// Ids stored wider than int32 (int64, uint32, uint64) are read at their
+// width, so that one past int32 is reported as it is, not as the int32
+// HDF5's conversion would clamp it to; then range-checked and narrowed.
+template <class Wide>
+void read_wide_ids(hid_t dset, hid_t mem_type, const std::string& name, int vocab_size,
+                   const Faults& faults, std::vector<int32_t>* out) {
+  std::vector<Wide> wide(out->size());  // (tokens)
+  if (H5Dread(dset, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, wide.data()) < 0) {
+    faults.fail_corrupt("read " + name);
+  }
+  for (size_t i = 0; i < wide.size(); ++i) {
+    const bool negative = std::is_signed_v<Wide> && wide[i] < 0;
+    if (negative || wide[i] >= static_cast<Wide>(vocab_size)) {
+      fail_token(std::to_string(wide[i]), negative, i, name, vocab_size, faults);
+    }
+    (*out)[i] = static_cast<int32_t>(wide[i]);
+  }
+}
+
+// Reads the ids of one side (out->size() of them) and checks each is below
+// vocab_size.
+void read_token_ids(hid_t dset, const std::string& name, int vocab_size, const Faults& faults,
+                    std::vector<int32_t>* out) {
+  Hid type(H5Dget_type(dset), H5Tclose);
+  const size_t bytes = H5Tget_size(type.get());
+  const bool is_unsigned = H5Tget_sign(type.get()) == H5T_SGN_NONE;
+  if (bytes > 4 || (bytes == 4 && is_unsigned)) {
+    if (is_unsigned)
+      return read_wide_ids<uint64_t>(dset, H5T_NATIVE_UINT64, name, vocab_size, faults, out);
+    return read_wide_ids<int64_t>(dset, H5T_NATIVE_INT64, name, vocab_size, faults, out);
+  }
+  const hsize_t n = out->size();
+  int32_t* dst = out->data();
+  if (bytes == 2 && is_unsigned) {
+    // The common case: read narrow in one call, widen in a tight loop.
+    std::vector<uint16_t> narrow(n);  // (tokens)
+    if (H5Dread(dset, H5T_NATIVE_UINT16, H5S_ALL, H5S_ALL, H5P_DEFAULT, narrow.data()) < 0) {
+      faults.fail_corrupt("read " + name);
+    }
+    for (hsize_t i = 0; i < n; ++i) dst[i] = narrow[i];
+  } else if (H5Dread(dset, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, dst) < 0) {
+    faults.fail_corrupt("read " + name);  // int32 holds every value of these types exactly
+  }
+  // Range check as a branch-free min/max pass; locate the culprit only on failure.
+  int32_t lo = 0, hi = 0;
+  for (hsize_t i = 0; i < n; ++i) {
+    lo = std::min(lo, dst[i]);
+    hi = std::max(hi, dst[i]);
+  }
+  if (lo >= 0 && hi < vocab_size) return;
+  for (hsize_t i = 0; i < n; ++i) {
+    if (dst[i] < 0 || dst[i] >= vocab_size) {
+      fail_token(std::to_string(dst[i]), dst[i] < 0, i, name, vocab_size, faults);
+    }
+  }
 }
 
 // Reads one side: `prefix` is "/" (lm) or "/src/", "/tgt/".
@@ -291,24 +384,7 @@ void read_side(hid_t file, const std::string& prefix, int vocab_size, const Faul
   hsize_t n_tokens = 0;
   Hid tokens = open_int_dataset(file, tokens_name, faults, &n_tokens);
   out->tokens.resize(n_tokens);  // (tokens)
-  if (n_tokens > 0) {
-    Hid type(H5Dget_type(tokens.get()), H5Tclose);
-    const bool is_u16 = H5Tget_size(type.get()) == 2 && H5Tget_sign(type.get()) == H5T_SGN_NONE;
-    if (is_u16) {
-      // The common case: read narrow in one call, widen in a tight loop.
-      std::vector<uint16_t> narrow(n_tokens);  // (tokens)
-      if (H5Dread(tokens.get(), H5T_NATIVE_UINT16, H5S_ALL, H5S_ALL, H5P_DEFAULT, narrow.data()) <
-          0) {
-        faults.fail_corrupt("read " + tokens_name);
-      }
-      const uint16_t* src = narrow.data();
-      int32_t* dst = out->tokens.data();
-      for (hsize_t i = 0; i < n_tokens; ++i) dst[i] = src[i];
-    } else if (H5Dread(tokens.get(), H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT,
-                       out->tokens.data()) < 0) {
-      faults.fail_corrupt("read " + tokens_name);
-    }
-  }
+  if (n_tokens > 0) read_token_ids(tokens.get(), tokens_name, vocab_size, faults, &out->tokens);
 
   const std::vector<uint64_t>& off = out->offsets;
   if (off[0] != 0) faults.fail(offsets_name + " start at " + std::to_string(off[0]) + ", not 0");
@@ -321,27 +397,6 @@ void read_side(hid_t file, const std::string& prefix, int vocab_size, const Faul
   if (off.back() != n_tokens) {
     faults.fail(offsets_name + " end at " + std::to_string(off.back()) + " but " + tokens_name +
                 " holds " + std::to_string(n_tokens));
-  }
-
-  // Range check as a branch-free min/max pass; locate the culprit only on failure.
-  const int32_t* t = out->tokens.data();
-  int32_t lo = 0, hi = 0;
-  for (hsize_t i = 0; i < n_tokens; ++i) {
-    lo = std::min(lo, t[i]);
-    hi = std::max(hi, t[i]);
-  }
-  if (lo < 0 || hi >= vocab_size) {
-    for (hsize_t i = 0; i < n_tokens; ++i) {
-      if (t[i] < 0) {
-        faults.fail("token id " + std::to_string(t[i]) + " at position " + std::to_string(i) +
-                    " of " + tokens_name + " is negative");
-      }
-      if (t[i] >= vocab_size) {
-        faults.fail("token id " + std::to_string(t[i]) + " at position " + std::to_string(i) +
-                    " of " + tokens_name + " is not below vocab_size " +
-                    std::to_string(vocab_size));
-      }
-    }
   }
 }
 

@@ -26,9 +26,10 @@ int write_final_average(const TrainConfig& cfg, const Communicator& comm,
                                     .string();
         // One run's checkpoints are of one model, unless a resume changed a
         // flag that leaves the tensors as they were (--norm): then refuse.
-        const auto differ = [&](const std::string& this_ini, const std::string& newest_ini) {
-          return model_difference(config_text.read(this_ini, "a checkpoint's config").model,
-                                  config_text.read(newest_ini, "a checkpoint's config").model);
+        const auto differ = [&](const std::string& this_path, const std::string& this_ini,
+                                const std::string& newest_path, const std::string& newest_ini) {
+          return model_difference(config_text.read(this_ini, this_path).model,
+                                  config_text.read(newest_ini, newest_path).model);
         };
         line = describe_average(average_checkpoints(inputs, out, differ));
         if (inputs.size() < static_cast<size_t>(asked)) {

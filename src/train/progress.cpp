@@ -7,6 +7,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "src/core/escape.h"
 #include "src/loss/cross_entropy.h"
 #include "src/train/held_out.h"
 
@@ -115,12 +116,20 @@ void ProgressWindow::restore(const std::string& text, const Communicator& comm) 
   std::istringstream in(text);
   std::string format, word;
   std::getline(in, format);
-  if (format != kWindowFormat) fail("unknown format '" + format + "'");
+  if (format != kWindowFormat) fail("unknown format '" + escaped(format) + "'");
   int saved_ranks = 0, labels = 0;
   std::string labels_word;
   if (!(in >> word >> saved_ranks >> labels_word >> labels) || word != "ranks" ||
       labels_word != "labels" || saved_ranks < 1 || labels < 0) {
     fail("no 'ranks N labels L' line");
+  }
+  // The counts are the file's word: the text must hold that many values
+  // (two bytes each at least) before they are allocated.
+  const uint64_t values = static_cast<uint64_t>(saved_ranks) * (kFigures + uint64_t{labels});
+  if (values > text.size() / 2) {
+    fail("'ranks " + std::to_string(saved_ranks) + " labels " + std::to_string(labels) +
+         "' declares " + std::to_string(values) + " values, more than its " +
+         std::to_string(text.size()) + " bytes can hold");
   }
   const int F = kFigures + labels;
   std::vector<double> rows(static_cast<size_t>(saved_ranks) * F);

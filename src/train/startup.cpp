@@ -200,16 +200,48 @@ int open_run_directory(TrainingRun& run, const Communicator& comm, StartNotes* n
   return 0;
 }
 
+// Training data made mostly of reserved ids (all pad, all unk: a prepare
+// gone wrong) teaches nothing while it seems to train: a warning when over
+// half of the training ids are reserved, a refusal (exit 2) from 99% on.
+int check_reserved_ids(const BatchSource& source, const Communicator& comm,
+                       const std::string& data_dir) {
+  constexpr double kWarnShare = 0.5, kRefuseShare = 0.99;
+  const BatchSource::IdCounts mine = source.train_ids();
+  int64_t counts[2] = {mine.ids, mine.reserved};
+  // Under --sharding data every rank counts the same ids: the share is the same.
+  comm.allreduce_sum(counts, 2);
+  if (counts[0] == 0) return 0;
+  const double share = static_cast<double>(counts[1]) / static_cast<double>(counts[0]);
+  if (share <= kWarnShare || !comm.is_root()) return share >= kRefuseShare ? kExitUsage : 0;
+  const std::string what = std::to_string(static_cast<int>(share * 100)) + "% of the " +
+                           "training ids of " + data_dir +
+                           " are reserved ids (pad, bos, eos, unk, mask or sep)";
+  if (share >= kRefuseShare) {
+    say(stderr, "mpiformer train: --data: %s; at least 1%% must be data symbols to train on\n",
+        what.c_str());
+    return kExitUsage;
+  }
+  say(stderr, "warning: %s: is this the data you meant to train on?\n", what.c_str());
+  return 0;
+}
+
+// The data against the flags (--max-tokens, --too-long, --loss), then what
+// its ids are made of: a refusal is exit 2, and start_run withdraws from the
+// run directory.
+int make_source(TrainingRun& run, const Communicator& comm) {
+  if (const int code = agree_on_inputs(
+          comm, [&] { run.source = make_batch_source(run.cfg, comm.rank(), comm.size()); },
+          "train"))
+    return code;
+  return check_reserved_ids(*run.source, comm, run.cfg.data_dir);
+}
+
 // 3. Data, backend, model, optimizer, scaler, and the data cursor.
 int build(TrainingRun& run, const Communicator& comm, const FaultInjection& faults,
           StartNotes* notes) {
   const TrainConfig& cfg = run.cfg;
   const int world = comm.size(), rank = comm.rank(), accum = cfg.accum_steps;
-  // The data against the flags (--max-tokens, --too-long, --loss): a refusal
-  // is exit 2, and start_run withdraws from the run directory.
-  if (const int code = agree_on_inputs(
-          comm, [&] { run.source = make_batch_source(cfg, rank, world); }, "train"))
-    return code;
+  if (const int code = make_source(run, comm)) return code;
   notes->threads = cfg.threads > 0 ? cfg.threads : comm.cores_per_local_rank();
   // A rank without the device it was given is an agreed failure, not a hang.
   if (!agreed(comm, [&] { run.ops = make_ops(cfg.device, notes->threads, comm, cfg.tf32); })) {

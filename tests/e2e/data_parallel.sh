@@ -12,7 +12,7 @@
 #     every step with zero tokens: -np 3 on 2 shards equals -np 2;
 #   - --lr-scaling applies the factor the global token budget asks for;
 #   - a corrupt shard that only rank 1 reads ends every rank within 60 s with
-#     rank 1's message and a non-zero exit.
+#     rank 1's message, a refusal of --data (exit 2).
 source "$(dirname "$0")/common.sh"
 bin=$1 work=$2
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -127,6 +127,10 @@ if [[ $rc -eq 0 || $rc -eq 124 || $rc -eq 137 ]]; then
   echo "FAIL: rank 1's corrupt shard: exit code $rc (0: ran; 124/137: hung)" >&2
   exit 1
 fi
-grep -q "^\[rank 1\] .*train-00001.h5" "$work/bad.err" ||
-  { cat "$work/bad.err" >&2; echo "FAIL: rank 1's message is missing" >&2; exit 1; }
-echo "PASS: corrupt shard on rank 1 only: exit $rc after $((SECONDS - start)) s: $(grep -m 1 '^\[rank 1\]' "$work/bad.err")"
+if [[ $rc -ne 2 ]] ||
+  ! grep -q "^mpiformer train: --data: .*train-00001.h5: truncated or corrupt" "$work/bad.err"; then
+  cat "$work/bad.err" >&2
+  echo "FAIL: rank 1's message is missing, or exit $rc is not 2" >&2
+  exit 1
+fi
+echo "PASS: corrupt shard on rank 1 only: exit $rc after $((SECONDS - start)) s: $(grep -m 1 'train-00001.h5' "$work/bad.err")"

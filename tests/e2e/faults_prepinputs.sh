@@ -147,7 +147,7 @@ refused_image float.h5 "'images' must hold uint8 pixels; got float64"
 refused_image name-nul "'label_names' entry 9 'a\\x00b' holds control character 0x00 at byte 2"
 refused_image name-utf8 "'label_names' entry 9 '\\xff\\xfe' is not UTF-8 (byte 0xff at byte 1)"
 refused_image name-space "'label_names' entry 9 'cat dog' holds white space at byte 4"
-refused_image name-newline "'label_names' entry 9 'a\\x0ab' holds control character 0x0a"
+refused_image name-newline "'label_names' entry 9 'a\\nb' holds control character 0x0a"
 
 # a held-out split cut down to a tenth says so, as it does for text
 try "$bin" prepare --kind image --input ok.npz --out capped --shards 1 --valid-lines 100 \

@@ -18,6 +18,7 @@
 #include "src/app/prepare/output.h"
 #include "src/app/prepare/progress.h"
 #include "src/core/error.h"
+#include "src/core/escape.h"
 #include "src/io/array_file.h"
 #include "src/io/label_names.h"
 #include "src/io/shard.h"
@@ -93,7 +94,7 @@ ImageSet read_image_set(const std::string& path) {
       const std::string fault = label_name_fault(h.label_names[k]);
       if (!fault.empty()) {
         usage_error("--input", path + ": 'label_names' entry " + std::to_string(k) + " '" +
-                                   printable_label_name(h.label_names[k]) + "' " + fault);
+                                   escaped(h.label_names[k]) + "' " + fault);
       }
     }
   }
