@@ -127,16 +127,14 @@ void validate_train_values(const TrainConfig& c) {
   const bool has_synthetic = c.synthetic != SyntheticTask::kNone;
   if (has_data && has_synthetic)
     usage_error("--data", "give either --data or --synthetic, not both");
-  if (!has_data && !has_synthetic) {
-    usage_error("--data", "required: --data DIR or --synthetic reverse|copy|sort");
-  }
   if (has_synthetic && c.model.kind == ModelKind::kClassify) {
     usage_error("--synthetic",
                 "the synthetic tasks are sequence tasks; --model classify reads "
                 "--data (prepare --kind classify or image)");
   }
-  validate_model(c.model, /*vocab_from_data=*/has_data);
-  if (c.out_dir.empty()) usage_error("--out", "required: the run directory");
+  // A recorded configuration may name neither (an imported checkpoint's):
+  // its vocabulary is then the file's, as it is the shards' for --data.
+  validate_model(c.model, /*vocab_from_data=*/!has_synthetic);
   // config.ini records the path on one line, and every checkpoint carries it.
   if (c.out_dir.find_first_of("\n\r") != std::string::npos) {
     usage_error("--out",
@@ -218,6 +216,9 @@ void validate_train_values(const TrainConfig& c) {
 // The values, then what they name on this machine: the shards, the
 // checkpoint, the device and the BLAS kernels.
 void validate_train(const TrainConfig& c) {
+  if (c.data_dir.empty() && c.synthetic == SyntheticTask::kNone)
+    usage_error("--data", "required: --data DIR or --synthetic reverse|copy|sort");
+  if (c.out_dir.empty()) usage_error("--out", "required: the run directory");
   validate_train_values(c);
   if (!c.data_dir.empty()) require_directory("--data", c.data_dir);
   if (c.resume != "none" && c.resume != "auto") require_file("--resume", c.resume);

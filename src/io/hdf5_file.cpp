@@ -202,36 +202,39 @@ Hid open_for_reading(const Faults& faults, const std::string& noun, bool beside_
     faults.fail("truncated or corrupt (HDF5 could not open the file" +
                 (detail.empty() ? "" : ": " + detail) + ")");
   }
-  refuse_foreign_storage(file.get(), faults);
   return file;
 }
 
 namespace {
 
-// What refuse_foreign_storage finds wrong with the dataset at `name`, or "".
-std::string foreign_storage_of(hid_t file, const char* name) {
-  Hid dset(H5Dopen2(file, name, H5P_DEFAULT), H5Dclose);
+struct ForeignStorage {
+  std::string object, what;  // the first object refused, and why
+  std::string damage;        // or what HDF5 could not read, with its reason
+};
+
+// Records in `found` what is wrong with the dataset at `name`, if anything.
+void check_dataset(hid_t group, const char* name, ForeignStorage* found) {
+  Hid dset(H5Dopen2(group, name, H5P_DEFAULT), H5Dclose);
   Hid dcpl(dset.ok() ? H5Dget_create_plist(dset.get()) : H5I_INVALID_HID, H5Pclose);
-  if (!dcpl.ok()) return "cannot be opened";
-  if (H5Pget_layout(dcpl.get()) == H5D_VIRTUAL)
-    return "is a virtual dataset (its data lies in other files)";
-  if (H5Pget_external_count(dcpl.get()) != 0) return "is stored in external files";
-  const int filters = H5Pget_nfilters(dcpl.get());
-  for (int i = 0; i < filters; ++i) {
+  if (!dcpl.ok()) {
+    found->damage = std::string("open /") + name + ": " + reason();
+  } else if (H5Pget_layout(dcpl.get()) == H5D_VIRTUAL) {
+    found->what = "is a virtual dataset (its data lies in other files)";
+  } else if (H5Pget_external_count(dcpl.get()) != 0) {
+    found->what = "is stored in external files";
+  }
+  const int filters = dcpl.ok() ? H5Pget_nfilters(dcpl.get()) : 0;
+  for (int i = 0; i < filters && found->what.empty(); ++i) {
     unsigned flags = 0, config = 0;
     size_t values = 0;
     const H5Z_filter_t id = H5Pget_filter2(dcpl.get(), static_cast<unsigned>(i), &flags, &values,
                                            nullptr, 0, nullptr, &config);
     if (id != H5Z_FILTER_FLETCHER32 && id != H5Z_FILTER_DEFLATE && id != H5Z_FILTER_SHUFFLE) {
-      return "is filtered by HDF5 filter " + std::to_string(id) + ", which mpiformer never writes";
+      found->what =
+          "is filtered by HDF5 filter " + std::to_string(id) + ", which mpiformer never writes";
     }
   }
-  return "";
 }
-
-struct ForeignStorage {
-  std::string object, what;  // the first object refused, and why
-};
 
 herr_t check_link(hid_t group, const char* name, const H5L_info_t* link, void* data) {
   auto* found = static_cast<ForeignStorage*>(data);
@@ -244,12 +247,12 @@ herr_t check_link(hid_t group, const char* name, const H5L_info_t* link, void* d
   } else {
     H5O_info_t info;
     if (H5Oget_info_by_name2(group, name, &info, H5O_INFO_BASIC, H5P_DEFAULT) < 0) {
-      found->what = "cannot be read";
+      found->damage = std::string("read /") + name + ": " + reason();
     } else if (info.type == H5O_TYPE_DATASET) {
-      found->what = foreign_storage_of(group, name);
+      check_dataset(group, name, found);
     }
   }
-  if (found->what.empty()) return 0;
+  if (found->what.empty() && found->damage.empty()) return 0;
   found->object = std::string("/") + name;
   return 1;  // stop: the first is enough
 }
@@ -259,8 +262,10 @@ herr_t check_link(hid_t group, const char* name, const H5L_info_t* link, void* d
 void refuse_foreign_storage(hid_t file, const Faults& faults) {
   ForeignStorage found;
   // H5Lvisit visits a group reached twice (a loop of hard links) once.
-  if (H5Lvisit(file, H5_INDEX_NAME, H5_ITER_INC, check_link, &found) < 0)
+  if (H5Lvisit(file, H5_INDEX_NAME, H5_ITER_INC, check_link, &found) < 0 && found.damage.empty())
     faults.fail_corrupt("list the file's objects");
+  if (!found.damage.empty())
+    faults.fail("truncated or corrupt (HDF5 could not " + found.damage + ")");
   if (!found.what.empty()) {
     faults.fail(found.object + " " + found.what + "; refusing a file that reaches outside itself");
   }
@@ -285,6 +290,9 @@ bool attr_exists(hid_t loc, const char* name, const Faults& faults) {
 std::string read_format(hid_t file, const Faults& faults) {
   if (!attr_exists(file, "format", faults)) return "";
   std::string format = read_string_attr(file, "format", faults);
+  // After the root's attributes read: HDF5 1.10 crashes walking the links
+  // of a damaged file that they would have found damaged first.
+  refuse_foreign_storage(file, faults);
   // Strings written by other tools may be space-padded.
   while (!format.empty() && format.back() == ' ') format.pop_back();
   return format;

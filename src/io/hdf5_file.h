@@ -144,7 +144,7 @@ constexpr unsigned kSwmrReadAttempts = 28;
 
 // open_read_only after checking that the file exists, is a regular file
 // (never a pipe, which would block), is readable and is HDF5; names a
-// truncated file plainly, and refuses foreign storage (refuse_foreign_storage). `noun` completes
+// truncated file plainly. `noun` completes
 // "is a directory, not a NOUN" ("shard file").
 Hid open_for_reading(const Faults& faults, const std::string& noun, bool beside_writer = false);
 
@@ -153,7 +153,7 @@ Hid open_for_reading(const Faults& faults, const std::string& noun, bool beside_
 // external or user-defined links, virtual datasets, external storage, and
 // filters other than Fletcher32, deflate and shuffle. A file from
 // elsewhere could otherwise pull any local file's bytes into a checkpoint.
-// open_for_reading checks every file it opens.
+// read_format checks every file whose format it reads: every reader's.
 void refuse_foreign_storage(hid_t file, const Faults& faults);
 
 // Whether `path` ("a/b", "/a/b", relative to `loc`) names a link, each group
@@ -164,8 +164,9 @@ bool link_exists(hid_t loc, const std::string& path, const Faults& faults);
 // Whether `loc` has attribute `name`, as link_exists.
 bool attr_exists(hid_t loc, const char* name, const Faults& faults);
 
-// The root attribute `format` of an open file ("" when it has none); a file
-// whose attributes cannot be read is reported truncated or corrupt.
+// The root attribute `format` of an open file ("" when it has none), and
+// refuse_foreign_storage; a file whose attributes cannot be read is
+// reported truncated or corrupt.
 std::string read_format(hid_t file, const Faults& faults);
 
 // The root attribute `format` of the file open_for_reading opens ("" when it

@@ -376,6 +376,21 @@ try "$bin" train --model classify --data sh-extlink --layers 2 --heads 2 --d-ff 
   --max-tokens 256 --threads 1 --steps 2 --out shards-extlink
 refused "train on shards with an external link" nonzero \
   "sh-extlink/train-00000.h5: /labels/ids is an external link"
-check "no secret in any checkpoint" not_in SECRET-BYTES <(cat ./*/checkpoints/*.h5 2>/dev/null)
+# Shards whose /tokenizer is stored in the file beside them: a run on them
+# would copy those bytes into every checkpoint.
+cp -r tagged sh-tokenizer
+python3 - <<'PY'
+import h5py
+
+with h5py.File("sh-tokenizer/train-00000.h5", "r+") as f:
+    del f["tokenizer"]
+    f.create_dataset("tokenizer", shape=(60000,), dtype="u1", external=[("secret.bin", 0, 60000)])
+PY
+try "$bin" train --model classify --data sh-tokenizer --layers 2 --heads 2 --d-ff 64 --d-model 32 \
+  --max-tokens 256 --threads 1 --steps 2 --out shards-tokenizer
+refused "train on shards whose tokenizer lies outside" nonzero \
+  "sh-tokenizer/train-00000.h5: /tokenizer is stored in external files"
+check "no checkpoint holds the outside file's bytes" \
+  not_in SECRET-BYTES <(cat ./*/checkpoints/*.h5 2>/dev/null)
 exit_on_failures
 echo "faults_hostile_files: all checks passed"
