@@ -51,6 +51,10 @@ class ObservedOps : public Ops {
   void set_attention_path(AttentionPath path) override { inner_.set_attention_path(path); }
   std::string attention_kernels() const override { return inner_.attention_kernels(); }
   AttentionCalls attention_calls() const override { return inner_.attention_calls(); }
+  AttentionPreparation prepare_attention(const std::vector<AttentionCase>& cases, DType dtype,
+                                         bool backward) override {
+    return inner_.prepare_attention(cases, dtype, backward);
+  }
   size_t attention_scratch_bytes(DType dtype, size_t tokens, size_t longest,
                                  const AttentionConfig& cfg, bool backward) const override {
     return inner_.attention_scratch_bytes(dtype, tokens, longest, cfg, backward);

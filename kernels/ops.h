@@ -46,6 +46,7 @@ struct AttentionCalls {
   int64_t library = 0;    // the fused library kernel
   int64_t plain = 0;      // the plain kernels
   int64_t fallbacks = 0;  // of the plain ones: cases the library was asked and refused
+  int64_t graphs = 0;     // the library's plans held now
 };
 const char* to_string(AttentionPath p);
 // "12 calls on cuDNN, 0 calls on the plain kernels (3 cuDNN did not take)".
@@ -97,6 +98,33 @@ struct AttentionConfig {
   AttentionScale scale = AttentionScale::kStandard;
   // log-length: scale = ln(n) / ln(ref_len) / sqrt(D), n = keys the query may see.
   float ref_len = 512.0f;
+};
+
+// The largest batch of one class of a run's batches on one side of a model
+// (a length bucket's: src/data/batch_source.h): what a backend prepares its
+// attention for before the first step.
+struct SideBound {
+  int sequences = 0;   // at most this many sequences
+  int longest = 0;     // none longer
+  int64_t tokens = 0;  // at most this many rows in all
+};
+
+// One attention call of a model at the largest batch of one class: queries
+// from side q, keys from side k (the same side for self-attention).
+struct AttentionCase {
+  AttentionConfig cfg;
+  int q_stride = 0, kv_stride = 0;  // as attention_forward takes them
+  SideBound q, k;
+};
+
+// What Ops::prepare_attention did, for the start line.
+struct AttentionPreparation {
+  int cases = 0;               // distinct shapes prepared (after rounding)
+  int graphs = 0;              // library plans built (forward and backward)
+  int refused = 0;             // of those, cases the library does not take
+  double seconds = 0.0;        // building them
+  size_t workspace_bytes = 0;  // reserved once, shared by every call
+  std::string first_refusal;   // why the library refused the first it refused
 };
 
 // Inverted dropout whose mask is a counter-based hash of (seed, stream,
@@ -214,6 +242,17 @@ class Ops {
   // Which attention kernels run, and why, for the start line.
   virtual std::string attention_kernels() const { return "the CPU backend's"; }
   virtual AttentionCalls attention_calls() const { return {}; }
+  // Prepares the attention kernels for every batch shape a run will make,
+  // before its first step, so that no step waits for it: cuDNN builds a
+  // graph per case (rounded shapes) and reserves the largest workspace of
+  // them once, which every later call uses. backward: training. Throws
+  // std::runtime_error when that workspace does not fit in the device's
+  // free memory. The CPU and the plain kernels prepare nothing.
+  virtual AttentionPreparation prepare_attention(const std::vector<AttentionCase>& cases,
+                                                 DType dtype, bool backward) {
+    (void)cases, (void)dtype, (void)backward;
+    return {};
+  }
 
   // ---- precision --------------------------------------------------------
   // dst = src rounded to dst's type (the compute copy of the weights).

@@ -103,5 +103,99 @@ TEST(AttentionPlan, TheMemoryEstimateCountsWhatACallMayTake) {
             kAttentionWorkspaceFloor + q);
 }
 
+// ---- the workspace reserved before the first step --------------------------
+
+TEST(AttentionWorkspace, TheReservedSizeIsTheLargestPreparedGraphs) {
+  EXPECT_EQ(reserved_workspace({}), 0u);
+  EXPECT_EQ(reserved_workspace({size_t{3} << 20, size_t{114} << 20, size_t{47} << 20}),
+            size_t{114} << 20);
+}
+
+TEST(AttentionWorkspace, ItIsRefusedOverTheDevicesFreeMemory) {
+  const size_t gib = size_t{1} << 30;
+  EXPECT_TRUE(workspace_fits(gib, 0, 2 * gib));
+  // The headroom for the libraries stays free.
+  EXPECT_TRUE(workspace_fits(gib, 0, gib + kWorkspaceHeadroom));
+  EXPECT_FALSE(workspace_fits(gib, 0, gib + kWorkspaceHeadroom - 1));
+  // What is already reserved needs no more memory.
+  EXPECT_TRUE(workspace_fits(gib, gib, 0));
+  EXPECT_TRUE(workspace_fits(gib, gib / 2, gib / 2 + kWorkspaceHeadroom));
+  EXPECT_FALSE(workspace_fits(gib, gib / 2, gib / 2));
+}
+
+TEST(AttentionWorkspace, AnUnpreparedCallsBudgetComesFromTheDevice) {
+  // The ragged batch the plain kernels took for want of 8 MiB: 320
+  // sequences of 16..128 tokens, whose cuDNN backward needs 193.7 MiB.
+  std::vector<int> lengths;
+  for (int b = 0; b < 320; ++b) lengths.push_back(16 + (b * 37) % 113);
+  const Lengths ragged(lengths);
+  const size_t need = static_cast<size_t>(193.7 * (1 << 20));
+  const size_t old_budget = attention_workspace_budget(ragged.ragged(), ragged.ragged(), 12);
+  EXPECT_LT(old_budget, need);
+  const size_t h100_free = size_t{60} << 30;
+  EXPECT_GE(unplanned_workspace_budget(ragged.ragged(), ragged.ragged(), 12, 0, h100_free), need);
+  // Never less than the reserved workspace, nor the old budget.
+  EXPECT_EQ(unplanned_workspace_budget(ragged.ragged(), ragged.ragged(), 12, need, 0), need);
+  EXPECT_EQ(unplanned_workspace_budget(ragged.ragged(), ragged.ragged(), 12, 0, 0), old_budget);
+}
+
+// ---- graph classes ----------------------------------------------------------
+
+TEST(AttentionGraphShapes, TwoRaggedBatchesOfOneBucketGiveOneKey) {
+  const GraphLayout causal{12, 64, 3 * 768, 3 * 768, true};
+  PlannedShapes planned;
+  // Buckets (103, 113] and (113, 124] with --max-tokens 32768: one class
+  // of graphs 128 long (both round up to it); (94, 103] rounds to 112.
+  for (const int boundary : {103, 113, 124}) {
+    const int sequences = 32768 / boundary;
+    const SideBound side{sequences, boundary, int64_t{sequences} * boundary};
+    planned.add(causal, side, side);
+  }
+  ASSERT_EQ(planned.entries().size(), 2u);
+  // Two batches of bucket (103, 113]: one of 200 sequences up to 110 long
+  // (which alone would fit the 112 class), one of 289 up to 113.
+  std::vector<int> a(200, 104), b(289, 113);
+  a[7] = 110;
+  b[0] = 105;
+  const Lengths first(a), second(b);
+  const PlannedShapes::Entry* one = planned.covering(causal, first.ragged(), first.ragged());
+  const PlannedShapes::Entry* two = planned.covering(causal, second.ragged(), second.ragged());
+  ASSERT_NE(one, nullptr);
+  EXPECT_EQ(one, two);
+  EXPECT_EQ(one->shape.max_q, 128);
+  EXPECT_EQ(one->shape.slots, 32768 / 113);
+  EXPECT_EQ(one->shape.total_q, int64_t{32768 / 124} * 124);  // the largest batch of either
+  // A batch of bucket (94, 103] takes the 112 class.
+  const Lengths shorter(std::vector<int>(300, 100));
+  const PlannedShapes::Entry* other = planned.covering(causal, shorter.ragged(), shorter.ragged());
+  ASSERT_NE(other, nullptr);
+  EXPECT_EQ(other->shape.max_q, 112);
+  // Another layout, or a batch larger than any bucket's, has no class.
+  const GraphLayout bidirectional{12, 64, 3 * 768, 3 * 768, false};
+  EXPECT_EQ(planned.covering(bidirectional, first.ragged(), first.ragged()), nullptr);
+  const Lengths longer(std::vector<int>(4, 200)), more(std::vector<int>(400, 110));
+  EXPECT_EQ(planned.covering(causal, longer.ragged(), longer.ragged()), nullptr);
+  EXPECT_EQ(planned.covering(causal, more.ragged(), more.ragged()), nullptr);
+}
+
+TEST(AttentionGraphShapes, CrossAttentionClassesFollowBothSides) {
+  const GraphLayout cross{8, 64, 512, 1024, false};
+  PlannedShapes planned;
+  // 2-D buckets (source, target) of 24 and 40 tokens a side.
+  for (const int source : {24, 40}) {
+    for (const int target : {24, 40}) {
+      const int sequences = 4096 / (source + target);
+      planned.add(cross, SideBound{sequences, target, int64_t{sequences} * target},
+                  SideBound{sequences, source, int64_t{sequences} * source});
+    }
+  }
+  ASSERT_EQ(planned.entries().size(), 4u);
+  const Lengths targets(std::vector<int>(50, 30)), sources(std::vector<int>(50, 20));
+  const PlannedShapes::Entry* entry = planned.covering(cross, targets.ragged(), sources.ragged());
+  ASSERT_NE(entry, nullptr);
+  EXPECT_EQ(entry->shape.max_q, 48);
+  EXPECT_EQ(entry->shape.max_kv, 32);
+}
+
 }  // namespace
 }  // namespace mpiformer::cuda

@@ -22,9 +22,11 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/cuda/attention_plan.h"
 #include "src/core/error.h"
 #include "src/data/make_source.h"
 #include "src/io/shard.h"
+#include "src/model/model.h"
 
 // Counts heap allocations, to show that building batches in steady state
 // allocates nothing. Not under AddressSanitizer, which brings its own
@@ -420,6 +422,72 @@ TEST(ShardSource, BatchesStayWithinBudgetsAndOneBucket) {
         }
       }
     }
+  }
+}
+
+// The graph classes a GPU run prepares from the source's bucket bounds
+// (Model::attention_cases, kernels/cuda/attention_plan.h) hold every batch
+// of both streams, and every batch of one bucket takes the same class: no
+// step waits for a graph, and a bucket's ragged batches share one.
+TEST(ShardSource, BucketBoundsHoldEveryBatchAndABucketTakesOneClass) {
+  for (ModelKind kind : kKinds) {
+    TempDir dir;
+    SetSpec spec;
+    spec.kind = shard_kind(kind);
+    spec.lengths = {1, 63};
+    write_set(dir, spec);
+    ShardSource src(config_for(dir, kind, 64, 300), 0, 1);
+    const std::vector<AttentionCase> cases =
+        Model::attention_cases(src.model(), src.bucket_bounds());
+    ASSERT_FALSE(cases.empty()) << to_string(kind);
+    // One layout per attention kind of the model; q's side and k's side.
+    struct Kind {
+      cuda::GraphLayout layout;
+      bool q_encoder, k_encoder;
+    };
+    std::vector<Kind> kinds;
+    cuda::PlannedShapes planned;
+    for (const AttentionCase& c : cases) {
+      const cuda::GraphLayout layout{c.cfg.heads, c.cfg.head_dim, c.q_stride, c.kv_stride,
+                                     c.cfg.causal};
+      planned.add(layout, c.q, c.k);
+      const bool cross = c.q_stride != c.kv_stride;
+      const bool encoder = kind == ModelKind::kSeq2seq && !c.cfg.causal && !cross;
+      if (std::none_of(kinds.begin(), kinds.end(),
+                       [&](const Kind& k) { return k.layout == layout; }))
+        kinds.push_back({layout, encoder, encoder || cross});
+    }
+    EXPECT_EQ(kinds.size(), kind == ModelKind::kSeq2seq ? 3u : 1u);
+    const std::vector<int>& bounds = src.boundaries();
+    std::map<std::pair<int, int>, const cuda::PlannedShapes::Entry*> class_of;  // (bucket, kind)
+    Batch batch;
+    const auto check = [&](const Batch& b) {
+      const int bucket =
+          bucket_index(bounds, b.decoder.max_len()) * 1000 +
+          (kind == ModelKind::kSeq2seq ? bucket_index(bounds, b.encoder.max_len()) : 0);
+      for (size_t k = 0; k < kinds.size(); ++k) {
+        const PackedSequences& q = kinds[k].q_encoder ? b.encoder : b.decoder;
+        const PackedSequences& keys = kinds[k].k_encoder ? b.encoder : b.decoder;
+        const Ragged qs{q.offsets.data(), nullptr, q.batch(), q.total(), q.max_len(), 0};
+        const Ragged ks{keys.offsets.data(), nullptr,        keys.batch(),
+                        keys.total(),        keys.max_len(), 0};
+        const cuda::PlannedShapes::Entry* entry = planned.covering(kinds[k].layout, qs, ks);
+        ASSERT_NE(entry, nullptr) << to_string(kind) << ": a batch no prepared class holds";
+        const auto [it, first] =
+            class_of.emplace(std::make_pair(bucket, static_cast<int>(k)), entry);
+        EXPECT_EQ(it->second, entry) << to_string(kind) << ": a bucket's batches took two classes";
+      }
+    };
+    for (uint64_t g = 0; g < 2 * src.batches_per_epoch(); ++g) {
+      src.make_batch(BatchSource::kTrain, g, &batch);
+      check(batch);
+    }
+    for (uint64_t g = 0; g < src.eval_batch_count(); ++g) {
+      src.make_batch(BatchSource::kEval, g, &batch);
+      check(batch);
+    }
+    // Lengths up to 64 round to at most 4 classes per layout.
+    EXPECT_LE(planned.entries().size(), 4 * kinds.size() * (kind == ModelKind::kSeq2seq ? 4 : 1));
   }
 }
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/observed_ops.h"
 #include "src/core/shard_plan.h"
 #include "src/io/checkpoint.h"
 #include "src/model/model.h"
@@ -393,6 +394,70 @@ TEST(MemoryEstimate, AModelLargerThanTheHostIsNamed) {
       estimate_memory(*ops, small_model, ModelCapacity{64, small_model.max_len}, DType::kF32,
                       MemoryPlan{.training = true});
   EXPECT_EQ(memory_shortfall(small, *ops, 1, "--max-tokens"), "");
+}
+
+// Ops whose attention preparation reserves a given workspace, or finds no
+// room for it (as the CUDA backend's cuDNN graphs do), and records the cases.
+class ReservingOps : public ObservedOps {
+ public:
+  ReservingOps(Ops& inner, size_t workspace, bool fits)
+      : ObservedOps(inner), workspace_(workspace), fits_(fits) {}
+  AttentionPreparation prepare_attention(const std::vector<AttentionCase>& cases, DType,
+                                         bool) override {
+    cases_ = cases;
+    if (!fits_) throw std::runtime_error("cuDNN attention needs a workspace of 9.0 GiB");
+    AttentionPreparation done;
+    done.cases = static_cast<int>(cases.size());
+    done.graphs = 2 * done.cases;
+    done.workspace_bytes = workspace_;
+    return done;
+  }
+  std::vector<AttentionCase> cases_;
+
+ private:
+  size_t workspace_;
+  bool fits_;
+};
+
+TEST(MemoryEstimate, TheReservedAttentionWorkspaceIsCountedAndRefusedOverTheDevice) {
+  std::unique_ptr<Ops> cpu = make_cpu_ops(1);
+  const ModelConfig c = testing::tiny(ModelKind::kSeq2seq);
+  const std::vector<BatchSource::BucketBound> bounds = {
+      {SideBound{8, 16, 128}, SideBound{8, 24, 192}}, {SideBound{4, 32, 128}, SideBound{4, 8, 32}}};
+  const MemoryEstimate before = estimate_memory(*cpu, c, ModelCapacity{256, c.max_len},
+                                                DType::kBF16, MemoryPlan{.training = true});
+  const size_t workspace = before.attention_bytes + (size_t{300} << 20);
+  ReservingOps ops(*cpu, workspace, true);
+  MemoryEstimate after = before;
+  const AttentionPreparation done =
+      prepare_attention(ops, c, bounds, DType::kBF16, true, &after, "--max-tokens");
+  // Every attention kind of the model at every bucket's largest batch.
+  ASSERT_EQ(ops.cases_.size(), 6u);
+  EXPECT_EQ(ops.cases_[1].q.longest, 16);  // decoder self-attention
+  EXPECT_EQ(ops.cases_[2].k.longest, 24);  // cross-attention reads the encoder's
+  EXPECT_TRUE(ops.cases_[1].cfg.causal);
+  EXPECT_FALSE(ops.cases_[0].cfg.causal);
+  EXPECT_EQ(done.workspace_bytes, workspace);
+  EXPECT_EQ(after.attention_bytes, workspace);
+  EXPECT_EQ(after.device_total(), before.device_total() + (size_t{300} << 20));
+  EXPECT_NE(after.describe().find("attention scratch"), std::string::npos);
+  EXPECT_NE(describe_preparation(done).find("6 batch class(es) (12 graphs)"), std::string::npos)
+      << describe_preparation(done);
+  // A smaller workspace than the estimate's scratch changes nothing.
+  MemoryEstimate small = before;
+  count_attention_workspace(&small, 1);
+  EXPECT_EQ(small.device_total(), before.device_total());
+  // No room: a usage error that names the flags that shrink it.
+  ReservingOps full(*cpu, workspace, false);
+  MemoryEstimate refused = before;
+  try {
+    prepare_attention(full, c, bounds, DType::kBF16, true, &refused, "--max-tokens or --max-len");
+    ADD_FAILURE() << "a workspace with no room was accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("9.0 GiB; lower --max-tokens or --max-len"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

@@ -286,6 +286,18 @@ std::string CudaOps::attention_kernels() const {
   return cudnn + " for bf16 and fp16, the plain CUDA kernels where it does not take a case";
 }
 
+AttentionCalls CudaOps::attention_calls() const {
+  AttentionCalls calls = attention_calls_;
+  calls.graphs = flash_ ? flash_->graphs() : 0;
+  return calls;
+}
+
+AttentionPreparation CudaOps::prepare_attention(const std::vector<AttentionCase>& cases,
+                                                DType dtype, bool backward) {
+  if (!asks_cudnn(dtype) || cases.empty()) return {};
+  return flash_->prepare(cases, dtype, backward);
+}
+
 void CudaOps::attention_forward(Act out, float* stats, Act q, int q_stride, Act k, Act v,
                                 int kv_stride, const Ragged& qs, const Ragged& ks,
                                 const AttentionConfig& cfg) {

@@ -17,6 +17,7 @@
 #include "kernels/cuda/attention_cudnn.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -26,6 +27,7 @@
 #include <string>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "kernels/cuda/ops.h"
 
@@ -94,8 +96,14 @@ struct GraphKey {
 struct Entry {
   std::shared_ptr<fe::graph::Graph> graph;  // null: cuDNN does not support the key
   int64_t workspace = 0;
-  std::string why;  // without a graph: what cuDNN said
+  std::string why;        // without a graph: what cuDNN said
+  bool prepared = false;  // a class's graph, kept for the run
 };
+
+// Graphs of unprepared calls kept at most; past it they are dropped and
+// built again when next needed (a graph holds host memory and a compiled
+// kernel).
+constexpr size_t kUnpreparedGraphs = 64;
 
 // "backward bf16, 12 heads of 64, 8 slots, lengths 1024/1024".
 std::string describe_key(const GraphKey& key) {
@@ -115,9 +123,14 @@ std::string mib(int64_t bytes) {
 // kernels. Head sizes: multiples of 8 up to 256. A query that sees no key
 // (an empty source) gives NaN rows before cuDNN 9.25: refused on the host.
 // Returns why not, or "" when it does.
-std::string unsupported(const Ragged& qs, const Ragged& ks, const AttentionConfig& cfg) {
+std::string unsupported_config(const AttentionConfig& cfg) {
   if (cfg.head_dim % 8 != 0 || cfg.head_dim > 256)
     return "head size " + std::to_string(cfg.head_dim) + " (cuDNN takes multiples of 8 up to 256)";
+  return "";
+}
+
+std::string unsupported(const Ragged& qs, const Ragged& ks, const AttentionConfig& cfg) {
+  if (std::string why = unsupported_config(cfg); !why.empty()) return why;
   if (qs.batch != ks.batch || qs.total == 0) return "an empty batch";
   for (int b = 0; b < qs.batch; ++b)
     if (qs.length(b) > 0 && ks.length(b) == 0) return "a query sequence with no keys";
@@ -130,25 +143,42 @@ int q_stride_for(const AttentionConfig& cfg, int q_stride) {
   return cfg.scale == AttentionScale::kLogLength ? cfg.heads * cfg.head_dim : q_stride;
 }
 
-// The key of a call: its batch rounded up to the graph's slots and lengths.
-GraphKey key_of(bool backward, DType dtype, int q_stride, int kv_stride, const Ragged& qs,
-                const Ragged& ks, const AttentionConfig& cfg) {
+GraphLayout layout_of(const AttentionConfig& cfg, int q_stride, int kv_stride) {
+  return GraphLayout{cfg.heads, cfg.head_dim, q_stride_for(cfg, q_stride), kv_stride, cfg.causal};
+}
+
+// An unprepared call's shape: the batch rounded up to powers of two, so that
+// a few graphs serve the calls of a run that prepared none (a benchmark's
+// shapes, a test's).
+GraphShape rounded_shape(const Ragged& qs, const Ragged& ks, bool causal) {
+  GraphShape shape;
+  shape.slots = next_pow2(qs.batch, 8);
+  shape.max_q = next_pow2(qs.max_len, 64);
+  shape.max_kv = next_pow2(ks.max_len, 64);
+  if (causal) shape.max_q = shape.max_kv = std::max(shape.max_q, shape.max_kv);
+  shape.total_q = next_pow2(qs.total, 1024);
+  shape.total_kv = next_pow2(ks.total, 1024);
+  return shape;
+}
+
+// The key of a graph of `shape` for `layout`.
+GraphKey key_of(bool backward, DType dtype, const GraphLayout& layout, const GraphShape& shape,
+                bool deterministic) {
   GraphKey key{};
   key.backward = backward;
   key.dtype = static_cast<int>(dtype);
-  key.heads = cfg.heads;
-  key.head_dim = cfg.head_dim;
-  key.q_stride = q_stride;
-  key.kv_stride = kv_stride;
-  key.causal = cfg.causal;
-  key.deterministic = 0;
-  key.slots = next_pow2(qs.batch, 8);
-  key.max_q = next_pow2(qs.max_len, 64);
-  key.max_kv = next_pow2(ks.max_len, 64);
-  if (cfg.causal) key.max_q = key.max_kv = std::max(key.max_q, key.max_kv);
+  key.heads = layout.heads;
+  key.head_dim = layout.head_dim;
+  key.q_stride = layout.q_stride;
+  key.kv_stride = layout.kv_stride;
+  key.causal = layout.causal;
+  key.deterministic = backward && deterministic;
+  key.slots = shape.slots;
+  key.max_q = shape.max_q;
+  key.max_kv = shape.max_kv;
   // The backward's fp32 accumulators are sized by these caps.
-  key.total_q = backward ? next_pow2(qs.total, 1024) : 0;
-  key.total_kv = backward ? next_pow2(ks.total, 1024) : 0;
+  key.total_q = backward ? shape.total_q : 0;
+  key.total_kv = backward ? shape.total_kv : 0;
   return key;
 }
 
@@ -280,8 +310,7 @@ class CudnnAttention final : public FlashAttention {
                const Ragged& qs, const Ragged& ks, const AttentionConfig& cfg) override {
     refusal_ = unsupported(qs, ks, cfg);
     if (!refusal_.empty()) return false;
-    const GraphKey key =
-        key_of(false, out.dtype, q_stride_for(cfg, q_stride), kv_stride, qs, ks, cfg);
+    const GraphKey key = call_key(false, out.dtype, q_stride, kv_stride, qs, ks, cfg);
     Entry* entry = usable_graph(key, qs, ks);
     if (!entry) return false;
     const Act q_used = fold_queries(q, q_stride, qs, ks, cfg);
@@ -294,9 +323,7 @@ class CudnnAttention final : public FlashAttention {
                 const AttentionConfig& cfg) override {
     refusal_ = unsupported(qs, ks, cfg);
     if (!refusal_.empty()) return false;
-    const int q_layout = q_stride_for(cfg, q_stride);
-    GraphKey key = key_of(true, dout.dtype, q_layout, kv_stride, qs, ks, cfg);
-    key.deterministic = ops_.deterministic();
+    const GraphKey key = call_key(true, dout.dtype, q_stride, kv_stride, qs, ks, cfg);
     Entry* entry = usable_graph(key, qs, ks);
     if (!entry) return false;
     // The forward's q (with the folded factor), and dq at it when folded.
@@ -317,6 +344,38 @@ class CudnnAttention final : public FlashAttention {
   }
 
   const std::string& refusal() const override { return refusal_; }
+  int64_t graphs() const override { return static_cast<int64_t>(graphs_.size()); }
+
+  AttentionPreparation prepare(const std::vector<AttentionCase>& cases, DType dtype,
+                               bool backward) override {
+    const auto start = std::chrono::steady_clock::now();
+    for (const AttentionCase& c : cases) {
+      if (!unsupported_config(c.cfg).empty()) continue;
+      planned_.add(layout_of(c.cfg, c.q_stride, c.kv_stride), c.q, c.k);
+    }
+    AttentionPreparation done;
+    done.cases = static_cast<int>(planned_.entries().size());
+    std::vector<size_t> workspaces;
+    int64_t most_slots = 0;
+    for (const PlannedShapes::Entry& e : planned_.entries()) {
+      most_slots = std::max(most_slots, e.shape.slots);
+      for (const bool pass : {false, true}) {
+        if (pass && !backward) continue;
+        const Entry* entry =
+            graph_for(key_of(pass, dtype, e.layout, e.shape, ops_.deterministic()), false);
+        ++done.graphs;
+        if (entry->graph) {
+          workspaces.push_back(static_cast<size_t>(entry->workspace));
+        } else if (done.refused++ == 0) {
+          done.first_refusal = entry->why;
+        }
+      }
+    }
+    reserve(reserved_workspace(workspaces), most_slots);
+    done.workspace_bytes = reserved_;
+    done.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return done;
+  }
 
   std::string version() const override {
     const size_t v = cudnnGetVersion();  // major * 10000 + minor * 100 + patch since 9
@@ -327,30 +386,72 @@ class CudnnAttention final : public FlashAttention {
   }
 
  private:
-  // The graph of a key when it exists and its workspace fits this call's
-  // budget; else null, with refusal_ saying why.
+  // The key of a call: its class's prepared shape, or its own rounded up.
+  GraphKey call_key(bool backward, DType dtype, int q_stride, int kv_stride, const Ragged& qs,
+                    const Ragged& ks, const AttentionConfig& cfg) const {
+    const GraphLayout layout = layout_of(cfg, q_stride, kv_stride);
+    const PlannedShapes::Entry* planned = planned_.covering(layout, qs, ks);
+    const GraphShape shape = planned ? planned->shape : rounded_shape(qs, ks, cfg.causal);
+    return key_of(backward, dtype, layout, shape, ops_.deterministic());
+  }
+
+  // Reserves the workspace every call shares, and metadata buffers for
+  // `slots`, before the first step. Throws when the device cannot hold it.
+  void reserve(size_t workspace, int64_t slots) {
+    const size_t free = ops_.device().device_memory_free();
+    if (!workspace_fits(workspace, reserved_, free)) {
+      throw std::runtime_error(
+          "cuDNN attention needs a workspace of " + mib(static_cast<int64_t>(workspace)) +
+          " for the largest batch of the run, more than the " + mib(static_cast<int64_t>(free)) +
+          " free on the GPU (less " + mib(static_cast<int64_t>(kWorkspaceHeadroom)) +
+          " kept for the libraries)");
+    }
+    reserved_ = std::max(reserved_, workspace);
+    if (reserved_ > 0) ops_.scratch(CudaOps::kAttentionScores, reserved_ + 16);
+    const size_t bytes = attention_meta_bytes(static_cast<int>(std::max<int64_t>(slots, 8)));
+    for (MetaEntry& m : metas_) grow_meta(m, bytes);
+  }
+
+  // Grows a metadata buffer to `bytes`; it then holds no batch.
+  void grow_meta(MetaEntry& m, size_t bytes) {
+    if (m.bytes >= bytes) return;
+    if (m.buffer) {
+      check(cudaStreamSynchronize(ops_.stream()), "cudaStreamSynchronize");
+      check(cudaFree(m.buffer), "cudaFree");
+      m.buffer = nullptr;
+    }
+    check(cudaMalloc(&m.buffer, bytes), "cudaMalloc (attention metadata)");
+    ops_.count_workspace(bytes - m.bytes);
+    m.bytes = bytes;
+    m.q_offsets = m.k_offsets = nullptr;
+  }
+
+  // The graph of a key when it exists and its workspace fits: a prepared
+  // class's always does (its workspace is reserved); another call's must fit
+  // unplanned_workspace_budget. Else null, with refusal_ saying why.
   Entry* usable_graph(const GraphKey& key, const Ragged& qs, const Ragged& ks) {
-    Entry* entry = graph_for(key);
+    Entry* entry = graph_for(key, true);
     if (!entry->graph) {
       refusal_ = entry->why;
       return nullptr;
     }
-    const size_t budget = attention_workspace_budget(qs, ks, key.heads);
-    if (static_cast<size_t>(entry->workspace) > budget) {
-      refusal_ = describe_key(key) + " needs " + mib(entry->workspace) + " of workspace, over " +
-                 mib(budget) + " (the plain kernels' scores for this batch, or at least " +
-                 mib(kAttentionWorkspaceFloor) + ")";
-      if (!workspace_note_said_) {
-        workspace_note_said_ = true;
-        std::fprintf(stderr,
-                     "mpiformer: cuDNN attention: %s; the plain CUDA kernels take such "
-                     "batches (counted in the attention calls)\n",
-                     refusal_.c_str());
-        std::fflush(stderr);
-      }
-      return nullptr;
+    const size_t need = static_cast<size_t>(entry->workspace);
+    if (need <= reserved_) return entry;
+    const size_t budget = unplanned_workspace_budget(qs, ks, key.heads, reserved_,
+                                                     ops_.device().device_memory_free());
+    if (need <= budget) return entry;
+    refusal_ = describe_key(key) + " needs " + mib(entry->workspace) + " of workspace, over " +
+               mib(static_cast<int64_t>(budget)) +
+               " (a quarter of the GPU's free memory, or the reserved workspace)";
+    if (!workspace_note_said_) {
+      workspace_note_said_ = true;
+      std::fprintf(stderr,
+                   "mpiformer: cuDNN attention: %s; the plain CUDA kernels take such "
+                   "batches (counted in the attention calls)\n",
+                   refusal_.c_str());
+      std::fflush(stderr);
     }
-    return entry;
+    return nullptr;
   }
 
   // q, or q' = f * q (dense) when the scale depends on the query.
@@ -365,10 +466,18 @@ class CudnnAttention final : public FlashAttention {
     return folded;
   }
 
-  Entry* graph_for(const GraphKey& key) {
+  // The graph of a key, built on first use. announce: say once on stderr
+  // when cuDNN does not take it (a prepared class is told on the start
+  // line instead).
+  Entry* graph_for(const GraphKey& key, bool announce) {
     const std::string text = key.text();
     if (const auto it = graphs_.find(text); it != graphs_.end()) return &it->second;
+    if (!announce) ++prepared_graphs_;
+    if (graphs_.size() >= prepared_graphs_ + kUnpreparedGraphs) {
+      std::erase_if(graphs_, [](const auto& item) { return !item.second.prepared; });
+    }
     Entry& entry = graphs_[text];
+    entry.prepared = !announce;
     try {
       entry.graph = build(key, &entry.workspace, &entry.why);
     } catch (const std::exception& e) {
@@ -377,7 +486,7 @@ class CudnnAttention final : public FlashAttention {
     if (!entry.graph) {
       entry.why = "cuDNN does not take " + describe_key(key) + ": " + entry.why;
       // Once per shape class: the calls are counted (CudaOps::attention_calls).
-      if (ops_.attention_path() == AttentionPath::kAuto) {
+      if (announce && ops_.attention_path() == AttentionPath::kAuto) {
         std::fprintf(stderr, "mpiformer: %s; the plain CUDA kernels run it\n", entry.why.c_str());
         std::fflush(stderr);
       }
@@ -430,22 +539,11 @@ class CudnnAttention final : public FlashAttention {
     // Replace the oldest entry (stream order keeps earlier readers safe).
     MetaEntry& m = metas_[next_meta_];
     next_meta_ = (next_meta_ + 1) % kMetaEntries;
-    const size_t bytes = attention_meta_bytes(static_cast<int>(wanted.slots));
-    void* buffer = m.buffer;
-    size_t have = m.bytes;
-    if (have < bytes) {
-      if (buffer) {
-        check(cudaStreamSynchronize(ops_.stream()), "cudaStreamSynchronize");
-        check(cudaFree(buffer), "cudaFree");
-      }
-      check(cudaMalloc(&buffer, bytes), "cudaMalloc (attention metadata)");
-      ops_.count_workspace(bytes - have);
-      have = bytes;
-    }
+    grow_meta(m, attention_meta_bytes(static_cast<int>(wanted.slots)));
+    wanted.buffer = m.buffer;
+    wanted.bytes = m.bytes;
     m = wanted;
-    m.buffer = buffer;
-    m.bytes = have;
-    const AttentionMeta meta = attention_meta(buffer, static_cast<int>(m.slots));
+    const AttentionMeta meta = attention_meta(m.buffer, static_cast<int>(m.slots));
     launch_attention_meta(meta, qs.device_offsets, ks.device_offsets, qs.batch,
                           static_cast<int>(m.slots), m.q_stride, m.kv_stride, m.o_stride,
                           m.stats_stride, ops_.stream());
@@ -485,6 +583,9 @@ class CudnnAttention final : public FlashAttention {
   int sm_ = 90;  // the GPU's compute capability
   cudnnHandle_t handle_ = nullptr;
   std::unordered_map<std::string, Entry> graphs_;
+  PlannedShapes planned_;  // the run's classes (prepare)
+  size_t prepared_graphs_ = 0;
+  size_t reserved_ = 0;               // the workspace reserved for them
   std::string refusal_;               // why the last call was refused
   bool workspace_note_said_ = false;  // the line about a workspace over budget, once
   MetaEntry metas_[kMetaEntries];
@@ -516,22 +617,35 @@ std::vector<std::string> FlashAttention::validate_graphs(int sm) {
       {"cross-attention, folded q", 1, 2, false, AttentionScale::kLogLength, 8, 128, 64, 40, 48},
       {"causal self-attention, head size 8", 3, 3, true, AttentionScale::kStandard, 3, 8, 5, 13,
        13},
+      // Prepared classes of a GPT-2-width run on buckets up to 128 tokens
+      // (--max-tokens 32768): many short sequences, and the longest class.
+      {"causal self-attention, short bucket class", 3, 3, true, AttentionScale::kStandard, 12, 64,
+       4096, 8, 8},
+      {"causal self-attention, long bucket class", 3, 3, true, AttentionScale::kStandard, 12, 64,
+       289, 113, 113},
   };
   std::vector<std::string> failures;
   for (const Case& c : cases) {
-    for (bool backward : {false, true}) {
-      for (DType dtype : {DType::kBF16, DType::kF16}) {
-        const int C = c.heads * c.head_dim;
-        const Ragged qs{nullptr, nullptr, c.batch, c.batch * c.q_len, c.q_len, 0};
-        const Ragged ks{nullptr, nullptr, c.batch, c.batch * c.k_len, c.k_len, 0};
-        const AttentionConfig cfg{c.heads, c.head_dim, c.causal, c.scale, 512.0f};
-        GraphKey key = key_of(backward, dtype, q_stride_for(cfg, c.q_stride * C), c.kv_stride * C,
-                              qs, ks, cfg);
-        key.deterministic = backward;  // the default of a training run
-        fe::error_t status = describe(key, sm)->validate();
-        if (status.is_bad()) {
-          failures.push_back(std::string(c.name) + (backward ? ", backward, " : ", forward, ") +
-                             to_string(dtype) + ": " + status.get_message());
+    const int C = c.heads * c.head_dim;
+    const Ragged qs{nullptr, nullptr, c.batch, c.batch * c.q_len, c.q_len, 0};
+    const Ragged ks{nullptr, nullptr, c.batch, c.batch * c.k_len, c.k_len, 0};
+    const AttentionConfig cfg{c.heads, c.head_dim, c.causal, c.scale, 512.0f};
+    const GraphLayout layout = layout_of(cfg, c.q_stride * C, c.kv_stride * C);
+    // The shape of an unprepared call, and of a prepared class.
+    PlannedShapes planned;
+    planned.add(layout, SideBound{c.batch, c.q_len, int64_t{c.batch} * c.q_len},
+                SideBound{c.batch, c.k_len, int64_t{c.batch} * c.k_len});
+    for (const GraphShape& shape : {rounded_shape(qs, ks, c.causal), planned.entries()[0].shape}) {
+      for (bool backward : {false, true}) {
+        for (DType dtype : {DType::kBF16, DType::kF16}) {
+          // Deterministic: the default of a training run.
+          fe::error_t status =
+              describe(key_of(backward, dtype, layout, shape, true), sm)->validate();
+          if (status.is_bad()) {
+            failures.push_back(std::string(c.name) + (backward ? ", backward, " : ", forward, ") +
+                               to_string(dtype) + ", lengths " + std::to_string(shape.max_q) + "/" +
+                               std::to_string(shape.max_kv) + ": " + status.get_message());
+          }
         }
       }
     }

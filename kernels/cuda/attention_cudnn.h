@@ -50,6 +50,13 @@ class FlashAttention {
                         const Ragged& ks, const AttentionConfig& cfg) = 0;
   // Why the last call returned false.
   virtual const std::string& refusal() const = 0;
+  // Graphs held (prepared and built on first use; bounded).
+  virtual int64_t graphs() const = 0;
+  // Ops::prepare_attention: builds the graphs of the run's classes of
+  // batches (attention_plan.h's PlannedShapes) and reserves the largest
+  // workspace. Throws std::runtime_error when the device cannot hold it.
+  virtual AttentionPreparation prepare(const std::vector<AttentionCase>& cases, DType dtype,
+                                       bool backward) = 0;
   // "cuDNN 9.14.0, frontend 1.32.0".
   virtual std::string version() const = 0;
 };

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "kernels/ops.h"
 
@@ -106,5 +107,119 @@ inline size_t attention_scratch_bytes(DType dtype, size_t tokens, size_t longest
                            : 0;
   return scores + query * (backward ? 2 : 1);
 }
+
+// A call whose shape was not prepared (Ops::prepare_attention) may take the
+// workspace reserved for the prepared ones, its own plain scores' worth, or
+// a quarter of the device's free memory, whichever is most: the budget comes
+// from the device, so a batch of many short sequences is not sent to the
+// plain kernels for want of a few MiB.
+inline size_t unplanned_workspace_budget(const Ragged& qs, const Ragged& ks, int heads,
+                                         size_t reserved, size_t device_free) {
+  return std::max({attention_workspace_budget(qs, ks, heads), reserved, device_free / 4});
+}
+
+// The workspace reserved before the first step: the largest the prepared
+// graphs need (every call then runs in it).
+inline size_t reserved_workspace(const std::vector<size_t>& workspaces) {
+  size_t most = 0;
+  for (size_t w : workspaces) most = std::max(most, w);
+  return most;
+}
+
+// Free memory a reservation must leave on the device: the library handles,
+// cuBLAS's workspace and the scratch that grows on the first steps.
+constexpr size_t kWorkspaceHeadroom = size_t{256} << 20;
+
+// Whether `workspace` (more than `held` is already reserved) fits in the
+// device's `device_free` bytes with the headroom left.
+inline bool workspace_fits(size_t workspace, size_t held, size_t device_free) {
+  const size_t more = workspace > held ? workspace - held : 0;
+  return more == 0 || more + kWorkspaceHeadroom <= device_free;
+}
+
+// ---- graph shapes ----------------------------------------------------------
+// A graph is static in its slots (sequences), longest query and key
+// sequences and, backward, the packed totals its fp32 accumulators hold.
+// Prepared graphs serve classes of buckets: buckets whose longest sequences
+// round up (to a multiple of kGraphLengthStep) to the same lengths share a
+// class, whose graph holds the largest batch of each of them. A batch goes
+// to the class of the shortest limit (its buckets' longest real length)
+// that holds its longest sequence, so that every batch of a bucket, whatever
+// its lengths and count, takes the same graph: cuDNN's ragged offsets and
+// sequence lengths carry the rest.
+constexpr int64_t kGraphLengthStep = 16;
+
+struct GraphShape {
+  int64_t slots = 0, max_q = 0, max_kv = 0, total_q = 0, total_kv = 0;
+};
+
+// What else a graph is made for: the heads, the tensors' row strides (q's
+// as the graph reads it) and the mask.
+struct GraphLayout {
+  int heads = 0, head_dim = 0, q_stride = 0, kv_stride = 0;
+  bool causal = false;
+  bool operator==(const GraphLayout& o) const {
+    return heads == o.heads && head_dim == o.head_dim && q_stride == o.q_stride &&
+           kv_stride == o.kv_stride && causal == o.causal;
+  }
+};
+
+constexpr int64_t graph_length(int64_t longest) {
+  const int64_t rounded = (longest + kGraphLengthStep - 1) / kGraphLengthStep * kGraphLengthStep;
+  return std::max(rounded, kGraphLengthStep);
+}
+
+// The prepared classes of a run, by layout.
+class PlannedShapes {
+ public:
+  struct Entry {
+    GraphLayout layout;
+    int64_t limit_q = 0, limit_kv = 0;  // the longest real lengths of the class's buckets
+    GraphShape shape;                   // its graph's
+  };
+
+  // Adds the largest batch of a bucket to its class.
+  void add(const GraphLayout& layout, const SideBound& q, const SideBound& k) {
+    int64_t max_q = graph_length(q.longest), max_kv = graph_length(k.longest);
+    if (layout.causal) max_q = max_kv = std::max(max_q, max_kv);
+    Entry* entry = nullptr;
+    for (Entry& e : entries_)
+      if (e.layout == layout && e.shape.max_q == max_q && e.shape.max_kv == max_kv) entry = &e;
+    if (!entry) {
+      entries_.push_back(Entry{layout, 0, 0, GraphShape{0, max_q, max_kv, 1, 1}});
+      entry = &entries_.back();
+    }
+    GraphShape& s = entry->shape;
+    entry->limit_q = std::max<int64_t>(entry->limit_q, q.longest);
+    entry->limit_kv = std::max<int64_t>(entry->limit_kv, k.longest);
+    s.slots = std::max<int64_t>({s.slots, q.sequences, k.sequences});
+    s.total_q = std::max(s.total_q, q.tokens);
+    s.total_kv = std::max(s.total_kv, k.tokens);
+  }
+
+  // The class that serves a batch (host lengths): the one of its layout with
+  // the shortest limits that hold its longest sequences; null when none
+  // does, or that one is too small for the batch.
+  const Entry* covering(const GraphLayout& layout, const Ragged& qs, const Ragged& ks) const {
+    const Entry* best = nullptr;
+    for (const Entry& e : entries_) {
+      if (!(e.layout == layout) || e.limit_q < qs.max_len || e.limit_kv < ks.max_len) continue;
+      if (best && (e.limit_q > best->limit_q ||
+                   (e.limit_q == best->limit_q && e.limit_kv > best->limit_kv)))
+        continue;
+      best = &e;
+    }
+    if (!best) return nullptr;
+    const GraphShape& s = best->shape;
+    if (s.slots < std::max(qs.batch, ks.batch) || s.total_q < qs.total || s.total_kv < ks.total)
+      return nullptr;
+    return best;
+  }
+
+  const std::vector<Entry>& entries() const { return entries_; }
+
+ private:
+  std::vector<Entry> entries_;
+};
 
 }  // namespace mpiformer::cuda

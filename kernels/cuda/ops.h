@@ -65,7 +65,9 @@ class CudaOps final : public Ops {
   void set_attention_path(AttentionPath path) override;
   AttentionPath attention_path() const { return attention_path_; }
   std::string attention_kernels() const override;
-  AttentionCalls attention_calls() const override { return attention_calls_; }
+  AttentionCalls attention_calls() const override;
+  AttentionPreparation prepare_attention(const std::vector<AttentionCase>& cases, DType dtype,
+                                         bool backward) override;
 
   // ---- elementwise, embeddings (elementwise.cu, embedding.cu) --------------
   void convert(Act dst, const float* src, size_t n) override;

@@ -5,7 +5,9 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
+#include "kernels/ops.h"
 #include "src/data/batch.h"
 
 namespace mpiformer {
@@ -36,6 +38,15 @@ class BatchSource {
   // The most sequences one batch of any stream holds (0: not known; as many
   // as its tokens): a classifier's per-sequence buffers are sized by it.
   virtual int max_batch_sequences() const { return 0; }
+
+  // The largest batch of each bucket either stream may cut, per side (the
+  // encoder's for seq2seq only), so that a backend prepares its attention
+  // for every batch shape before the first step (Ops::prepare_attention).
+  // Empty: not known (synthetic tasks).
+  struct BucketBound {
+    SideBound decoder, encoder;
+  };
+  virtual std::vector<BucketBound> bucket_bounds() const { return {}; }
 
   // A summary for the run's log (sequences, skipped, batches, padding); may be empty.
   virtual std::string describe() const { return ""; }

@@ -55,6 +55,8 @@ class BatchPlanner {
   int buckets() const { return static_cast<int>(capacity_.size()); }
   int buckets_used() const;
   int capacity(int bucket) const { return capacity_[bucket]; }
+  // Sequences of bucket b.
+  uint64_t members(int bucket) const { return bucket_start_[bucket + 1] - bucket_start_[bucket]; }
 
   // Training order of `epoch`: each bucket's ids shuffled (then sorted by
   // length within windows, see above), cut into batches, and the batch list

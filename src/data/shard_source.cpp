@@ -364,6 +364,31 @@ void ShardSource::plan_split(Split* split) {
   }
 }
 
+std::vector<BatchSource::BucketBound> ShardSource::bucket_bounds() const {
+  const int n = static_cast<int>(boundaries_.size());
+  const bool seq2seq = model_.kind == ModelKind::kSeq2seq;
+  const auto side = [](int sequences, int longest) {
+    return SideBound{sequences, longest, static_cast<int64_t>(sequences) * longest};
+  };
+  std::vector<BucketBound> bounds;
+  for (const Split* split : {&train_, &eval_}) {
+    if (!split->planner) continue;
+    const BatchPlanner& planner = *split->planner;
+    for (int b = 0; b < planner.buckets(); ++b) {
+      if (planner.members(b) == 0) continue;
+      // The most sequences one of its batches holds, each at most as long
+      // as the bucket's boundaries.
+      const int sequences =
+          static_cast<int>(std::min<uint64_t>(planner.capacity(b), planner.members(b)));
+      BucketBound bound;
+      bound.decoder = side(sequences, boundaries_[seq2seq ? b % n : b]);
+      if (seq2seq) bound.encoder = side(sequences, boundaries_[b / n]);
+      bounds.push_back(bound);
+    }
+  }
+  return bounds;
+}
+
 double ShardSource::padding_efficiency(const Split& split, const EpochPlan& plan) const {
   int64_t real = 0, padded = 0;
   for (const EpochPlan::Span& span : plan.batches) {

@@ -98,6 +98,7 @@ class ShardSource : public BatchSource {
   }
   const LoadStats& train_stats() const { return train_.stats; }
   IdCounts train_ids() const override { return {train_.stats.ids, train_.stats.reserved_ids}; }
+  std::vector<BucketBound> bucket_bounds() const override;
   const LoadStats& eval_stats() const { return eval_.stats; }
   const std::vector<int>& boundaries() const { return boundaries_; }
   const ModelConfig& model() const { return model_; }

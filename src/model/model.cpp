@@ -845,6 +845,42 @@ void Model::init_parameters(uint64_t seed) {
   impl_->init_tables();
 }
 
+std::vector<AttentionCase> Model::attention_cases(
+    const ModelConfig& config, const std::vector<BatchSource::BucketBound>& bounds) {
+  const int C = config.d_model;
+  AttentionConfig attention;
+  attention.heads = config.heads;
+  attention.head_dim = C / std::max(config.heads, 1);
+  attention.scale = config.attention_scale;
+  attention.ref_len = config.attention_ref_len;
+  // Self-attention reads a fused QKV tensor (rows 3C); cross-attention
+  // reads q (rows C) and a fused KV tensor of the encoder's memory (2C), as
+  // Sublayer's calls do.
+  const auto self = [&](bool causal, const SideBound& side) {
+    AttentionCase c{attention, 3 * C, 3 * C, side, side};
+    c.cfg.causal = causal;
+    return c;
+  };
+  std::vector<AttentionCase> cases;
+  for (const BatchSource::BucketBound& b : bounds) {
+    switch (config.kind) {
+      case ModelKind::kLm:
+        cases.push_back(self(true, b.decoder));
+        break;
+      case ModelKind::kMlm:
+      case ModelKind::kClassify:
+        cases.push_back(self(false, b.decoder));
+        break;
+      case ModelKind::kSeq2seq:
+        cases.push_back(self(false, b.encoder));
+        cases.push_back(self(true, b.decoder));
+        cases.push_back(AttentionCase{attention, C, 2 * C, b.decoder, b.encoder});
+        break;
+    }
+  }
+  return cases;
+}
+
 ModelMemory Model::measure(Ops& ops, const ModelConfig& config, const ModelCapacity& capacity,
                            DType compute) {
   if (capacity.max_tokens <= 0 || capacity.max_len <= 0 || capacity.max_len > config.max_len)

@@ -12,6 +12,7 @@
 #include "src/core/config.h"
 #include "src/core/parameters.h"
 #include "src/data/batch.h"
+#include "src/data/batch_source.h"
 #include "src/model/gradient_listener.h"
 
 namespace mpiformer {
@@ -89,6 +90,11 @@ class Model {
   // so: the buffers are counted, not allocated (src/train/memory_budget.h).
   static ModelMemory measure(Ops& ops, const ModelConfig& config, const ModelCapacity& capacity,
                              DType compute = DType::kF32);
+
+  // The attention calls this model makes on the largest batch of each
+  // bucket (BatchSource::bucket_bounds): what Ops::prepare_attention takes.
+  static std::vector<AttentionCase> attention_cases(
+      const ModelConfig& config, const std::vector<BatchSource::BucketBound>& bounds);
 
   // Forward and backward of one micro-batch. Gradients are accumulated into
   // parameters().grads() scaled by grad_scale (1 / global target tokens of the

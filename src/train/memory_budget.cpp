@@ -165,6 +165,41 @@ MemoryEstimate estimate_memory(Ops& ops, const ModelConfig& model, const ModelCa
   return e;
 }
 
+void count_attention_workspace(MemoryEstimate* e, size_t workspace) {
+  if (workspace <= e->attention_bytes) return;
+  e->buffer_bytes += workspace - e->attention_bytes;
+  e->attention_bytes = workspace;
+}
+
+AttentionPreparation prepare_attention(Ops& ops, const ModelConfig& model,
+                                       const std::vector<BatchSource::BucketBound>& bounds,
+                                       DType compute, bool training, MemoryEstimate* estimate,
+                                       const std::string& sized_by) {
+  AttentionPreparation done;
+  try {
+    done = ops.prepare_attention(Model::attention_cases(model, bounds), compute, training);
+  } catch (const std::runtime_error& e) {
+    throw UsageError(std::string(e.what()) + "; lower " + sized_by);
+  }
+  count_attention_workspace(estimate, done.workspace_bytes);
+  return done;
+}
+
+std::string describe_preparation(const AttentionPreparation& done) {
+  if (done.graphs == 0) return "";
+  char text[160];
+  std::snprintf(text, sizeof text,
+                "cuDNN graphs for %d batch class(es) (%d graphs) built in %.1f s; workspace %s "
+                "reserved",
+                done.cases, done.graphs, done.seconds,
+                format_bytes(static_cast<double>(done.workspace_bytes)).c_str());
+  std::string line = text;
+  if (done.refused > 0)
+    line +=
+        "; " + std::to_string(done.refused) + " the plain kernels run (" + done.first_refusal + ")";
+  return line;
+}
+
 std::string fitting_flags(Ops& ops, const ModelConfig& model, const ModelCapacity& capacity,
                           DType compute, const MemoryPlan& plan, int local_ranks) {
   struct Option {

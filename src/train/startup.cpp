@@ -152,9 +152,10 @@ struct StartNotes {
   int threads = 1;
   Transport transport = Transport::kMpi;  // what --transport resolved to
   MemoryEstimate memory;
-  double lr_factor = 1.0;   // --lr-scaling's factor
-  int64_t step_budget = 0;  // tokens per step, for --lr-scaling
-  float lr = 0.0f;          // the scaled peak learning rate
+  double lr_factor = 1.0;          // --lr-scaling's factor
+  int64_t step_budget = 0;         // tokens per step, for --lr-scaling
+  float lr = 0.0f;                 // the scaled peak learning rate
+  AttentionPreparation attention;  // the attention graphs built before step 1
 };
 
 // 1. The shards decide what the flags left open. Every input is validated
@@ -298,6 +299,17 @@ int build(TrainingRun& run, const Communicator& comm, const FaultInjection& faul
   run.schedule = std::make_unique<LrSchedule>(optim, cfg.steps);
   run.scaler = std::make_unique<LossScaler>(cfg.precision == Precision::kFp16, cfg.loss_scale,
                                             cfg.loss_scale_window);
+  // With the model and optimizer placed, attention for every batch shape
+  // of the run, so that no step waits for it.
+  if (const int code = agree_on_inputs(
+          comm,
+          [&] {
+            notes->attention =
+                prepare_attention(ops, cfg.model, run.source->bucket_bounds(), compute, true,
+                                  &notes->memory, "--max-tokens or --max-len");
+          },
+          "train"))
+    return code;
   run.check_each_step = (ops.device().host_accessible() && !faults.deferred_divergence_check) ||
                         run.scaler->dynamic() || cfg.on_divergence == OnDivergence::kSkip;
 
@@ -434,8 +446,11 @@ void print_start(const TrainingRun& run, const Communicator& comm, const ConfigT
       cfg.model.max_len, cfg.max_tokens, accum, world);
   say(stdout, "  memory: about %s per rank\n", notes.memory.describe().c_str());
   if (cfg.device == DeviceKind::kCpu) say(stdout, "  BLAS: %s\n", describe_blas_kernels().c_str());
-  if (cfg.device == DeviceKind::kCuda)
+  if (cfg.device == DeviceKind::kCuda) {
     say(stdout, "  attention: %s\n", ops.attention_kernels().c_str());
+    const std::string prepared = describe_preparation(notes.attention);
+    if (!prepared.empty()) say(stdout, "  attention: %s\n", prepared.c_str());
+  }
   if (cfg.precision != Precision::kFp32)
     say(stdout,
         "  precision %s: activations and GEMM inputs; fp32 master weights, Adam state "
