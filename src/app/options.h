@@ -8,6 +8,7 @@
 #pragma once
 
 #include <iosfwd>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,15 @@ bool parse_average_options(const std::vector<std::string>& args, AverageConfig* 
 // or its --config file, read before anything else (kernels/cpu/blas_kernels.h):
 // parsing proper validates it later.
 std::string requested_blas_core(const std::vector<std::string>& args);
+
+// train's defaults that follow from the flags `given` (--layers for both
+// seq2seq stacks, label smoothing by kind, a synthetic task's vocabulary),
+// then train's checks of the values and of what they name on this machine:
+// the shards' directory, the device and the BLAS kernels; the run
+// directory's flags (--out, --resume) are train's alone. bench --data
+// settles its flags with it, so it builds what train would of them. Throws
+// UsageError.
+void settle_training_flags(const std::set<std::string>& given, TrainConfig* cfg);
 
 // The effective configuration as INI, re-usable with --config.
 std::string train_config_ini(const TrainConfig& cfg);

@@ -101,6 +101,32 @@ void apply_layers_shorthand(const std::set<std::string>& given, ModelConfig* m) 
   if (!given.count("dec-layers")) m->dec_layers = m->layers;
 }
 
+void add_data_flags(FlagTable& t, TrainConfig* c, bool synthetic_tasks) {
+  t.add("data", &c->data_dir, "DIR", "directory of HDF5 token shards (`mpiformer prepare`)");
+  if (synthetic_tasks) {
+    t.add_choice("synthetic", &c->synthetic,
+                 {{"reverse", SyntheticTask::kReverse},
+                  {"copy", SyntheticTask::kCopy},
+                  {"sort", SyntheticTask::kSort}},
+                 "generated task instead of --data");
+  }
+  t.add("max-tokens", &c->max_tokens, "T", "padded tokens per micro-batch");
+  t.add("max-sentences", &c->max_sentences, "N", "sequences per micro-batch (0: no limit)");
+  t.add_increasing_list("buckets", &c->buckets, "LIST",
+                        "length-bucket boundaries, e.g. 8,16,32 (default: from 8 growing x1.1 to "
+                        "--max-len)");
+  t.add_choice(
+      "too-long", &c->too_long,
+      {{"auto", TooLong::kAuto}, {"skip", TooLong::kSkip}, {"truncate", TooLong::kTruncate}},
+      "sequences longer than --max-len (auto: skip for seq2seq, truncate for lm and mlm)");
+  t.add_choice("sharding", &c->sharding, {{"data", Sharding::kData}, {"file", Sharding::kFile}},
+               "data: every rank reads all shards and takes every W-th batch; file: each rank "
+               "reads its own shard files");
+  t.add("prefetch", &c->prefetch, "N", "batches the loader thread prepares ahead");
+  if (synthetic_tasks) t.add("min-len", &c->min_len, "N", "shortest synthetic example");
+  t.add("mlm-probability", &c->mlm_probability, "P", "mlm: share of tokens chosen for prediction");
+}
+
 void add_optim_flags(FlagTable& t, OptimConfig* o) {
   t.group("Optimizer");
   t.add("lr", &o->lr, "LR", "peak learning rate");

@@ -18,6 +18,11 @@ void add_model_flags(FlagTable& t, ModelConfig* m,
 // --dec-layers is given.
 void apply_layers_shorthand(const std::set<std::string>& given, ModelConfig* m);
 
+// Where the batches come from and how they are cut: --data and the batching
+// flags (train; bench --data, which has no --synthetic tasks nor their
+// --min-len). The caller names the group.
+void add_data_flags(FlagTable& t, TrainConfig* c, bool synthetic_tasks);
+
 // AdamW and the learning-rate schedule (train, bench).
 void add_optim_flags(FlagTable& t, OptimConfig* o);
 void validate_optim(const OptimConfig& o);

@@ -32,27 +32,7 @@ void add_train_flags(FlagTable& t, TrainConfig* c) {
                   "vocabulary size, reserved ids included (0: from the shards with --data, "
                   "32 with --synthetic)");
   t.group("Data");
-  t.add("data", &c->data_dir, "DIR", "directory of HDF5 token shards (`mpiformer prepare`)");
-  t.add_choice("synthetic", &c->synthetic,
-               {{"reverse", SyntheticTask::kReverse},
-                {"copy", SyntheticTask::kCopy},
-                {"sort", SyntheticTask::kSort}},
-               "generated task instead of --data");
-  t.add("max-tokens", &c->max_tokens, "T", "padded tokens per micro-batch");
-  t.add("max-sentences", &c->max_sentences, "N", "sequences per micro-batch (0: no limit)");
-  t.add_increasing_list("buckets", &c->buckets, "LIST",
-                        "length-bucket boundaries, e.g. 8,16,32 (default: from 8 growing x1.1 to "
-                        "--max-len)");
-  t.add_choice(
-      "too-long", &c->too_long,
-      {{"auto", TooLong::kAuto}, {"skip", TooLong::kSkip}, {"truncate", TooLong::kTruncate}},
-      "sequences longer than --max-len (auto: skip for seq2seq, truncate for lm and mlm)");
-  t.add_choice("sharding", &c->sharding, {{"data", Sharding::kData}, {"file", Sharding::kFile}},
-               "data: every rank reads all shards and takes every W-th batch; file: each rank "
-               "reads its own shard files");
-  t.add("prefetch", &c->prefetch, "N", "batches the loader thread prepares ahead");
-  t.add("min-len", &c->min_len, "N", "shortest synthetic example");
-  t.add("mlm-probability", &c->mlm_probability, "P", "mlm: share of tokens chosen for prediction");
+  add_data_flags(t, c, /*synthetic_tasks=*/true);
   t.add("label-smoothing", &c->label_smoothing, "E",
         "label smoothing, in [0, 1) (default: 0.1 for seq2seq, 0 for lm and mlm)");
   add_optim_flags(t, &c->optim);
@@ -213,15 +193,10 @@ void validate_train_values(const TrainConfig& c) {
   }
 }
 
-// The values, then what they name on this machine: the shards, the
-// checkpoint, the device and the BLAS kernels.
-void validate_train(const TrainConfig& c) {
-  if (c.data_dir.empty() && c.synthetic == SyntheticTask::kNone)
-    usage_error("--data", "required: --data DIR or --synthetic reverse|copy|sort");
-  if (c.out_dir.empty()) usage_error("--out", "required: the run directory");
-  validate_train_values(c);
+// What the values name on this machine: the shards, the device and the BLAS
+// kernels.
+void validate_train_machine(const TrainConfig& c) {
   if (!c.data_dir.empty()) require_directory("--data", c.data_dir);
-  if (c.resume != "none" && c.resume != "auto") require_file("--resume", c.resume);
   validate_device(c.device, c.precision, c.tf32, c.threads, c.blas_core, c.attention);
   validate_transport(c.device, c.transport);
 }
@@ -239,16 +214,11 @@ void finish_train(const std::set<std::string>& given_flags, TrainConfig* cfg) {
   FlagTable table;
   add_train_flags(table, cfg);
   const std::set<std::string> given = apply_arch_preset(table, given_flags, cfg->arch);
-  apply_layers_shorthand(given, &cfg->model);
-  // As in the Transformer paper for translation; a language model's loss is
-  // then its true negative log-likelihood.
-  if (!given.count("label-smoothing")) {
-    cfg->label_smoothing = cfg->model.kind == ModelKind::kSeq2seq ? 0.1f : 0.0f;
-  }
-  if (cfg->model.vocab == 0 && cfg->synthetic != SyntheticTask::kNone) {
-    cfg->model.vocab = kSyntheticVocab;
-  }
-  validate_train(*cfg);
+  if (cfg->data_dir.empty() && cfg->synthetic == SyntheticTask::kNone)
+    usage_error("--data", "required: --data DIR or --synthetic reverse|copy|sort");
+  if (cfg->out_dir.empty()) usage_error("--out", "required: the run directory");
+  settle_training_flags(given, cfg);
+  if (cfg->resume != "none" && cfg->resume != "auto") require_file("--resume", cfg->resume);
 }
 
 constexpr CommandFlags<TrainConfig> kTrainFlags{.synopsis = kTrainSynopsis,
@@ -259,6 +229,20 @@ constexpr CommandFlags<TrainConfig> kTrainFlags{.synopsis = kTrainSynopsis,
                                                 .epilog = arch_preset_table};
 
 }  // namespace
+
+void settle_training_flags(const std::set<std::string>& given, TrainConfig* cfg) {
+  apply_layers_shorthand(given, &cfg->model);
+  // As in the Transformer paper for translation; a language model's loss is
+  // then its true negative log-likelihood.
+  if (!given.count("label-smoothing")) {
+    cfg->label_smoothing = cfg->model.kind == ModelKind::kSeq2seq ? 0.1f : 0.0f;
+  }
+  if (cfg->model.vocab == 0 && cfg->synthetic != SyntheticTask::kNone) {
+    cfg->model.vocab = kSyntheticVocab;
+  }
+  validate_train_values(*cfg);
+  validate_train_machine(*cfg);
+}
 
 bool parse_train_options(const std::vector<std::string>& args, TrainConfig* cfg,
                          std::ostream& out) {
