@@ -7,11 +7,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cmath>
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -19,6 +21,7 @@
 #include "src/parallel/mpi_transport.h"
 #include "src/parallel/replica_check.h"
 #include "src/parallel/stream_transport.h"
+#include "src/train/progress.h"
 #include "src/train/step.h"
 #include "tests/test_batches.h"
 
@@ -463,6 +466,28 @@ TEST(ReplicaCheck, FindsTheFirstDivergedTensorAndTheRankThatHoldsIt) {
   ASSERT_TRUE(mismatch.found());
   EXPECT_EQ(mismatch.tensor, params.info()[5].name);
   EXPECT_EQ(mismatch.rank, 1);
+}
+
+// The progress line's tok/s is every rank's real tokens over the window's
+// step time, the time ms/step counts: an evaluation or a checkpoint write
+// in the window is left out of both.
+TEST(ProgressWindow, TokensPerSecondAreRealTokensOverTheStepTime) {
+  const Communicator& comm = *g_comm;
+  ProgressWindow window;
+  window.start_clock();
+  Batch batch;  // rank r: r + 1 sequences of 10 tokens
+  const std::vector<int32_t> ids(10, 7);
+  for (int b = 0; b <= comm.rank(); ++b) batch.decoder.append(ids.data(), 10);
+  window.add_batch(batch);
+  window.add_step(LossSums{}, ReduceTiming{});
+  std::this_thread::sleep_for(std::chrono::milliseconds(60));
+  window.add_other_time(0.04);  // an evaluation, say, of the window's 60+ ms
+  const ProgressWindow::Line line = window.close(1, 10, 1e-3f, 0.0, 1.0f, false, {}, comm);
+  const int W = comm.size();
+  const double real = 10.0 * W * (W + 1) / 2;
+  // One step: ms/step is the step time itself.
+  EXPECT_NEAR(line.row.tokens_per_s * line.row.step_ms / 1000.0, real, 1e-9 * real);
+  EXPECT_GE(line.row.step_ms, 20.0);
 }
 
 }  // namespace

@@ -190,6 +190,9 @@ ProgressWindow::Line ProgressWindow::close(int64_t step, int64_t total_steps, fl
   const int W = comm.size();
   const LossSummary train = summarize(allreduce(comm, sums_), allreduce(comm, label_counts_));
   const double seconds = carried_s_ + std::chrono::duration<double>(Clock::now() - start_).count();
+  // The steps' own time: the window's less its evaluations, checkpoint
+  // writes and replica checks, so tok/s and ms/step are of training alone.
+  const double step_seconds = std::max(0.0, seconds - other_s_);
   const double real = static_cast<double>(comm.allreduce_sum(real_tokens_));
   const double padded = static_cast<double>(comm.allreduce_sum(padded_tokens_));
   double reduce_sums[3] = {reduce_.wait_s, reduce_.in_flight_s, reduce_.hidden_s};
@@ -206,8 +209,8 @@ ProgressWindow::Line ProgressWindow::close(int64_t step, int64_t total_steps, fl
   row.labels = train.labels;
   row.lr = lr;
   row.grad_norm = grad_norm;
-  row.tokens_per_s = real / seconds;
-  row.step_ms = 1000.0 * std::max(0.0, seconds - other_s_) / steps;
+  row.tokens_per_s = step_seconds > 0 ? real / step_seconds : 0.0;
+  row.step_ms = 1000.0 * step_seconds / steps;
   row.padding_efficiency = padded > 0 ? real / padded : 1.0;
   row.loss_scale = loss_scale;
   row.elapsed_s = at.elapsed_s;

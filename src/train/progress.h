@@ -35,7 +35,8 @@ class ProgressWindow {
   void count_overflow() { ++overflows_; }          // fp16: skipped, scale halved
   void count_non_finite_skip() { ++non_finite_; }  // --on-divergence skip
   // Time spent on other things than steps (replica checks, checkpoints,
-  // evaluation): the step time is the rest of the window's wall time.
+  // evaluation): the step time is the rest of the window's wall time, over
+  // which tok/s and ms/step are taken.
   void add_other_time(double seconds) { other_s_ += seconds; }
   int steps() const { return steps_; }
   // The window's clock starts now: the training loop calls it before its
