@@ -154,7 +154,7 @@ def main():
     name = f"pytorch-{a.device} {torch.__version__} {a.precision}" + (" compiled" if a.compile else "")
     print(json.dumps({
         "model": a.model, "device": name, "threads": a.threads,
-        "batch": a.batch, "seq": a.seq, "real_tokens": real_tokens,
+        "batch": a.batch, "seq": a.seq, "real_tokens": real_tokens * a.steps,  # the timed steps
         "tokens_per_s": round(real_tokens / step_s, 1), "step_ms": round(1000 * step_s, 2),
         "peak_mem_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "allocated_bytes": torch.cuda.max_memory_allocated() if a.device == "cuda" else 0,

@@ -818,7 +818,8 @@ TEST(TrainOptions, ClassifierFlags) {
             0u);
   EXPECT_EQ(train_error({"--model", "lm", "--patch", "2", "--synthetic", "copy", "--out", "o"}),
             "--patch: only with --model classify");
-  EXPECT_EQ(bench_error({"--model", "classify"}).rfind("--model: bench times lm", 0), 0u);
+  EXPECT_EQ(bench_error({"--model", "classify"}).rfind("--model: the synthetic batch is of lm", 0),
+            0u);
 }
 
 TEST(TrainOptions, UnknownModelKind) {
@@ -1180,16 +1181,16 @@ TEST(BenchOptions, DefaultsAndOverrides) {
   ASSERT_TRUE(parse_bench_options({}, &cfg, out));
   EXPECT_EQ(cfg.batch, BenchConfig{}.batch);
   EXPECT_EQ(cfg.seq, BenchConfig{}.seq);
-  EXPECT_EQ(cfg.model.max_len, cfg.seq);  // follows --seq unless given
+  EXPECT_EQ(cfg.run.model.max_len, cfg.seq);  // follows --seq unless given
 
   ASSERT_TRUE(parse_bench_options(
       {"--model",        "seq2seq", "--layers",      "4",   "--max-len", "256",   "--batch",   "16",
        "--seq",          "200",     "--min-seq",     "100", "--src-seq", "180",   "--steps",   "5",
        "--warmup-steps", "1",       "--peak-tflops", "989", "--lr",      "0.002", "--threads", "2"},
       &cfg, out));
-  EXPECT_EQ(cfg.model.kind, ModelKind::kSeq2seq);
-  EXPECT_EQ(cfg.model.enc_layers, 4);
-  EXPECT_EQ(cfg.model.dec_layers, 4);
+  EXPECT_EQ(cfg.run.model.kind, ModelKind::kSeq2seq);
+  EXPECT_EQ(cfg.run.model.enc_layers, 4);
+  EXPECT_EQ(cfg.run.model.dec_layers, 4);
   EXPECT_EQ(cfg.batch, 16);
   EXPECT_EQ(cfg.seq, 200);
   EXPECT_EQ(cfg.min_seq, 100);
@@ -1197,8 +1198,8 @@ TEST(BenchOptions, DefaultsAndOverrides) {
   EXPECT_EQ(cfg.steps, 5);
   EXPECT_EQ(cfg.warmup_steps, 1);
   EXPECT_EQ(cfg.peak_tflops, 989.0);
-  EXPECT_FLOAT_EQ(cfg.optim.lr, 0.002f);
-  EXPECT_EQ(cfg.threads, 2);
+  EXPECT_FLOAT_EQ(cfg.run.optim.lr, 0.002f);
+  EXPECT_EQ(cfg.run.threads, 2);
 
   EXPECT_FALSE(parse_bench_options({"--help"}, &cfg, out));
   EXPECT_NE(out.str().find("--peak-tflops"), std::string::npos);
@@ -1221,8 +1222,8 @@ TEST(BenchOptions, MixedPrecisionOnTheCpuButNoTf32) {
   BenchConfig cfg;
   std::ostringstream out;
   ASSERT_TRUE(parse_bench_options({"--precision", "bf16"}, &cfg, out));
-  EXPECT_EQ(cfg.precision, Precision::kBf16);
-  EXPECT_FALSE(cfg.tf32);
+  EXPECT_EQ(cfg.run.precision, Precision::kBf16);
+  EXPECT_FALSE(cfg.run.tf32);
   EXPECT_EQ(bench_error({"--tf32"}), "--tf32: only with --device cuda --precision fp32");
   EXPECT_EQ(bench_error({"--precision", "fp16", "--tf32"}),
             "--tf32: only with --device cuda --precision fp32");
@@ -1238,6 +1239,53 @@ TEST(BenchOptions, BadValuesNameTheFlag) {
       0u);
   EXPECT_EQ(bench_error({"--d-model", "30", "--heads", "4"}).rfind("--heads: ", 0), 0u);
   EXPECT_EQ(bench_error({"--out", "x"}).rfind("--out: unknown flag", 0), 0u);
+}
+
+// bench --data settles the flags as train does: the vocabulary from the
+// shards, label smoothing by kind, a classifier allowed, train's checks.
+TEST(BenchOptions, DataTakesTrainsFlagsAndDefaults) {
+  BenchConfig cfg;
+  std::ostringstream out;
+  ASSERT_TRUE(parse_bench_options(
+      {"--model", "seq2seq", "--data", ".", "--layers", "3", "--max-tokens", "512",
+       "--max-sentences", "7", "--buckets", "8,16", "--accum-steps", "2", "--steps", "4"},
+      &cfg, out));
+  EXPECT_EQ(cfg.run.data_dir, ".");
+  EXPECT_EQ(cfg.run.model.vocab, 0);  // the shards'
+  EXPECT_EQ(cfg.run.model.enc_layers, 3);
+  EXPECT_FLOAT_EQ(cfg.run.label_smoothing, 0.1f);
+  EXPECT_EQ(cfg.run.max_tokens, 512);
+  EXPECT_EQ(cfg.run.max_sentences, 7);
+  EXPECT_EQ(cfg.run.buckets, (std::vector<int>{8, 16}));
+  EXPECT_EQ(cfg.run.accum_steps, 2);
+  EXPECT_EQ(cfg.steps, 4);
+  EXPECT_EQ(cfg.run.model.max_len, TrainConfig{}.model.max_len);  // not --seq's
+  ASSERT_TRUE(parse_bench_options({"--model", "classify", "--data", "."}, &cfg, out));
+  EXPECT_FLOAT_EQ(cfg.run.label_smoothing, 0.0f);
+  // Without --data the synthetic batch keeps bench's own smoothing.
+  ASSERT_TRUE(parse_bench_options({"--model", "lm"}, &cfg, out));
+  EXPECT_FLOAT_EQ(cfg.run.label_smoothing, 0.1f);
+}
+
+TEST(BenchOptions, DataRefusesTheSyntheticShapeAndTheReverse) {
+  for (const char* flag : {"--batch", "--seq", "--min-seq", "--src-seq"}) {
+    EXPECT_EQ(
+        bench_error({"--data", ".", flag, "4"}).rfind(std::string(flag) + ": not with --data", 0),
+        0u)
+        << flag;
+  }
+  EXPECT_EQ(bench_error({"--max-tokens", "512"}),
+            "--max-tokens: only with --data; the synthetic batch is --batch x --seq");
+  EXPECT_EQ(bench_error({"--accum-steps", "2"}).rfind("--accum-steps: only with --data", 0), 0u);
+  EXPECT_EQ(bench_error({"--data", "no/such/dir"}).rfind("--data: ", 0), 0u);
+  // train's own checks of the values.
+  EXPECT_EQ(bench_error({"--data", ".", "--max-tokens", "0"}),
+            "--max-tokens: must be positive; got 0");
+  EXPECT_EQ(bench_error({"--data", ".", "--buckets", "8,128", "--max-len", "64"}),
+            "--buckets: 128 exceeds --max-len (64)");
+  EXPECT_EQ(
+      bench_error({"--data", ".", "--synthetic", "copy"}).rfind("--synthetic: unknown flag", 0),
+      0u);
 }
 
 }  // namespace

@@ -14,69 +14,128 @@ namespace {
 
 constexpr const char* kBenchSynopsis =
     "mpiformer bench --model lm|seq2seq|mlm --batch B --seq T [flags]\n"
-    "Prints one JSON line: tokens_per_s, step_ms, mfu, peak_mem_bytes.\n"
-    "Without --max-len the positions table is as long as the longest of --seq and --src-seq.";
+    "       mpiformer bench --model lm|seq2seq|mlm|classify --data DIR [--max-tokens T ...] "
+    "[flags]\n"
+    "Times training steps after --warmup-steps untimed ones and prints one JSON line:\n"
+    "tokens_per_s (real tokens), step_ms, mfu, peak_mem_bytes, real_tokens, padded_tokens,\n"
+    "target_tokens, batch_shapes, startup_seconds, ...\n"
+    "Without --data every step runs one synthetic batch of the shape; without --max-len the\n"
+    "positions table is as long as the longest of --seq and --src-seq.\n"
+    "With --data DIR (the shards train reads) the model is built as train builds it from the\n"
+    "flags and the shards, and the steps take train's batches in its order: the warm-up steps\n"
+    "are train's first steps, the timed ones the next (--max-tokens, --max-sentences,\n"
+    "--buckets, --accum-steps, ... as train has them).";
+
+// The synthetic batch's shape flags, which --data replaces.
+const char* const kShapeFlags[] = {"batch", "seq", "min-seq", "src-seq"};
+// The flags of train's batches, which only --data reads.
+const char* const kDataFlags[] = {"max-tokens", "max-sentences", "buckets",     "too-long",
+                                  "sharding",   "prefetch",      "accum-steps", "mlm-probability"};
 
 void add_bench_flags(FlagTable& t, BenchConfig* c) {
-  add_model_flags(t, &c->model);
-  add_optim_flags(t, &c->optim);
+  TrainConfig* run = &c->run;
+  add_model_flags(t, &run->model);
+  add_optim_flags(t, &run->optim);
   t.group("Benchmark");
-  t.add("batch", &c->batch, "B", "sequences per step");
+  t.add("batch", &c->batch, "B", "sequences per step (without --data)");
   t.add("seq", &c->seq, "T", "sequence length (lm, mlm) or target length (seq2seq)");
   t.add("min-seq", &c->min_seq, "T", ">0: lengths drawn from [min-seq, seq], so padding shows");
   t.add("src-seq", &c->src_seq, "T", "seq2seq source length (0: same as --seq)");
   t.add("steps", &c->steps, "S", "timed steps");
   t.add("warmup-steps", &c->warmup_steps, "S", "untimed steps first");
-  t.add("label-smoothing", &c->label_smoothing, "E", "label smoothing, in [0, 1)");
-  t.add("seed", &c->seed, "S", "seed of the batch and initialisation");
+  t.add("label-smoothing", &run->label_smoothing, "E",
+        "label smoothing, in [0, 1) (with --data, train's default: 0.1 for seq2seq, else 0)");
+  t.add("seed", &run->seed, "S", "seed of the batches (with --data: their order), initialisation");
   t.add("peak-tflops", &c->peak_tflops, "TF", "device peak for MFU (0: estimate for the device)");
   t.add_switch("profile", &c->profile,
                "also time the ops by family (GEMM, attention, layer norm, ...) and print a table");
-  add_recompute_flag(t, &c->recompute);
-  add_device_flags(t, &c->device, &c->precision, &c->tf32, &c->threads, &c->blas_core,
-                   &c->attention);
-  t.group("Distribution (under mpirun: every rank runs its own batch of the shape)");
-  add_reducer_flags(t, &c->bucket_mb, &c->overlap, &c->grad_sum, &c->transport, &c->deterministic);
+  add_recompute_flag(t, &run->recompute);
+  add_device_flags(t, &run->device, &run->precision, &run->tf32, &run->threads, &run->blas_core,
+                   &run->attention);
+  t.group("Data (--data: train's batches of a shard directory, in train's order)");
+  add_data_flags(t, run, /*synthetic_tasks=*/false);
+  t.add("accum-steps", &run->accum_steps, "K", "micro-batches per rank and step");
+  t.group("Distribution (under mpirun: every rank runs its own batch, or its share of the step)");
+  add_reducer_flags(t, &run->bucket_mb, &run->overlap, &run->grad_sum, &run->transport,
+                    &run->deterministic);
 }
 
-void validate_bench(const BenchConfig& c) {
-  if (c.model.kind == ModelKind::kClassify) {
-    usage_error("--model", "bench times lm, seq2seq and mlm steps; time a classifier with train");
+// Without --data: one synthetic batch of the shape.
+void finish_synthetic(const std::set<std::string>& given, BenchConfig* cfg) {
+  for (const char* flag : kDataFlags) {
+    if (given.count(flag)) {
+      usage_error(std::string("--") + flag,
+                  "only with --data; the synthetic batch is --batch x --seq");
+    }
   }
-  validate_model(c.model);
-  validate_optim(c.optim);
-  require_non_negative("--bucket-mb", c.bucket_mb);
-  require_at_least("--batch", c.batch, 1);
-  require_at_least("--seq", c.seq, 1);
-  if (c.seq > c.model.max_len) {
-    usage_error("--seq", "must not exceed --max-len (" + std::to_string(c.model.max_len) +
-                             "); got " + std::to_string(c.seq));
+  ModelConfig& m = cfg->run.model;
+  apply_layers_shorthand(given, &m);
+  // The positions table need not be longer than the benchmarked sequences.
+  if (!given.count("max-len")) m.max_len = std::max(cfg->seq, cfg->src_seq);
+  if (m.kind == ModelKind::kClassify) {
+    usage_error("--model",
+                "the synthetic batch is of lm, seq2seq and mlm; time a classifier on its "
+                "shards with --data");
   }
-  if (c.min_seq < 0 || c.min_seq > c.seq) {
-    usage_error("--min-seq", "must be in [0, --seq (" + std::to_string(c.seq) + ")]; got " +
-                                 std::to_string(c.min_seq));
+  validate_model(m);
+  validate_optim(cfg->run.optim);
+  require_non_negative("--bucket-mb", cfg->run.bucket_mb);
+  require_at_least("--batch", cfg->batch, 1);
+  require_at_least("--seq", cfg->seq, 1);
+  if (cfg->seq > m.max_len) {
+    usage_error("--seq", "must not exceed --max-len (" + std::to_string(m.max_len) + "); got " +
+                             std::to_string(cfg->seq));
   }
-  if (c.src_seq < 0 || c.src_seq > c.model.max_len) {
-    usage_error("--src-seq", "must be in [0, --max-len (" + std::to_string(c.model.max_len) +
-                                 ")]; got " + std::to_string(c.src_seq));
+  if (cfg->min_seq < 0 || cfg->min_seq > cfg->seq) {
+    usage_error("--min-seq", "must be in [0, --seq (" + std::to_string(cfg->seq) + ")]; got " +
+                                 std::to_string(cfg->min_seq));
   }
-  require_at_least("--steps", c.steps, 1);
-  require_at_least("--warmup-steps", c.warmup_steps, 0);
-  require_unit_interval("--label-smoothing", c.label_smoothing);
-  require_non_negative("--peak-tflops", c.peak_tflops);
-  validate_device(c.device, c.precision, c.tf32, c.threads, c.blas_core, c.attention);
-  validate_transport(c.device, c.transport);
+  if (cfg->src_seq < 0 || cfg->src_seq > m.max_len) {
+    usage_error("--src-seq", "must be in [0, --max-len (" + std::to_string(m.max_len) + ")]; got " +
+                                 std::to_string(cfg->src_seq));
+  }
+  require_unit_interval("--label-smoothing", cfg->run.label_smoothing);
+  const TrainConfig& r = cfg->run;
+  validate_device(r.device, r.precision, r.tf32, r.threads, r.blas_core, r.attention);
+  validate_transport(r.device, r.transport);
+}
+
+// With --data: the flags as train settles them (the model's vocabulary from
+// the shards unless given).
+void finish_data(const std::set<std::string>& given, BenchConfig* cfg) {
+  for (const char* flag : kShapeFlags) {
+    if (given.count(flag)) {
+      usage_error(std::string("--") + flag,
+                  "not with --data, whose batches are train's; size them with --max-tokens, "
+                  "--max-sentences and --accum-steps");
+    }
+  }
+  if (!given.count("vocab")) cfg->run.model.vocab = 0;
+  settle_training_flags(given, &cfg->run);
+}
+
+// A synthetic batch's label smoothing, as bench has always used.
+BenchConfig initial_bench_config() {
+  BenchConfig cfg;
+  cfg.run.label_smoothing = 0.1f;
+  return cfg;
 }
 
 void finish_bench(const std::set<std::string>& given, BenchConfig* cfg) {
-  apply_layers_shorthand(given, &cfg->model);
-  // The positions table need not be longer than the benchmarked sequences.
-  if (!given.count("max-len")) cfg->model.max_len = std::max(cfg->seq, cfg->src_seq);
-  validate_bench(*cfg);
+  if (cfg->run.data_dir.empty()) {
+    finish_synthetic(given, cfg);
+  } else {
+    finish_data(given, cfg);
+  }
+  require_at_least("--steps", cfg->steps, 1);
+  require_at_least("--warmup-steps", cfg->warmup_steps, 0);
+  require_non_negative("--peak-tflops", cfg->peak_tflops);
 }
 
-constexpr CommandFlags<BenchConfig> kBenchFlags{
-    .synopsis = kBenchSynopsis, .add = add_bench_flags, .finish = finish_bench};
+constexpr CommandFlags<BenchConfig> kBenchFlags{.synopsis = kBenchSynopsis,
+                                                .initial = initial_bench_config,
+                                                .add = add_bench_flags,
+                                                .finish = finish_bench};
 
 }  // namespace
 

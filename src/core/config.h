@@ -306,32 +306,23 @@ struct ClassifyConfig {
   std::string blas_core = "auto";
 };
 
-// `mpiformer bench`: a model shape and a fixed batch, timed after warm-up.
+// `mpiformer bench`: training steps timed after warm-up, on one synthetic
+// batch of a shape or, with --data, on the batches train would take.
 struct BenchConfig {
-  ModelConfig model;
-  OptimConfig optim;
+  // The model, optimizer, device and reducer flags, label smoothing and
+  // seed; with --data also the data flags and --accum-steps, settled as
+  // train settles them (settle_training_flags), so bench builds what train
+  // would. Its steps, log and run directory are train's alone.
+  TrainConfig run;
+  // Without --data: the synthetic batch, the same every step.
   int batch = 8;
   int seq = 128;    // sequence length (lm/mlm), target length (seq2seq)
   int min_seq = 0;  // >0: lengths drawn uniformly from [min_seq, seq] (padding)
   int src_seq = 0;  // seq2seq source length; 0: same as seq
-  int steps = 10;
+  int steps = 10;   // timed steps
   int warmup_steps = 3;
-  float label_smoothing = 0.1f;
-  uint64_t seed = 1;
-  DeviceKind device = DeviceKind::kCpu;
-  Precision precision = Precision::kFp32;
-  bool tf32 = false;
-  int threads = 0;
-  std::string blas_core = "auto";
   double peak_tflops = 0.0;  // 0: estimate for the device
   bool profile = false;      // time per op family
-  Recompute recompute = Recompute::kNone;
-  float bucket_mb = 0.0f;  // under mpirun: the gradient reducer's buckets (0: by transport)
-  bool overlap = true;
-  GradSum grad_sum = GradSum::kExact;
-  Transport transport = Transport::kAuto;
-  bool deterministic = true;
-  AttentionPath attention = AttentionPath::kAuto;
 };
 
 }  // namespace mpiformer

@@ -18,8 +18,10 @@ sys.path.insert(0, ANALYSIS)
 import plot_scaling  # noqa: E402
 
 # As `mpiformer bench` prints them (one per run), figures made up.
-LINE = ('{{"model": "{model}", "device": "cpu", "ranks": {ranks}, "threads": 1, "batch": 4, '
-        '"seq": 16, "real_tokens": {real}, "padded_tokens": {real}, "precision": "fp32", '
+LINE = ('{{"model": "{model}", "device": "cpu", "ranks": {ranks}, "threads": 1, '
+        '"batches": "synthetic", "batch": 4, "seq": 16, "real_tokens": {real}, '
+        '"padded_tokens": {real}, "target_tokens": {real}, "batch_shapes": 1, '
+        '"startup_seconds": 0.012, "precision": "fp32", '
         '"recompute": "none", "parameters": {params}, "tokens_per_s": {speed}, "step_ms": {step_ms}, "mfu": 0.1330, '
         '"peak_flops": 7.825e+10, "peak_mem_bytes": 27201536, "allocated_bytes": 388708, '
         '"allreduce_bytes": {bytes}, "buckets": {buckets}, "comm_wait_ms": {wait}, '
