@@ -32,6 +32,7 @@
 #include "src/parallel/agreement.h"
 #include "src/parallel/data_parallel.h"
 #include "src/parallel/rank_device.h"
+#include "src/train/memory_budget.h"
 #include "src/train/startup.h"
 #include "src/train/step.h"
 
@@ -187,6 +188,12 @@ class StepBatches {
     return ModelCapacity{std::max(b.decoder.total(), b.encoder.total()),
                          std::max(b.decoder.max_len(), b.encoder.max_len()), 0, run.recompute};
   }
+  // The largest batch of each bucket, for the attention to prepare (none
+  // for the synthetic batch).
+  std::vector<BatchSource::BucketBound> bucket_bounds() const {
+    if (!source_) return {};
+    return source_->bucket_bounds();
+  }
   // The source's summary for the start line ("" for the synthetic batch).
   std::string describe() const { return source_ ? source_->describe() : ""; }
   bool from_data() const { return source_ != nullptr; }
@@ -270,6 +277,7 @@ class Bench {
  private:
   int open_shards();
   int build();
+  int prepare_attention_shapes();
   void print_start() const;
   void step(int64_t step, BatchTally* tally);
   void time_steps();
@@ -336,11 +344,33 @@ int Bench::build() {
   if (!agreed(comm_, [&] { transport = choose_transport(run_.transport, *backend_, comm_); })) {
     return kExitFailure;
   }
+  if (const int code = prepare_attention_shapes()) return code;
   reducer_ = make_reducer(model_->parameters(), run_.bucket_mb, run_.overlap, run_.grad_sum,
                           transport, comm_);
   // fp16 runs with a loss scale: a fixed one here, as the bench never overflows.
   loss_scale_ = run_.precision == Precision::kFp16 ? 1024.0f : 1.0f;
   return 0;
+}
+
+// With --data, attention for every batch shape of the shards before the
+// first step, as train prepares it (cuDNN's graphs and workspace), so that
+// no step builds a graph; a workspace the device cannot hold is exit 2.
+int Bench::prepare_attention_shapes() {
+  if (!batches_->from_data()) return 0;
+  AttentionPreparation done;
+  MemoryEstimate unused;  // bench keeps no estimate
+  const int code = agree_on_inputs(
+      comm_,
+      [&] {
+        done = prepare_attention(*backend_, run_.model, batches_->bucket_bounds(),
+                                 compute_dtype(run_.precision), /*training=*/true, &unused,
+                                 "--max-tokens or --max-len");
+      },
+      "bench");
+  const std::string prepared = describe_preparation(done);
+  if (code == 0 && comm_.is_root() && !prepared.empty())
+    std::fprintf(stderr, "  attention: %s\n", prepared.c_str());
+  return code;
 }
 
 // The start line goes to stderr: stdout keeps its one JSON line.
