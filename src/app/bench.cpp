@@ -188,11 +188,15 @@ class StepBatches {
     return ModelCapacity{std::max(b.decoder.total(), b.encoder.total()),
                          std::max(b.decoder.max_len(), b.encoder.max_len()), 0, run.recompute};
   }
-  // The largest batch of each bucket, for the attention to prepare (none
-  // for the synthetic batch).
+  // The largest batch of each bucket, for the attention to prepare: the
+  // synthetic batch is its own.
   std::vector<BatchSource::BucketBound> bucket_bounds() const {
-    if (!source_) return {};
-    return source_->bucket_bounds();
+    if (source_) return source_->bucket_bounds();
+    const auto side = [](const PackedSequences& p) {
+      return SideBound{p.batch(), p.max_len(), p.total()};
+    };
+    const Batch& b = micro_[0];
+    return {BatchSource::BucketBound{side(b.decoder), side(b.encoder)}};
   }
   // The source's summary for the start line ("" for the synthetic batch).
   std::string describe() const { return source_ ? source_->describe() : ""; }
@@ -352,11 +356,11 @@ int Bench::build() {
   return 0;
 }
 
-// With --data, attention for every batch shape of the shards before the
-// first step, as train prepares it (cuDNN's graphs and workspace), so that
-// no step builds a graph; a workspace the device cannot hold is exit 2.
+// Attention for every batch shape of the shards (or for the synthetic
+// batch) before the first step, as train prepares it (cuDNN's graphs and
+// workspace), so that no step builds a graph; a workspace the device cannot
+// hold is exit 2.
 int Bench::prepare_attention_shapes() {
-  if (!batches_->from_data()) return 0;
   AttentionPreparation done;
   MemoryEstimate unused;  // bench keeps no estimate
   const int code = agree_on_inputs(

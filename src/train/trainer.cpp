@@ -86,6 +86,10 @@ class Trainer {
   const FaultInjection& faults_;
   StepState state_;
   LossWatch loss_watch_;
+  // On a GPU, the attention calls at the last progress line: each line
+  // counts its window's fallbacks to the plain kernels.
+  AttentionCalls attention_at_line_;
+  std::string attention_window();
   Batch eval_batch_;
   std::unique_ptr<ModelChoice> choice_;   // rank 0, with --keep-best or --early-stop
   std::unique_ptr<ValidationBleu> bleu_;  // --valid-bleu
@@ -254,9 +258,10 @@ int Trainer::log_progress(int64_t step) {
   const ProgressWindow::Line line =
       state_.window.close(step, run_.cfg.steps, state_.lr, state_.grad_norm, run_.scaler->scale(),
                           run_.scaler->dynamic(), at, comm_);
+  const std::string attention = attention_window();
   const bool ok = agreed(comm_, [&] {
     if (!comm_.is_root()) return;
-    say(stdout, "%s\n", line.text.c_str());
+    say(stdout, "%s%s\n", line.text.c_str(), attention.c_str());
     std::fflush(stdout);
     run_.metrics->append(line.row);
   });
@@ -276,6 +281,16 @@ int Trainer::log_progress(int64_t step) {
     std::fflush(stderr);
   }
   return 0;
+}
+
+// " | attention fallbacks N" on a GPU: rank 0's calls that cuDNN was asked
+// and did not take since the last line (0 when all ran where they should).
+std::string Trainer::attention_window() {
+  if (run_.cfg.device != DeviceKind::kCuda) return "";
+  const AttentionCalls now = run_.ops->attention_calls();
+  const int64_t fallbacks = now.fallbacks - attention_at_line_.fallbacks;
+  attention_at_line_ = now;
+  return " | attention fallbacks " + std::to_string(fallbacks);
 }
 
 int Trainer::save(int64_t step) {
