@@ -5,13 +5,16 @@
 // The plain kernels keep what flash attention keeps: the output and each
 // query row's log-sum-exp. Backward recomputes the probabilities from it
 // into scratch (P and dS of one layer at a time), then a key pass sums
-// dK and dV over the queries that see each key.
+// dK and dV over the queries that see each key. The plain path runs the
+// tiled flash kernels (attention_flash.cu) instead wherever they take the
+// head size, unless MPIFORMER_PLAIN_ATTENTION=naive.
 #include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "kernels/cuda/attention_cudnn.h"
+#include "kernels/cuda/attention_flash.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/reduce.cuh"
@@ -268,6 +271,11 @@ bool CudaOps::asks_cudnn(DType dtype) const {
 
 size_t CudaOps::attention_scratch_bytes(DType dtype, size_t tokens, size_t longest,
                                         const AttentionConfig& cfg, bool backward) const {
+  // The flash kernels keep no scores. With cuDNN asked its figure stands:
+  // it covers a case cuDNN refuses on either plain path.
+  if (!asks_cudnn(dtype) && plain_attention_ == PlainAttention::kFlash &&
+      cuda::flash_attention_covers(cfg.head_dim))
+    return cuda::flash_attention_scratch_bytes(tokens, cfg, backward);
   return cuda::attention_scratch_bytes(dtype, tokens, longest, cfg, backward, asks_cudnn(dtype));
 }
 
@@ -325,7 +333,7 @@ void CudaOps::attention_backward(Act dq, Act dk, Act dv, Act dout, Act out, cons
     refused_by_cudnn("backward");
   }
   ++attention_calls_.plain;
-  plain_attention_backward(dq, dk, dv, dout, stats, q, q_stride, k, v, kv_stride, qs, ks, cfg);
+  plain_attention_backward(dq, dk, dv, dout, out, stats, q, q_stride, k, v, kv_stride, qs, ks, cfg);
 }
 
 void CudaOps::refused_by_cudnn(const char* what) {
@@ -339,6 +347,13 @@ void CudaOps::refused_by_cudnn(const char* what) {
 void CudaOps::plain_attention_forward(Act out, float* stats, Act q, int q_stride, Act k, Act v,
                                       int kv_stride, const Ragged& qs, const Ragged& ks,
                                       const AttentionConfig& cfg) {
+  if (plain_attention_ == PlainAttention::kFlash && cuda::flash_attention_covers(cfg.head_dim)) {
+    auto* tiles = static_cast<int32_t*>(
+        scratch(kAttentionOffsets, cuda::flash_attention_tiles_bytes(qs.batch)));
+    cuda::flash_attention_forward(out, stats, q, q_stride, k, v, kv_stride, qs, ks, cfg, tiles,
+                                  stream_);
+    return;
+  }
   const AttentionShape s = shape_of(qs, ks, cfg, nullptr, q_stride, kv_stride);
   const dim3 grid(qs.total, cfg.heads);
   const size_t shared = sizeof(float) * static_cast<size_t>(ks.max_len > 0 ? ks.max_len : 1);
@@ -350,9 +365,19 @@ void CudaOps::plain_attention_forward(Act out, float* stats, Act q, int q_stride
   cuda::check(cudaGetLastError(), "attention_forward");
 }
 
-void CudaOps::plain_attention_backward(Act dq, Act dk, Act dv, Act dout, const float* stats, Act q,
-                                       int q_stride, Act k, Act v, int kv_stride, const Ragged& qs,
-                                       const Ragged& ks, const AttentionConfig& cfg) {
+void CudaOps::plain_attention_backward(Act dq, Act dk, Act dv, Act dout, Act out,
+                                       const float* stats, Act q, int q_stride, Act k, Act v,
+                                       int kv_stride, const Ragged& qs, const Ragged& ks,
+                                       const AttentionConfig& cfg) {
+  if (plain_attention_ == PlainAttention::kFlash && cuda::flash_attention_covers(cfg.head_dim)) {
+    auto* tiles = static_cast<int32_t*>(
+        scratch(kAttentionOffsets, cuda::flash_attention_tiles_bytes(qs.batch)));
+    auto* delta = static_cast<float*>(
+        scratch(kAttentionScores, cuda::flash_attention_delta_bytes(qs.total, cfg.heads)));
+    cuda::flash_attention_backward(dq, dk, dv, dout, out, stats, q, q_stride, k, v, kv_stride, qs,
+                                   ks, cfg, tiles, delta, stream_);
+    return;
+  }
   // The probabilities and dS of this call: H * sum_b Lq_b * Lk_b each.
   const size_t floats = cuda::plain_attention_scores_bytes(qs, ks, cfg.heads) / (2 * sizeof(float));
   auto* probs = static_cast<float*>(scratch(kAttentionScores, 2 * sizeof(float) * (floats + 1)));

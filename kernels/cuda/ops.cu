@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "kernels/cuda/attention_cudnn.h"
+#include "kernels/cuda/attention_flash.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/ops.h"
 
@@ -24,7 +25,10 @@ void check(cublasStatus_t status, const char* what) {
 // ---- set-up ---------------------------------------------------------------
 
 CudaOps::CudaOps(std::unique_ptr<CudaDevice> device, bool tf32)
-    : Ops(*device), gpu_(std::move(device)), stream_(gpu_->stream()) {
+    : Ops(*device),
+      gpu_(std::move(device)),
+      stream_(gpu_->stream()),
+      plain_attention_(cuda::plain_attention_from_environment()) {
   gemm_ = std::make_unique<cuda::Gemm>(*this, tf32);
   try {
     flash_ = cuda::FlashAttention::create(*this, &no_cudnn_reason_);

@@ -49,6 +49,12 @@ class FlashAttention;  // attention_cudnn.cpp
 
 }  // namespace cuda
 
+// The plain attention kernels (MPIFORMER_PLAIN_ATTENTION, read once by
+// CudaOps): flash, tiled as FlashAttention-2 (attention_flash.cu), for
+// heads up to 128; naive, a block per query row keeping P and dS in
+// scratch (attention.cu), for the rest.
+enum class PlainAttention { kFlash, kNaive };
+
 class CudaOps final : public Ops {
  public:
   // The ops on `device`, which they own, with their library handles on its
@@ -68,6 +74,9 @@ class CudaOps final : public Ops {
   AttentionCalls attention_calls() const override;
   AttentionPreparation prepare_attention(const std::vector<AttentionCase>& cases, DType dtype,
                                          bool backward) override;
+  // Tests run both plain paths on one backend.
+  void set_plain_attention(PlainAttention p) { plain_attention_ = p; }
+  PlainAttention plain_attention() const { return plain_attention_; }
 
   // ---- elementwise, embeddings (elementwise.cu, embedding.cu) --------------
   void convert(Act dst, const float* src, size_t n) override;
@@ -137,10 +146,10 @@ class CudaOps final : public Ops {
   // counted in the device's peak_allocated_bytes. Growing waits for the stream (the old
   // buffer may still be in use), so it happens on the first steps only.
   enum Slot {
-    // Plain attention's probabilities (recomputed in backward) and dS, or
-    // cuDNN's workspace: one call at a time uses it.
+    // Naive attention's probabilities (recomputed in backward) and dS, flash
+    // attention's delta, or cuDNN's workspace: one call at a time uses it.
     kAttentionScores,
-    kAttentionOffsets,    // plain attention: where each sequence's block starts
+    kAttentionOffsets,    // plain attention: where each sequence's block (or tiles) start
     kAttentionQuery,      // cuDNN: q with the log-length factor folded in
     kAttentionQueryGrad,  // cuDNN: the gradient at that q
     kColumnSums,          // partial column sums (bias and layer-norm gradients)
@@ -159,8 +168,8 @@ class CudaOps final : public Ops {
   void plain_attention_forward(Act out, float* stats, Act q, int q_stride, Act k, Act v,
                                int kv_stride, const Ragged& qs, const Ragged& ks,
                                const AttentionConfig& cfg);
-  void plain_attention_backward(Act dq, Act dk, Act dv, Act dout, const float* stats, Act q,
-                                int q_stride, Act k, Act v, int kv_stride, const Ragged& qs,
+  void plain_attention_backward(Act dq, Act dk, Act dv, Act dout, Act out, const float* stats,
+                                Act q, int q_stride, Act k, Act v, int kv_stride, const Ragged& qs,
                                 const Ragged& ks, const AttentionConfig& cfg);
   // A call cuDNN did not take: an error with --attention cudnn, else counted.
   void refused_by_cudnn(const char* what);
@@ -172,6 +181,7 @@ class CudaOps final : public Ops {
   cudaStream_t stream_ = nullptr;    // gpu_'s
   bool deterministic_ = true;        // cuDNN's attention backward without atomics
   AttentionPath attention_path_ = AttentionPath::kAuto;
+  PlainAttention plain_attention_ = PlainAttention::kFlash;
   AttentionCalls attention_calls_;
   std::string no_cudnn_reason_;  // why flash_ is null
   std::unique_ptr<cuda::Gemm> gemm_;
