@@ -22,6 +22,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -32,6 +33,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/cuda/attention_cudnn.h"
+#include "kernels/cuda/ops.h"
 #include "kernels/ops.h"
 #include "src/model/model.h"
 #include "tests/test_batches.h"
@@ -68,10 +70,22 @@ struct IntPair {
   int32_t* cpu;
 };
 
+// The CUDA backend (behind a CheckedOps with MPIFORMER_CUDA_CHECK=1,
+// scripts/gpu-check's rerun: a fault names its op), and *cuda its CudaOps,
+// for the switches only tests turn.
+std::unique_ptr<Ops> cuda_backend(CudaOps** cuda) {
+  std::unique_ptr<Ops> ops = make_cuda_ops(0);
+  *cuda = dynamic_cast<CudaOps*>(ops.get());
+  return checked_if_asked(std::move(ops));
+}
+
+const char* to_string(PlainAttention p) {
+  return p == PlainAttention::kFlash ? "flash" : "naive";
+}
+
 class Backends {
  public:
-  // MPIFORMER_CUDA_CHECK=1 (scripts/gpu-check's rerun): a fault names its op.
-  Backends() : gpu(checked_if_asked(make_cuda_ops(0))), cpu(make_cpu_ops(1)) {}
+  Backends() : gpu(cuda_backend(&cuda)), cpu(make_cpu_ops(1)) {}
   ~Backends() {
     for (void* p : gpu_owned_) gpu->device().release(p);
     for (void* p : cpu_owned_) cpu->device().release(p);
@@ -107,6 +121,7 @@ class Backends {
   std::vector<float> read_gpu(Act a, size_t n) { return read(*gpu, a, n); }
   std::vector<float> read_cpu(Act a, size_t n) { return read(*cpu, a, n); }
 
+  CudaOps* cuda = nullptr;  // gpu's, set before gpu
   std::unique_ptr<Ops> gpu, cpu;
 
  private:
@@ -475,17 +490,24 @@ TEST_P(CudaOpsTest, RaggedAttention) {
   const std::vector<int32_t> large = {0, 1, 70, 200, 263, 391};
   // Cross-attention: other lengths on the key side.
   const std::vector<int32_t> sources = {0, 9, 40, 41, 170, 300};
-  // The plain kernels for every precision; bf16 and fp16 again on cuDNN,
+  // Both plain kernels for every precision; bf16 and fp16 again on cuDNN,
   // where a case it refuses is an error and every call must be its.
-  std::vector<AttentionPath> paths = {AttentionPath::kPlain};
+  struct Run {
+    AttentionPath path;
+    PlainAttention plain;
+  };
+  std::vector<Run> runs = {{AttentionPath::kPlain, PlainAttention::kNaive},
+                           {AttentionPath::kPlain, PlainAttention::kFlash}};
   if (t() != DType::kF32) {
     if (cuda::FlashAttention::built())
-      paths.push_back(AttentionPath::kCudnn);
+      runs.push_back({AttentionPath::kCudnn, PlainAttention::kFlash});
     else
       std::printf("note: this build has no cuDNN frontend; cuDNN attention not tested\n");
   }
-  for (AttentionPath path : paths) {
-    SCOPED_TRACE(std::string("--attention ") + to_string(path));
+  for (const Run& run : runs) {
+    const AttentionPath path = run.path;
+    SCOPED_TRACE(std::string("--attention ") + to_string(path) + ", " + to_string(run.plain));
+    b_->cuda->set_plain_attention(run.plain);
     // D 8 on --attention auto: cuDNN may take it or leave it to the plain kernels.
     b_->gpu->set_attention_path(path == AttentionPath::kPlain ? path : AttentionPath::kAuto);
     for (bool causal : {false, true}) {
@@ -512,6 +534,43 @@ TEST_P(CudaOpsTest, RaggedAttention) {
     EXPECT_EQ(after.fallbacks, before.fallbacks);
   }
   b_->gpu->set_attention_path(AttentionPath::kAuto);
+  b_->cuda->set_plain_attention(PlainAttention::kFlash);
+}
+
+// Offsets of sequences of these lengths.
+std::vector<int32_t> offsets_of(const std::vector<int>& lengths) {
+  std::vector<int32_t> offsets = {0};
+  for (int n : lengths) offsets.push_back(offsets.back() + n);
+  return offsets;
+}
+
+// The shapes the flash kernels tile differently, on both plain kernels:
+// lengths around the 64-row tiles, heads of 8, 64 and 128 (one instantiation
+// each), cross-attention with a sequence that has no keys.
+TEST_P(CudaOpsTest, PlainAttentionShapes) {
+  const std::vector<int32_t> ragged =
+      offsets_of({1, 2, 63, 64, 65, 127, 128, 129, 200, 7, 31, 100, 150, 199, 3});
+  const std::vector<int32_t> one_to_13 = offsets_of({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13});
+  const std::vector<int32_t> targets = offsets_of({1, 200, 64, 33, 5});
+  const std::vector<int32_t> sources = offsets_of({130, 1, 65, 200, 0});
+  b_->gpu->set_attention_path(AttentionPath::kPlain);
+  for (PlainAttention plain : {PlainAttention::kNaive, PlainAttention::kFlash}) {
+    SCOPED_TRACE(to_string(plain));
+    b_->cuda->set_plain_attention(plain);
+    attention_case(2, 64, ragged, ragged, false, true, AttentionScale::kStandard);
+    attention_case(2, 64, ragged, ragged, false, true, AttentionScale::kLogLength);
+    attention_case(3, 8, one_to_13, one_to_13, false, true, AttentionScale::kStandard);
+    attention_case(3, 8, one_to_13, one_to_13, false, false, AttentionScale::kLogLength);
+    for (AttentionScale scale : {AttentionScale::kStandard, AttentionScale::kLogLength})
+      attention_case(2, 64, targets, sources, true, false, scale);
+    attention_case(2, 128, offsets_of({100, 28, 129}), offsets_of({100, 28, 129}), false, true,
+                   AttentionScale::kStandard);
+    attention_case(1, 128, targets, sources, true, false, AttentionScale::kStandard);
+    attention_case(4, 16, offsets_of({17, 17, 17}), offsets_of({17, 17, 17}), false, false,
+                   AttentionScale::kStandard);
+  }
+  b_->gpu->set_attention_path(AttentionPath::kAuto);
+  b_->cuda->set_plain_attention(PlainAttention::kFlash);
 }
 
 // Decoding attention: each row against its listed keys (a cache's rows in
@@ -778,6 +837,99 @@ TEST(CudaFixedPoint, BitwiseTheCpuReference) {
   }
   b.gpu->device().release(fixed_gpu);
   b.cpu->device().release(fixed_cpu);
+}
+
+// ---- attention timing -----------------------------------------------------
+
+// Milliseconds of one forward and backward of causal self-attention on the
+// GPU-2 shape (256 sequences of 128, 12 heads of 64, bf16) on each kernel:
+// a report, not an assertion (timings belong to the machine).
+class AttentionTimer {
+ public:
+  static constexpr int B = 256, L = 128, H = 12, D = 64, C = H * D, N = B * L;
+
+  AttentionTimer() : ops_(make_cuda_ops(0)), cuda_(dynamic_cast<CudaOps*>(ops_.get())) {
+    Device& dev = ops_->device();
+    std::vector<int32_t> offsets(B + 1);
+    for (int b = 0; b <= B; ++b) offsets[b] = b * L;
+    host_offsets_ = offsets;
+    offsets_ = dev.allocate(sizeof(int32_t) * (B + 1));
+    dev.copy_to_device(offsets_, offsets.data(), sizeof(int32_t) * (B + 1));
+    std::mt19937 rng(3);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (size_t n : {size_t{3} * C, size_t{C}, size_t{C}, size_t{3} * C}) {  // qkv, out, dout, dqkv
+      std::vector<float> values(static_cast<size_t>(N) * n);
+      for (float& x : values) x = normal(rng);
+      std::vector<unsigned char> stored(values.size() * 2);
+      narrow(stored.data(), DType::kBF16, values.data(), values.size());
+      buffers_.push_back(dev.allocate(stored.size()));
+      dev.copy_to_device(buffers_.back(), stored.data(), stored.size());
+    }
+    stats_ = static_cast<float*>(dev.allocate(sizeof(float) * N * H));
+  }
+  ~AttentionTimer() {
+    for (void* p : buffers_) ops_->device().release(p);
+    ops_->device().release(offsets_);
+    ops_->device().release(stats_);
+  }
+
+  // Milliseconds per forward + backward on `path` (plain: on `plain`), or a
+  // negative number when the path cannot run here.
+  double milliseconds(AttentionPath path, PlainAttention plain, int reps) {
+    try {
+      ops_->set_attention_path(path);
+    } catch (const std::exception&) {
+      return -1.0;
+    }
+    cuda_->set_plain_attention(plain);
+    step();  // warm-up: plans, scratch
+    ops_->device().synchronize();
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < reps; ++i) step();
+    ops_->device().synchronize();
+    const std::chrono::duration<double, std::milli> took = std::chrono::steady_clock::now() - start;
+    return took.count() / reps;
+  }
+
+  // Forward and backward FLOPs counted as FlashAttention-2 counts them (the
+  // causal half of 4 B H L^2 D, backward 2.5 times forward).
+  static double flops() { return 3.5 * 4.0 * B * H * double(L) * L * D / 2.0; }
+
+ private:
+  void step() {
+    const Ragged rows{host_offsets_.data(), static_cast<int32_t*>(offsets_), B, N, L};
+    const AttentionConfig cfg{H, D, true, AttentionScale::kStandard, 512.0f};
+    const Act qkv(buffers_[0], DType::kBF16), out(buffers_[1], DType::kBF16),
+        dout(buffers_[2], DType::kBF16), dqkv(buffers_[3], DType::kBF16);
+    ops_->attention_forward(out, stats_, qkv, 3 * C, qkv + C, qkv + 2 * C, 3 * C, rows, rows, cfg);
+    ops_->attention_backward(dqkv, dqkv + C, dqkv + 2 * C, dout, out, stats_, qkv, 3 * C, qkv + C,
+                             qkv + 2 * C, 3 * C, rows, rows, cfg);
+  }
+
+  std::unique_ptr<Ops> ops_;
+  CudaOps* cuda_;
+  std::vector<int32_t> host_offsets_;
+  void* offsets_ = nullptr;
+  std::vector<void*> buffers_;
+  float* stats_ = nullptr;
+};
+
+TEST(AttentionTiming, NaiveFlashAndCudnnOnGpt2Shape) {
+  if (!gpu_present()) GTEST_SKIP() << "no GPU visible";
+  AttentionTimer timer;
+  const double naive = timer.milliseconds(AttentionPath::kPlain, PlainAttention::kNaive, 3);
+  const double flash = timer.milliseconds(AttentionPath::kPlain, PlainAttention::kFlash, 10);
+  const double cudnn = timer.milliseconds(AttentionPath::kCudnn, PlainAttention::kFlash, 10);
+  const double tflops = AttentionTimer::flops() / (flash * 1e-3) / 1e12;
+  std::printf(
+      "attention timing: B=256 L=128 H=12 D=64 causal bf16, forward+backward: naive %.3f ms, "
+      "flash %.3f ms (%.1f TFLOP/s), ",
+      naive, flash, tflops);
+  if (cudnn > 0)
+    std::printf("cuDNN %.3f ms, flash/cuDNN %.2f, naive/flash %.1f\n", cudnn, flash / cudnn,
+                naive / flash);
+  else
+    std::printf("cuDNN not available, naive/flash %.1f\n", naive / flash);
 }
 
 // ---- whole models ---------------------------------------------------------
