@@ -8,12 +8,15 @@
 
 #include "kernels/cuda/attention_flash.h"
 #include "kernels/cuda/attention_flash_kernels.cuh"
+#include "kernels/cuda/attention_flash_mma_kernels.cuh"
 #include "kernels/cuda/common.cuh"
 
 namespace mpiformer::cuda {
 namespace {
 
 using flash::Geometry;
+using flash::MmaGeometry;
+using flash::MmaSharedFloats;
 using flash::SharedFloats;
 
 constexpr int kScanThreads = 1024;
@@ -106,6 +109,56 @@ size_t flash_attention_scratch_bytes(size_t tokens, const AttentionConfig& cfg, 
   return tiles + (backward ? flash_attention_delta_bytes(tokens, cfg.heads) : 0);
 }
 
+namespace {
+
+// Whether heads up to kDmax of T run on tensor cores (bf16 and fp16 heads
+// up to 64) or on CUDA cores (fp32, and heads of 65 to 128).
+template <typename T, int kDmax>
+constexpr bool kOnTensorCores = !std::is_same_v<T, float> && kDmax <= 64;
+
+template <typename T, int kDmax>
+void launch_forward(const flash::Shape& s, int tiles, T* out, float* stats, const T* q, const T* k,
+                    const T* v, cudaStream_t stream) {
+  if constexpr (kOnTensorCores<T, kDmax>) {
+    using G = MmaGeometry<kDmax>;
+    launch(flash::forward_mma_kernel<T, kDmax>, tiles, s.heads, G::kThreads,
+           MmaSharedFloats<G>::kForward, stream, s, out, stats, q, k, v);
+  } else {
+    using G = Geometry<kDmax>;
+    launch(flash::forward_kernel<T, kDmax>, tiles, s.heads, G::kThreads, SharedFloats<G>::kForward,
+           stream, s, out, stats, q, k, v);
+  }
+}
+
+// The dQ pass (which writes delta), then the dK/dV pass. dq, dk, dv: the
+// gradients; in[0..4]: dout, out, q, k, v
+template <typename T, int kDmax>
+void launch_backward(const flash::Shape& s, int q_tiles, int k_tiles, T* dq, T* dk, T* dv,
+                     float* delta, const float* stats, const T* const (&in)[5],
+                     cudaStream_t stream) {
+  const T *dout = in[0], *out = in[1], *q = in[2], *k = in[3], *v = in[4];
+  const float* delta_in = delta;
+  if constexpr (kOnTensorCores<T, kDmax>) {
+    using G = MmaGeometry<kDmax>;
+    if (q_tiles > 0)
+      launch(flash::query_grad_mma_kernel<T, kDmax>, q_tiles, s.heads, G::kThreads,
+             MmaSharedFloats<G>::kQueryGrad, stream, s, dq, delta, dout, out, stats, q, k, v);
+    if (k_tiles > 0)
+      launch(flash::key_grad_mma_kernel<T, kDmax>, k_tiles, s.heads, G::kThreads,
+             MmaSharedFloats<G>::kKeyGrad, stream, s, dk, dv, delta_in, dout, stats, q, k, v);
+  } else {
+    using G = Geometry<kDmax>;
+    if (q_tiles > 0)
+      launch(flash::query_grad_kernel<T, kDmax>, q_tiles, s.heads, G::kThreads,
+             SharedFloats<G>::kQueryGrad, stream, s, dq, delta, dout, out, stats, q, k, v);
+    if (k_tiles > 0)
+      launch(flash::key_grad_kernel<T, kDmax>, k_tiles, s.heads, G::kThreads,
+             SharedFloats<G>::kKeyGrad, stream, s, dk, dv, delta_in, dout, stats, q, k, v);
+  }
+}
+
+}  // namespace
+
 void flash_attention_forward(Act out, float* stats, Act q, int q_stride, Act k, Act v,
                              int kv_stride, const Ragged& qs, const Ragged& ks,
                              const AttentionConfig& cfg, int32_t* tiles, cudaStream_t stream) {
@@ -116,12 +169,8 @@ void flash_attention_forward(Act out, float* stats, Act q, int q_stride, Act k, 
   dispatch(out.dtype, [&](auto t) {
     using T = decltype(t);
     dispatch_head(cfg.head_dim, [&](auto dmax) {
-      constexpr int kDmax = decltype(dmax)::value;
-      using G = Geometry<kDmax>;
-      launch(flash::forward_kernel<T, kDmax>, q_tiles, cfg.heads, G::kThreads,
-             SharedFloats<G>::kForward, stream, s, typed<T>(out), stats,
-             static_cast<const T*>(typed<T>(q)), static_cast<const T*>(typed<T>(k)),
-             static_cast<const T*>(typed<T>(v)));
+      launch_forward<T, decltype(dmax)::value>(s, q_tiles, typed<T>(out), stats, typed<T>(q),
+                                               typed<T>(k), typed<T>(v), stream);
     });
   });
   check(cudaGetLastError(), "flash attention_forward");
@@ -137,22 +186,10 @@ void flash_attention_backward(Act dq, Act dk, Act dv, Act dout, Act out, const f
   const flash::Shape s = shape_of(qs, ks, cfg, tiles, q_stride, kv_stride);
   dispatch(dq.dtype, [&](auto t) {
     using T = decltype(t);
-    const T *qp = typed<T>(q), *kp = typed<T>(k), *vp = typed<T>(v);
-    const T *dop = typed<T>(dout), *op = typed<T>(out);
+    const T* const in[5] = {typed<T>(dout), typed<T>(out), typed<T>(q), typed<T>(k), typed<T>(v)};
     dispatch_head(cfg.head_dim, [&](auto dmax) {
-      constexpr int kDmax = decltype(dmax)::value;
-      using G = Geometry<kDmax>;
-      // dQ first: it writes the delta the dK/dV pass reads.
-      if (q_tiles > 0) {
-        launch(flash::query_grad_kernel<T, kDmax>, q_tiles, cfg.heads, G::kThreads,
-               SharedFloats<G>::kQueryGrad, stream, s, typed<T>(dq), delta, dop, op, stats, qp, kp,
-               vp);
-      }
-      if (k_tiles > 0) {
-        launch(flash::key_grad_kernel<T, kDmax>, k_tiles, cfg.heads, G::kThreads,
-               SharedFloats<G>::kKeyGrad, stream, s, typed<T>(dk), typed<T>(dv),
-               static_cast<const float*>(delta), dop, stats, qp, kp, vp);
-      }
+      launch_backward<T, decltype(dmax)::value>(s, q_tiles, k_tiles, typed<T>(dq), typed<T>(dk),
+                                                typed<T>(dv), delta, stats, in, stream);
     });
   });
   check(cudaGetLastError(), "flash attention_backward");

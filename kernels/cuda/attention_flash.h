@@ -1,8 +1,11 @@
 // The CUDA backend's flash attention for its plain path (attention.cu):
-// FlashAttention-2's tiling on CUDA cores, in fp32, bf16 and fp16, for head
-// sizes up to 128 (attention_flash_kernels.cuh). Unlike the naive kernels
-// it keeps no score matrix in global memory: backward recomputes each tile
-// of P from the forward's log-sum-exp. No float atomics: deterministic.
+// FlashAttention-2's tiling in fp32, bf16 and fp16 for head sizes up to
+// 128, on tensor cores for bf16 and fp16 heads up to 64
+// (attention_flash_mma_kernels.cuh: mma.sync, fp32 accumulation) and on
+// CUDA cores otherwise (attention_flash_kernels.cuh: fp32 throughout, no
+// TF32). Unlike the naive kernels it keeps no score matrix in global
+// memory: backward recomputes each tile of P from the forward's
+// log-sum-exp. No float atomics: deterministic.
 //
 // Scratch, given by the caller (CudaOps's slots): the tile starts of both
 // sides, 2 (B+1) int32 (forward and backward), and delta = rowsum(dO * O),
