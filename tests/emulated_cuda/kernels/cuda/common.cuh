@@ -1,0 +1,132 @@
+// Stands in for kernels/cuda/common.cuh in flash_emulation_test, which
+// puts this directory first on its include path: the CUDA built-ins the
+// flash attention kernels use, emulated on the CPU, so that their device
+// code runs where no GPU is. A block's CUDA threads are std::threads;
+// __syncthreads is a barrier of the block, __shfl_xor_sync an exchange
+// through a buffer between two barriers of the warp. Shared memory is
+// filled with NaN before each block, so a read before a write shows.
+// fp32 and bf16 only.
+#pragma once
+
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "kernels/dtype.h"
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __shared__
+#define __launch_bounds__(...)
+
+struct dim3 {
+  unsigned x = 1, y = 1, z = 1;
+  dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
+};
+struct float2 {
+  float x, y;
+};
+struct float4 {
+  float x, y, z, w;
+};
+struct uint2 {
+  unsigned x, y;
+};
+inline float4 make_float4(float x, float y, float z, float w) {
+  return float4{x, y, z, w};
+}
+inline int min(int a, int b) {
+  return a < b ? a : b;
+}
+
+struct __nv_bfloat16 {
+  uint16_t bits;
+};
+
+namespace emulated {
+
+struct Index {
+  unsigned x = 0, y = 0, z = 0;
+};
+inline thread_local Index thread_index, block_index;
+inline dim3 block_dim, grid_dim;
+inline std::barrier<>* block_barrier = nullptr;
+inline std::vector<std::unique_ptr<std::barrier<>>> warp_barriers;  // one per warp
+inline float shuffle_buffer[32][32];                                // [warp][lane]
+
+// body() as every CUDA thread of every block of `grid`, a block at a time,
+// on `threads` std::threads; shared: the kernels' dynamic shared memory.
+template <typename Body>
+void launch(dim3 grid, int threads, float* shared, size_t shared_floats, Body body) {
+  grid_dim = grid;
+  block_dim = dim3(threads);
+  std::barrier<> block(threads);
+  block_barrier = &block;
+  warp_barriers.clear();
+  for (int w = 0; w < (threads + 31) / 32; ++w)
+    warp_barriers.push_back(std::make_unique<std::barrier<>>(32));
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      thread_index = Index{static_cast<unsigned>(t), 0, 0};
+      for (unsigned by = 0; by < grid.y; ++by) {
+        for (unsigned bx = 0; bx < grid.x; ++bx) {
+          if (t == 0) {
+            for (size_t i = 0; i < shared_floats; ++i) shared[i] = std::nanf("");
+          }
+          block_index = Index{bx, by, 0};
+          block.arrive_and_wait();
+          body();
+          block.arrive_and_wait();
+        }
+      }
+    });
+  }
+  for (std::thread& thread : pool) thread.join();
+}
+
+}  // namespace emulated
+
+#define threadIdx emulated::thread_index
+#define blockIdx emulated::block_index
+#define blockDim emulated::block_dim
+#define gridDim emulated::grid_dim
+
+inline void __syncthreads() {
+  emulated::block_barrier->arrive_and_wait();
+}
+
+// Every lane of the warp takes part (the kernels' shuffles are all full).
+inline float __shfl_xor_sync(unsigned mask, float x, int lanes) {
+  if (mask != 0xffffffffu) std::abort();
+  const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  emulated::shuffle_buffer[warp][lane] = x;
+  emulated::warp_barriers[warp]->arrive_and_wait();
+  const float other = emulated::shuffle_buffer[warp][lane ^ lanes];
+  emulated::warp_barriers[warp]->arrive_and_wait();
+  return other;
+}
+
+namespace mpiformer::cuda {
+
+inline float load(const float* p, size_t i) {
+  return p[i];
+}
+inline float load(const __nv_bfloat16* p, size_t i) {
+  return bf16_to_float(p[i].bits);
+}
+inline void store(float* p, size_t i, float v) {
+  p[i] = v;
+}
+inline void store(__nv_bfloat16* p, size_t i, float v) {
+  p[i].bits = float_to_bf16(v);
+}
+
+}  // namespace mpiformer::cuda
