@@ -874,21 +874,23 @@ class AttentionTimer {
   }
 
   // Milliseconds per forward + backward on `path` (plain: on `plain`), or a
-  // negative number when the path cannot run here.
+  // negative number when the path cannot run here or refuses the case.
   double milliseconds(AttentionPath path, PlainAttention plain, int reps) {
     try {
       ops_->set_attention_path(path);
-    } catch (const std::exception&) {
+      cuda_->set_plain_attention(plain);
+      step();  // warm-up: plans, scratch
+      ops_->device().synchronize();
+      const auto start = std::chrono::steady_clock::now();
+      for (int i = 0; i < reps; ++i) step();
+      ops_->device().synchronize();
+      const std::chrono::duration<double, std::milli> took =
+          std::chrono::steady_clock::now() - start;
+      return took.count() / reps;
+    } catch (const std::exception& e) {
+      std::printf("note: --attention %s did not run: %s\n", to_string(path), e.what());
       return -1.0;
     }
-    cuda_->set_plain_attention(plain);
-    step();  // warm-up: plans, scratch
-    ops_->device().synchronize();
-    const auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < reps; ++i) step();
-    ops_->device().synchronize();
-    const std::chrono::duration<double, std::milli> took = std::chrono::steady_clock::now() - start;
-    return took.count() / reps;
   }
 
   // Forward and backward FLOPs counted as FlashAttention-2 counts them (the
