@@ -112,22 +112,35 @@ size_t flash_attention_scratch_bytes(size_t tokens, const AttentionConfig& cfg, 
 namespace {
 
 // Whether heads up to kDmax of T run on tensor cores (bf16 and fp16 heads
-// up to 64) or on CUDA cores (fp32, and heads of 65 to 128).
+// up to 64, on devices of compute capability 8.0 and later) or on CUDA
+// cores (fp32, heads of 65 to 128, older devices).
 template <typename T, int kDmax>
 constexpr bool kOnTensorCores = !std::is_same_v<T, float> && kDmax <= 64;
+
+bool device_has_mma() {
+  int device = 0, major = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+    cudaGetLastError();  // not an error of a later op
+    return false;
+  }
+  return major >= 8;
+}
 
 template <typename T, int kDmax>
 void launch_forward(const flash::Shape& s, int tiles, T* out, float* stats, const T* q, const T* k,
                     const T* v, cudaStream_t stream) {
   if constexpr (kOnTensorCores<T, kDmax>) {
-    using G = MmaGeometry<kDmax>;
-    launch(flash::forward_mma_kernel<T, kDmax>, tiles, s.heads, G::kThreads,
-           MmaSharedFloats<G>::kForward, stream, s, out, stats, q, k, v);
-  } else {
-    using G = Geometry<kDmax>;
-    launch(flash::forward_kernel<T, kDmax>, tiles, s.heads, G::kThreads, SharedFloats<G>::kForward,
-           stream, s, out, stats, q, k, v);
+    if (device_has_mma()) {
+      using G = MmaGeometry<kDmax>;
+      launch(flash::forward_mma_kernel<T, kDmax>, tiles, s.heads, G::kThreads,
+             MmaSharedFloats<G>::kForward, stream, s, out, stats, q, k, v);
+      return;
+    }
   }
+  using G = Geometry<kDmax>;
+  launch(flash::forward_kernel<T, kDmax>, tiles, s.heads, G::kThreads, SharedFloats<G>::kForward,
+         stream, s, out, stats, q, k, v);
 }
 
 // The dQ pass (which writes delta), then the dK/dV pass. dq, dk, dv: the
@@ -139,22 +152,24 @@ void launch_backward(const flash::Shape& s, int q_tiles, int k_tiles, T* dq, T* 
   const T *dout = in[0], *out = in[1], *q = in[2], *k = in[3], *v = in[4];
   const float* delta_in = delta;
   if constexpr (kOnTensorCores<T, kDmax>) {
-    using G = MmaGeometry<kDmax>;
-    if (q_tiles > 0)
-      launch(flash::query_grad_mma_kernel<T, kDmax>, q_tiles, s.heads, G::kThreads,
-             MmaSharedFloats<G>::kQueryGrad, stream, s, dq, delta, dout, out, stats, q, k, v);
-    if (k_tiles > 0)
-      launch(flash::key_grad_mma_kernel<T, kDmax>, k_tiles, s.heads, G::kThreads,
-             MmaSharedFloats<G>::kKeyGrad, stream, s, dk, dv, delta_in, dout, stats, q, k, v);
-  } else {
-    using G = Geometry<kDmax>;
-    if (q_tiles > 0)
-      launch(flash::query_grad_kernel<T, kDmax>, q_tiles, s.heads, G::kThreads,
-             SharedFloats<G>::kQueryGrad, stream, s, dq, delta, dout, out, stats, q, k, v);
-    if (k_tiles > 0)
-      launch(flash::key_grad_kernel<T, kDmax>, k_tiles, s.heads, G::kThreads,
-             SharedFloats<G>::kKeyGrad, stream, s, dk, dv, delta_in, dout, stats, q, k, v);
+    if (device_has_mma()) {
+      using G = MmaGeometry<kDmax>;
+      if (q_tiles > 0)
+        launch(flash::query_grad_mma_kernel<T, kDmax>, q_tiles, s.heads, G::kThreads,
+               MmaSharedFloats<G>::kQueryGrad, stream, s, dq, delta, dout, out, stats, q, k, v);
+      if (k_tiles > 0)
+        launch(flash::key_grad_mma_kernel<T, kDmax>, k_tiles, s.heads, G::kThreads,
+               MmaSharedFloats<G>::kKeyGrad, stream, s, dk, dv, delta_in, dout, stats, q, k, v);
+      return;
+    }
   }
+  using G = Geometry<kDmax>;
+  if (q_tiles > 0)
+    launch(flash::query_grad_kernel<T, kDmax>, q_tiles, s.heads, G::kThreads,
+           SharedFloats<G>::kQueryGrad, stream, s, dq, delta, dout, out, stats, q, k, v);
+  if (k_tiles > 0)
+    launch(flash::key_grad_kernel<T, kDmax>, k_tiles, s.heads, G::kThreads,
+           SharedFloats<G>::kKeyGrad, stream, s, dk, dv, delta_in, dout, stats, q, k, v);
 }
 
 }  // namespace
