@@ -286,12 +286,15 @@ void CudaOps::set_attention_path(AttentionPath path) {
 }
 
 std::string CudaOps::attention_kernels() const {
-  if (attention_path_ == AttentionPath::kPlain) return "the plain CUDA kernels (--attention plain)";
-  if (!flash_) return "the plain CUDA kernels (" + no_cudnn_reason_ + ")";
+  const std::string plain = plain_attention_ == PlainAttention::kFlash
+                                ? "the plain CUDA kernels (tiled, flash-style)"
+                                : "the plain CUDA kernels (naive: MPIFORMER_PLAIN_ATTENTION=naive)";
+  if (attention_path_ == AttentionPath::kPlain) return plain + " (--attention plain)";
+  if (!flash_) return plain + " (" + no_cudnn_reason_ + ")";
   const std::string cudnn = "cuDNN's fused flash attention (" + flash_->version() + ")";
   if (attention_path_ == AttentionPath::kCudnn)
     return cudnn + " for bf16 and fp16; a case it refuses is an error (--attention cudnn)";
-  return cudnn + " for bf16 and fp16, the plain CUDA kernels where it does not take a case";
+  return cudnn + " for bf16 and fp16, " + plain + " where it does not take a case";
 }
 
 AttentionCalls CudaOps::attention_calls() const {
