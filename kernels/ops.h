@@ -51,6 +51,9 @@ struct AttentionCalls {
 const char* to_string(AttentionPath p);
 // "12 calls on cuDNN, 0 calls on the plain kernels (3 cuDNN did not take)".
 std::string attention_summary(const AttentionCalls& calls);
+// The calls between two counts (`since` earlier than `now`): a window's.
+// Graphs held are now's.
+AttentionCalls calls_since(const AttentionCalls& now, const AttentionCalls& since);
 
 // Row offsets of a ragged batch; lengths[b] = offsets[b+1] - offsets[b].
 struct Ragged {

@@ -46,6 +46,15 @@ std::string attention_summary(const AttentionCalls& calls) {
   return text;
 }
 
+AttentionCalls calls_since(const AttentionCalls& now, const AttentionCalls& since) {
+  AttentionCalls window;
+  window.library = now.library - since.library;
+  window.plain = now.plain - since.plain;
+  window.fallbacks = now.fallbacks - since.fallbacks;
+  window.graphs = now.graphs;
+  return window;
+}
+
 double label_smoothing_constant(float smoothing, int V) {
   // x ln x with the limit 0 ln 0 = 0.
   const auto x_log_y = [](double x, double y) { return x > 0.0 ? x * std::log(y) : 0.0; };

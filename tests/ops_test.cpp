@@ -204,6 +204,23 @@ TEST(OpsCommonTest, AttentionScale) {
   EXPECT_FLOAT_EQ(attention_scale(cfg, 1), 0.0f);
 }
 
+// A progress window counts the fallbacks of its own calls, and the graphs
+// held at its end.
+TEST(OpsCommonTest, AttentionCallsOfAWindow) {
+  const AttentionCalls first{100, 20, 5, 16}, second{160, 26, 6, 17};
+  const AttentionCalls window = calls_since(second, first);
+  EXPECT_EQ(window.library, 60);
+  EXPECT_EQ(window.plain, 6);
+  EXPECT_EQ(window.fallbacks, 1);
+  EXPECT_EQ(window.graphs, 17);
+  EXPECT_EQ(calls_since(second, second).fallbacks, 0);
+  EXPECT_EQ(calls_since(first, AttentionCalls{}).fallbacks, 5);
+  EXPECT_EQ(attention_summary(window),
+            "60 calls on cuDNN, 6 calls on the plain kernels (1 cuDNN did not take)");
+  EXPECT_EQ(attention_summary(calls_since(second, second)),
+            "0 calls on cuDNN, 0 calls on the plain kernels");
+}
+
 TEST(OpsCommonTest, LabelSmoothingConstant) {
   EXPECT_DOUBLE_EQ(label_smoothing_constant(0.0f, 10), 0.0);
   const double e = 0.1f;

@@ -429,15 +429,13 @@ std::string Bench::kernels_json() const {
   if (run_.device == DeviceKind::kCpu)
     return ", \"blas\": \"" + blas_library() + "\", \"blas_core\": \"" + blas_core() + "\"";
   // Those of the timed steps.
-  AttentionCalls calls = backend_->attention_calls();
-  calls.library -= warm_calls_.library;
-  calls.plain -= warm_calls_.plain;
-  calls.fallbacks -= warm_calls_.fallbacks;
+  const AttentionCalls calls = calls_since(backend_->attention_calls(), warm_calls_);
   const char* attention = calls.library == 0 ? "plain" : calls.plain == 0 ? "cudnn" : "cudnn+plain";
   return ", \"attention\": \"" + std::string(attention) +
          "\", \"attention_calls_cudnn\": " + std::to_string(calls.library) +
          ", \"attention_calls_plain\": " + std::to_string(calls.plain) +
-         ", \"attention_fallbacks\": " + std::to_string(calls.fallbacks);
+         ", \"attention_fallbacks\": " + std::to_string(calls.fallbacks) +
+         ", \"attention_graphs\": " + std::to_string(calls.graphs);
 }
 
 void Bench::report() {

@@ -288,9 +288,9 @@ int Trainer::log_progress(int64_t step) {
 std::string Trainer::attention_window() {
   if (run_.cfg.device != DeviceKind::kCuda) return "";
   const AttentionCalls now = run_.ops->attention_calls();
-  const int64_t fallbacks = now.fallbacks - attention_at_line_.fallbacks;
+  const AttentionCalls window = calls_since(now, attention_at_line_);
   attention_at_line_ = now;
-  return " | attention fallbacks " + std::to_string(fallbacks);
+  return " | attention fallbacks " + std::to_string(window.fallbacks);
 }
 
 int Trainer::save(int64_t step) {
