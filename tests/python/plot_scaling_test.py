@@ -29,7 +29,8 @@ LINE = ('{{"model": "{model}", "device": "cpu", "ranks": {ranks}, "threads": 1, 
         '"hidden_share": {hidden}, "transport": "{transport}", "blas": "OpenBLAS 0.3.21", '
         '"blas_core": "Haswell"}}')
 # What only a GPU's line has (a CPU's line has the BLAS fields instead).
-GPU_ONLY = {"attention", "attention_calls_cudnn", "attention_calls_plain", "attention_fallbacks"}
+GPU_ONLY = {"attention", "attention_calls_cudnn", "attention_calls_plain", "attention_fallbacks",
+            "attention_graphs"}
 
 
 def bench_line(model="lm", ranks=1, speed=1000.0, wait=0.0, hidden=0.0, params=10176):
