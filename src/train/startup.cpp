@@ -237,6 +237,39 @@ int make_source(TrainingRun& run, const Communicator& comm) {
   return check_reserved_ids(*run.source, comm, run.cfg.data_dir);
 }
 
+// The memory estimate of the run (into notes->memory): exit 2 on every rank,
+// naming the flags that size it (and those that would make it fit), when a
+// rank cannot hold it.
+int check_memory(const TrainingRun& run, const Communicator& comm, const ModelCapacity& capacity,
+                 StartNotes* notes) {
+  const TrainConfig& cfg = run.cfg;
+  Ops& ops = *run.ops;
+  const int world = comm.size();
+  const DType compute = compute_dtype(cfg.precision);
+  MemoryPlan plan;
+  plan.training = true;
+  plan.world = world;
+  plan.shard_optimizer = cfg.shard_optimizer && world > 1;
+  plan.reducer_exact_sum = cfg.grad_sum == GradSum::kExact;  // on one rank too
+  // The MPI transport reads host memory: a GPU's gradients are staged.
+  plan.reducer_staged =
+      world > 1 && notes->transport == Transport::kMpi && !ops.device().host_accessible();
+  std::string shortfall;
+  if (!agreed(comm, [&] {
+        notes->memory = estimate_memory(ops, cfg.model, capacity, compute, plan);
+        shortfall = memory_shortfall(notes->memory, ops, comm.local_size(),
+                                     "--max-tokens, --d-model, --d-ff, --layers or --max-len");
+        // Where sharding or recomputation would make it fit, say which.
+        if (!shortfall.empty()) {
+          const std::string fits =
+              fitting_flags(ops, cfg.model, capacity, compute, plan, comm.local_size());
+          if (!fits.empty()) shortfall += ", or train with " + fits;
+        }
+      }))
+    return kExitFailure;
+  return refuse_on_shortfall(comm, shortfall, "mpiformer train: ");
+}
+
 // 3. Data, backend, model, optimizer, scaler, and the data cursor.
 int build(TrainingRun& run, const Communicator& comm, const FaultInjection& faults,
           StartNotes* notes) {
@@ -260,28 +293,7 @@ int build(TrainingRun& run, const Communicator& comm, const FaultInjection& faul
   const ModelCapacity capacity{cfg.max_tokens, cfg.model.max_len, run.source->max_batch_sequences(),
                                cfg.recompute};
   const DType compute = compute_dtype(cfg.precision);
-  MemoryPlan plan;
-  plan.training = true;
-  plan.world = world;
-  plan.shard_optimizer = cfg.shard_optimizer && world > 1;
-  plan.reducer_exact_sum = cfg.grad_sum == GradSum::kExact;  // on one rank too
-  // The MPI transport reads host memory: a GPU's gradients are staged.
-  plan.reducer_staged =
-      world > 1 && notes->transport == Transport::kMpi && !ops.device().host_accessible();
-  std::string shortfall;
-  if (!agreed(comm, [&] {
-        notes->memory = estimate_memory(ops, cfg.model, capacity, compute, plan);
-        shortfall = memory_shortfall(notes->memory, ops, comm.local_size(),
-                                     "--max-tokens, --d-model, --d-ff, --layers or --max-len");
-        // Where sharding or recomputation would make it fit, say which.
-        if (!shortfall.empty()) {
-          const std::string fits =
-              fitting_flags(ops, cfg.model, capacity, compute, plan, comm.local_size());
-          if (!fits.empty()) shortfall += ", or train with " + fits;
-        }
-      }))
-    return kExitFailure;
-  if (const int code = refuse_on_shortfall(comm, shortfall, "mpiformer train: ")) return code;
+  if (const int code = check_memory(run, comm, capacity, notes)) return code;
   run.model = std::make_unique<Model>(ops, cfg.model, capacity, compute);
   run.model->init_parameters(cfg.seed);
 
@@ -421,6 +433,14 @@ int claim_directory(TrainingRun& run, const Communicator& comm, const ConfigText
   return agree_on(comm, verdict);
 }
 
+// On a GPU: which attention kernels run, and the cuDNN graphs built for the
+// run's batch shapes.
+void print_attention(const Ops& ops, const StartNotes& notes) {
+  say(stdout, "  attention: %s\n", ops.attention_kernels().c_str());
+  const std::string prepared = describe_preparation(notes.attention);
+  if (!prepared.empty()) say(stdout, "  attention: %s\n", prepared.c_str());
+}
+
 // Rank 0's start lines: what runs, on what, and from where.
 void print_start(const TrainingRun& run, const Communicator& comm, const ConfigText& config_text,
                  const StartNotes& notes) {
@@ -446,11 +466,7 @@ void print_start(const TrainingRun& run, const Communicator& comm, const ConfigT
       cfg.model.max_len, cfg.max_tokens, accum, world);
   say(stdout, "  memory: about %s per rank\n", notes.memory.describe().c_str());
   if (cfg.device == DeviceKind::kCpu) say(stdout, "  BLAS: %s\n", describe_blas_kernels().c_str());
-  if (cfg.device == DeviceKind::kCuda) {
-    say(stdout, "  attention: %s\n", ops.attention_kernels().c_str());
-    const std::string prepared = describe_preparation(notes.attention);
-    if (!prepared.empty()) say(stdout, "  attention: %s\n", prepared.c_str());
-  }
+  if (cfg.device == DeviceKind::kCuda) print_attention(ops, notes);
   if (cfg.precision != Precision::kFp32)
     say(stdout,
         "  precision %s: activations and GEMM inputs; fp32 master weights, Adam state "
