@@ -7,6 +7,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "src/core/error.h"
 #include "src/core/escape.h"
 #include "src/loss/cross_entropy.h"
 #include "src/train/held_out.h"
@@ -110,8 +111,10 @@ std::string ProgressWindow::save(const Communicator& comm) const {
 void ProgressWindow::restore(const std::string& text, const Communicator& comm) {
   restart();
   if (text.empty()) return;
+  // A damaged window is the checkpoint's fault, as other bad values in the
+  // user's files are: exit 2.
   const auto fail = [](const std::string& what) {
-    throw std::runtime_error("the checkpoint's progress_window: " + what);
+    throw UsageError("the checkpoint's progress_window: " + what);
   };
   std::istringstream in(text);
   std::string format, word;
@@ -125,7 +128,8 @@ void ProgressWindow::restore(const std::string& text, const Communicator& comm) 
   }
   // The counts are the file's word: the text must hold that many values
   // (two bytes each at least) before they are allocated.
-  const uint64_t values = static_cast<uint64_t>(saved_ranks) * (kFigures + uint64_t{labels});
+  const uint64_t values =
+      static_cast<uint64_t>(saved_ranks) * (kFigures + static_cast<uint64_t>(labels));
   if (values > text.size() / 2) {
     fail("'ranks " + std::to_string(saved_ranks) + " labels " + std::to_string(labels) +
          "' declares " + std::to_string(values) + " values, more than its " +

@@ -106,9 +106,18 @@ int Trainer::run() {
   // The steps since the last progress line before a stop are in the
   // checkpoint: the next line covers them as if the run had not stopped.
   if (run_.start.resumed) {
-    const bool restored =
-        agreed(comm_, [&] { state_.window.restore(run_.start.state.progress_window, comm_); });
-    if (!restored) return kExitFailure;
+    const std::string& file = run_.start.checkpoint.path;  // rank 0's, who speaks
+    if (const int code = agree_on_inputs(
+            comm_,
+            [&] {
+              try {
+                state_.window.restore(run_.start.state.progress_window, comm_);
+              } catch (const UsageError& e) {
+                throw UsageError(file.empty() ? e.what() : file + ": " + e.what());
+              }
+            },
+            "train"))
+      return code;
   }
 
   if (cfg.keep_best > 0 || cfg.early_stop > 0) {

@@ -137,8 +137,9 @@ with h5py.File("window/checkpoints/step_00000002.h5", "r+") as f:
     f.attrs["progress_window"] = np.bytes_(f"{head}\nranks 2000000000 labels 0\n{rest}".encode())
 PY
 try "$bin" train "${lm[@]}" --data shards --out window --steps 4 --resume auto
-refused "resume of a progress window declaring 2e9 ranks" nonzero \
-  "the checkpoint's progress_window: 'ranks 2000000000 labels 0' declares"
+refused "resume of a progress window declaring 2e9 ranks" 2 \
+  "mpiformer train: window/checkpoints/step_00000002.h5: the checkpoint's progress_window:" \
+  "'ranks 2000000000 labels 0' declares"
 
 # ---- 3. damaged and out-of-range shards: the user's data, exit 2
 # forge DIR PYTHON: a copy of the shard set, changed by PYTHON (f: train-00001.h5).
