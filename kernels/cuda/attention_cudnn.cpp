@@ -439,7 +439,12 @@ class CudnnAttention final : public FlashAttention {
     if (need <= reserved_) return entry;
     const size_t budget = unplanned_workspace_budget(qs, ks, key.heads, reserved_,
                                                      ops_.device().device_memory_free());
-    if (need <= budget) return entry;
+    if (need <= budget) {
+      // run() grows the shared workspace to it: later calls need not ask the
+      // device's free memory again (no driver query per call in the step).
+      reserved_ = need;
+      return entry;
+    }
     refusal_ = describe_key(key) + " needs " + mib(entry->workspace) + " of workspace, over " +
                mib(static_cast<int64_t>(budget)) +
                " (a quarter of the GPU's free memory, or the reserved workspace)";
@@ -585,8 +590,8 @@ class CudnnAttention final : public FlashAttention {
   std::unordered_map<std::string, Entry> graphs_;
   PlannedShapes planned_;  // the run's classes (prepare)
   size_t prepared_graphs_ = 0;
-  size_t reserved_ = 0;               // the workspace reserved for them
-  std::string refusal_;               // why the last call was refused
+  size_t reserved_ = 0;  // the workspace held: the classes' reserve, or grown by another call
+  std::string refusal_;  // why the last call was refused
   bool workspace_note_said_ = false;  // the line about a workspace over budget, once
   MetaEntry metas_[kMetaEntries];
   int next_meta_ = 0;
