@@ -55,6 +55,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from export_hf import CHECKPOINT_VERSION, LN_EPSILON, name_map  # noqa: E402
+from mpiformer_checksum import crc32c  # noqa: E402
 from mpiformer_metrics import CHECKPOINT_FORMAT, RunError, report_fault  # noqa: E402
 import sentencepiece_model as spm  # noqa: E402
 
@@ -305,6 +306,7 @@ def write_checkpoint(path, params, tokenizer, flags):
             string = lambda s: np.bytes_(s.encode())  # noqa: E731 fixed-length, as C++ writes
             f.attrs["format"] = string(CHECKPOINT_FORMAT)
             f.attrs["version"] = np.int32(CHECKPOINT_VERSION)
+            f.attrs["checksum"] = string("crc32c")  # on every dataset, as below
             f.attrs["step"] = np.int64(0)
             f.attrs["world_size"] = np.int32(1)
             f.attrs["config"] = string(config_ini(flags))
@@ -320,14 +322,16 @@ def write_checkpoint(path, params, tokenizer, flags):
             for i, (name, _) in enumerate(RESERVED):
                 f.attrs[f"{name}_id"] = np.int32(i)
             data = np.frombuffer(tokenizer, dtype=np.uint8)
-            f.create_dataset("tokenizer", data=data, chunks=(min(data.size, BYTES_CHUNK),),
-                             fletcher32=True)
+            d = f.create_dataset("tokenizer", data=data, chunks=(min(data.size, BYTES_CHUNK),),
+                                 fletcher32=True)
+            d.attrs["crc32c"] = np.uint32(crc32c(data))
             for group in ("params", "optimizer/m", "optimizer/v"):
                 g = f.create_group(group)
                 for name in sorted(params):
                     t = params[name] if group == "params" else np.zeros_like(params[name])
-                    g.create_dataset(name, data=t, dtype="<f4", chunks=chunk_dims(t.shape),
-                                     fletcher32=True)
+                    t = np.asarray(t, dtype="<f4")
+                    d = g.create_dataset(name, data=t, chunks=chunk_dims(t.shape), fletcher32=True)
+                    d.attrs["crc32c"] = np.uint32(crc32c(t))
         os.replace(tmp, path)
     except OSError as e:
         try:

@@ -38,6 +38,9 @@ import h5py
 import numpy as np
 from h5py import h5a, h5d, h5g, h5l, h5o, h5z
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from mpiformer_checksum import crc32c  # noqa: E402
+
 METRICS_FORMAT = "mpiformer-metrics"
 CHECKPOINT_FORMAT = "mpiformer-checkpoint"
 
@@ -377,7 +380,33 @@ def numbers(dataset, ndims=(1,)):
     if ndims is not None and dataset.ndim not in ndims:
         raise NotAsWritten(f"{dataset.name} has {dataset.ndim} dimensions, not "
                            + " or ".join(map(str, ndims)))
-    return dataset[()]
+    values = dataset[()]
+    _check_sum(dataset, values)
+    return values
+
+
+def _check_sum(dataset, values):
+    """The values read against the dataset's attribute crc32c, the CRC-32C
+    of its values as stored (data/FORMAT.md); NotAsWritten when they differ,
+    or when the dataset has none though its file's attribute checksum
+    promises one on every dataset."""
+    if "crc32c" not in dataset.attrs:
+        if "checksum" in dataset.file.attrs:
+            promise = _text(dataset.file.attrs["checksum"])
+            if promise != "crc32c":
+                raise NotAsWritten(f"attribute 'checksum' is '{terminal_safe(promise)}'; "
+                                   "this reader checks 'crc32c'")
+            raise NotAsWritten(f"{dataset.name} has no 'crc32c' attribute, which its file's "
+                               "'checksum' attribute promises on every dataset")
+        return
+    stored = np.asarray(dataset.attrs["crc32c"])
+    if stored.ndim != 0 or not np.issubdtype(stored.dtype, np.integer) \
+            or not 0 <= int(stored) <= 0xFFFFFFFF:
+        raise NotAsWritten(f"attribute 'crc32c' of {dataset.name} is not one 32-bit checksum")
+    computed = crc32c(np.asarray(values, dtype=dataset.dtype))
+    if int(stored) != computed:
+        raise NotAsWritten(f"{dataset.name} is damaged: its CRC-32C checksum is "
+                           f"0x{int(stored):08x} but its values sum to 0x{computed:08x}")
 
 
 def group_of(f, name):

@@ -6,6 +6,10 @@
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
+#include <vector>
+
+#include "src/io/crc32c.h"
+#include "src/io/dataset_checksum.h"
 
 namespace mpiformer::test_shards {
 
@@ -33,6 +37,23 @@ struct Dataset {
   ~Dataset() { H5Dclose(id); }
 };
 
+// Sums `dataset` afresh (its attribute crc32c), as a writer of wrong values
+// would: what a reader must then find is the values' fault, not the sum's.
+void reseal(const std::string& path, hid_t file, const std::string& dataset) {
+  Dataset d(file, dataset);
+  const hid_t type = H5Dget_type(d.id), space = H5Dget_space(d.id);
+  std::vector<unsigned char> raw(static_cast<size_t>(H5Sget_simple_extent_npoints(space)) *
+                                 H5Tget_size(type));  // (n) as stored
+  const herr_t st =
+      raw.empty() ? 0 : H5Dread(d.id, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, raw.data());
+  H5Sclose(space);
+  H5Tclose(type);
+  ensure(st >= 0, "cannot read " + dataset);
+  if (H5Aexists(d.id, "crc32c") > 0) H5Adelete(d.id, "crc32c");
+  hdf5::write_crc32c(d.id, crc32c(raw.data(), raw.size()),
+                     hdf5::Faults::of<std::runtime_error>(path));
+}
+
 }  // namespace
 
 const std::vector<FaultName>& fault_names() {
@@ -51,6 +72,7 @@ const std::vector<FaultName>& fault_names() {
       {Fault::kBadKind, "bad-kind"},
       {Fault::kBadChecksum, "bad-checksum"},
       {Fault::kCountMismatch, "count-mismatch"},
+      {Fault::kSumBlindChange, "sum-blind-change"},
   };
   return names;
 }
@@ -125,6 +147,7 @@ void set_element(const std::string& path, const std::string& dataset, uint64_t i
   H5Sclose(mspace);
   H5Sclose(fspace);
   ensure(st >= 0, "cannot write " + dataset);
+  reseal(path, f.id, dataset);
 }
 
 void replace_u64_dataset(const std::string& path, const std::string& dataset,
@@ -140,25 +163,30 @@ void replace_u64_dataset(const std::string& path, const std::string& dataset,
   if (d >= 0) H5Dclose(d);
   H5Sclose(space);
   ensure(st >= 0, "cannot write " + dataset);
+  reseal(path, f.id, dataset);
 }
 
 void truncate_file(const std::string& path, uint64_t keep) {
   std::filesystem::resize_file(path, keep);
 }
 
+// Where the first chunk of `dataset` lies in the file's bytes, and its size.
+void first_chunk(const std::string& path, const std::string& dataset, haddr_t* addr,
+                 hsize_t* size) {
+  File f(path);
+  Dataset d(f.id, dataset);
+  hid_t fspace = H5Dget_space(d.id);
+  hsize_t offset[1] = {0};
+  unsigned filter_mask = 0;
+  const herr_t st = H5Dget_chunk_info(d.id, fspace, 0, offset, &filter_mask, addr, size);
+  H5Sclose(fspace);
+  ensure(st >= 0 && *addr != HADDR_UNDEF && *size > 10, "no chunk in " + dataset);
+}
+
 void corrupt_first_chunk(const std::string& path, const std::string& dataset) {
   haddr_t addr = HADDR_UNDEF;
   hsize_t size = 0;
-  {
-    File f(path);
-    Dataset d(f.id, dataset);
-    hid_t fspace = H5Dget_space(d.id);
-    hsize_t offset[1] = {0};
-    unsigned filter_mask = 0;
-    const herr_t st = H5Dget_chunk_info(d.id, fspace, 0, offset, &filter_mask, &addr, &size);
-    H5Sclose(fspace);
-    ensure(st >= 0 && addr != HADDR_UNDEF && size > 4, "no chunk in " + dataset);
-  }
+  first_chunk(path, dataset, &addr, &size);
   // The chunk ends with its 4-byte checksum; flip a data byte before it.
   std::fstream io(path, std::ios::in | std::ios::out | std::ios::binary);
   io.seekg(static_cast<std::streamoff>(addr));
@@ -167,6 +195,36 @@ void corrupt_first_chunk(const std::string& path, const std::string& dataset) {
   io.seekp(static_cast<std::streamoff>(addr));
   io.put(static_cast<char>(c ^ 0x5a));
   ensure(static_cast<bool>(io), "cannot patch " + path);
+}
+
+// Changes three ids of the first chunk of `dataset` (uint16) in the file's
+// bytes by +1, -2, +1. HDF5's Fletcher32 adds the chunk's big-endian 16-bit
+// words and their running sums: an id below 256 is the word id * 256, so the
+// changes cancel in both sums and the chunk still reads. The ids stay valid.
+void change_blind_to_fletcher32(const std::string& path, const std::string& dataset) {
+  haddr_t addr = HADDR_UNDEF;
+  hsize_t size = 0;
+  first_chunk(path, dataset, &addr, &size);
+  std::fstream io(path, std::ios::in | std::ios::out | std::ios::binary);
+  std::vector<unsigned char> ids(size - 4);  // (ids) little-endian uint16, then the checksum
+  io.seekg(static_cast<std::streamoff>(addr));
+  io.read(reinterpret_cast<char*>(ids.data()), static_cast<std::streamsize>(ids.size()));
+  const int delta[3] = {1, -2, 1};
+  for (size_t at = 0; at + 6 <= ids.size(); at += 2) {
+    bool fits = true;
+    for (int k = 0; k < 3; ++k) {
+      const int id = ids[at + 2 * k] + delta[k];
+      fits = fits && ids[at + 2 * k + 1] == 0 && id >= 6 && id < kVocab;
+    }
+    if (!fits) continue;
+    for (int k = 0; k < 3; ++k)
+      ids[at + 2 * k] = static_cast<unsigned char>(ids[at + 2 * k] + delta[k]);
+    io.seekp(static_cast<std::streamoff>(addr));
+    io.write(reinterpret_cast<const char*>(ids.data()), static_cast<std::streamsize>(ids.size()));
+    ensure(static_cast<bool>(io), "cannot patch " + path);
+    return;
+  }
+  ensure(false, "no three ids to change in " + dataset);
 }
 
 void write_bad_shard(const std::string& path, const std::string& kind, Fault fault) {
@@ -219,6 +277,9 @@ void write_bad_shard(const std::string& path, const std::string& kind, Fault fau
       break;
     case Fault::kBadChecksum:
       corrupt_first_chunk(path, prefix + "tokens");
+      break;
+    case Fault::kSumBlindChange:
+      change_blind_to_fletcher32(path, prefix + "tokens");
       break;
     case Fault::kCountMismatch: {
       // Drop the last target sequence: /tgt stays self-consistent.

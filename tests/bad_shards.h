@@ -27,6 +27,7 @@ enum class Fault {
   kBadKind,             // kind 'xyz'
   kBadChecksum,         // a flipped byte inside the /tokens chunk
   kCountMismatch,       // seq2seq: /tgt holds one sequence fewer than /src
+  kSumBlindChange,  // three ids of /tokens' chunk changed by +1, -2, +1: Fletcher32 is blind to it
 };
 
 // Every fault's command-line name ("valid", "missing-format", ...).

@@ -28,6 +28,7 @@
 #include "kernels/backend.h"
 #include "src/app/options.h"
 #include "src/io/checkpoint.h"
+#include "src/io/dataset_checksum.h"
 #include "src/io/hdf5_file.h"
 #include "src/model/model.h"
 #include "tests/test_batches.h"

@@ -357,6 +357,10 @@ std::vector<FaultCase> fault_cases() {
         {kind,
          ts::Fault::kBadChecksum,
          {"truncated or corrupt (HDF5 could not read " + side + "tokens", "Fletcher32 checksum"}});
+    cases.push_back(
+        {kind,
+         ts::Fault::kSumBlindChange,
+         {side + "tokens is damaged: its CRC-32C checksum is 0x", "but its values sum"}});
   }
   cases.push_back(
       {"seq2seq", ts::Fault::kCountMismatch, {"/src holds 40 sequences but /tgt holds 39"}});

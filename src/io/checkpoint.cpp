@@ -17,12 +17,15 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <numeric>
 #include <utility>
 
 #include "src/core/error.h"
 #include "src/core/escape.h"
 #include "src/io/atomic_file.h"
 #include "src/io/checkpoint_layout.h"
+#include "src/io/crc32c.h"
+#include "src/io/dataset_checksum.h"
 #include "src/io/declared_size.h"
 #include "src/io/hdf5_file.h"
 #include "src/io/label_names.h"
@@ -131,6 +134,7 @@ void write_checkpoint_attributes(hid_t root, const CheckpointState& state, const
   hdf5::write_string_attr(root, "format", kCheckpointFormat, faults);
   const int version = kCheckpointVersion;
   hdf5::write_int_attr(root, "version", H5T_STD_I32LE, H5T_NATIVE_INT, &version, faults);
+  hdf5::promise_checksums(root, faults);
   hdf5::write_int_attr(root, "step", H5T_STD_I64LE, H5T_NATIVE_INT64, &state.step, faults);
   hdf5::write_int_attr(root, "world_size", H5T_STD_I32LE, H5T_NATIVE_INT, &state.world_size,
                        faults);
@@ -179,8 +183,9 @@ std::vector<hsize_t> checkpoint_chunk_dims(const std::vector<hsize_t>& dims) {
   return chunk;
 }
 
-// One float32 tensor, chunked and Fletcher32-checksummed so a damaged
-// checkpoint is refused at resume instead of training from garbage.
+// One float32 tensor, chunked and Fletcher32-checksummed, with its CRC-32C,
+// so a damaged checkpoint is refused at resume instead of training from
+// garbage.
 void write_checkpoint_tensor(hid_t group, const std::string& name, const std::vector<int>& shape,
                              const float* data, const Faults& faults, const std::string& what) {
   std::vector<hsize_t> dims(shape.begin(), shape.end());
@@ -191,6 +196,9 @@ void write_checkpoint_tensor(hid_t group, const std::string& name, const std::ve
                                        H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
                             H5Dclose, what);
   faults.check(H5Dwrite(dset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), what);
+  const size_t count = std::accumulate(dims.begin(), dims.end(), size_t{1},
+                                       [](size_t a, hsize_t d) { return a * d; });
+  hdf5::write_crc32c(dset.get(), crc32c(data, count * sizeof(float)), faults);
 }
 
 Hid create_checkpoint_group(hid_t loc, const char* name, const Faults& faults) {
@@ -360,6 +368,7 @@ CheckpointTensor read_checkpoint_tensor(hid_t group, const std::string& name,
       H5Dread(object.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data.data()) < 0) {
     faults.fail_corrupt("read " + where);
   }
+  hdf5::verify_read(object.get(), t.data.data(), H5T_NATIVE_FLOAT, count, where, faults);
   return t;
 }
 

@@ -362,31 +362,6 @@ void write_special_token_attrs(hid_t loc, const SpecialTokens& special, const Fa
   }
 }
 
-void write_vector_dataset(hid_t loc, const std::string& name, hid_t file_type, hid_t mem_type,
-                          const void* data, hsize_t n, hsize_t chunk, const Faults& faults) {
-  const std::string what = "dataset /" + name;
-  // A chunk must fit within the maximum extent, so an empty dataset gets an
-  // unlimited one; otherwise the extent is fixed.
-  const hsize_t dims[1] = {n};
-  const hsize_t maxdims[1] = {n == 0 ? H5S_UNLIMITED : n};
-  Hid space = faults.checked(H5Screate_simple(1, dims, maxdims), H5Sclose, what);
-  Hid dcpl = checksummed_chunks({std::clamp<hsize_t>(n, 1, chunk)}, faults, what);
-  Hid lcpl = faults.checked(H5Pcreate(H5P_LINK_CREATE), H5Pclose, what);
-  faults.check(H5Pset_create_intermediate_group(lcpl.get(), 1), what);
-  Hid dset = faults.checked(
-      H5Dcreate2(loc, name.c_str(), file_type, space.get(), lcpl.get(), dcpl.get(), H5P_DEFAULT),
-      H5Dclose, what);
-  if (n > 0) {
-    faults.check(H5Dwrite(dset.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), what);
-  }
-}
-
-void write_bytes_dataset(hid_t loc, const char* name, const std::string& bytes,
-                         const Faults& faults) {
-  write_vector_dataset(loc, name, H5T_STD_U8LE, H5T_NATIVE_UINT8, bytes.data(), bytes.size(),
-                       hsize_t{64} << 10, faults);
-}
-
 // ---------------------------------------------------------------- reading
 
 std::string read_string_attr(hid_t loc, const char* name, const Faults& faults) {
@@ -467,26 +442,9 @@ SpecialTokens read_special_token_attrs(hid_t loc, int vocab_size, const Faults& 
   return special;
 }
 
-std::string read_bytes_dataset(hid_t loc, const char* name, const Faults& faults) {
-  const std::string where = std::string("/") + name;
-  if (!link_exists(loc, name, faults)) faults.fail("missing dataset " + where);
-  Hid dset(H5Dopen2(loc, name, H5P_DEFAULT), H5Dclose);
-  if (!dset.ok()) faults.fail_corrupt("open " + where);
-  Hid space(H5Dget_space(dset.get()), H5Sclose);
-  if (!space.ok() || H5Sget_simple_extent_ndims(space.get()) != 1) {
-    faults.fail(where + " is not a 1-D dataset");
-  }
-  const hssize_t n = H5Sget_simple_extent_npoints(space.get());
-  std::string bytes(static_cast<size_t>(n), '\0');
-  if (n > 0 &&
-      H5Dread(dset.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, bytes.data()) < 0) {
-    faults.fail_corrupt("read " + where);
-  }
-  return bytes;
-}
-
 template int read_int_attr<int>(hid_t, const char*, const Faults&);
 template int64_t read_int_attr<int64_t>(hid_t, const char*, const Faults&);
+template uint32_t read_int_attr<uint32_t>(hid_t, const char*, const Faults&);
 template uint64_t read_int_attr<uint64_t>(hid_t, const char*, const Faults&);
 
 }  // namespace hdf5

@@ -202,22 +202,12 @@ void write_double_attr(hid_t loc, const char* name, double value, const Faults& 
 // unk_id, mask_id and sep_id.
 void write_special_token_attrs(hid_t loc, const SpecialTokens& special, const Faults& faults);
 
-// A 1-D dataset of n elements in chunks of up to `chunk` elements, each
-// Fletcher32-checksummed; intermediate groups of `name` are created.
-// data: (n) of mem_type
-void write_vector_dataset(hid_t loc, const std::string& name, hid_t file_type, hid_t mem_type,
-                          const void* data, hsize_t n, hsize_t chunk, const Faults& faults);
-
-// `bytes` as a 1-D uint8 dataset `name` (checksummed), e.g. /tokenizer.
-void write_bytes_dataset(hid_t loc, const char* name, const std::string& bytes,
-                         const Faults& faults);
-
 // A fixed- or variable-length string attribute (h5py writes the latter), as
 // stored: padding is the caller's business.
 std::string read_string_attr(hid_t loc, const char* name, const Faults& faults);
 
 // An integer attribute of any stored width, range-checked into T (int,
-// int64_t or uint64_t).
+// uint32_t, int64_t or uint64_t).
 template <class T>
 T read_int_attr(hid_t loc, const char* name, const Faults& faults);
 
@@ -227,9 +217,6 @@ double read_double_attr(hid_t loc, const char* name, const Faults& faults);
 // The attributes write_special_token_attrs wrote, each checked to lie in
 // [0, vocab_size).
 SpecialTokens read_special_token_attrs(hid_t loc, int vocab_size, const Faults& faults);
-
-// A 1-D uint8 dataset `name` (e.g. /tokenizer) as bytes.
-std::string read_bytes_dataset(hid_t loc, const char* name, const Faults& faults);
 
 }  // namespace hdf5
 }  // namespace mpiformer

@@ -249,10 +249,10 @@ void MetricsLog::open_columns(const char* group,
     if (!attrs.label_figures && is_label_column(name)) continue;
     if (!attrs.valid_bleu && std::string(name) == "bleu") continue;
     Column c{std::string(group) + "/" + name, H5I_INVALID_HID, integer, source};
-    const hsize_t dims[1] = {0}, maxdims[1] = {H5S_UNLIMITED}, chunk[1] = {kRowsPerChunk};
+    const hsize_t dims[1] = {0}, maxdims[1] = {H5S_UNLIMITED};
     Hid space = faults.checked(H5Screate_simple(1, dims, maxdims), H5Sclose, c.name);
-    Hid dcpl = faults.checked(H5Pcreate(H5P_DATASET_CREATE), H5Pclose, c.name);
-    faults.check(H5Pset_chunk(dcpl.get(), 1, chunk), c.name);
+    // Fletcher32 on every chunk: a flipped loss is refused, never plotted.
+    Hid dcpl = hdf5::checksummed_chunks({kRowsPerChunk}, faults, c.name);
     c.id = H5Dcreate2(g.get(), name, integer ? H5T_STD_I64LE : H5T_IEEE_F64LE, space.get(),
                       H5P_DEFAULT, dcpl.get(), H5P_DEFAULT);
     if (c.id < 0) faults.fail_corrupt("create /" + c.name);

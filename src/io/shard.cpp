@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "src/core/escape.h"
+#include "src/io/dataset_checksum.h"
 #include "src/io/declared_size.h"
 #include "src/io/hdf5_file.h"
 #include "src/io/label_names.h"
@@ -130,6 +131,7 @@ void write_shard_file(const Faults& faults, const Shard& shard) {
   hdf5::write_string_attr(root, "format", kShardFormat, faults);
   const int version = kShardVersion;
   hdf5::write_int_attr(root, "version", H5T_STD_I32LE, H5T_NATIVE_INT, &version, faults);
+  hdf5::promise_checksums(root, faults);
   hdf5::write_string_attr(root, "kind", h.kind, faults);
   hdf5::write_int_attr(root, "vocab_size", H5T_STD_I32LE, H5T_NATIVE_INT, &h.vocab_size, faults);
   hdf5::write_special_token_attrs(root, h.special, faults);
@@ -251,6 +253,7 @@ void read_numbers(hid_t file, const std::string& name, hid_t mem_type, const Fau
       H5Dread(dset.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, out->data()) < 0) {
     faults.fail_corrupt("read " + name);
   }
+  hdf5::verify_read(dset.get(), out->data(), mem_type, out->size(), "/" + name, faults);
 }
 
 // /labels of a classify or image shard, checked against the vocabulary.
@@ -319,6 +322,7 @@ void read_wide_ids(hid_t dset, hid_t mem_type, const std::string& name, int voca
   if (H5Dread(dset, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, wide.data()) < 0) {
     faults.fail_corrupt("read " + name);
   }
+  hdf5::verify_read(dset, wide.data(), mem_type, wide.size(), name, faults);
   for (size_t i = 0; i < wide.size(); ++i) {
     const bool negative = std::is_signed_v<Wide> && wide[i] < 0;
     if (negative || wide[i] >= static_cast<Wide>(vocab_size)) {
@@ -348,9 +352,12 @@ void read_token_ids(hid_t dset, const std::string& name, int vocab_size, const F
     if (H5Dread(dset, H5T_NATIVE_UINT16, H5S_ALL, H5S_ALL, H5P_DEFAULT, narrow.data()) < 0) {
       faults.fail_corrupt("read " + name);
     }
+    hdf5::verify_read(dset, narrow.data(), H5T_NATIVE_UINT16, n, name, faults);
     for (hsize_t i = 0; i < n; ++i) dst[i] = narrow[i];
   } else if (H5Dread(dset, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, dst) < 0) {
     faults.fail_corrupt("read " + name);  // int32 holds every value of these types exactly
+  } else {
+    hdf5::verify_read(dset, dst, H5T_NATIVE_INT32, n, name, faults);
   }
   // Range check as a branch-free min/max pass; locate the culprit only on failure.
   int32_t lo = 0, hi = 0;
@@ -380,6 +387,8 @@ void read_side(hid_t file, const std::string& prefix, int vocab_size, const Faul
               out->offsets.data()) < 0) {
     faults.fail_corrupt("read " + offsets_name);
   }
+  hdf5::verify_read(offsets.get(), out->offsets.data(), H5T_NATIVE_UINT64, n_offsets, offsets_name,
+                    faults);
 
   hsize_t n_tokens = 0;
   Hid tokens = open_int_dataset(file, tokens_name, faults, &n_tokens);

@@ -12,12 +12,15 @@
 #include <exception>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <utility>
 #include <vector>
 
 #include "src/core/error.h"
 #include "src/io/atomic_file.h"
 #include "src/io/checkpoint_layout.h"
+#include "src/io/crc32c.h"
+#include "src/io/dataset_checksum.h"
 #include "src/io/hdf5_file.h"
 #include "src/io/label_names.h"
 #include "src/parallel/agreement.h"
@@ -155,6 +158,85 @@ std::vector<int64_t> blocks_used(const Communicator& comm, const ParameterSet& p
   return used;
 }
 
+// Each rank's CRC-32C of its part of every tensor, summed over the ranks so
+// that every rank can tell a whole tensor's: tensor t's slot for rank r is
+// {lo, hi, crc} of the elements [lo, hi) of the tensor it moved.
+class PartSums {
+ public:
+  PartSums(const Communicator& comm, size_t tensors)
+      : world_(static_cast<size_t>(comm.size())),
+        rank_(static_cast<size_t>(comm.rank())),
+        slots_(tensors * world_ * 3, 0) {}
+
+  // data: host (hi - lo) float32, elements [lo, hi) of tensor t.
+  void record(size_t t, size_t lo, size_t hi, const float* data) {
+    int64_t* slot = &slots_[(t * world_ + rank_) * 3];
+    slot[0] = static_cast<int64_t>(lo);
+    slot[1] = static_cast<int64_t>(hi);
+    slot[2] = crc32c(data, (hi - lo) * sizeof(float));
+  }
+  // One collective: every rank's parts.
+  void gather(const Communicator& comm) {
+    comm.allreduce_sum(slots_.data(), static_cast<int>(slots_.size()));
+  }
+  // Tensor t's sum (size elements), chained from parts that start where the
+  // last ended; none where the parts leave a hole.
+  std::optional<uint32_t> whole(size_t t, size_t size) const {
+    uint32_t crc = 0;
+    int64_t at = 0;
+    while (at < static_cast<int64_t>(size)) {
+      const int64_t* next = nullptr;
+      for (size_t r = 0; r < world_; ++r) {
+        const int64_t* slot = &slots_[(t * world_ + r) * 3];
+        if (slot[0] == at && slot[1] > at && (!next || slot[1] > next[1])) next = slot;
+      }
+      if (!next) return std::nullopt;
+      crc = crc32c_combine(crc, static_cast<uint32_t>(next[2]),
+                           static_cast<uint64_t>(next[1] - at) * sizeof(float));
+      at = next[1];
+    }
+    return crc;
+  }
+
+ private:
+  size_t world_, rank_;
+  std::vector<int64_t> slots_;  // (tensors, world, 3)
+};
+
+// What a collective read checks: the sums the file holds (none where a
+// tensor has none) and every rank's parts.
+struct ReadSums {
+  PartSums parts;
+  std::vector<std::optional<uint32_t>> stored;  // (tensors)
+
+  ReadSums(const Communicator& comm, size_t tensors) : parts(comm, tensors), stored(tensors) {}
+
+  // Tensor t's sum, read by every rank that opened it (the same file
+  // everywhere): a collective.
+  void read_stored(size_t t, hid_t dset, const std::string& where, const hdf5::Faults& faults,
+                   FirstFault* failed) {
+    failed->attempt([&] {
+      if (uint32_t crc = 0; hdf5::stored_sum(dset, where, faults, &crc)) stored[t] = crc;
+    });
+  }
+  // Every tensor the ranks read whole between them, against its sum; tensor
+  // t = group * infos.size() + i is named "/" + group_name(group) + "/" + name.
+  template <class GroupName>
+  void check(const Communicator& comm, const std::vector<ParamInfo>& infos, GroupName group_name,
+             const hdf5::Faults& faults, FirstFault* failed) {
+    parts.gather(comm);
+    for (size_t t = 0; t < stored.size(); ++t) {
+      const ParamInfo& info = infos[t % infos.size()];
+      const std::optional<uint32_t> crc = parts.whole(t, info.size);
+      if (!crc || !stored[t]) continue;
+      failed->attempt([&] {
+        const std::string where = "/" + std::string(group_name(t / infos.size())) + "/" + info.name;
+        hdf5::check_sum(*stored[t], *crc, where, faults);
+      });
+    }
+  }
+};
+
 // One of the three groups of tensors, as a rank holds it.
 struct TensorGroup {
   const char* path = "";        // "/params/"
@@ -197,6 +279,7 @@ void write_bytes_collectively(const Communicator& comm, hid_t root, const char* 
   const unsigned char none = 0;
   const void* data = comm.is_root() && n > 0 ? static_cast<const void*>(bytes.data()) : &none;
   faults.check(H5Dwrite(dset.get(), H5T_NATIVE_UINT8, memory.get(), space.get(), dxpl, data), what);
+  hdf5::write_crc32c(dset.get(), crc32c(bytes.data(), bytes.size()), faults);
 }
 
 // Makes the file `tmp` on rank 0 and sets `bytes` of disk aside for it, and
@@ -220,6 +303,27 @@ void set_disk_aside(const Communicator& comm, const std::string& tmp, uint64_t b
     errno = err;
     faults.fail_errno(what);
   }
+}
+
+// Each tensor's CRC-32C, from every rank's part, as its attribute: the same
+// value written by every rank (a collective).
+void write_sums(const Communicator& comm, const std::vector<TensorGroup>& groups,
+                const ParameterSet& params, PartSums& sums, const hdf5::Faults& faults,
+                FirstFault* failed) {
+  sums.gather(comm);
+  const std::vector<ParamInfo>& infos = params.info();
+  failed->attempt([&] {
+    for (size_t g = 0; g < groups.size(); ++g) {
+      for (size_t i = 0; i < infos.size(); ++i) {
+        const std::optional<uint32_t> crc = sums.whole(g * infos.size() + i, infos[i].size);
+        if (!crc) {
+          faults.fail("cannot write dataset " + std::string(groups[g].path) + infos[i].name +
+                      ": the ranks' parts leave a hole");
+        }
+        hdf5::write_crc32c(groups[g].datasets[i].get(), *crc, faults);
+      }
+    }
+  });
 }
 
 // Every rank's verdict on `fault`: the lowest rank that failed prints it,
@@ -339,6 +443,7 @@ SavedCheckpoint save_checkpoint_collectively(const Communicator& comm, const std
     std::vector<float> host;  // staging, reused: (largest part of a tensor)
     const std::vector<int64_t> used =
         created ? blocks_used(comm, params, slice.begin, slice.end) : std::vector<int64_t>{};
+    PartSums sums(comm, groups.size() * params.info().size());
     for (size_t g = 0; created && g < groups.size(); ++g) {
       if (g == 1) {
         if (state.step == fault.step && comm.rank() == fault.rank) {
@@ -364,6 +469,7 @@ SavedCheckpoint save_checkpoint_collectively(const Communicator& comm, const std
           failed.attempt([&] {
             params.ops().device().copy_to_host(host.data(), groups[g].data + (lo - slice.begin),
                                                (hi - lo) * sizeof(float));
+            sums.record(g * infos.size() + i, lo - info.offset, hi - info.offset, host.data());
           });
         }
         // Every rank takes part in each used block's write, faults or not:
@@ -377,6 +483,7 @@ SavedCheckpoint save_checkpoint_collectively(const Communicator& comm, const std
         }
       }
     }
+    if (created && !comm.any(!failed.ok())) write_sums(comm, groups, params, sums, faults, &failed);
     // Every rank closes, faults or not: the close is a collective.
     for (TensorGroup& group : groups) group.datasets.clear();
     errno = 0;  // a failed flush's reason (Faults::check)
@@ -451,19 +558,22 @@ std::string read_checkpoint_collectively(const Communicator& comm, const std::st
                 {"optimizer/m", m, begin, end, moment_slices},
                 {"optimizer/v", v, begin, end, moment_slices}};
   std::vector<float> host;  // staging, reused: (largest part of a tensor)
-  for (const auto& part : parts) {
+  const std::vector<ParamInfo>& infos = params.info();
+  ReadSums sums(comm, 3 * infos.size());
+  for (size_t p = 0; p < 3; ++p) {
+    const auto& part = parts[p];
     Hid group;
     failed.attempt([&] {
       group = Hid(H5Gopen2(file.get(), part.group, H5P_DEFAULT), H5Gclose);
       if (!group.ok()) faults.fail_corrupt(std::string("open /") + part.group);
     });
-    const std::vector<ParamInfo>& infos = params.info();
     for (size_t i = 0; i < infos.size(); ++i) {
       const ParamInfo& info = infos[i];
       const std::string where = "/" + std::string(part.group) + "/" + info.name;
       Hid dset;
       if (group.ok()) dset = Hid(H5Dopen2(group.get(), info.name.c_str(), H5P_DEFAULT), H5Dclose);
       if (!dset.ok()) failed.attempt([&] { faults.fail_corrupt("open " + where); });
+      if (dset.ok()) sums.read_stored(p * infos.size() + i, dset.get(), where, faults, &failed);
       const size_t lo = std::max(part.lo, info.offset);
       const size_t hi = std::max(lo, std::min(part.hi, info.offset + info.size));
       Block blocks[kBlocks];
@@ -485,12 +595,15 @@ std::string read_checkpoint_collectively(const Communicator& comm, const std::st
         failed.attempt([&] { faults.fail(non_finite_fault(part.group, info.name, *bad)); });
         continue;
       }
+      sums.parts.record(p * infos.size() + i, lo - info.offset, hi - info.offset, host.data());
       failed.attempt([&] {
         params.ops().device().copy_to_device(part.dest + (lo - part.lo), host.data(),
                                              count * sizeof(float));
       });
     }
   }
+  sums.check(
+      comm, infos, [&](size_t p) { return parts[p].group; }, faults, &failed);
   const herr_t closed = file.close();
   if (closed < 0) failed.attempt([&] { faults.fail_corrupt("close the file"); });
   return failed.what();

@@ -57,6 +57,7 @@ declare -A words=(
   [empty]="empty shard (0 sequences)"
   [bad-kind]="kind 'xyz' is not lm, seq2seq, classify or image"
   [bad-checksum]="Fletcher32 checksum"
+  [sum-blind-change]="tokens is damaged: its CRC-32C checksum is"
   [count-mismatch]="/src holds 40 sequences but /tgt holds 39"
 )
 
@@ -119,7 +120,8 @@ if [[ $rc -ne 0 ]]; then
 else
   echo "ok: train --data on a valid set"
   for fault in missing-format bad-version truncated not-hdf5 offsets-not-monotone \
-    offsets-mismatch token-out-of-range empty bad-kind bad-checksum other-vocab other-tokenizer; do
+    offsets-mismatch token-out-of-range empty bad-kind bad-checksum sum-blind-change other-vocab \
+    other-tokenizer; do
     make_set "$work/set-$fault" "$fault"
     train_on "$work/set-$fault"
     what="train --data with train-00001.h5 $fault"

@@ -5,6 +5,9 @@
 set -euo pipefail
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
+# analysis/ for Python snippets that edit a checkpoint or shard and seal the
+# edited datasets' CRC-32C (`from mpiformer_checksum import seal`).
+export PYTHONPATH=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/analysis${PYTHONPATH:+:$PYTHONPATH}
 
 # run_logged LOG CMD...: runs CMD, keeps its output in LOG and on stdout.
 run_logged() {

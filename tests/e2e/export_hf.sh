@@ -238,6 +238,8 @@ import sys
 import h5py
 import numpy as np
 
+from mpiformer_checksum import seal
+
 with h5py.File(sys.argv[1], "r+") as f:
     p = f["params"]
     table = np.asarray(p["embed.tokens"], dtype=np.float64)
@@ -251,6 +253,8 @@ with h5py.File(sys.argv[1], "r+") as f:
         sys.exit("no forbidden id scores highest against its own embedding")
     p["decoder.norm.gamma"][...] = 0
     p["decoder.norm.beta"][...] = 4 * table[token] / np.linalg.norm(table[token])
+    for name in ("decoder.norm.gamma", "decoder.norm.beta"):
+        seal(p[name])
 PY
 for model in long favours; do
   ckpt=long/checkpoints/step_00000400.h5

@@ -110,11 +110,13 @@ check "a loss far above a uniform guess is warned about" \
 cp "$good" poisoned.h5
 python3 - <<'EOF'
 import h5py, numpy as np
+from mpiformer_checksum import seal
 with h5py.File("poisoned.h5", "r+") as f:
     d = f["params/output.bias"]
     a = d[...]
     a[1] = np.nan
     d[...] = a
+    seal(d)  # a NaN written and summed: the values are the fault
 EOF
 rc=0
 "$bin" generate --checkpoint poisoned.h5 --prompt "3 4 5" >"$out" 2>"$err" || rc=$?

@@ -11,8 +11,8 @@
 #   /usr/bin/python3 with its HDF5 1.10 where it has h5py),
 #   the other Python tools (export_hf.py, label_baseline.py)
 # each end (well within `timeout`) with one line naming the file, exit 2;
-# the damaged bytes hit checksummed metadata (the messages say so), where
-# HDF5's own SWMR retries never end. A refused resume changes no file.
+# the damaged bytes hit checksummed metadata or data chunks (the messages
+# say which), where HDF5's own SWMR retries never end. A refused resume changes no file.
 # inspect also refuses a directory and a text file with exit 2, and describes
 # image and classify shards (images, their size and channels, labels).
 source "$(dirname "$0")/common.sh"
@@ -84,7 +84,7 @@ for name in run-damaged killed-damaged; do
       try "${mpirun[@]}" -np 2 "$bin" train "${tiny[@]}" --steps 80 --out "$name" --resume auto
     fi
     refused "train --resume auto, $ranks rank(s), $name/metrics.h5" 2 \
-      "mpiformer train: --out: $name/metrics.h5: truncated or corrupt" "metadata checksum"
+      "mpiformer train: --out: $name/metrics.h5: truncated or corrupt" "checksum"
     [[ $(cksum "$name/metrics.h5" "$name/checkpoints"/*) == "$before" ]] ||
       fail "a refused resume changed $name's files"
   done

@@ -142,12 +142,16 @@ refused "resume of a progress window declaring 2e9 ranks" 2 \
   "'ranks 2000000000 labels 0' declares"
 
 # ---- 3. damaged and out-of-range shards: the user's data, exit 2
-# forge DIR PYTHON: a copy of the shard set, changed by PYTHON (f: train-00001.h5).
+# forge DIR PYTHON: a copy of the shard set, changed by PYTHON (f:
+# train-00001.h5) and its /tokens sealed (their CRC-32C stored again), so
+# that the values are the fault.
 forge() {
   cp -r shards "$1"
   timeout 60 python3 -c "import h5py, numpy as np
+from mpiformer_checksum import seal
 with h5py.File('$1/train-00001.h5', 'r+') as f:
-    $2"
+    $2
+    seal(f['tokens'])"
 }
 forge range 'f["tokens"][50] = 500'
 forge wide 't = f["tokens"][:].astype(np.int64); t[100] = 2**32 + 10; del f["tokens"]
@@ -192,6 +196,7 @@ import glob
 import sys
 
 import h5py
+from mpiformer_checksum import seal
 
 share = float(sys.argv[1])
 for path in glob.glob(f"pad-{sys.argv[1]}/train-*.h5"):
@@ -199,6 +204,7 @@ for path in glob.glob(f"pad-{sys.argv[1]}/train-*.h5"):
         t = f["tokens"][:]
         t[: int(len(t) * share)] = 0  # pad
         f["tokens"][:] = t
+        seal(f["tokens"])
 PY
 done
 try "$bin" train "${lm[@]}" --data pad-1.0 --out never --steps 2

@@ -83,6 +83,7 @@ import sys
 
 import h5py
 import numpy as np
+from mpiformer_checksum import seal
 
 model = open(sys.argv[2], "rb").read()
 data = eval(sys.argv[3])
@@ -90,6 +91,7 @@ with h5py.File(sys.argv[1], "r+") as f:
     del f["tokenizer"]
     f.create_dataset("tokenizer", data=np.frombuffer(data, dtype=np.uint8), chunks=True,
                      fletcher32=True)
+    seal(f["tokenizer"])
 PY
 }
 refuse_tokenizer() { # refuse_tokenizer NAME BYTES NEEDLE
