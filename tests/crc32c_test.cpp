@@ -83,9 +83,9 @@ TEST(Crc32c, StoredSumIsOfTheStoredType) {
   const hdf5::Faults faults = hdf5::Faults::of<std::runtime_error>("memory");
   const std::vector<int32_t> ids = {6, 7, 300, 65535, 0};
   std::vector<uint16_t> narrow(ids.begin(), ids.end());
-  EXPECT_EQ(hdf5::stored_crc32c(ids.data(), H5T_NATIVE_INT32, H5T_STD_U16LE, ids.size(), faults,
-                                "ids"),
-            crc32c(narrow.data(), narrow.size() * sizeof(uint16_t)));
+  EXPECT_EQ(
+      hdf5::stored_crc32c(ids.data(), H5T_NATIVE_INT32, H5T_STD_U16LE, ids.size(), faults, "ids"),
+      crc32c(narrow.data(), narrow.size() * sizeof(uint16_t)));
   const std::vector<float> values = {1.5f, -2.0f, 3.25f};
   EXPECT_EQ(hdf5::stored_crc32c(values.data(), H5T_NATIVE_FLOAT, H5T_IEEE_F32LE, values.size(),
                                 faults, "values"),

@@ -48,7 +48,7 @@ uint32_t register_portable(uint32_t reg, const unsigned char* p, size_t n) {
 
 #if defined(__x86_64__)
 __attribute__((target("sse4.2"))) uint32_t register_sse42(uint32_t reg, const unsigned char* p,
-                                                           size_t n) {
+                                                          size_t n) {
   uint64_t r = reg;
   for (; n >= 8; n -= 8, p += 8) {
     uint64_t word;

@@ -16,7 +16,9 @@ namespace mpiformer {
 // none. SSE4.2's crc32 instruction where the CPU has it, a table otherwise.
 uint32_t crc32c_extend(uint32_t crc, const void* data, size_t n);
 
-inline uint32_t crc32c(const void* data, size_t n) { return crc32c_extend(0, data, n); }
+inline uint32_t crc32c(const void* data, size_t n) {
+  return crc32c_extend(0, data, n);
+}
 
 // The table path alone, whatever the CPU: the tests compare the two.
 uint32_t crc32c_extend_portable(uint32_t crc, const void* data, size_t n);

@@ -33,8 +33,8 @@ bool promised(hid_t object, const Faults& faults) {
   if (!attr_exists(file.get(), kPromiseAttr, faults)) return false;
   const std::string kind = read_string_attr(file.get(), kPromiseAttr, faults);
   if (kind != kPromised) {
-    faults.fail("attribute 'checksum' is '" + escaped(kind) + "'; this build checks '" +
-                kPromised + "'");
+    faults.fail("attribute 'checksum' is '" + escaped(kind) + "'; this build checks '" + kPromised +
+                "'");
   }
   return true;
 }
@@ -63,8 +63,9 @@ void write_crc32c(hid_t dset, uint32_t crc, const Faults& faults) {
 bool stored_sum(hid_t dset, const std::string& where, const Faults& faults, uint32_t* crc) {
   if (!attr_exists(dset, kSumAttr, faults)) {
     if (promised(dset, faults)) {
-      faults.fail(where + " has no 'crc32c' attribute, which its file's 'checksum' attribute "
-                          "promises on every dataset");
+      faults.fail(where +
+                  " has no 'crc32c' attribute, which its file's 'checksum' attribute "
+                  "promises on every dataset");
     }
     return false;
   }
@@ -72,8 +73,7 @@ bool stored_sum(hid_t dset, const std::string& where, const Faults& faults, uint
   return true;
 }
 
-void check_sum(uint32_t stored, uint32_t computed, const std::string& where,
-               const Faults& faults) {
+void check_sum(uint32_t stored, uint32_t computed, const std::string& where, const Faults& faults) {
   if (stored == computed) return;
   faults.fail(where + " is damaged: its CRC-32C checksum is " + hex(stored) +
               " but its values sum to " + hex(computed));
@@ -90,8 +90,7 @@ void verify_read(hid_t dset, const void* data, hid_t mem_type, size_t n, const s
   }
   // Read as converted: the stored values again, unconverted.
   std::vector<unsigned char> raw(n * H5Tget_size(file_type.get()));  // (n) as stored
-  if (n > 0 &&
-      H5Dread(dset, file_type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, raw.data()) < 0) {
+  if (n > 0 && H5Dread(dset, file_type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, raw.data()) < 0) {
     faults.fail_corrupt("read " + where);
   }
   check_sum(stored, crc32c(raw.data(), raw.size()), where, faults);
