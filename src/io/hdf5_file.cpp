@@ -121,9 +121,10 @@ void Faults::check(herr_t status, const std::string& what) const {
     const int system_error = errno;
     std::string detail = reason();
     // Through MPI-IO, ROMIO reports a failed write as its generic
-    // MPI_ERR_IO, without the system's reason; the failed write() left it
-    // in errno (writers through MPI-IO clear errno before the call).
-    if (detail.find("MPI_ERR_IO") != std::string::npos && system_error != 0)
+    // MPI_ERR_IO, or HDF5 its collective write's failure without a reason,
+    // and not the system's; the failed write() left it in errno (writers
+    // through MPI-IO clear errno before the call).
+    if ((detail.empty() || detail.find("MPI_ERR_IO") != std::string::npos) && system_error != 0)
       detail = std::strerror(system_error);
     fail("cannot write " + what + (detail.empty() ? "" : " (" + detail + ")"));
   }

@@ -326,6 +326,19 @@ void write_sums(const Communicator& comm, const std::vector<TensorGroup>& groups
   });
 }
 
+// After this rank's part of a collective HDF5 write or close failed (a
+// device error in the middle of the write: a full disk, a quota and the
+// file size limit are met before the first collective call). HDF5 returns
+// early on the rank that failed and leaves the others inside the call,
+// waiting for MPI calls this rank will never make, so no agreement can
+// follow: on several ranks this one removes the temporary, says why in one
+// line and ends the job (MPI_Abort, exit 1). One rank goes on as usual.
+void abandon_if_apart(const Communicator& comm, const std::string& tmp, const FirstFault& fault) {
+  if (comm.size() == 1) return;
+  ::unlink(tmp.c_str());
+  comm.abort(fault.what(), kExitFailure);
+}
+
 // Every rank's verdict on `fault`: the lowest rank that failed prints it,
 // and every rank returns kExitFailure when any rank failed.
 int agree_once(const Communicator& comm, const FirstFault& fault) {
@@ -477,9 +490,11 @@ SavedCheckpoint save_checkpoint_collectively(const Communicator& comm, const std
         const hid_t dset = groups[g].datasets[i].get();
         for (int b = 0; b < kBlocks; ++b) {
           if (!used[i * kBlocks + b]) continue;
+          const bool was_ok = failed.ok();
           const herr_t status =
-              transfer_block(dset, blocks[b], failed.ok(), dxpl.get(), host.data(), true);
+              transfer_block(dset, blocks[b], was_ok, dxpl.get(), host.data(), true);
           if (status < 0) failed.attempt([&] { faults.check(status, what); });
+          if (was_ok && !failed.ok()) abandon_if_apart(comm, tmp, failed);
         }
       }
     }
@@ -487,8 +502,10 @@ SavedCheckpoint save_checkpoint_collectively(const Communicator& comm, const std
     // Every rank closes, faults or not: the close is a collective.
     for (TensorGroup& group : groups) group.datasets.clear();
     errno = 0;  // a failed flush's reason (Faults::check)
+    const bool was_ok = failed.ok();
     const herr_t closed = file.ok() ? file.close() : 0;
     if (closed < 0) failed.attempt([&] { faults.check(closed, "the file"); });
+    if (was_ok && !failed.ok()) abandon_if_apart(comm, tmp, failed);
   }
 
   // Rank 0 alone makes it durable and the head of the run; a fault anywhere

@@ -8,7 +8,10 @@
 #   train under a file size limit (ulimit -f) with SIGXFSZ at its default:
 #     no signal, "File too large", no checkpoint and no temporary;
 #   train whose metrics.h5 fills the disk;
-#   prepare and average into a full tmpfs: nothing left behind.
+#   prepare and average into a full tmpfs: nothing left behind;
+#   a device error (EIO) in the middle of a checkpoint's collective write on
+#     a non-root rank, of metrics.h5, of a shard and of an average
+#     (tests/eio_shim.cpp): the same.
 # Before the collective writer set its disk aside first, two ranks waited on
 # each other inside HDF5 for ever. Prints a table: case, exit code, seconds,
 # first line of stderr, what is on disk afterwards.
@@ -142,6 +145,58 @@ for ranks in 1 2 3; do
   refused "$name, np $ranks" 1 "full/averaged.h5" "(No space left on device)"
   check "$name, np $ranks: nothing left" test -z "$(listing full)"
   table+=("$row | $(listing full)")
+done
+
+# ---- a device error (EIO) in the middle of a write, on a non-root rank
+# where there are several (tests/eio_shim.cpp, preloaded): the collective
+# checkpoint, metrics.h5, prepare's shards, average's output
+shim=$(dirname "$bin")/tests/libeio_shim.so
+[[ -f $shim ]] || fail "no $shim"
+# eio MATCH AFTER RANK NAME N CMD...: `timed` with writes to files whose path
+# holds MATCH failing with EIO after AFTER bytes on rank RANK.
+eio() {
+  local match=$1 after=$2 rank=$3
+  shift 3
+  MPIFORMER_EIO_MATCH=$match MPIFORMER_EIO_AFTER=$after MPIFORMER_EIO_RANK=$rank \
+    LD_PRELOAD=$shim timed "$@"
+}
+for ranks in 1 2 3; do
+  for sharded in false true; do
+    [[ $ranks == 1 && $sharded == true ]] && continue
+    rm -rf eio-run
+    name="train, EIO in a checkpoint, --shard-optimizer $sharded"
+    eio step_00000004.h5.tmp 100000 $((ranks - 1)) "$name" "$ranks" "$bin" train "${model[@]}" \
+      --d-model 128 --steps 6 --checkpoint-every 2 --shard-optimizer "$sharded" --out eio-run
+    refused "$name, np $ranks" 1 "eio-run/checkpoints/step_00000004.h5: cannot write" \
+      "(Input/output error)"
+    check "$name, np $ranks: step 2 and latest naming it, no temporary" \
+      test "$(listing eio-run/checkpoints) $(cat eio-run/checkpoints/latest)" == \
+      "latest step_00000002.h5  step_00000002.h5"
+    check "$name, np $ranks: step 2 reads whole (checksums)" \
+      reads_whole eio-run/checkpoints/step_00000002.h5
+    table+=("$row | $(listing eio-run/checkpoints)")
+  done
+  rm -rf eio-run
+  name="train, EIO in metrics.h5"
+  eio eio-run/metrics.h5 60000 0 "$name" "$ranks" "$bin" train "${model[@]}" --d-model 32 \
+    --steps 3000 --checkpoint-every 100000 --out eio-run
+  refused "$name, np $ranks" 1 "eio-run/metrics.h5" "(Input/output error)"
+  table+=("$row | $(listing eio-run)")
+  rm -rf eio-shards
+  name="prepare, EIO in a shard"
+  eio eio-shards/train- 20000 $((ranks - 1)) "$name" "$ranks" "$bin" prepare --input corpus.txt \
+    --out eio-shards --vocab-size 200 --shards 8
+  refused "$name, np $ranks" 1 "eio-shards/" "(Input/output error)"
+  check "$name, np $ranks: nothing left" test -z "$(listing eio-shards)"
+  table+=("$row | $(listing eio-shards)")
+  rm -f eio-averaged.h5
+  name="average, EIO in its output"
+  eio eio-averaged.h5 100000 0 "$name" "$ranks" "$bin" average --run run --last 2 \
+    --out eio-averaged.h5
+  refused "$name, np $ranks" 1 "eio-averaged.h5" "(Input/output error)"
+  left=$(ls eio-averaged.h5* 2>/dev/null || true)
+  check "$name, np $ranks: nothing left" test -z "$left"
+  table+=("$row | $left")
 done
 
 # ---- an address-space limit (ulimit -v), from below what the libraries map
