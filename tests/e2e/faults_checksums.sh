@@ -17,7 +17,7 @@
 #     sums (no promise, no crc32c) still reads;
 #   - a byte flipped in a metrics.h5 loss is refused by inspect, the
 #     Python tools and train --resume: one line, exit 2.
-# Shards: tests/e2e/bad_shards.sh (sum-blind-change).
+#   - so is a shard whose ids were changed that way (train on 1 and 2 ranks).
 source "$(dirname "$0")/common.sh"
 bin=$1 work=$2
 src=$(cd "$(dirname "$0")/../.." && pwd)
@@ -152,6 +152,22 @@ try "$bin" inspect older.h5
 check "a checkpoint from before sums still reads (inspect: exit $rc)" test "$rc" -eq 0
 try python3 "$src/analysis/export_hf.py" older.h5 older-hf
 check "export_hf.py reads it too (exit $rc)" test "$rc" -eq 0
+
+# ---- shards: three ids of /tokens changed by +1, -2, +1 (still valid ids)
+make_bad=$(dirname "$bin")/tests/make_bad_shard
+mkdir -p shards
+"$make_bad" lm valid shards/train-00000.h5
+"$make_bad" lm sum-blind-change shards/train-00001.h5
+"$make_bad" lm valid shards/valid-00000.h5
+for ranks in 1 2; do
+  launch=()
+  [[ $ranks -eq 1 ]] || launch=("${mpirun[@]}" -np "$ranks")
+  try "${launch[@]}" "$bin" train --model lm --data shards --layers 1 --d-model 16 --heads 2 \
+    --d-ff 32 --max-len 32 --max-tokens 256 --steps 2 --threads 1 --out never
+  refused "train on a shard with a Fletcher32-blind change, $ranks rank(s)" 2 \
+    "shards/train-00001.h5: /tokens is damaged: its CRC-32C checksum is"
+done
+check "no run directory is left by the refused start" test ! -e never
 
 # ---- a flipped byte in a loss of metrics.h5
 rm -rf flipped && cp -r one flipped
