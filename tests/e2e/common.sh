@@ -90,8 +90,11 @@ expect_one_line_error() {
 # limit (a reader that believes a size fails fast instead of swapping);
 # stdout and stderr in $out and $err, the exit code in $rc. A hang is a
 # failure, never a wait.
+# With FAULT_TABLE set, each call adds a line to that file: the command,
+# exit code, seconds and first line of stderr (the table of a fault note).
 try() {
   rc=0
+  local started=$EPOCHREALTIME
   (
     if [[ -n ${try_memory_kb:-} ]]; then
       ulimit -v "$try_memory_kb"
@@ -104,6 +107,12 @@ try() {
     exec timeout "${try_seconds:-60}" "$@"
   ) >"$out" 2>"$err" || rc=$?
   [[ $rc -ne 124 ]] || fail "$*: hung (killed after ${try_seconds:-60} s)"
+  if [[ -n ${FAULT_TABLE:-} ]]; then
+    local seconds
+    seconds=$(awk -v a="$started" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
+    printf '%s | %s | exit %s | %s s | %s\n' "$(basename "$0" .sh)" "$*" "$rc" "$seconds" \
+      "$(sed -n 1p "$err" | cut -c1-200)" >>"$FAULT_TABLE"
+  fi
 }
 
 # not_in NEEDLE FILE: FILE does not hold NEEDLE (a fixed string).
