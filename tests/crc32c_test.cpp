@@ -92,5 +92,31 @@ TEST(Crc32c, StoredSumIsOfTheStoredType) {
             crc32c(values.data(), values.size() * sizeof(float)));
 }
 
+TEST(Crc32c, VerifyReadSumsLittleEndianBytesWhateverTheStoredOrder) {
+  const hdf5::Faults faults = hdf5::Faults::of<std::runtime_error>("memory");
+  const hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+  H5Pset_fapl_core(fapl, 1 << 16, 0);  // in memory, never on disk
+  const hid_t file = H5Fcreate("in-memory.h5", H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+  ASSERT_GE(file, 0);
+  const std::vector<int32_t> values = {1, -2, 300000, 7};
+  const hsize_t n = values.size();
+  const hid_t space = H5Screate_simple(1, &n, nullptr);
+  const hid_t dset =
+      H5Dcreate2(file, "big_endian", H5T_STD_I32BE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  ASSERT_GE(H5Dwrite(dset, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), 0);
+  hdf5::write_crc32c(dset, crc32c(values.data(), n * sizeof(int32_t)), faults);
+  std::vector<int64_t> wide(n);  // read converted: the sum is of the stored values
+  ASSERT_GE(H5Dread(dset, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, wide.data()), 0);
+  EXPECT_NO_THROW(hdf5::verify_read(dset, wide.data(), H5T_NATIVE_INT64, n, "/big_endian", faults));
+  H5Adelete(dset, "crc32c");
+  hdf5::write_crc32c(dset, crc32c(values.data(), 8), faults);  // the sum of half of them
+  EXPECT_THROW(hdf5::verify_read(dset, wide.data(), H5T_NATIVE_INT64, n, "/big_endian", faults),
+               std::runtime_error);
+  H5Dclose(dset);
+  H5Sclose(space);
+  H5Fclose(file);
+  H5Pclose(fapl);
+}
+
 }  // namespace
 }  // namespace mpiformer

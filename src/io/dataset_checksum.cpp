@@ -88,9 +88,15 @@ void verify_read(hid_t dset, const void* data, hid_t mem_type, size_t n, const s
   if (same_type(mem_type, file_type.get())) {
     return check_sum(stored, crc32c(data, n * H5Tget_size(mem_type)), where, faults);
   }
-  // Read as converted: the stored values again, unconverted.
-  std::vector<unsigned char> raw(n * H5Tget_size(file_type.get()));  // (n) as stored
-  if (n > 0 && H5Dread(dset, file_type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, raw.data()) < 0) {
+  // Read as converted: the stored values again, in the stored type made
+  // little-endian (the sum's byte order, whatever the file's).
+  Hid stored_type(H5Tcopy(file_type.get()), H5Tclose);
+  if (!stored_type.ok()) faults.fail_corrupt("read the type of " + where);
+  const H5T_class_t cls = H5Tget_class(stored_type.get());
+  if ((cls == H5T_INTEGER || cls == H5T_FLOAT) && H5Tget_size(stored_type.get()) > 1)
+    H5Tset_order(stored_type.get(), H5T_ORDER_LE);
+  std::vector<unsigned char> raw(n * H5Tget_size(stored_type.get()));  // (n) as stored
+  if (n > 0 && H5Dread(dset, stored_type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, raw.data()) < 0) {
     faults.fail_corrupt("read " + where);
   }
   check_sum(stored, crc32c(raw.data(), raw.size()), where, faults);
