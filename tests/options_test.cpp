@@ -14,6 +14,7 @@
 
 #include "kernels/backend.h"
 #include "src/app/arch_presets.h"
+#include "src/app/shared_options.h"
 #include "src/core/error.h"
 
 namespace mpiformer {
@@ -1134,6 +1135,47 @@ TEST(EvalOptions, SplitIsValidOrTest) {
   EXPECT_EQ(parse_error(parse_eval_options, {"--checkpoint", paths.checkpoint.path(), "--data",
                                              paths.checkpoint.path()}),
             "--data: " + paths.checkpoint.path() + ": not a directory");
+}
+
+TEST(DeviceChoice, AutoIsCudaOnlyWhereABuiltBackendSeesAGpu) {
+  std::string why;
+  // A stand-in for the device query: the count is what the runtime would say.
+  EXPECT_EQ(resolve_device(DeviceKind::kAuto, true, 0, &why), DeviceKind::kCpu);
+  EXPECT_EQ(why, "auto: no GPU visible");
+  EXPECT_EQ(resolve_device(DeviceKind::kAuto, false, 2, &why), DeviceKind::kCpu);
+  EXPECT_EQ(why, "auto: this build has no CUDA backend");
+  EXPECT_EQ(resolve_device(DeviceKind::kAuto, true, 2, &why), DeviceKind::kCuda);
+  EXPECT_EQ(why, "auto: 2 GPU(s) visible");
+  // Given devices stay as given, with nothing to say.
+  EXPECT_EQ(resolve_device(DeviceKind::kCpu, true, 2, &why), DeviceKind::kCpu);
+  EXPECT_EQ(why, "");
+  EXPECT_EQ(resolve_device(DeviceKind::kCuda, true, 0, &why), DeviceKind::kCuda);
+  EXPECT_EQ(why, "");
+}
+
+TEST(DeviceChoice, EveryComputingCommandTakesAutoAndSettlesIt) {
+  const EvalPaths paths;
+  const Args eval = {"--checkpoint", paths.checkpoint.path(), "--data", paths.data.path()};
+  EvalConfig cfg;
+  std::ostringstream out;
+  ASSERT_TRUE(parse_eval_options(with(eval, {"--device", "auto"}), &cfg, out));
+  // On this machine: a GPU only where the runtime sees one.
+  const DeviceKind here = cuda_device_count() > 0 ? DeviceKind::kCuda : DeviceKind::kCpu;
+  EXPECT_EQ(cfg.device, here);
+  EXPECT_NE(cfg.device_choice.find("auto: "), std::string::npos);
+  EXPECT_EQ(parse_train(with(base_args(), {"--device", "auto"})).device, here);
+  GenerateConfig generate;
+  ASSERT_TRUE(parse_generate_options(
+      {"--checkpoint", paths.checkpoint.path(), "--prompt", "a", "--device", "auto"}, &generate,
+      out));
+  EXPECT_EQ(generate.device, here);
+  // cpu stays the default until the GPU path is checked on a GPU.
+  ASSERT_TRUE(parse_eval_options(eval, &cfg, out));
+  EXPECT_EQ(cfg.device, DeviceKind::kCpu);
+  if (here == DeviceKind::kCpu) {
+    const std::string error = parse_error(parse_eval_options, with(eval, {"--device", "cuda"}));
+    EXPECT_EQ(error.rfind("--device: cuda ", 0), 0u) << error;
+  }
 }
 
 TEST(GenerateOptions, DataSplitAndReferences) {

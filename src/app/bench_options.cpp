@@ -95,6 +95,7 @@ void finish_synthetic(const std::set<std::string>& given, BenchConfig* cfg) {
                                  std::to_string(cfg->src_seq));
   }
   require_unit_interval("--label-smoothing", cfg->run.label_smoothing);
+  settle_device(&cfg->run.device, &cfg->run.device_choice);
   const TrainConfig& r = cfg->run;
   validate_device(r.device, r.precision, r.tf32, r.threads, r.blas_core, r.attention);
   validate_transport(r.device, r.transport);

@@ -20,6 +20,7 @@
 #include "src/model/model.h"
 #include "src/parallel/agreement.h"
 #include "src/parallel/checkpoint_broadcast.h"
+#include "src/parallel/rank_device.h"
 #include "src/train/held_out.h"
 #include "src/train/memory_budget.h"
 
@@ -156,21 +157,28 @@ int run_eval(const EvalConfig& cfg, Communicator& comm) {
           "eval"))
     return code;
   const int threads = cfg.threads > 0 ? cfg.threads : comm.cores_per_local_rank();
-  std::unique_ptr<Ops> ops = make_cpu_ops(threads);
+  // On a GPU in the run's precision and attention path, as train's own
+  // evaluations; on the CPU in fp32.
+  std::unique_ptr<Ops> ops;
+  if (!agreed(comm, [&] { ops = make_ops(cfg.device, threads, comm, false, stderr); }))
+    return kExitFailure;
+  const bool on_gpu = cfg.device == DeviceKind::kCuda;
+  const DType compute = on_gpu ? compute_dtype(run.precision) : DType::kF32;
+  if (on_gpu && !agreed(comm, [&] { ops->set_attention_path(run.attention); })) return kExitUsage;
   const ModelCapacity capacity{run.max_tokens, run.model.max_len, data->max_batch_sequences()};
   {
     // The model at this --max-tokens must fit beside the other ranks of the node.
     std::string shortfall;
     if (!agreed(comm, [&] {
-          shortfall = memory_shortfall(estimate_memory(*ops, run.model, capacity, DType::kF32),
-                                       *ops, comm.local_size(),
+          shortfall = memory_shortfall(estimate_memory(*ops, run.model, capacity, compute), *ops,
+                                       comm.local_size(),
                                        "--max-tokens (" + std::to_string(run.max_tokens) + ")");
         }))
       return kExitFailure;
     if (const int code = refuse_on_shortfall(comm, shortfall, "mpiformer eval: --max-tokens: "))
       return code;
   }
-  Model model(*ops, run.model, capacity);
+  Model model(*ops, run.model, capacity, compute);
   model.init_parameters(run.seed);  // allocates; the checkpoint's values replace these
   ParameterSet& params = model.parameters();
   if (!agreed(comm, [&] {
@@ -181,6 +189,7 @@ int run_eval(const EvalConfig& cfg, Communicator& comm) {
       }))
     return kExitFailure;
   broadcast_tensors(comm, cfg.checkpoint, tensors, params, params.params());
+  if (compute != DType::kF32) params.refresh_compute();  // the bf16/fp16 copy of the masters
 
   // 3. Every batch of the split (or --batches), split over the ranks.
   const uint64_t count =
@@ -189,12 +198,16 @@ int run_eval(const EvalConfig& cfg, Communicator& comm) {
   ReportingSource reporting(*data, std::min(count, data->eval_batch_count()), comm);
   const LossSummary eval = evaluate(model, reporting, count, run.label_smoothing, comm, batch);
   if (comm.is_root()) {
+    const std::string device = ops->device().name() +
+                               (on_gpu ? ", " + std::string(to_string(run.precision)) : "") +
+                               (cfg.device_choice.empty() ? "" : "; " + cfg.device_choice);
     std::printf(
         "mpiformer eval: %s (step %lld, %s) on %s (%s split): %llu batch(es) over %d "
-        "rank(s)\n",
+        "rank(s) (%s)\n",
         cfg.checkpoint.c_str(), static_cast<long long>(state.step), to_string(run.model.kind),
         cfg.data_dir.c_str(), cfg.split.c_str(),
-        static_cast<unsigned long long>(std::min(count, data->eval_batch_count())), W);
+        static_cast<unsigned long long>(std::min(count, data->eval_batch_count())), W,
+        device.c_str());
     std::printf("eval | %s\n", describe_eval(eval, run.model.kind).c_str());
     std::fflush(stdout);
   }

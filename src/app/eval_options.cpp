@@ -24,6 +24,10 @@ void add_eval_flags(FlagTable& t, EvalConfig* c) {
                "the split of --data to evaluate (test: from prepare --test or --test-lines)");
   t.add("max-tokens", &c->max_tokens, "T", "padded tokens per batch (0: the run's)");
   t.add("batches", &c->batches, "N", "evaluation batches (0: all)");
+  add_device_choice(t, &c->device,
+                    "where the model runs: cuda in the run's precision on the GPU of the rank's "
+                    "local rank, cpu in fp32 (auto: cuda where a GPU is visible, the CPU "
+                    "otherwise)");
   add_cpu_flags(t, &c->threads, "CPU threads per rank (0: the node's cores shared)", &c->blas_core);
 }
 
@@ -34,7 +38,9 @@ void finish_eval(const std::set<std::string>& /*given*/, EvalConfig* cfg) {
   require_directory("--data", cfg->data_dir);
   require_at_least("--max-tokens", cfg->max_tokens, 0);
   require_at_least("--batches", cfg->batches, 0);
-  validate_cpu(cfg->threads, cfg->blas_core);
+  settle_device(&cfg->device, &cfg->device_choice);
+  validate_device(cfg->device, Precision::kFp32, false, cfg->threads, cfg->blas_core,
+                  AttentionPath::kAuto);
 }
 
 constexpr CommandFlags<EvalConfig> kEvalFlags{

@@ -48,9 +48,10 @@ void add_generate_flags(FlagTable& t, GenerateConfig* c) {
   t.add("cache", &c->cache, "BOOL",
         "keep each layer's keys and values between steps (false: recompute every prefix at "
         "every step, the slow reference; the same output)");
-  t.add_choice("device", &c->device, {{"cpu", DeviceKind::kCpu}, {"cuda", DeviceKind::kCuda}},
-               "where the model runs, in fp32 (cuda: the GPU of the rank's local rank; the CPU "
-               "gives the same tokens alone or with others, a GPU to rounding)");
+  add_device_choice(t, &c->device,
+                    "where the model runs, in fp32 (cuda: the GPU of the rank's local rank; the "
+                    "CPU gives the same tokens alone or with others, a GPU to rounding; auto: "
+                    "cuda where a GPU is visible, the CPU otherwise)");
   add_cpu_flags(t, &c->threads, "CPU threads (0: all cores)", &c->blas_core);
 }
 
@@ -78,6 +79,7 @@ void finish_generate(const std::set<std::string>& given, GenerateConfig* cfg) {
   require_at_least("--max-new-tokens", cfg->max_new_tokens, 0);
   require_at_least("--top-k", cfg->top_k, 0);
   require_at_least("--max-tokens", cfg->max_tokens, 1);
+  settle_device(&cfg->device, &cfg->device_choice);
   validate_device(cfg->device, Precision::kFp32, false, cfg->threads, cfg->blas_core,
                   AttentionPath::kAuto);
   require_positive("--temperature", cfg->temperature);

@@ -173,10 +173,35 @@ void validate_cpu(int threads, const std::string& blas_core) {
   if (!problem.empty()) usage_error("--blas-core", problem);
 }
 
+DeviceKind resolve_device(DeviceKind asked, bool cuda_built, int visible_gpus, std::string* why) {
+  why->clear();
+  if (asked != DeviceKind::kAuto) return asked;
+  if (!cuda_built) {
+    *why = "auto: this build has no CUDA backend";
+    return DeviceKind::kCpu;
+  }
+  if (visible_gpus == 0) {
+    *why = "auto: no GPU visible";
+    return DeviceKind::kCpu;
+  }
+  *why = "auto: " + std::to_string(visible_gpus) + " GPU(s) visible";
+  return DeviceKind::kCuda;
+}
+
+void settle_device(DeviceKind* device, std::string* why) {
+  *device = resolve_device(*device, cuda_backend_built(), cuda_device_count(), why);
+}
+
+void add_device_choice(FlagTable& t, DeviceKind* device, const char* help) {
+  t.add_choice(
+      "device", device,
+      {{"cpu", DeviceKind::kCpu}, {"cuda", DeviceKind::kCuda}, {"auto", DeviceKind::kAuto}}, help);
+}
+
 void add_device_flags(FlagTable& t, DeviceKind* device, Precision* precision, bool* tf32,
                       int* threads, std::string* blas_core, AttentionPath* attention) {
-  t.add_choice("device", device, {{"cpu", DeviceKind::kCpu}, {"cuda", DeviceKind::kCuda}},
-               "where the model runs");
+  add_device_choice(t, device,
+                    "where the model runs (auto: cuda where a GPU is visible, the CPU otherwise)");
   t.add_choice("precision", precision,
                {{"fp32", Precision::kFp32}, {"bf16", Precision::kBf16}, {"fp16", Precision::kFp16}},
                "precision of activations and GEMM inputs; master weights, Adam state, gradient "

@@ -31,12 +31,20 @@ void validate_optim(const OptimConfig& o);
 void add_cpu_flags(FlagTable& t, int* threads, const char* threads_help, std::string* blas_core);
 void validate_cpu(int threads, const std::string& blas_core);
 
+// --device cpu|cuda|auto with `help` (what runs there).
+void add_device_choice(FlagTable& t, DeviceKind* device, const char* help);
 // Where and in what precision the model runs, with --threads and
 // --blas-core (train, bench).
 void add_device_flags(FlagTable& t, DeviceKind* device, Precision* precision, bool* tf32,
                       int* threads, std::string* blas_core, AttentionPath* attention);
 void validate_device(DeviceKind device, Precision precision, bool tf32, int threads,
                      const std::string& blas_core, AttentionPath attention);
+// --device auto: cuda where this build has the CUDA backend and the process
+// sees a GPU, the CPU otherwise, `why` saying which held ("auto: 1 GPU
+// visible"); cpu and cuda stay as asked (`why` empty).
+DeviceKind resolve_device(DeviceKind asked, bool cuda_built, int visible_gpus, std::string* why);
+// resolve_device on this machine, in place.
+void settle_device(DeviceKind* device, std::string* why);
 // The same rules of the values alone, with no look at this machine's
 // devices and BLAS (a run's recorded configuration keeps them).
 void validate_device_choice(DeviceKind device, Precision precision, bool tf32, int threads,

@@ -231,6 +231,7 @@ constexpr CommandFlags<TrainConfig> kTrainFlags{.synopsis = kTrainSynopsis,
 }  // namespace
 
 void settle_training_flags(const std::set<std::string>& given, TrainConfig* cfg) {
+  settle_device(&cfg->device, &cfg->device_choice);
   apply_layers_shorthand(given, &cfg->model);
   // As in the Transformer paper for translation; a language model's loss is
   // then its true negative log-likelihood.

@@ -101,6 +101,8 @@ const char* to_string(DeviceKind k) {
       return "cpu";
     case DeviceKind::kCuda:
       return "cuda";
+    case DeviceKind::kAuto:
+      return "auto";
   }
   return "?";
 }

@@ -25,7 +25,10 @@ enum class ClassifyLoss { kSoftmax, kZlpr };
 enum class PositionKind { kLearned, kSinusoidal };
 enum class SyntheticTask { kNone, kReverse, kCopy, kSort };
 enum class ScheduleKind { kConstant, kPolynomial, kInverseSqrt, kCosine };
-enum class DeviceKind { kCpu, kCuda };
+// kAuto: cuda where a GPU is visible and the build has the CUDA backend,
+// cpu otherwise (resolve_device, src/app/shared_options.h); settled before
+// anything runs, so the rest of the program sees cpu or cuda.
+enum class DeviceKind { kCpu, kCuda, kAuto };
 enum class Precision { kFp32, kBf16, kFp16 };
 // Sequences longer than --max-len: skip (seq2seq default) or truncate (lm, mlm default).
 enum class TooLong { kAuto, kSkip, kTruncate };
@@ -200,6 +203,7 @@ struct TrainConfig {
   int average_checkpoints = 0;
   OnDivergence on_divergence = OnDivergence::kStop;
   DeviceKind device = DeviceKind::kCpu;
+  std::string device_choice;  // why --device auto chose `device` ("" when given)
   Precision precision = Precision::kFp32;
   bool tf32 = false;               // fp32 GEMMs on TF32 tensor cores (cuda only)
   int threads = 0;                 // 0: all cores shared among local ranks
@@ -263,11 +267,14 @@ struct AverageConfig {
 
 // `mpiformer eval`: a checkpoint on a held-out split of a data set.
 struct EvalConfig {
-  std::string checkpoint;          // --checkpoint FILE
-  std::string data_dir;            // --data DIR
-  std::string split = "valid";     // valid | test: DIR/SPLIT-NNNNN.h5
-  int max_tokens = 0;              // padded tokens per batch; 0: the checkpoint's run's
-  int batches = 0;                 // evaluation batches; 0: all of them
+  std::string checkpoint;       // --checkpoint FILE
+  std::string data_dir;         // --data DIR
+  std::string split = "valid";  // valid | test: DIR/SPLIT-NNNNN.h5
+  int max_tokens = 0;           // padded tokens per batch; 0: the checkpoint's run's
+  int batches = 0;              // evaluation batches; 0: all of them
+  // cuda: the run's precision on the rank's GPU; cpu: fp32 (auto: resolve_device)
+  DeviceKind device = DeviceKind::kCpu;
+  std::string device_choice;       // why --device auto chose `device`
   int threads = 0;                 // 0: all cores shared among local ranks
   std::string blas_core = "auto";  // OpenBLAS's kernel family (kernels/cpu/blas_kernels.h)
 };
@@ -290,6 +297,7 @@ struct GenerateConfig {
   bool cache = true;       // false: recompute every prefix at every step (the reference)
   int max_tokens = 16384;  // key/value cache rows the sentences decoding together may fill
   DeviceKind device = DeviceKind::kCpu;  // fp32 on either
+  std::string device_choice;             // why --device auto chose `device`
   int threads = 0;
   std::string blas_core = "auto";
 };

@@ -59,6 +59,13 @@ std::unique_ptr<Ops> make_ops(DeviceKind device, int threads, const Communicator
   gethostname(host, sizeof host - 1);
   say(report, "[rank %d] %s: %s (local rank %d of %d, %d GPU(s) visible)\n", comm.rank(), host,
       ops->device().name().c_str(), comm.local_rank(), comm.local_size(), count);
+  // Allowed (the tests share one GPU), but rarely what a cluster job meant.
+  if (comm.local_size() > count && comm.local_rank() == 0) {
+    say(report,
+        "[rank %d] %s: %d ranks share %d GPU(s) on this node; for a GPU each, ask SLURM for "
+        "--gpus-per-task=1 or start as many ranks per node as it has GPUs\n",
+        comm.rank(), host, comm.local_size(), count);
+  }
   std::fflush(report);
   return checked_if_asked(std::move(ops), comm);
 }

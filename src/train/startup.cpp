@@ -449,11 +449,12 @@ void print_start(const TrainingRun& run, const Communicator& comm, const ConfigT
   const int world = comm.size(), accum = cfg.accum_steps;
   Ops& ops = *run.ops;
   GradientReducer* reducer = run.reducer.get();
+  const std::string device =
+      ops.device().name() + (cfg.device_choice.empty() ? "" : "; " + cfg.device_choice);
   say(stdout, "mpiformer train: %s on %s (%s), %d rank(s) x %d thread(s) on %s, %zu parameters\n",
       to_string(cfg.model.kind),
-      cfg.data_dir.empty() ? to_string(cfg.synthetic) : cfg.data_dir.c_str(),
-      ops.device().name().c_str(), world, notes.threads, comm.describe_nodes().c_str(),
-      run.model->parameters().count());
+      cfg.data_dir.empty() ? to_string(cfg.synthetic) : cfg.data_dir.c_str(), device.c_str(), world,
+      notes.threads, comm.describe_nodes().c_str(), run.model->parameters().count());
   // An encoder-decoder names both stacks: "2+2 layers" is not "4 layers".
   const std::string layers = cfg.model.kind == ModelKind::kSeq2seq
                                  ? std::to_string(cfg.model.enc_layers) + " encoder + " +

@@ -92,5 +92,18 @@ expect_one_line_error "no --data" 2 "--data"
 run_eval --checkpoint "$checkpoint" --data shards --batches -1
 expect_one_line_error "negative --batches" 2 "--batches"
 
+# --device: auto is the CPU here (no GPU), with training's figures and the
+# reason on its first line; cuda without a GPU is one line, exit 2.
+rc=0
+"$bin" eval --checkpoint "$checkpoint" --data shards --batches 4 --threads 1 --device auto \
+  >"$out" 2>"$err" || rc=$?
+[[ $rc -eq 0 && $(figures "$out") == "$trained" ]] ||
+  fail "eval --device auto gives '$(figures "$out")' (exit $rc), expected '$trained'"
+grep -q "(cpu; auto: " "$out" || fail "eval --device auto does not say why: $(sed -n 1p "$out")"
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  run_eval --checkpoint "$checkpoint" --data shards --device cuda
+  expect_one_line_error "--device cuda without a GPU" 2 "--device: cuda"
+fi
+
 exit_on_failures
 echo "eval: all checks passed"

@@ -6,7 +6,7 @@
 # device command ($OUT set) gets the summary and every log back. And the
 # decode stage on a stand-in bundle that runs this build on the CPU: its
 # training, decoding and comparisons go through (the "GPU" is the CPU, so
-# every line agrees).
+# every line agrees); and the devices stage there, which finds no GPU.
 source "$(dirname "$0")/common.sh"
 root=$(cd "$(dirname "$0")/../.." && pwd)
 work=$2
@@ -100,4 +100,13 @@ summary=$cpu_tree/gpu-check-out/summary.txt
 check "decode on a CPU stand-in: exit 0 ($rc)" test "$rc" -eq 0
 check "  four decodings, each line the same on both and cached or recomputed" \
   test "$(grep -c '^decode .*: exit 0; GPU lines equal to the CPU.s 400/400, GPU cached equal to recomputed 400/400;' "$summary")" -eq 4
+# devices on the stand-in: --device auto finds no GPU here, so the stage
+# says it fails and why, and runs again under the check switch.
+rc=0
+GPU_CHECK_SECONDS=200 "$cpu_tree/scripts/gpu-check" devices >"$out" 2>"$err" || rc=$?
+check "devices on a CPU stand-in: exit 0 ($rc)" test "$rc" -eq 0
+check "  --device auto on a machine without a GPU fails the stage, saying why" \
+  grep -q "^devices: train --device auto fails (exit 0): mpiformer train: lm on copy (cpu; auto: no GPU visible)" "$summary"
+check "  eval on the GPU left out without shards" \
+  grep -q "^devices: eval on the GPU left out (no shards given)" "$summary"
 exit_on_failures
