@@ -109,6 +109,20 @@ Verdict check_split(const EvalConfig& cfg, const CheckpointState& state) {
   }
 }
 
+// The model at this --max-tokens must fit beside the other ranks of the
+// node: 0, or the exit code of the refusal.
+int check_memory(const Communicator& comm, Ops& ops, const TrainConfig& run,
+                 const ModelCapacity& capacity, DType compute) {
+  std::string shortfall;
+  if (!agreed(comm, [&] {
+        shortfall = memory_shortfall(estimate_memory(ops, run.model, capacity, compute), ops,
+                                     comm.local_size(),
+                                     "--max-tokens (" + std::to_string(run.max_tokens) + ")");
+      }))
+    return kExitFailure;
+  return refuse_on_shortfall(comm, shortfall, "mpiformer eval: --max-tokens: ");
+}
+
 }  // namespace
 
 int run_eval(const EvalConfig& cfg, Communicator& comm) {
@@ -166,18 +180,7 @@ int run_eval(const EvalConfig& cfg, Communicator& comm) {
   const DType compute = on_gpu ? compute_dtype(run.precision) : DType::kF32;
   if (on_gpu && !agreed(comm, [&] { ops->set_attention_path(run.attention); })) return kExitUsage;
   const ModelCapacity capacity{run.max_tokens, run.model.max_len, data->max_batch_sequences()};
-  {
-    // The model at this --max-tokens must fit beside the other ranks of the node.
-    std::string shortfall;
-    if (!agreed(comm, [&] {
-          shortfall = memory_shortfall(estimate_memory(*ops, run.model, capacity, compute), *ops,
-                                       comm.local_size(),
-                                       "--max-tokens (" + std::to_string(run.max_tokens) + ")");
-        }))
-      return kExitFailure;
-    if (const int code = refuse_on_shortfall(comm, shortfall, "mpiformer eval: --max-tokens: "))
-      return code;
-  }
+  if (const int code = check_memory(comm, *ops, run, capacity, compute)) return code;
   Model model(*ops, run.model, capacity, compute);
   model.init_parameters(run.seed);  // allocates; the checkpoint's values replace these
   ParameterSet& params = model.parameters();
