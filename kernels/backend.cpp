@@ -7,6 +7,7 @@
 #include "kernels/checked_ops.h"
 #include "kernels/cpu/device.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cuda_architectures.h"
 
 #ifdef MPIFORMER_HAVE_CUDA
 #include "kernels/cuda/device.h"
@@ -69,6 +70,21 @@ int cuda_device_count() {
 std::string blas_version() {
   const char* config = openblas_get_config();
   return config ? config : "OpenBLAS (unknown build)";
+}
+
+std::string cuda_architectures_problem() {
+#ifdef MPIFORMER_HAVE_CUDA
+  const int count = cuda::device_count();
+  for (int device = 0; device < count; ++device) {
+    int major = 0, minor = 0;
+    if (!cuda::compute_capability(device, &major, &minor)) continue;
+    const std::string problem = architectures_problem(
+        MPIFORMER_CUDA_ARCHITECTURES, major, minor,
+        "GPU " + std::to_string(device) + " (" + cuda::device_name(device) + ")");
+    if (!problem.empty()) return problem;
+  }
+#endif
+  return "";
 }
 
 bool cuda_backend_built() {

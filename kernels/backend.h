@@ -33,5 +33,9 @@ std::string blas_version();
 // The device's name ("NVIDIA H100 80GB HBM3"), "" without a CUDA build or on error.
 std::string cuda_device_name(int device);
 bool cuda_backend_built();
+// "" where this build's kernels run on every visible GPU; otherwise one
+// line naming the first that they do not, its capability and what to build
+// (kernels/cuda_architectures.h).
+std::string cuda_architectures_problem();
 
 }  // namespace mpiformer

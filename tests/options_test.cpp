@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/cuda_architectures.h"
 #include "src/app/arch_presets.h"
 #include "src/app/shared_options.h"
 #include "src/core/error.h"
@@ -1151,6 +1152,34 @@ TEST(DeviceChoice, AutoIsCudaOnlyWhereABuiltBackendSeesAGpu) {
   EXPECT_EQ(why, "");
   EXPECT_EQ(resolve_device(DeviceKind::kCuda, true, 0, &why), DeviceKind::kCuda);
   EXPECT_EQ(why, "");
+}
+
+TEST(DeviceChoice, KernelsRunOnTheCapabilitiesTheirArchitecturesCover) {
+  // The default list (CMakeLists.txt): machine code for 8.0, 8.6, 8.9, 9.0
+  // and sm_90's PTX.
+  const std::string defaults = "80-real;86-real;89-real;90";
+  for (const auto& [major, minor] : {std::pair{8, 0}, {8, 6}, {8, 9}, {9, 0}, {10, 0}, {12, 0}})
+    EXPECT_TRUE(architectures_run_on(defaults, major, minor)) << major << "." << minor;
+  EXPECT_FALSE(architectures_run_on(defaults, 7, 5));  // a T4: older than every entry
+  EXPECT_FALSE(architectures_run_on(defaults, 7, 0));
+  // Machine code runs on later minors of its major only; PTX on every later one.
+  EXPECT_TRUE(architectures_run_on("80-real", 8, 6));
+  EXPECT_FALSE(architectures_run_on("80-real", 9, 0));
+  EXPECT_FALSE(architectures_run_on("86-real", 8, 0));
+  EXPECT_TRUE(architectures_run_on("80-virtual", 9, 0));
+  EXPECT_FALSE(architectures_run_on("90-real", 10, 0));
+  EXPECT_TRUE(architectures_run_on("90", 10, 0));
+  EXPECT_TRUE(architectures_run_on("80,90", 9, 0));  // as the build records it
+  EXPECT_TRUE(architectures_run_on("native", 7, 5));
+  // The refusal: one line with the GPU, its capability and the variable.
+  EXPECT_EQ(architectures_problem(defaults, 9, 0, "GPU 0 (H100)"), "");
+  EXPECT_EQ(architectures_problem("90", 8, 0, "GPU 0 (NVIDIA A100-SXM4-80GB)"),
+            "GPU 0 (NVIDIA A100-SXM4-80GB) has compute capability 8.0, and this build has "
+            "kernels for CMAKE_CUDA_ARCHITECTURES 90 only: configure a fresh build with "
+            "-DCMAKE_CUDA_ARCHITECTURES=80 (or scripts/setup with MPIFORMER_NATIVE=1 on that "
+            "machine)");
+  // A CPU-only build, or no GPU: nothing to refuse.
+  if (cuda_device_count() == 0) EXPECT_EQ(cuda_architectures_problem(), "");
 }
 
 TEST(DeviceChoice, EveryComputingCommandTakesAutoAndSettlesIt) {

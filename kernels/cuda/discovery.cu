@@ -24,4 +24,13 @@ std::string device_name(int device) {
   return props.name;
 }
 
+bool compute_capability(int device, int* major, int* minor) {
+  if (cudaDeviceGetAttribute(major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return true;
+}
+
 }  // namespace mpiformer::cuda

@@ -13,4 +13,7 @@ int device_count();
 // The device's marketing name ("NVIDIA H100 80GB HBM3"), or "" on error.
 std::string device_name(int device);
 
+// The device's compute capability; false on error.
+bool compute_capability(int device, int* major, int* minor);
+
 }  // namespace mpiformer::cuda

@@ -232,6 +232,8 @@ void validate_device(DeviceKind device, Precision precision, bool tf32, int thre
     if (cuda_device_count() == 0) {
       usage_error("--device", "cuda requested but no GPU is visible to this process");
     }
+    if (const std::string problem = cuda_architectures_problem(); !problem.empty())
+      usage_error("--device", problem);
   }
   validate_device_choice(device, precision, tf32, threads, attention);
   validate_cpu(threads, blas_core);

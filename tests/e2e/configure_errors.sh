@@ -65,4 +65,29 @@ configure_refused sentencepiece "SentencePiece C++ library" \
   "none under SentencePiece_ROOT=$work/empty" "apt-get install libsentencepiece-dev" \
   -- -DSentencePiece_ROOT="$work/empty"
 
+# The CUDA architectures (where nvcc is there): by default the GPUs clusters
+# have, sm_80 to sm_90 with sm_90's PTX; MPIFORMER_NATIVE narrows them to the
+# machine's GPU (a stand-in nvidia-smi says 8.6), and keeps the default
+# where no GPU answers.
+if command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; then
+  mkdir -p "$work/gpu-bin" "$work/no-gpu-bin"
+  printf '#!/bin/sh\necho 8.6\n' >"$work/gpu-bin/nvidia-smi"
+  printf '#!/bin/sh\nexit 9\n' >"$work/no-gpu-bin/nvidia-smi"
+  chmod +x "$work/gpu-bin/nvidia-smi" "$work/no-gpu-bin/nvidia-smi"
+  for case in "default||80-real;86-real;89-real;90" "native|gpu-bin|86" \
+    "native-no-gpu|no-gpu-bin|80-real;86-real;89-real;90"; do
+    IFS='|' read -r name bin expected <<<"$case"
+    native=OFF
+    [[ $name == native* ]] && native=ON
+    PATH=$work/${bin:-gpu-none}:$PATH try cmake -S "$src" -B "$work/build-cuda-$name" \
+      -DMPIFORMER_TESTS=OFF -DMPIFORMER_NATIVE=$native
+    if grep -q "CUDA backend: off" "$out"; then
+      echo "SKIP: no CUDA backend configured here"
+      break
+    fi
+    check "CUDA architectures, $name: $expected (exit $rc)" \
+      grep -qF "CMAKE_CUDA_ARCHITECTURES $expected)" "$out"
+  done
+fi
+
 exit_on_failures
