@@ -212,12 +212,15 @@ struct ReadSums {
   ReadSums(const Communicator& comm, size_t tensors) : parts(comm, tensors), stored(tensors) {}
 
   // Tensor t's sum, read by every rank that opened it (the same file
-  // everywhere): a collective.
+  // everywhere), a fault before or not: with collective metadata reads, a
+  // rank that skipped it would leave the others waiting.
   void read_stored(size_t t, hid_t dset, const std::string& where, const hdf5::Faults& faults,
                    FirstFault* failed) {
-    failed->attempt([&] {
+    try {
       if (uint32_t crc = 0; hdf5::stored_sum(dset, where, faults, &crc)) stored[t] = crc;
-    });
+    } catch (const std::exception& e) {
+      failed->set(e.what());
+    }
   }
   // Every tensor the ranks read whole between them, against its sum; tensor
   // t = group * infos.size() + i is named "/" + group_name(group) + "/" + name.
