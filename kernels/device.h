@@ -101,4 +101,24 @@ class Device {
   virtual std::unique_ptr<OpTimer> make_timer() = 0;
 };
 
+// Host memory that a device copies to or from at the bus's pace (pinned on
+// a GPU: Device::allocate_host), released with it; it grows and never
+// shrinks. MPIFORMER_HOST_PAGEABLE=1 makes it plain memory, to measure
+// what pinning gains.
+class HostBuffer {
+ public:
+  explicit HostBuffer(Device& device);
+  ~HostBuffer();
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+  // At least `bytes`; the contents are kept only when it does not grow.
+  void* reserve(size_t bytes);
+
+ private:
+  Device& device_;
+  bool pinned_;
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
 }  // namespace mpiformer

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <new>
 #include <stdexcept>
+#include <string>
 
 #include "kernels/ops.h"
 
@@ -18,6 +19,31 @@ void* Device::allocate_host(size_t bytes) {
 
 void Device::release_host(void* ptr) {
   std::free(ptr);
+}
+
+HostBuffer::HostBuffer(Device& device) : device_(device) {
+  const char* pageable = std::getenv("MPIFORMER_HOST_PAGEABLE");
+  pinned_ = !(pageable && std::string(pageable) == "1");
+}
+
+HostBuffer::~HostBuffer() {
+  if (pinned_)
+    device_.release_host(data_);
+  else
+    std::free(data_);
+}
+
+void* HostBuffer::reserve(size_t bytes) {
+  if (bytes <= bytes_) return data_;
+  void* grown = pinned_ ? device_.allocate_host(bytes) : std::malloc(bytes);
+  if (grown == nullptr) throw std::bad_alloc();
+  if (pinned_)
+    device_.release_host(data_);
+  else
+    std::free(data_);
+  data_ = grown;
+  bytes_ = bytes;
+  return data_;
 }
 
 void Ops::set_attention_path(AttentionPath path) {

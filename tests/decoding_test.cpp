@@ -98,6 +98,37 @@ TEST(Decoding, GreedyIsTheStepByStepArgmax) {
   EXPECT_EQ(h.ids, expected);
 }
 
+// --min-new-tokens: a line that greedy ends at EOS early goes on with the
+// next best tokens to the minimum, the same up to that EOS; the figures
+// count the steps and the tokens handed out.
+TEST(Decoding, MinNewTokensHoldsEosBackAndTheFiguresAddUp) {
+  int ended_early = 0;
+  for (uint64_t seed = 1; seed <= 40; ++seed) {
+    TinyModel t(ModelKind::kLm, seed);
+    DecodeOptions o;
+    o.max_new_tokens = 10;
+    const std::vector<int32_t> prompt = {10, 11, 12};
+    DecodeStats free_stats, held_stats;
+    Hypothesis free, held;
+    decode(
+        *t.model, {prompt}, {1}, Layout{}, o, [&](size_t, Hypothesis h) { free = h; }, &free_stats);
+    if (!free.finished || free.ids.size() >= 6) continue;
+    ++ended_early;
+    o.min_new_tokens = 6;
+    decode(
+        *t.model, {prompt}, {1}, Layout{}, o, [&](size_t, Hypothesis h) { held = h; }, &held_stats);
+    ASSERT_GE(held.ids.size(), 6u) << seed;
+    EXPECT_TRUE(std::equal(free.ids.begin(), free.ids.end(), held.ids.begin())) << seed;
+    EXPECT_EQ(free_stats.tokens, static_cast<int64_t>(free.ids.size()) + 1) << seed;
+    EXPECT_EQ(held_stats.tokens, static_cast<int64_t>(held.ids.size()) + held.finished) << seed;
+    // One row a step after the prompt's (BOS and the prompt in the first).
+    EXPECT_EQ(held_stats.steps, static_cast<int64_t>(held.ids.size()) + held.finished) << seed;
+    EXPECT_EQ(held_stats.rows, held_stats.steps - 1 + 1 + static_cast<int64_t>(prompt.size()))
+        << seed;
+  }
+  EXPECT_GT(ended_early, 0) << "no seed's greedy line ended early: nothing was tested";
+}
+
 TEST(Decoding, BeamScoresAtLeastGreedy) {
   for (uint64_t seed : {1, 2, 3, 4}) {
     TinyModel t(ModelKind::kSeq2seq, seed);

@@ -193,6 +193,42 @@ ModelCapacity plan_capacity(const GenerateConfig& cfg, const ModelConfig& model,
   return plan.capacity;
 }
 
+// The backend and the model of `room` with the checkpoint's weights, its
+// memory checked first (refused naming the flag that lowers it).
+void load_model(const GenerateConfig& cfg, const TrainConfig& run,
+                const std::vector<CheckpointTensor>& tensors, const ModelCapacity& room,
+                const Communicator& comm, Setup& setup) {
+  // make_ops on the CPU compares the ranks' BLAS kernels, a collective that
+  // a rank refusing its inputs here would leave the others waiting in. A
+  // GPU's device line goes to stderr: stdout may carry the outputs.
+  const int threads = cfg.threads > 0 ? cfg.threads : comm.cores_per_local_rank();
+  setup.ops = cfg.device == DeviceKind::kCpu ? make_cpu_ops(threads)
+                                             : make_ops(cfg.device, threads, comm, false, stderr);
+  Ops& ops = *setup.ops;
+  const DType compute = compute_dtype(cfg.precision);
+  // The sentences decoding together stay within --max-tokens; a cache
+  // larger than that holds one sentence whose beams alone are too many.
+  const bool one_sentence = room.cache_rows > cfg.max_tokens;
+  const std::string flag = one_sentence ? "--beam" : "--max-tokens";
+  const std::string shortfall = memory_shortfall(
+      estimate_memory(ops, run.model, room, compute), ops, comm.local_size(),
+      one_sentence ? "--beam (each beam holds up to max-len " + std::to_string(run.model.max_len) +
+                         " tokens)"
+                   : "--max-tokens (the key/value cache of the sentences decoding together: " +
+                         std::to_string(room.cache_rows) + " rows of max-len " +
+                         std::to_string(run.model.max_len) + " and --beam " +
+                         std::to_string(cfg.beam) + ")");
+  if (!shortfall.empty()) usage_error(flag, "decoding " + shortfall);
+  setup.model = std::make_unique<Model>(ops, run.model, room, compute);
+  Model& model = *setup.model;
+  model.init_parameters(run.seed);  // allocates; the checkpoint's values replace these
+  std::vector<float> host(model.parameters().count());  // (count)
+  unpack_checkpoint_tensors(cfg.checkpoint, tensors, model.parameters(), host.data());
+  ops.device().copy_to_device(model.parameters().params(), host.data(),
+                              host.size() * sizeof(float));
+  if (compute != DType::kF32) model.parameters().refresh_compute();  // the bf16/fp16 copy
+}
+
 // Every rank: the checkpoint, the inputs (each parsed before any decodes:
 // a bad line is found at once), their order and the model.
 std::unique_ptr<Setup> prepare_setup(const GenerateConfig& cfg, const Communicator& comm) {
@@ -265,6 +301,7 @@ std::unique_ptr<Setup> prepare_setup(const GenerateConfig& cfg, const Communicat
   options.beam = cfg.beam;
   options.length_alpha = cfg.length_alpha;
   options.max_new_tokens = cfg.max_new_tokens;
+  options.min_new_tokens = cfg.min_new_tokens;
   options.top_k = cfg.top_k;
   options.temperature = cfg.temperature;
   options.cache = cfg.cache;
@@ -277,33 +314,7 @@ std::unique_ptr<Setup> prepare_setup(const GenerateConfig& cfg, const Communicat
   }
   const ModelCapacity room = plan_capacity(cfg, run.model, *setup);
 
-  // make_ops on the CPU compares the ranks' BLAS kernels, a collective that
-  // a rank refusing its inputs here would leave the others waiting in. A
-  // GPU's device line goes to stderr: stdout may carry the outputs.
-  const int threads = cfg.threads > 0 ? cfg.threads : comm.cores_per_local_rank();
-  setup->ops = cfg.device == DeviceKind::kCpu ? make_cpu_ops(threads)
-                                              : make_ops(cfg.device, threads, comm, false, stderr);
-  Ops& ops = *setup->ops;
-  // The sentences decoding together stay within --max-tokens; a cache
-  // larger than that holds one sentence whose beams alone are too many.
-  const bool one_sentence = room.cache_rows > cfg.max_tokens;
-  const std::string flag = one_sentence ? "--beam" : "--max-tokens";
-  const std::string shortfall = memory_shortfall(
-      estimate_memory(ops, run.model, room, DType::kF32), ops, comm.local_size(),
-      one_sentence ? "--beam (each beam holds up to max-len " + std::to_string(run.model.max_len) +
-                         " tokens)"
-                   : "--max-tokens (the key/value cache of the sentences decoding together: " +
-                         std::to_string(room.cache_rows) + " rows of max-len " +
-                         std::to_string(run.model.max_len) + " and --beam " +
-                         std::to_string(cfg.beam) + ")");
-  if (!shortfall.empty()) usage_error(flag, "decoding " + shortfall);
-  setup->model = std::make_unique<Model>(ops, run.model, room);
-  Model& model = *setup->model;
-  model.init_parameters(run.seed);  // allocates; the checkpoint's values replace these
-  std::vector<float> host(model.parameters().count());  // (count)
-  unpack_checkpoint_tensors(cfg.checkpoint, tensors, model.parameters(), host.data());
-  ops.device().copy_to_device(model.parameters().params(), host.data(),
-                              host.size() * sizeof(float));
+  load_model(cfg, run, tensors, room, comm, *setup);
   return setup;
 }
 
@@ -382,7 +393,8 @@ class Outputs {
 // from its rank on, so the ranks' shares are alike. Each finished line goes
 // to `done(index, text)`.
 template <typename Done>
-void decode_share(const GenerateConfig& cfg, Setup& setup, const Communicator& comm, Done&& done) {
+void decode_share(const GenerateConfig& cfg, Setup& setup, const Communicator& comm,
+                  DecodeStats& stats, Done&& done) {
   using Clock = std::chrono::steady_clock;
   constexpr double kProgressSeconds = 5.0;
   std::vector<size_t> share;
@@ -398,7 +410,7 @@ void decode_share(const GenerateConfig& cfg, Setup& setup, const Communicator& c
   auto last_report = start;
   size_t finished = 0;
   const size_t mine = share.size();
-  decode(*setup.model, inputs, seeds, setup.layout, setup.options, [&](size_t k, Hypothesis h) {
+  const auto finished_line = [&](size_t k, Hypothesis h) {
     done(share[k], to_text(setup.tokenizer.get(), h.ids));
     ++finished;
     // Progress on stderr, never among the outputs: every kProgressSeconds,
@@ -415,7 +427,8 @@ void decode_share(const GenerateConfig& cfg, Setup& setup, const Communicator& c
                    static_cast<double>(finished) / seconds);
       std::fflush(stderr);
     }
-  });
+  };
+  decode(*setup.model, inputs, seeds, setup.layout, setup.options, finished_line, &stats);
 }
 
 // Rank r's lines to every rank: [index u64, length u64, bytes] each.
@@ -437,6 +450,23 @@ void unpack_lines(const std::string& packed, Outputs& outputs) {
     outputs.set(head[0], packed.substr(at, head[1]));
     at += head[1];
   }
+}
+
+// " (S s of decoding, L lines/s, T tokens/s; rank 0's model calls M s,
+// its choice of tokens C s, R rows a step)": the rate, and where rank 0's
+// time went.
+std::string describe_rate(size_t lines, int64_t tokens, double seconds, const DecodeStats& own,
+                          int ranks) {
+  const auto per_second = [&](double n) { return seconds > 0 ? n / seconds : 0.0; };
+  char text[256];
+  std::snprintf(text, sizeof text,
+                " (%.2f s of decoding, %.1f lines/s, %.0f tokens/s; %smodel calls %.3f s, "
+                "choice of tokens %.3f s, %.1f rows a step)",
+                seconds, per_second(static_cast<double>(lines)),
+                per_second(static_cast<double>(tokens)), ranks > 1 ? "rank 0's " : "",
+                own.model_seconds, own.choose_seconds,
+                own.steps > 0 ? static_cast<double>(own.rows) / own.steps : 0.0);
+  return text;
 }
 
 }  // namespace
@@ -466,20 +496,22 @@ int run_generate(const GenerateConfig& cfg, Communicator& comm) {
   // Alone, rank 0 writes the lines as they come (in input order); with
   // others, it writes once every rank has sent its own.
   std::vector<std::pair<size_t, std::string>> mine;
+  DecodeStats stats;  // this rank's
   const auto decoding_start = std::chrono::steady_clock::now();
-  code = agree(comm, attempt(
-                         comm,
-                         [&] {
-                           decode_share(cfg, *setup, comm, [&](size_t index, std::string text) {
-                             if (comm.size() == 1) {
-                               outputs->set(index, std::move(text));
-                               outputs->write_ready();
-                             } else {
-                               mine.emplace_back(index, std::move(text));
-                             }
-                           });
-                         },
-                         Faults::kByType, "generate"));
+  code =
+      agree(comm, attempt(
+                      comm,
+                      [&] {
+                        decode_share(cfg, *setup, comm, stats, [&](size_t index, std::string text) {
+                          if (comm.size() == 1) {
+                            outputs->set(index, std::move(text));
+                            outputs->write_ready();
+                          } else {
+                            mine.emplace_back(index, std::move(text));
+                          }
+                        });
+                      },
+                      Faults::kByType, "generate"));
   if (code != 0) return code;
   for (int r = 1; r < comm.size(); ++r) {
     std::string packed = comm.rank() == r ? pack_lines(mine) : std::string();
@@ -491,6 +523,7 @@ int run_generate(const GenerateConfig& cfg, Communicator& comm) {
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - decoding_start).count();
+  const int64_t tokens = comm.allreduce_sum(stats.tokens);
   return agree_on_root(
       comm,
       [&] {
@@ -499,13 +532,11 @@ int run_generate(const GenerateConfig& cfg, Communicator& comm) {
         ExitOnStop::finish();
         outputs->commit();
         if (!cfg.output.empty()) {
-          const size_t lines = setup->inputs.size();
-          char rate[96];
-          std::snprintf(rate, sizeof rate, " (%.2f s of decoding, %.1f lines/s)", seconds,
-                        seconds > 0 ? static_cast<double>(lines) / seconds : 0.0);
-          std::cerr << "mpiformer generate: " << lines << " line(s) to " << cfg.output
+          std::cerr << "mpiformer generate: " << setup->inputs.size() << " line(s) to "
+                    << cfg.output
                     << (cfg.references.empty() ? "" : ", their references to " + cfg.references)
-                    << rate << std::endl;
+                    << describe_rate(setup->inputs.size(), tokens, seconds, stats, comm.size())
+                    << std::endl;
         }
         return 0;
       },

@@ -39,6 +39,8 @@ void add_generate_flags(FlagTable& t, GenerateConfig* c) {
   t.add("beam", &c->beam, "N", "beam width (1: greedy)");
   t.add("length-alpha", &c->length_alpha, "A", "beam scores are log p / length^A");
   t.add("max-new-tokens", &c->max_new_tokens, "N", "tokens to produce at most (0: up to max-len)");
+  t.add("min-new-tokens", &c->min_new_tokens, "N",
+        "tokens to produce at least before EOS may end a line (up to --max-new-tokens)");
   t.add("top-k", &c->top_k, "K", "lm: sample among the K most likely tokens (0: no sampling)");
   t.add("temperature", &c->temperature, "T", "sampling temperature");
   t.add("seed", &c->seed, "S", "seed of the sampling");
@@ -49,9 +51,12 @@ void add_generate_flags(FlagTable& t, GenerateConfig* c) {
         "keep each layer's keys and values between steps (false: recompute every prefix at "
         "every step, the slow reference; the same output)");
   add_device_choice(t, &c->device,
-                    "where the model runs, in fp32 (cuda: the GPU of the rank's local rank; the "
-                    "CPU gives the same tokens alone or with others, a GPU to rounding; auto: "
-                    "cuda where a GPU is visible, the CPU otherwise)");
+                    "where the model runs (cuda: the GPU of the rank's local rank; the CPU gives "
+                    "the same tokens alone or with others, a GPU to rounding; auto: cuda where a "
+                    "GPU is visible, the CPU otherwise)");
+  add_precision_choice(t, &c->precision,
+                       "precision of the weights' compute copy and of the activations (bf16, "
+                       "fp16: faster on a GPU; where two tokens come near a tie, another may win)");
   add_cpu_flags(t, &c->threads, "CPU threads (0: all cores)", &c->blas_core);
 }
 
@@ -77,10 +82,14 @@ void finish_generate(const std::set<std::string>& given, GenerateConfig* cfg) {
   if (!cfg->output.empty()) require_output_file("--output", cfg->output);
   require_at_least("--beam", cfg->beam, 1);
   require_at_least("--max-new-tokens", cfg->max_new_tokens, 0);
+  require_at_least("--min-new-tokens", cfg->min_new_tokens, 0);
+  if (cfg->max_new_tokens > 0 && cfg->min_new_tokens > cfg->max_new_tokens)
+    usage_error("--min-new-tokens",
+                "more than --max-new-tokens " + std::to_string(cfg->max_new_tokens));
   require_at_least("--top-k", cfg->top_k, 0);
   require_at_least("--max-tokens", cfg->max_tokens, 1);
   settle_device(&cfg->device, &cfg->device_choice);
-  validate_device(cfg->device, Precision::kFp32, false, cfg->threads, cfg->blas_core,
+  validate_device(cfg->device, cfg->precision, false, cfg->threads, cfg->blas_core,
                   AttentionPath::kAuto);
   require_positive("--temperature", cfg->temperature);
   require_non_negative("--length-alpha", cfg->length_alpha);

@@ -198,15 +198,20 @@ void add_device_choice(FlagTable& t, DeviceKind* device, const char* help) {
       {{"cpu", DeviceKind::kCpu}, {"cuda", DeviceKind::kCuda}, {"auto", DeviceKind::kAuto}}, help);
 }
 
+void add_precision_choice(FlagTable& t, Precision* precision, const char* help) {
+  t.add_choice("precision", precision,
+               {{"fp32", Precision::kFp32}, {"bf16", Precision::kBf16}, {"fp16", Precision::kFp16}},
+               help);
+}
+
 void add_device_flags(FlagTable& t, DeviceKind* device, Precision* precision, bool* tf32,
                       int* threads, std::string* blas_core, AttentionPath* attention) {
   add_device_choice(t, device,
                     "where the model runs (auto: cuda where a GPU is visible, the CPU otherwise)");
-  t.add_choice("precision", precision,
-               {{"fp32", Precision::kFp32}, {"bf16", Precision::kBf16}, {"fp16", Precision::kFp16}},
-               "precision of activations and GEMM inputs; master weights, Adam state, gradient "
-               "sums, layer-norm statistics, softmax and the loss stay fp32 (fp16 adds dynamic "
-               "loss scaling)");
+  add_precision_choice(t, precision,
+                       "precision of activations and GEMM inputs; master weights, Adam state, "
+                       "gradient sums, layer-norm statistics, softmax and the loss stay fp32 "
+                       "(fp16 adds dynamic loss scaling)");
   t.add_switch("tf32", tf32,
                "cuda, fp32: run the GEMMs on TF32 tensor cores (10-bit mantissas; fp32 is exact "
                "without it)");

@@ -33,6 +33,8 @@ void validate_cpu(int threads, const std::string& blas_core);
 
 // --device cpu|cuda|auto with `help` (what runs there).
 void add_device_choice(FlagTable& t, DeviceKind* device, const char* help);
+// --precision fp32|bf16|fp16 with `help`.
+void add_precision_choice(FlagTable& t, Precision* precision, const char* help);
 // Where and in what precision the model runs, with --threads and
 // --blas-core (train, bench).
 void add_device_flags(FlagTable& t, DeviceKind* device, Precision* precision, bool* tf32,

@@ -291,13 +291,15 @@ struct GenerateConfig {
   int beam = 1;                // 1: greedy
   float length_alpha = 1.0f;
   int max_new_tokens = 0;  // 0: up to max-len
+  int min_new_tokens = 0;  // EOS is not chosen before this many new tokens
   int top_k = 0;           // lm: sample among the k most likely (0: greedy or beam)
   float temperature = 1.0f;
   uint64_t seed = 1;
   bool cache = true;       // false: recompute every prefix at every step (the reference)
   int max_tokens = 16384;  // key/value cache rows the sentences decoding together may fill
-  DeviceKind device = DeviceKind::kCpu;  // fp32 on either
-  std::string device_choice;             // why --device auto chose `device`
+  DeviceKind device = DeviceKind::kCpu;
+  std::string device_choice;               // why --device auto chose `device`
+  Precision precision = Precision::kFp32;  // of the weights' compute copy and activations
   int threads = 0;
   std::string blas_core = "auto";
 };

@@ -1,6 +1,7 @@
 #include "src/model/decoding.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -14,9 +15,10 @@ namespace mpiformer {
 
 namespace {
 
-// Ids a decoder may emit: never pad, bos, [MASK] or [SEP].
-bool emittable(int id, const SpecialTokens& s) {
-  return id != s.pad && id != s.bos && id != s.mask && id != s.sep;
+// Ids a decoder may emit: never pad, bos, [MASK] or [SEP]; EOS only once
+// DecodeOptions::min_new_tokens are out.
+bool emittable(int id, const SpecialTokens& s, bool eos_allowed) {
+  return id != s.pad && id != s.bos && id != s.mask && id != s.sep && (eos_allowed || id != s.eos);
 }
 
 // The options as a model kind reads them: a seq2seq never samples, and
@@ -232,12 +234,12 @@ bool better(const Candidate& a, const Candidate& b) {
 // order) to `out`; none of the others can be among a step's best `keep`.
 // log_probs: (V)
 void best_extensions(const float* log_probs, int V, double base, int from, size_t keep,
-                     const SpecialTokens& sp, std::vector<Candidate>& out) {
+                     const SpecialTokens& sp, bool eos_allowed, std::vector<Candidate>& out) {
   const size_t first = out.size();
   if (keep > 32) {
     // Many: every extension, then a partial sort.
     for (int id = 0; id < V; ++id)
-      if (emittable(id, sp)) out.push_back({base + log_probs[id], from, id});
+      if (emittable(id, sp, eos_allowed)) out.push_back({base + log_probs[id], from, id});
     const size_t n = std::min(keep, out.size() - first);
     std::partial_sort(out.begin() + first, out.begin() + first + n, out.end(), better);
     out.resize(first + n);
@@ -256,7 +258,7 @@ void best_extensions(const float* log_probs, int V, double base, int from, size_
     for (int id = run; id < end; ++id) top = top > log_probs[id] ? top : log_probs[id];
     if (top <= floor) continue;
     for (int id = run; id < end; ++id) {
-      if (log_probs[id] <= floor || !emittable(id, sp)) continue;
+      if (log_probs[id] <= floor || !emittable(id, sp, eos_allowed)) continue;
       const Candidate c{base + log_probs[id], from, id};
       if (out.size() - first == keep && !better(c, out.back())) continue;
       out.insert(std::upper_bound(out.begin() + first, out.end(), c, better), c);
@@ -274,13 +276,15 @@ void advance(Sentence& s, float* logits, const ModelConfig& c, const DecodeOptio
   // Each hypothesis's best extensions: `beam` of them are kept, and up to
   // `beam` more may end at EOS. Sampling draws among the top k.
   const size_t keep = options.top_k > 0 ? static_cast<size_t>(options.top_k) : 2 * beam;
+  const bool eos_allowed = s.step >= options.min_new_tokens;
   std::vector<Candidate> candidates;
   for (size_t b = 0; b < s.beams.size(); ++b) {
     float* x = logits + b * V;
     if (options.top_k > 0 && options.temperature > 0)
       for (int i = 0; i < V; ++i) x[i] /= options.temperature;
     cpu::log_softmax_row(x, V);
-    best_extensions(x, V, s.beams[b].log_prob, static_cast<int>(b), keep, sp, candidates);
+    best_extensions(x, V, s.beams[b].log_prob, static_cast<int>(b), keep, sp, eos_allowed,
+                    candidates);
   }
   const size_t n = std::min(keep, candidates.size());
   std::partial_sort(candidates.begin(), candidates.begin() + n, candidates.end(), better);
@@ -387,14 +391,166 @@ ModelCapacity decode_capacity(const ModelConfig& config, const DecodeNeeds& need
   return capacity;
 }
 
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// The sentences of one decode() call as a stream through the model's
+// capacity: they join in order while it holds them beside the live ones,
+// decode a step at a time together, and leave when done.
+class Stream {
+ public:
+  Stream(Model& model, std::vector<Sentence>& sentences, const DecodeOptions& o,
+         const std::function<void(size_t, Hypothesis)>& done, DecodeStats& figures)
+      : model_(model),
+        c_(model.config()),
+        room_(model.capacity()),
+        o_(o),
+        sentences_(sentences),
+        done_(done),
+        figures_(figures),
+        logits_(model.parameters().ops().device()),
+        cache_pool_(room_.cache_rows),
+        memory_pool_(c_.kind == ModelKind::kSeq2seq ? room_.max_tokens : 0) {}
+
+  // Until every sentence is done.
+  void run() {
+    while (next_ < sentences_.size() || !live_.empty()) {
+      join();
+      if (live_.empty()) break;
+      // Without the cache every step starts from nothing: every source again.
+      if (!o_.cache) {
+        cache_pool_.reset();
+        memory_pool_.reset();
+        for (size_t i : live_) sentences_[i].memory_rows.clear();
+      }
+      if (c_.kind == ModelKind::kSeq2seq) encode(o_.cache ? joining_ : live_);
+      step();
+      leave();
+    }
+  }
+
+ private:
+  // Sentences join in order while the capacity holds them beside the live
+  // ones; one with nothing to decode is done at once.
+  void join() {
+    joining_.clear();
+    for (; next_ < sentences_.size(); ++next_) {
+      Sentence& s = sentences_[next_];
+      if (s.framed.limit == 0) {
+        done_(next_, Hypothesis{});
+        continue;
+      }
+      Holding with = held_;
+      with += Holding(s.needs, o_);
+      if (with.cache > room_.cache_rows || with.step > room_.max_tokens ||
+          with.memory > room_.max_tokens) {
+        if (live_.empty())
+          throw std::runtime_error("decode: a sentence needs more than the model's capacity");
+        break;
+      }
+      held_ = with;
+      s.active = true;
+      live_.push_back(next_);
+      joining_.push_back(next_);
+    }
+  }
+
+  // The encoder over these sentences' sources, each given its memory rows.
+  void encode(const std::vector<size_t>& which) {
+    PackedSequences sources;
+    std::vector<int32_t> rows;
+    for (size_t i : which) {
+      Sentence& s = sentences_[i];
+      for (size_t j = 0; j < s.framed.source.size(); ++j)
+        s.memory_rows.push_back(memory_pool_.take());
+      sources.append(s.framed.source.data(), static_cast<int>(s.framed.source.size()));
+      rows.insert(rows.end(), s.memory_rows.begin(), s.memory_rows.end());
+    }
+    if (which.empty()) return;
+    const auto start = Clock::now();
+    model_.decode_sources(sources, rows);
+    figures_.model_seconds += seconds_since(start);
+  }
+
+  // One decoder step over the live sentences' new rows, then each chooses.
+  void step() {
+    StepRows rows(step_);
+    for (size_t i : live_) feed(sentences_[i], rows, o_.cache, cache_pool_);
+    const size_t V = static_cast<size_t>(c_.vocab);
+    // (wanted rows, V), where the device copies them at the bus's pace
+    auto* logits =
+        static_cast<float*>(logits_.reserve(step_.logit_rows.size() * V * sizeof(float)));
+    const auto model_start = Clock::now();
+    model_.decode_step(step_, logits);
+    const auto choose_start = Clock::now();
+    figures_.model_seconds += std::chrono::duration<double>(choose_start - model_start).count();
+    ++figures_.steps;
+    figures_.rows += step_.rows();
+    // The wanted rows come sentence by sentence, a row per hypothesis.
+    // Each sentence chooses on its own (its rows, its draws): in parallel.
+    first_logit_row_.clear();
+    size_t row = 0;
+    for (size_t i : live_) {
+      first_logit_row_.push_back(row);
+      row += sentences_[i].beams.size();
+    }
+    const int n = static_cast<int>(live_.size());
+#pragma omp parallel for schedule(dynamic, 1) if (n > 1)
+    for (int a = 0; a < n; ++a)
+      advance(sentences_[live_[a]], logits + first_logit_row_[a] * V, c_, o_);
+    figures_.choose_seconds += seconds_since(choose_start);
+  }
+
+  // A finished sentence leaves: its rows go to the sentences that join.
+  void leave() {
+    staying_.clear();
+    for (size_t i : live_) {
+      Sentence& s = sentences_[i];
+      if (s.active) {
+        staying_.push_back(i);
+        continue;
+      }
+      cache_pool_.give_back(s.cache_rows);
+      memory_pool_.give_back(s.memory_rows);
+      held_ -= Holding(s.needs, o_);
+      Hypothesis chosen = best(s, o_);
+      figures_.tokens += static_cast<int64_t>(chosen.ids.size()) + (chosen.finished ? 1 : 0);
+      done_(i, std::move(chosen));
+      s.beams = {};
+      s.done = {};
+    }
+    live_.swap(staying_);
+  }
+
+  Model& model_;
+  const ModelConfig& c_;
+  const ModelCapacity& room_;
+  const DecodeOptions& o_;
+  std::vector<Sentence>& sentences_;
+  const std::function<void(size_t, Hypothesis)>& done_;
+  DecodeStats& figures_;
+  HostBuffer logits_;  // a step's logits, (wanted rows, V)
+  RowPool cache_pool_, memory_pool_;
+  size_t next_ = 0;                               // the next sentence to join
+  std::vector<size_t> live_, joining_, staying_;  // decoding, joining now, staying on
+  Holding held_;                                  // by the live sentences
+  DecodeStep step_;
+  std::vector<size_t> first_logit_row_;  // of each live sentence
+};
+
+}  // namespace
+
 void decode(Model& model, const std::vector<std::vector<int32_t>>& inputs,
             const std::vector<uint64_t>& seeds, const Layout& layout, const DecodeOptions& options,
-            const std::function<void(size_t, Hypothesis)>& done) {
+            const std::function<void(size_t, Hypothesis)>& done, DecodeStats* stats) {
   const ModelConfig& c = model.config();
-  const ModelCapacity& room = model.capacity();
   const DecodeOptions o = for_kind(c, options);
   if (seeds.size() != inputs.size()) throw std::invalid_argument("decode: a seed per input");
-  const bool seq2seq = c.kind == ModelKind::kSeq2seq;
   std::vector<Sentence> sentences(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
     Sentence& s = sentences[i];
@@ -402,94 +558,10 @@ void decode(Model& model, const std::vector<std::vector<int32_t>>& inputs,
     s.needs = needs_of(s.framed, o);
     s.rng = KeyedRng(mix64(seeds[i] ^ 0x5A4D504C45ull));
   }
-  RowPool cache_pool(room.cache_rows), memory_pool(seq2seq ? room.max_tokens : 0);
+  DecodeStats own;
   // The weights stay as they are: the backend keeps what it derives from them.
   const Model::DecodingSession session(model);
-  // The encoder over these sentences' sources, each given its memory rows.
-  const auto encode = [&](const std::vector<size_t>& which) {
-    PackedSequences sources;
-    std::vector<int32_t> rows;
-    for (size_t i : which) {
-      Sentence& s = sentences[i];
-      for (size_t j = 0; j < s.framed.source.size(); ++j)
-        s.memory_rows.push_back(memory_pool.take());
-      sources.append(s.framed.source.data(), static_cast<int>(s.framed.source.size()));
-      rows.insert(rows.end(), s.memory_rows.begin(), s.memory_rows.end());
-    }
-    if (!which.empty()) model.decode_sources(sources, rows);
-  };
-
-  DecodeStep step;
-  std::vector<float> logits;                   // (wanted rows, V)
-  std::vector<size_t> live, joining, staying;  // sentences decoding, joining now, staying on
-  std::vector<size_t> first_logit_row;         // of each live sentence
-  Holding held;                                // by the live sentences
-  const int V = c.vocab;
-  for (size_t next = 0; next < sentences.size() || !live.empty();) {
-    // Sentences join in order while the capacity holds them beside the
-    // live ones; one with nothing to decode is done at once.
-    joining.clear();
-    for (; next < sentences.size(); ++next) {
-      Sentence& s = sentences[next];
-      if (s.framed.limit == 0) {
-        done(next, Hypothesis{});
-        continue;
-      }
-      Holding with = held;
-      with += Holding(s.needs, o);
-      if (with.cache > room.cache_rows || with.step > room.max_tokens ||
-          with.memory > room.max_tokens) {
-        if (live.empty())
-          throw std::runtime_error("decode: a sentence needs more than the model's capacity");
-        break;
-      }
-      held = with;
-      s.active = true;
-      live.push_back(next);
-      joining.push_back(next);
-    }
-    if (live.empty()) break;
-    // Without the cache every step starts from nothing: every source again.
-    if (!o.cache) {
-      cache_pool.reset();
-      memory_pool.reset();
-      for (size_t i : live) sentences[i].memory_rows.clear();
-    }
-    if (seq2seq) encode(o.cache ? joining : live);
-
-    StepRows rows(step);
-    for (size_t i : live) feed(sentences[i], rows, o.cache, cache_pool);
-    logits.resize(step.logit_rows.size() * static_cast<size_t>(V));
-    model.decode_step(step, logits.data());
-    // The wanted rows come sentence by sentence, a row per hypothesis.
-    // Each sentence chooses on its own (its rows, its draws): in parallel.
-    first_logit_row.clear();
-    size_t row = 0;
-    for (size_t i : live) {
-      first_logit_row.push_back(row);
-      row += sentences[i].beams.size();
-    }
-    const int n = static_cast<int>(live.size());
-#pragma omp parallel for schedule(dynamic, 1) if (n > 1)
-    for (int a = 0; a < n; ++a)
-      advance(sentences[live[a]], logits.data() + first_logit_row[a] * V, c, o);
-    // A finished sentence leaves: its rows go to the sentences that join.
-    staying.clear();
-    for (size_t i : live) {
-      Sentence& s = sentences[i];
-      if (s.active) {
-        staying.push_back(i);
-        continue;
-      }
-      cache_pool.give_back(s.cache_rows);
-      memory_pool.give_back(s.memory_rows);
-      held -= Holding(s.needs, o);
-      done(i, best(s, o));
-      s.beams = {};
-      s.done = {};
-    }
-    live.swap(staying);
-  }
+  Stream(model, sentences, o, done, stats ? *stats : own).run();
 }
 
 std::vector<Hypothesis> decode(Model& model, const std::vector<std::vector<int32_t>>& inputs,

@@ -25,6 +25,7 @@ namespace mpiformer {
 
 struct DecodeOptions {
   int max_new_tokens = 0;  // 0: up to the model's max-len
+  int min_new_tokens = 0;  // EOS is not chosen before this many new tokens
   int beam = 1;            // 1: greedy
   float length_alpha = 1;  // beam scores are log p / length^alpha
   int top_k = 0;           // > 0: sample among the k most likely (lm)
@@ -81,14 +82,26 @@ struct DecodePlan {
 DecodePlan plan_decoding(const ModelConfig& config, const std::vector<std::vector<int32_t>>& inputs,
                          const Layout& layout, const DecodeOptions& options, int64_t max_rows);
 
+// Where a decoding's time went, for a rate and its breakdown: the model's
+// calls (on a GPU they wait for it, the logits' copy included) against the
+// choice of tokens from the logits on the host.
+struct DecodeStats {
+  int64_t steps = 0;          // decode_step calls
+  int64_t rows = 0;           // decoder rows fed, over every step
+  int64_t tokens = 0;         // of the hypotheses handed to `done`, each EOS included
+  double model_seconds = 0;   // decode_sources and decode_step
+  double choose_seconds = 0;  // log-softmax and the choice, on the host
+};
+
 // Decodes `inputs` (as for decode_needs), sentence i drawing its samples
 // from seeds[i], as many at a time as the model's capacity holds, and
 // hands each to `done(i, hypothesis)` as it finishes (any order). The
 // capacity must hold decode_needs of each input alone (decode_capacity);
-// of them all, and they all decode together.
+// of them all, and they all decode together. `stats`, when given, adds
+// this decoding's figures.
 void decode(Model& model, const std::vector<std::vector<int32_t>>& inputs,
             const std::vector<uint64_t>& seeds, const Layout& layout, const DecodeOptions& options,
-            const std::function<void(size_t, Hypothesis)>& done);
+            const std::function<void(size_t, Hypothesis)>& done, DecodeStats* stats = nullptr);
 // The same, returning one hypothesis per input, in order.
 std::vector<Hypothesis> decode(Model& model, const std::vector<std::vector<int32_t>>& inputs,
                                const std::vector<uint64_t>& seeds, const Layout& layout,

@@ -238,13 +238,14 @@ struct Model::Impl {
   int32_t* targets = nullptr;  // (N)
   // Decoding (capacity.cache_rows > 0): the key lists of a step, the cache
   // rows of its new rows, and the memory rows of decode_sources's rows.
-  int32_t* step_cache_rows = nullptr;         // (N)
-  int32_t* memory_slots = nullptr;            // (N)
-  int32_t* self_starts = nullptr;             // (N+1)
-  int32_t* self_rows = nullptr;               // (N * L)
-  int32_t* source_starts = nullptr;           // (N+1)
-  int32_t* source_rows = nullptr;             // (N * L)
-  std::vector<unsigned char> logits_staging;  // host (chunk_rows, logits_stride) of a step
+  int32_t* step_cache_rows = nullptr;  // (N)
+  int32_t* memory_slots = nullptr;     // (N)
+  int32_t* self_starts = nullptr;      // (N+1)
+  int32_t* self_rows = nullptr;        // (N * L)
+  int32_t* source_starts = nullptr;    // (N+1)
+  int32_t* source_rows = nullptr;      // (N * L)
+  // host (chunk_rows, logits_stride) of a decoding step, pinned on a GPU
+  std::unique_ptr<HostBuffer> logits_staging;
 
   int token_table = -1;    // (V, C)
   int output_weight = -1;  // (V, C): token_table when tied
@@ -647,8 +648,9 @@ struct Model::Impl {
     const bool dense = logits.dtype == DType::kF32;
     const int stride = dense ? V : logits_stride;
     const size_t row_bytes = static_cast<size_t>(stride) * dtype_bytes(logits.dtype);
-    std::vector<unsigned char>& stored = logits_staging;
-    if (!dense) stored.resize(static_cast<size_t>(chunk_rows) * row_bytes);
+    if (!logits_staging) logits_staging = std::make_unique<HostBuffer>(ops.device());
+    auto* stored = static_cast<unsigned char*>(
+        dense ? nullptr : logits_staging->reserve(static_cast<size_t>(chunk_rows) * row_bytes));
     const std::vector<int32_t>& wanted = step.logit_rows;
     for (size_t w = 0; w < wanted.size();) {
       if (wanted[w] < 0 || wanted[w] >= R || (w > 0 && wanted[w] <= wanted[w - 1]))
@@ -663,9 +665,11 @@ struct Model::Impl {
       if (dense) {
         ops.device().copy_to_host(out + w * V, logits.data, n * row_bytes);
       } else {
-        ops.device().copy_to_host(stored.data(), logits.data, n * row_bytes);
-        for (size_t i = 0; i < n; ++i)
-          widen(out + (w + i) * V, stored.data() + i * row_bytes, logits.dtype, V);
+        ops.device().copy_to_host(stored, logits.data, n * row_bytes);
+        const int rows = static_cast<int>(n);
+#pragma omp parallel for if (rows > 1)
+        for (int i = 0; i < rows; ++i)
+          widen(out + (w + i) * V, stored + static_cast<size_t>(i) * row_bytes, logits.dtype, V);
       }
       w += n;
     }

@@ -4,7 +4,8 @@
 # (--max-tokens 1) and over two ranks (mpirun -np 2, one file from rank 0),
 # on a prepared real corpus (gettext en -> de, and an lm of its English) and
 # on a synthetic task: seq2seq greedy and beam 5, lm greedy, beam 4 and top-k
-# sampling with a seed. Models of d-model 64 multiply on shapes whose
+# sampling with a seed; in bf16 and fp16 as well. --min-new-tokens holds EOS
+# back. Models of d-model 64 multiply on shapes whose
 # OpenBLAS bits depend on the rows beside (src/model/decoding.h).
 source "$(dirname "$0")/common.sh"
 bin=$1 work=$2
@@ -58,6 +59,21 @@ same lm-beam4 --checkpoint lm-run/$ckpt --input prompts.txt --beam 4 --max-new-t
 same lm-topk --checkpoint lm-run/$ckpt --input prompts.txt --top-k 20 --seed 9 --max-new-tokens 30
 same rev-greedy --checkpoint rev-run/$ckpt --input reverse.txt
 same rev-beam5 --checkpoint rev-run/$ckpt --input reverse.txt --beam 5
+# bf16 and fp16 weights and activations decode batch-invariant as fp32 does.
+same lm-greedy-bf16 --checkpoint lm-run/$ckpt --input prompts.txt --max-new-tokens 30 \
+  --precision bf16
+same s2s-beam5-fp16 --checkpoint s2s-run/$ckpt --data s2s --split test --beam 5 \
+  --max-new-tokens 30 --precision fp16
+# --min-new-tokens: no line of the reverse task ends before 12 ids (its
+# inputs are 3 to 14 ids, and a model that learnt them stops after as many).
+"$bin" generate --checkpoint rev-run/$ckpt --input reverse.txt --min-new-tokens 12 \
+  --threads 1 --output rev-min12.txt 2>rev-min12.err
+check "--min-new-tokens 12: every line has at least 12 ids" \
+  awk 'NF < 12 { exit 1 }' rev-min12.txt
+check "--min-new-tokens 12: the inputs' own lengths ended lines before 12 without it" \
+  awk 'NF < 12 { found = 1 } END { exit !found }' rev-greedy.txt
+check "the closing line gives tokens/s and where the time went" \
+  grep -q "tokens/s; model calls [0-9.]* s, choice of tokens [0-9.]* s" rev-min12.err
 check "the two-rank run says how it shares the work" grep -q "at a time as a key/value cache of [0-9]* rows holds, over 2 ranks" \
   s2s-beam5-np2.err
 
