@@ -81,6 +81,41 @@ std::string what_is_kept(const ClassifyConfig& cfg) {
          (std::filesystem::exists(cfg.output, ec) ? " was left unchanged" : " was not written");
 }
 
+// Lines scored at once: --batch (no more than there are), its memory
+// estimated before anything is allocated and refused, naming the --batch
+// that fits, when this process may not take it. Says so on stderr.
+int lines_at_a_time(const ClassifyConfig& cfg, Ops& ops, const ModelConfig& m, DType compute,
+                    size_t lines) {
+  const int lines_at_once =
+      static_cast<int>(std::min<size_t>(cfg.batch, std::max<size_t>(lines, 1)));
+  if (static_cast<int64_t>(lines_at_once) * m.max_len > std::numeric_limits<int32_t>::max()) {
+    usage_error("--batch", std::to_string(lines_at_once) + " lines of max-len " +
+                               std::to_string(m.max_len) + " are more than 2^31 - 1 tokens");
+  }
+  const auto room_for = [&](int b) { return ModelCapacity{b * m.max_len, m.max_len, b}; };
+  const auto need = [&](int b) { return estimate_memory(ops, m, room_for(b), compute); };
+  const auto fits = [&](int b) { return memory_shortfall(need(b), ops, 1, "").empty(); };
+  const MemoryEstimate estimate = need(lines_at_once);
+  if (!fits(lines_at_once)) {
+    int most = 0;  // the largest batch that fits: fits(most) (or 0), !fits(above)
+    for (int above = lines_at_once; above - most > 1;) {
+      const int mid = most + (above - most) / 2;
+      (fits(mid) ? most : above) = mid;
+    }
+    usage_error("--batch",
+                "scoring " + std::to_string(lines_at_once) + " lines at a time " +
+                    memory_shortfall(estimate, ops, 1,
+                                     most > 0 ? "--batch (" + std::to_string(most) + " fits)"
+                                              : "--batch (not even 1 fits)"));
+  }
+  std::cerr << "mpiformer classify: " << lines << " line(s), " << lines_at_once << " at a time on "
+            << ops.device().name()
+            << (compute != DType::kF32 ? std::string(", ") + to_string(compute) : "")
+            << (cfg.device_choice.empty() ? "" : " (" + cfg.device_choice + ")")
+            << ": memory about " << estimate.describe() << std::endl;
+  return lines_at_once;
+}
+
 int classify_on_root(const ClassifyConfig& cfg) {
   const ModelCheckpoint checkpoint = read_model_checkpoint(
       cfg.checkpoint, "--checkpoint",
@@ -114,41 +149,20 @@ int classify_on_root(const ClassifyConfig& cfg) {
     for (std::string line; std::getline(in, line);) lines.push_back(line);
   }
 
-  std::unique_ptr<Ops> ops = make_cpu_ops(cfg.threads);
-  // Memory for a batch of --batch lines (no more than there are), estimated
-  // before anything is allocated and refused, naming the --batch that
-  // fits, when this process may not take it.
-  const int lines_at_once =
-      static_cast<int>(std::min<size_t>(cfg.batch, std::max<size_t>(lines.size(), 1)));
-  if (static_cast<int64_t>(lines_at_once) * m.max_len > std::numeric_limits<int32_t>::max()) {
-    usage_error("--batch", std::to_string(lines_at_once) + " lines of max-len " +
-                               std::to_string(m.max_len) + " are more than 2^31 - 1 tokens");
-  }
-  const auto room_for = [&](int b) { return ModelCapacity{b * m.max_len, m.max_len, b}; };
-  const auto need = [&](int b) { return estimate_memory(*ops, m, room_for(b), DType::kF32); };
-  const auto fits = [&](int b) { return memory_shortfall(need(b), *ops, 1, "").empty(); };
-  const MemoryEstimate estimate = need(lines_at_once);
-  if (!fits(lines_at_once)) {
-    int most = 0;  // the largest batch that fits: fits(most) (or 0), !fits(above)
-    for (int above = lines_at_once; above - most > 1;) {
-      const int mid = most + (above - most) / 2;
-      (fits(mid) ? most : above) = mid;
-    }
-    usage_error("--batch",
-                "scoring " + std::to_string(lines_at_once) + " lines at a time " +
-                    memory_shortfall(estimate, *ops, 1,
-                                     most > 0 ? "--batch (" + std::to_string(most) + " fits)"
-                                              : "--batch (not even 1 fits)"));
-  }
-  std::cerr << "mpiformer classify: " << lines.size() << " line(s), " << lines_at_once
-            << " at a time: memory about " << estimate.describe() << std::endl;
-  const ModelCapacity room = room_for(lines_at_once);
-  Model model(*ops, m, room);
+  // On a GPU in the run's precision and attention path, as eval; on the CPU in fp32.
+  const bool on_gpu = cfg.device == DeviceKind::kCuda;
+  std::unique_ptr<Ops> ops = on_gpu ? make_cuda_ops(0) : make_cpu_ops(cfg.threads);
+  const DType compute = on_gpu ? compute_dtype(run.precision) : DType::kF32;
+  if (on_gpu) ops->set_attention_path(run.attention);
+  const int lines_at_once = lines_at_a_time(cfg, *ops, m, compute, lines.size());
+  const ModelCapacity room{lines_at_once * m.max_len, m.max_len, lines_at_once};
+  Model model(*ops, m, room, compute);
   model.init_parameters(run.seed);  // allocates; the checkpoint's values replace these
   std::vector<float> host(model.parameters().count());  // (count)
   unpack_checkpoint_tensors(cfg.checkpoint, tensors, model.parameters(), host.data());
   ops->device().copy_to_device(model.parameters().params(), host.data(),
                                host.size() * sizeof(float));
+  if (compute != DType::kF32) model.parameters().refresh_compute();  // the bf16/fp16 copy
 
   // A fault of --output names it and says what was kept.
   std::unique_ptr<StagedTextFile> file;

@@ -25,6 +25,9 @@ void add_classify_flags(FlagTable& t, ClassifyConfig* c) {
         "write the labels here, one line per input (default: stdout)");
   t.add("top", &c->top, "K", "labels printed per input, best first");
   t.add("batch", &c->batch, "N", "lines scored at a time");
+  add_device_choice(t, &c->device,
+                    "where the model scores (cuda: the first visible GPU, in the run's precision; "
+                    "cpu: fp32; auto: cuda where a GPU is visible, the CPU otherwise)");
   add_cpu_flags(t, &c->threads, "CPU threads (0: all cores)", &c->blas_core);
 }
 
@@ -38,7 +41,9 @@ void finish_classify(const std::set<std::string>& /*given*/, ClassifyConfig* cfg
   if (!cfg->output.empty()) require_output_file("--output", cfg->output);
   require_at_least("--top", cfg->top, 1);
   require_at_least("--batch", cfg->batch, 1);
-  validate_cpu(cfg->threads, cfg->blas_core);
+  settle_device(&cfg->device, &cfg->device_choice);
+  validate_device(cfg->device, Precision::kFp32, false, cfg->threads, cfg->blas_core,
+                  AttentionPath::kAuto);
 }
 
 constexpr CommandFlags<ClassifyConfig> kClassifyFlags{

@@ -312,6 +312,9 @@ struct ClassifyConfig {
   std::string output;      // --output FILE ("": stdout)
   int top = 5;             // labels printed per input, best first
   int batch = 64;          // lines scored at a time
+  // cuda: the run's precision on the first visible GPU; cpu: fp32 (auto: resolve_device)
+  DeviceKind device = DeviceKind::kCpu;
+  std::string device_choice;  // why --device auto chose `device`
   int threads = 0;
   std::string blas_core = "auto";
 };

@@ -90,7 +90,14 @@ expect_usage_error --attention bench --attention cudnn
 expect_usage_error --attention "${train[@]}" --attention flash
 if ! command -v nvidia-smi >/dev/null; then
   expect_usage_error --device bench --device cuda --precision bf16 --attention cudnn
+  # Every command that scores or decodes on a GPU refuses one it has not.
+  expect_usage_error --device classify --checkpoint "$0" --text "a b" --device cuda
+  expect_usage_error --device generate --checkpoint "$0" --prompt "a b" --device cuda \
+    --precision bf16
 fi
+expect_usage_error --precision generate --checkpoint "$0" --prompt "a b" --precision fp8
+expect_usage_error --min-new-tokens generate --checkpoint "$0" --prompt "a b" \
+  --max-new-tokens 4 --min-new-tokens 5
 # OpenBLAS kernels that do not load (tests/e2e/blas_kernels.sh has the rest).
 expect_usage_error --blas-core "${train[@]}" --blas-core NoSuchKernels
 expect_usage_error --blas-core eval --checkpoint "$0" --data "$work" --blas-core NoSuchKernels
