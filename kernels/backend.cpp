@@ -59,6 +59,15 @@ std::string cuda_device_name(int device) {
 #endif
 }
 
+std::string cuda_pci_address(int device) {
+#ifdef MPIFORMER_HAVE_CUDA
+  return cuda::pci_address(device);
+#else
+  (void)device;
+  return "";
+#endif
+}
+
 int cuda_device_count() {
 #ifdef MPIFORMER_HAVE_CUDA
   return cuda::device_count();

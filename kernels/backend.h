@@ -32,6 +32,9 @@ int cuda_device_count();
 std::string blas_version();
 // The device's name ("NVIDIA H100 80GB HBM3"), "" without a CUDA build or on error.
 std::string cuda_device_name(int device);
+// The device's PCI address, one GPU's name under any numbering; "" without
+// a CUDA build or on error.
+std::string cuda_pci_address(int device);
 bool cuda_backend_built();
 // "" where this build's kernels run on every visible GPU; otherwise one
 // line naming the first that they do not, its capability and what to build

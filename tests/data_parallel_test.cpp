@@ -19,6 +19,7 @@
 #include "kernels/backend.h"
 #include "kernels/profiled_ops.h"
 #include "src/parallel/mpi_transport.h"
+#include "src/parallel/rank_device.h"
 #include "src/parallel/replica_check.h"
 #include "src/parallel/stream_transport.h"
 #include "src/train/progress.h"
@@ -448,6 +449,29 @@ TEST(DataParallel, AStepWithNoTokensAnywhereIsSkippedByEveryRank) {
   const StepGradients after = step_gradients(*replica.model, next, 1, 2, 0.1f, comm, &reducer);
   EXPECT_FALSE(after.skipped);
   EXPECT_GT(after.global_targets, 0);
+}
+
+// Each rank's text reaches every rank in rank order, an empty one included.
+TEST(Communicator, AllgatherGivesEveryRanksTextInOrder) {
+  const Communicator& comm = *g_comm;
+  const std::string mine = comm.rank() == 1 ? "" : std::string(comm.rank() + 1, 'a' + comm.rank());
+  const std::vector<std::string> all = comm.allgather(mine);
+  ASSERT_EQ(all.size(), static_cast<size_t>(comm.size()));
+  for (int r = 0; r < comm.size(); ++r)
+    EXPECT_EQ(all[r], r == 1 ? "" : std::string(r + 1, 'a' + r)) << r;
+}
+
+// Ranks share a GPU when host and PCI address agree; SLURM's
+// --gpus-per-task gives every rank device 0 of its own, which shares none.
+TEST(SharedGpus, GroupsAreRanksOfOneHostAndAddress) {
+  EXPECT_TRUE(shared_gpu_groups({"n1 0000:3B:00.0", "n1 0000:5C:00.0", "n2 0000:3B:00.0"}).empty());
+  EXPECT_TRUE(shared_gpu_groups({"", "", ""}).empty());  // no GPUs: nothing shared
+  const std::vector<std::vector<int>> groups =
+      shared_gpu_groups({"n1 0000:3B:00.0", "n1 0000:5C:00.0", "n1 0000:3B:00.0", "n2 0000:5C:00.0",
+                         "n2 0000:5C:00.0", "n2 0000:5C:00.0", ""});
+  EXPECT_EQ(groups, (std::vector<std::vector<int>>{{0, 2}, {3, 4, 5}}));
+  // Without GPUs (this machine's ranks) no rank shares one.
+  if (cuda_device_count() == 0) EXPECT_TRUE(ranks_sharing_gpus(*g_comm).empty());
 }
 
 TEST(ReplicaCheck, FindsTheFirstDivergedTensorAndTheRankThatHoldsIt) {

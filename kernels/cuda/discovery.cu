@@ -24,6 +24,15 @@ std::string device_name(int device) {
   return props.name;
 }
 
+std::string pci_address(int device) {
+  char address[32] = {};
+  if (cudaDeviceGetPCIBusId(address, sizeof address, device) != cudaSuccess) {
+    cudaGetLastError();
+    return "";
+  }
+  return address;
+}
+
 bool compute_capability(int device, int* major, int* minor) {
   if (cudaDeviceGetAttribute(major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
       cudaDeviceGetAttribute(minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {

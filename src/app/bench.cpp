@@ -332,6 +332,7 @@ int Bench::build() {
   if (!agreed(comm_, [&] { backend_ = make_ops(run_.device, threads_, comm_, run_.tf32); })) {
     return kExitFailure;
   }
+  note_shared_gpus(run_.device, comm_);
   if (cfg_.profile) profiled_ = std::make_unique<ProfiledOps>(*backend_);
   ops_ = profiled_ ? profiled_.get() : backend_.get();
   print_start();

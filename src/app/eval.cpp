@@ -176,6 +176,7 @@ int run_eval(const EvalConfig& cfg, Communicator& comm) {
   std::unique_ptr<Ops> ops;
   if (!agreed(comm, [&] { ops = make_ops(cfg.device, threads, comm, false, stderr); }))
     return kExitFailure;
+  note_shared_gpus(cfg.device, comm, stderr);
   const bool on_gpu = cfg.device == DeviceKind::kCuda;
   const DType compute = on_gpu ? compute_dtype(run.precision) : DType::kF32;
   if (on_gpu && !agreed(comm, [&] { ops->set_attention_path(run.attention); })) return kExitUsage;

@@ -480,6 +480,7 @@ int run_generate(const GenerateConfig& cfg, Communicator& comm) {
   int code = agree_on_inputs(
       comm, [&] { setup = prepare_setup(cfg, comm); }, "generate");
   if (code != 0) return code;
+  note_shared_gpus(cfg.device, comm, stderr);
   std::unique_ptr<Outputs> outputs;
   code = agree_on_root(
       comm, [&] { outputs = std::make_unique<Outputs>(cfg, *setup); }, Faults::kByType, "generate");

@@ -144,6 +144,19 @@ void Communicator::broadcast(std::string* text, int root) const {
   }
 }
 
+std::vector<std::string> Communicator::allgather(const std::string& text) const {
+  const int length = static_cast<int>(text.size());
+  std::vector<int> lengths(static_cast<size_t>(size_)), offsets(static_cast<size_t>(size_) + 1);
+  MPI_Allgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, MPI_COMM_WORLD);
+  for (int r = 0; r < size_; ++r) offsets[r + 1] = offsets[r] + lengths[r];
+  std::string all(static_cast<size_t>(offsets[size_]), '\0');
+  MPI_Allgatherv(text.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(),
+                 MPI_CHAR, MPI_COMM_WORLD);
+  std::vector<std::string> texts;
+  for (int r = 0; r < size_; ++r) texts.push_back(all.substr(offsets[r], lengths[r]));
+  return texts;
+}
+
 void Communicator::broadcast(float* x, size_t n, int root) const {
   constexpr size_t kPiece = size_t{1} << 30;  // MPI counts are int
   for (size_t done = 0; done < n; done += kPiece) {

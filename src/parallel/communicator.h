@@ -49,6 +49,8 @@ class Communicator {
   void broadcast(uint64_t* x, int n, int root) const;
   // root's text to every rank.
   void broadcast(std::string* text, int root) const;
+  // Every rank's short text (under 2^31 bytes in all), in rank order, to every rank.
+  std::vector<std::string> allgather(const std::string& text) const;
   // x: host (n), root's values to every rank; n may pass 2^31.
   void broadcast(float* x, size_t n, int root) const;
   void barrier() const;

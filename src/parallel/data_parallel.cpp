@@ -7,6 +7,7 @@
 #include "kernels/backend.h"
 #include "src/parallel/mpi_transport.h"
 #include "src/parallel/nccl_transport.h"
+#include "src/parallel/rank_device.h"
 
 namespace mpiformer {
 
@@ -16,12 +17,14 @@ Transport choose_transport(Transport asked, const Ops& ops, const Communicator& 
   if (asked == Transport::kAuto && (!gpu || !nccl_built() || comm.size() == 1))
     return Transport::kMpi;
   // NCCL refuses two ranks on one GPU: every rank must have its own.
-  const bool shared_gpu = comm.any(comm.local_size() > cuda_device_count());
-  if (asked == Transport::kAuto) return shared_gpu ? Transport::kMpi : Transport::kNccl;
-  if (shared_gpu) {
+  const std::vector<std::vector<int>> sharing = ranks_sharing_gpus(comm);
+  if (asked == Transport::kAuto) return sharing.empty() ? Transport::kNccl : Transport::kMpi;
+  if (!sharing.empty()) {
     throw std::invalid_argument(
-        "--transport nccl: a node has more ranks than GPUs, and NCCL needs a GPU per rank; use "
-        "--transport mpi (or auto) when ranks share a GPU");
+        "--transport nccl: ranks " + std::to_string(sharing[0].front()) + " and " +
+        std::to_string(sharing[0][1]) +
+        " share one GPU, and NCCL needs a GPU per rank; use --transport mpi (or auto) when "
+        "ranks share a GPU");
   }
   return Transport::kNccl;
 }

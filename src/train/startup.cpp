@@ -281,6 +281,7 @@ int build(TrainingRun& run, const Communicator& comm, const FaultInjection& faul
   if (!agreed(comm, [&] { run.ops = make_ops(cfg.device, notes->threads, comm, cfg.tf32); })) {
     return kExitFailure;
   }
+  note_shared_gpus(cfg.device, comm);
   Ops& ops = *run.ops;
   ops.set_deterministic(cfg.deterministic);
   // --attention cudnn where cuDNN cannot run is refused before anything runs.
