@@ -17,6 +17,10 @@
 #              continues the job's own run: auto once RUNDIR holds a
 #              checkpoint, whatever the first start was given; before that,
 #              none becomes auto and a PATH is given again.
+# --device, also taken out, defaults to cuda in a job given GPUs (sbatch
+# --gpus-per-task=1, or --gres=gpu:N): a node whose GPUs the ranks cannot
+# see then ends the job in one line (exit 2) instead of training on its
+# CPUs. Elsewhere the trainer's own default holds.
 # The job's output file (sbatch's default slurm-*.out in the submit
 # directory) moves into RUNDIR at the start, and a requeue points SLURM at
 # it there (mpiformer_adopt_output).
@@ -41,22 +45,23 @@ mpiformer_refuse() {
   return 2
 }
 
-# mpiformer_split_flags FLAGS...: takes --out, --resume and --threads (both
-# spellings) out of FLAGS into mf_out, mf_resume and mf_threads; mf_given
-# lists the ones given (" out threads "), mf_rest holds the other flags in
-# their order. Refuses a flag given twice, as the trainer would.
+# mpiformer_split_flags FLAGS...: takes --out, --resume, --threads and
+# --device (both spellings) out of FLAGS into mf_out, mf_resume, mf_threads
+# and mf_device; mf_given lists the ones given (" out threads "), mf_rest
+# holds the other flags in their order. Refuses a flag given twice, as the
+# trainer would.
 mpiformer_split_flags() {
-  mf_out='' mf_resume='' mf_threads='' mf_given=' ' mf_rest=()
+  mf_out='' mf_resume='' mf_threads='' mf_device='' mf_given=' ' mf_rest=()
   local name value
   while (($# > 0)); do
     case $1 in
-      --out | --resume | --threads)
+      --out | --resume | --threads | --device)
         name=${1#--}
         (($# >= 2)) || { mpiformer_refuse "$1: needs a value"; return; }
         value=$2
         shift 2
         ;;
-      --out=* | --resume=* | --threads=*)
+      --out=* | --resume=* | --threads=* | --device=*)
         name=${1%%=*} name=${name#--} value=${1#*=}
         shift
         ;;
@@ -107,6 +112,25 @@ mpiformer_adopt_output() {
   done
 }
 
+# mpiformer_gpus: the job's GPUs as the start line gives them
+# (mf_gpu_text: " x 1 GPU(s)" a rank, or " (2 GPU(s) on the node)") and the
+# --device flag to pass (mf_device_flag: the user's, or cuda in a GPU job).
+mpiformer_gpus() {
+  local per_task=${SLURM_GPUS_PER_TASK:-} on_node=${SLURM_GPUS_ON_NODE:-0}
+  mf_gpu_text='' mf_device_flag=()
+  if [[ -n $per_task ]]; then
+    mf_gpu_text=" x $per_task GPU(s)"
+  elif [[ $on_node =~ ^[1-9] ]]; then
+    mf_gpu_text=" ($on_node GPU(s) on the node)"
+  fi
+  local device=$mf_device
+  [[ -n $device || -z $mf_gpu_text ]] || device=cuda
+  [[ -z $device ]] || mf_device_flag=(--device "$device")
+  if [[ $per_task =~ ^[0-9]+$ && $per_task -gt 1 ]]; then
+    echo "==> note: --gpus-per-task=$per_task: a rank computes on one GPU (the others stay idle); ask for --gpus-per-task=1 and a rank per GPU"
+  fi
+}
+
 mpiformer_run() {
   local rundir=$1
   shift
@@ -149,12 +173,13 @@ mpiformer_run() {
   fi
   mkdir -p "$rundir"
   mpiformer_adopt_output "$rundir"
+  mpiformer_gpus
   # An array task goes by its array name (sweep.sbatch): JOBID_TASK.
   local job=${SLURM_JOB_ID:-?}
   [[ -z ${SLURM_ARRAY_JOB_ID:-} ]] || job=${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID:-?}
   echo "==> job $job start $((${SLURM_RESTART_COUNT:-0} + 1)) on" \
-    "${SLURM_JOB_NODELIST:-$(hostname)}: ${SLURM_NTASKS:-1} rank(s) x $threads thread(s)," \
-    "--resume $resume"
+    "${SLURM_JOB_NODELIST:-$(hostname)}: ${SLURM_NTASKS:-1} rank(s) x $threads thread(s)$mf_gpu_text," \
+    "--resume $resume${mf_device_flag[*]:+, ${mf_device_flag[*]}}"
   if [[ -n $mf_threads && -n ${SLURM_CPUS_PER_TASK:-} && $threads =~ ^[0-9]+$ &&
     $threads -gt $SLURM_CPUS_PER_TASK ]]; then
     echo "==> note: --threads $threads is more than the $SLURM_CPUS_PER_TASK CPU(s) per task SLURM gave (--cpus-per-task)"
@@ -172,7 +197,7 @@ mpiformer_run() {
 
   # Rank 0 appends its own output to RUNDIR/train.log.
   "${launch[@]}" "$bin" train --out "$rundir" --resume "$resume" "${resume_extra[@]}" \
-    --threads "$threads" "${mf_rest[@]}" &
+    --threads "$threads" "${mf_device_flag[@]}" "${mf_rest[@]}" &
   local pid=$!
   local signalled=0
   trap 'signalled=1; kill -s USR1 "$pid" 2>/dev/null || true' USR1 TERM INT

@@ -1,5 +1,6 @@
 #include "src/app/shared_options.h"
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -235,7 +236,11 @@ void validate_device(DeviceKind device, Precision precision, bool tf32, int thre
                   "time); this build is CPU-only, use --device cpu");
     }
     if (cuda_device_count() == 0) {
-      usage_error("--device", "cuda requested but no GPU is visible to this process");
+      // SLURM and container runtimes say which GPUs a job may see here.
+      const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+      usage_error("--device", std::string("cuda requested but no GPU is visible to this process") +
+                                  (visible ? std::string(" (CUDA_VISIBLE_DEVICES=") + visible + ")"
+                                           : std::string()));
     }
     if (const std::string problem = cuda_architectures_problem(); !problem.empty())
       usage_error("--device", problem);

@@ -14,6 +14,9 @@
 #   winning over --cpus-per-task.
 # - An --out that contradicts RUNDIR ends the job with one line, exit 2.
 # - A sweep of two array tasks with a shared --threads.
+# - GPU jobs (--gpus-per-task=1 on a GRES of stand-in devices): --device cuda
+#   by default, refused in one line as no GPU is visible; --device=cpu among
+#   the flags wins.
 # Afterwards no output says "No such file", and the checkout holds nothing
 # new but runs/. Needs root (the daemons) and Debian's slurm-wlm and munge.
 source "$(dirname "$0")/common.sh"
@@ -29,7 +32,12 @@ require_root_and "the SLURM test starts slurmd" munged slurmctld slurmd sbatch s
 host=$(hostname -s)
 # Ports from the pid, away from the defaults, so parallel runs do not meet.
 write_slurm_conf "$host(127.0.0.1)" $((20000 + ($$ % 20000))) \
-  "NodeName=$host NodeAddr=127.0.0.1 CPUs=$(nproc) State=UNKNOWN"
+  "NodeName=$host NodeAddr=127.0.0.1 CPUs=$(nproc) Gres=gpu:2 State=UNKNOWN"
+# Two GPUs for SLURM to hand out (GRES), files standing for the devices: a
+# job can ask for --gpus-per-task=1 here, and its ranks then find no GPU.
+sed -i '1i GresTypes=gpu' "$SLURM_CONF"
+touch "$work/gpu0" "$work/gpu1"
+echo "Name=gpu File=$work/gpu[0-1]" >"$work/gres.conf"
 
 stop_cluster() {
   scancel --quiet --user=root 2>/dev/null || true
@@ -155,13 +163,24 @@ echo "submitted job $first: slurm/train.sbatch ${first_run[*]}"
 clash=$(sbatch --parsable --ntasks=1 --cpus-per-task=1 --output="$work/slurm-%j.out" \
   slurm/train.sbatch runs/one --model lm --synthetic copy --out runs/two)
 
+# ---- GPU jobs (slurm/README.md's GPU recipe): --device cuda unless the
+# flags say otherwise; the ranks find no GPU here, so the job ends at once
+# in one line (exit 2). With --device=cpu among the flags it trains.
+tiny=(--model lm --synthetic copy --layers 1 --d-model 16 --heads 2 --d-ff 32 --max-len 16
+  --max-tokens 64 --steps 20 --threads 1)
+gpu_job=$(sbatch --parsable --ntasks=2 --cpus-per-task=1 --gpus-per-task=1 \
+  slurm/train.sbatch runs/gpu "${tiny[@]}")
+gpu_cpu=$(sbatch --parsable --ntasks=1 --cpus-per-task=1 --gpus-per-task=1 \
+  slurm/train.sbatch runs/gpu-cpu "${tiny[@]}" --device=cpu)
+
 # ---- a sweep of two tasks, --threads shared
 printf '%s\n' "--lr 1e-3" "--lr 3e-4 --warmup 10" >"$work/lrs.txt"
 sweep=$(sbatch --parsable --array=0-1 --ntasks=1 --cpus-per-task=1 \
   slurm/sweep.sbatch "$work/lrs.txt" runs/sweep --model lm --synthetic copy --layers 1 \
   --d-model 16 --heads 2 --d-ff 32 --max-len 16 --max-tokens 64 --steps 20 --threads 1)
 echo "submitted jobs $first, $clash and array $sweep"
-wait_for "the First run job, the clash and the sweep" 240 gone "$first" "$clash" "$sweep"
+wait_for "the First run job, the clash, the GPU jobs and the sweep" 240 gone "$first" "$clash" \
+  "$gpu_job" "$gpu_cpu" "$sweep"
 
 expect "First run flags: ExitCode=0:0" [ "$(job_field "$first" ExitCode)" = 0:0 ]
 expect "First run flags: a final eval in runs/kjv/train.log" grep -q "^${stamp}final eval" runs/kjv/train.log
@@ -175,6 +194,19 @@ expect "the clash: one line" [ "$(cat "$work/slurm-$clash.out")" = \
   "train.sbatch: --out runs/two and RUNDIR runs/one name different directories: give the run directory once" ]
 expect "the clash: no runs/one" [ ! -e runs/one ]
 expect "the clash: no runs/two" [ ! -e runs/two ]
+gpu_out=runs/gpu/slurm-mpiformer-$gpu_job.out
+expect "GPU job: ExitCode=2:0" [ "$(job_field "$gpu_job" ExitCode)" = 2:0 ]
+expect "GPU job: its start line gives a GPU a rank and --device cuda" \
+  grep -q "^==> job $gpu_job start 1 .*2 rank(s) x 1 thread(s) x 1 GPU(s), --resume auto, --device cuda$" \
+  "$gpu_out"
+expect "GPU job: one line says the ranks see no GPU" \
+  [ "$(grep -c -e "--device: cuda" "$gpu_out")" = 1 ]
+expect "GPU job: no checkpoint" [ ! -e runs/gpu/checkpoints ]
+expect "GPU job, --device=cpu: ExitCode=0:0" [ "$(job_field "$gpu_cpu" ExitCode)" = 0:0 ]
+expect "GPU job, --device=cpu: the user's device" \
+  grep -q "^==> job $gpu_cpu start 1 .*x 1 GPU(s), --resume auto, --device cpu$" \
+  "runs/gpu-cpu/slurm-mpiformer-$gpu_cpu.out"
+expect "GPU job, --device=cpu: a final eval" grep -q "^${stamp}final eval" runs/gpu-cpu/train.log
 for task in 0 1; do
   expect "sweep task $task: ExitCode=0:0" [ "$(job_field "${sweep}_$task" ExitCode)" = 0:0 ]
   expect "sweep task $task: a final eval" grep -q "^${stamp}final eval" "runs/sweep/$task/train.log"
