@@ -148,7 +148,9 @@ TEST(TrainOptions, DefaultsComeFromTrainConfig) {
   EXPECT_EQ(cfg.steps, def.steps);
   EXPECT_EQ(cfg.seed, def.seed);
   EXPECT_EQ(cfg.resume, "none");
-  EXPECT_EQ(cfg.device, DeviceKind::kCpu);
+  // --device auto, settled: cuda only where the runtime sees a GPU.
+  EXPECT_EQ(cfg.device, cuda_device_count() > 0 ? DeviceKind::kCuda : DeviceKind::kCpu);
+  EXPECT_EQ(cfg.device_choice.rfind("auto: ", 0), 0u) << cfg.device_choice;
   EXPECT_EQ(cfg.precision, Precision::kFp32);
   EXPECT_FALSE(cfg.tf32);
   EXPECT_EQ(cfg.loss_scale, def.loss_scale);
@@ -1198,9 +1200,17 @@ TEST(DeviceChoice, EveryComputingCommandTakesAutoAndSettlesIt) {
       {"--checkpoint", paths.checkpoint.path(), "--prompt", "a", "--device", "auto"}, &generate,
       out));
   EXPECT_EQ(generate.device, here);
-  // cpu stays the default until the GPU path is checked on a GPU.
+  // auto is every command's default; --device cpu stays cpu with no reason.
   ASSERT_TRUE(parse_eval_options(eval, &cfg, out));
+  EXPECT_EQ(cfg.device, here);
+  EXPECT_NE(cfg.device_choice.find("auto: "), std::string::npos);
+  ASSERT_TRUE(parse_generate_options({"--checkpoint", paths.checkpoint.path(), "--prompt", "a"},
+                                     &generate, out));
+  EXPECT_EQ(generate.device, here);
+  EXPECT_EQ(parse_train(base_args()).device, here);
+  ASSERT_TRUE(parse_eval_options(with(eval, {"--device", "cpu"}), &cfg, out));
   EXPECT_EQ(cfg.device, DeviceKind::kCpu);
+  EXPECT_TRUE(cfg.device_choice.empty()) << cfg.device_choice;
   if (here == DeviceKind::kCpu) {
     const std::string error = parse_error(parse_eval_options, with(eval, {"--device", "cuda"}));
     EXPECT_EQ(error.rfind("--device: cuda ", 0), 0u) << error;

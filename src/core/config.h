@@ -202,7 +202,9 @@ struct TrainConfig {
   // checkpoints/average_last_K.h5 (0: none; src/io/checkpoint_average.h)
   int average_checkpoints = 0;
   OnDivergence on_divergence = OnDivergence::kStop;
-  DeviceKind device = DeviceKind::kCpu;
+  // auto: cuda where a GPU is visible, else cpu (settle_device resolves it
+  // when the flags are read)
+  DeviceKind device = DeviceKind::kAuto;
   std::string device_choice;  // why --device auto chose `device` ("" when given)
   Precision precision = Precision::kFp32;
   bool tf32 = false;               // fp32 GEMMs on TF32 tensor cores (cuda only)
@@ -273,7 +275,7 @@ struct EvalConfig {
   int max_tokens = 0;           // padded tokens per batch; 0: the checkpoint's run's
   int batches = 0;              // evaluation batches; 0: all of them
   // cuda: the run's precision on the rank's GPU; cpu: fp32 (auto: resolve_device)
-  DeviceKind device = DeviceKind::kCpu;
+  DeviceKind device = DeviceKind::kAuto;
   std::string device_choice;       // why --device auto chose `device`
   int threads = 0;                 // 0: all cores shared among local ranks
   std::string blas_core = "auto";  // OpenBLAS's kernel family (kernels/cpu/blas_kernels.h)
@@ -297,7 +299,7 @@ struct GenerateConfig {
   uint64_t seed = 1;
   bool cache = true;       // false: recompute every prefix at every step (the reference)
   int max_tokens = 16384;  // key/value cache rows the sentences decoding together may fill
-  DeviceKind device = DeviceKind::kCpu;
+  DeviceKind device = DeviceKind::kAuto;   // resolved as train's
   std::string device_choice;               // why --device auto chose `device`
   Precision precision = Precision::kFp32;  // of the weights' compute copy and activations
   int threads = 0;
@@ -313,7 +315,7 @@ struct ClassifyConfig {
   int top = 5;             // labels printed per input, best first
   int batch = 64;          // lines scored at a time
   // cuda: the run's precision on the first visible GPU; cpu: fp32 (auto: resolve_device)
-  DeviceKind device = DeviceKind::kCpu;
+  DeviceKind device = DeviceKind::kAuto;
   std::string device_choice;  // why --device auto chose `device`
   int threads = 0;
   std::string blas_core = "auto";

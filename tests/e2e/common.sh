@@ -5,6 +5,10 @@
 set -euo pipefail
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
+# The suite's figures are the CPU's: --device auto, every command's default,
+# finds no GPU (scripts/gpu-check checks the GPU). MPIFORMER_TEST_GPU=1
+# leaves a GPU machine's GPUs visible.
+[[ ${MPIFORMER_TEST_GPU:-0} == 1 ]] || export CUDA_VISIBLE_DEVICES=
 # analysis/ for Python snippets that edit a checkpoint or shard and seal the
 # edited datasets' CRC-32C (`from mpiformer_checksum import seal`).
 export PYTHONPATH=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/analysis${PYTHONPATH:+:$PYTHONPATH}

@@ -100,13 +100,24 @@ summary=$cpu_tree/gpu-check-out/summary.txt
 check "decode on a CPU stand-in: exit 0 ($rc)" test "$rc" -eq 0
 check "  four decodings, each line the same on both and cached or recomputed" \
   test "$(grep -c '^decode .*: exit 0; GPU lines equal to the CPU.s 400/400, GPU cached equal to recomputed 400/400;' "$summary")" -eq 4
-# devices on the stand-in: --device auto finds no GPU here, so the stage
-# says it fails and why, and runs again under the check switch.
+# devices on the stand-in: with no --device, train finds no GPU here, so the
+# stage says it fails and why, and runs again under the check switch; the
+# precisions and the decoding rates are reported (a small model, and
+# transformers from the test venv where scripts/setup --tests made one).
 rc=0
-GPU_CHECK_SECONDS=200 "$cpu_tree/scripts/gpu-check" devices >"$out" 2>"$err" || rc=$?
+venv_python=$root/.deps/torch-venv/bin/python
+[[ -x $venv_python ]] || venv_python=python3
+PYTHON=$venv_python GPU_CHECK_SPEED_SHAPE=tiny GPU_CHECK_DECODE_STEPS=40 GPU_CHECK_SECONDS=300 \
+  "$cpu_tree/scripts/gpu-check" devices >"$out" 2>"$err" || rc=$?
 check "devices on a CPU stand-in: exit 0 ($rc)" test "$rc" -eq 0
-check "  --device auto on a machine without a GPU fails the stage, saying why" \
-  grep -q "^devices: train --device auto fails (exit 0): mpiformer train: lm on copy (cpu; auto: no GPU visible)" "$summary"
+check "  no --device on a machine without a GPU fails the stage, saying why" \
+  grep -q "^devices: train with no --device fails (exit 0): mpiformer train: lm on copy (cpu; auto: no GPU visible)" "$summary"
+for precision in bf16 fp16; do
+  check "  generate $precision against fp32, both tasks" \
+    test "$(grep -c "^devices: generate \(rev\|copy\) $precision against fp32 on the GPU: [0-9]*/400 lines equal ([0-9.]*%; bf16 passes at 95%): [a-z]* (exit 0)" "$summary")" -eq 2
+done
+check "  the decoding rates side by side" \
+  grep -q "^devices: decoding 8 prompts x 16 tokens, lm 2 64 4 512 (layers d-model heads vocab): mpiformer fp32 [0-9]* tok/s (model calls [0-9.]* s, choice of tokens [0-9.]* s, [0-9.]* rows a step); mpiformer bf16 [0-9]* tok/s (.*); mpiformer bf16-pageable [0-9]* tok/s (.*); transformers fp32 [0-9]* tok/s, bf16 [0-9]* tok/s; bf16 against transformers bf16: [0-9]*\.[0-9][0-9]x (target 2x: \(met\|not met\))" "$summary"
 check "  eval on the GPU left out without shards" \
   grep -q "^devices: eval on the GPU left out (no shards given)" "$summary"
 exit_on_failures
