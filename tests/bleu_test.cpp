@@ -1,8 +1,8 @@
-// Corpus BLEU and the 13a tokenizer (src/loss/bleu.h). Expected tokens follow
+// Corpus BLEU and the 13a tokenizer (src/scoring/bleu.h). Expected tokens follow
 // from 13a's rules, stated beside each case; expected scores are written as
 // the formula on hand-counted n-grams, never taken from the code under test.
 // tests/e2e/bleu_sacrebleu.sh compares with sacreBLEU itself on real text.
-#include "src/loss/bleu.h"
+#include "src/scoring/bleu.h"
 
 #include <gtest/gtest.h>
 

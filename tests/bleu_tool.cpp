@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "src/loss/bleu.h"
+#include "src/scoring/bleu.h"
 
 namespace {
 

@@ -9,7 +9,7 @@
 
 #include "src/core/escape.h"
 #include "src/io/label_names.h"
-#include "src/loss/cross_entropy.h"
+#include "src/scoring/loss_figures.h"
 
 namespace mpiformer {
 namespace {

@@ -12,7 +12,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/ops.h"
-#include "src/loss/cross_entropy.h"
+#include "src/scoring/loss_figures.h"
 #include "tests/backend_buffer.h"
 
 namespace mpiformer {

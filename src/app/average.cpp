@@ -51,7 +51,7 @@ int run_average(const AverageConfig& cfg, Communicator& comm) {
           throw UsageError(e.what());  // the inputs' fault: exit 2
         }
       },
-      Faults::kByType, "average");
+      Blame::kByType, "average");
   if (code == 0 && comm.is_root()) {
     say(stdout, "mpiformer average: %s\n", line.c_str());
     std::fflush(stdout);

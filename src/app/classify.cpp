@@ -216,7 +216,7 @@ int run_classify(const ClassifyConfig& cfg, Communicator& comm) {
   const ExitOnStop stop(comm.is_root() ? "mpiformer classify: stopped by " : "",
                         comm.is_root() ? "; " + what_is_kept(cfg) : "");
   return agree_on_root(
-      comm, [&] { return classify_on_root(cfg); }, Faults::kByType, "classify");
+      comm, [&] { return classify_on_root(cfg); }, Blame::kByType, "classify");
 }
 
 }  // namespace mpiformer

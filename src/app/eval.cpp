@@ -140,7 +140,7 @@ int run_eval(const EvalConfig& cfg, Communicator& comm) {
             state = std::move(model.state);
             tensors = std::move(model.params);
           },
-          Faults::kByType, "eval")) {
+          Blame::kByType, "eval")) {
     return code;
   }
   std::string ini = state.config_ini;

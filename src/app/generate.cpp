@@ -483,7 +483,7 @@ int run_generate(const GenerateConfig& cfg, Communicator& comm) {
   note_shared_gpus(cfg.device, comm, stderr);
   std::unique_ptr<Outputs> outputs;
   code = agree_on_root(
-      comm, [&] { outputs = std::make_unique<Outputs>(cfg, *setup); }, Faults::kByType, "generate");
+      comm, [&] { outputs = std::make_unique<Outputs>(cfg, *setup); }, Blame::kByType, "generate");
   if (code != 0) return code;
   if (comm.is_root() && !cfg.data_dir.empty()) {
     std::cerr << "mpiformer generate: translating the " << setup->inputs.size()
@@ -512,7 +512,7 @@ int run_generate(const GenerateConfig& cfg, Communicator& comm) {
                           }
                         });
                       },
-                      Faults::kByType, "generate"));
+                      Blame::kByType, "generate"));
   if (code != 0) return code;
   for (int r = 1; r < comm.size(); ++r) {
     std::string packed = comm.rank() == r ? pack_lines(mine) : std::string();
@@ -541,7 +541,7 @@ int run_generate(const GenerateConfig& cfg, Communicator& comm) {
         }
         return 0;
       },
-      Faults::kByType, "generate");
+      Blame::kByType, "generate");
 }
 
 }  // namespace mpiformer

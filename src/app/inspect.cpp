@@ -280,7 +280,7 @@ int run_inspect(const std::string& path, Communicator& comm) {
           print_summary(out, path, read_shard(path));  // says what a shard would need
         }
       },
-      Faults::kOfInput, "inspect");
+      Blame::kOfInput, "inspect");
   if (code == 0 && comm.is_root()) std::cout << out.str() << std::flush;
   return code;
 }

@@ -68,7 +68,7 @@ int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
   // 1. The files, the output directory and --tokenizer, before any work.
   std::string model_bytes;
   if (agree_on_root(
-          comm, [&] { model_bytes = check_text_inputs(cfg); }, Faults::kOfInput, "prepare") != 0) {
+          comm, [&] { model_bytes = check_text_inputs(cfg); }, Blame::kOfInput, "prepare") != 0) {
     return kExitUsage;
   }
 
@@ -79,13 +79,13 @@ int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
   if (!agreed(comm, [&] { read_corpus(cfg, comm.is_root(), &corpus); })) return kExitFailure;
   std::vector<std::string> warnings;
   if (agree_on_root(
-          comm, [&] { warnings = validate_corpus(cfg, corpus); }, Faults::kOfInput, "prepare") != 0)
+          comm, [&] { warnings = validate_corpus(cfg, corpus); }, Blame::kOfInput, "prepare") != 0)
     return kExitUsage;
   LabelVocabulary vocabulary;
   if (cfg.kind == "classify") {
     vocabulary = training_labels(corpus);
     if (agree_on_root(
-            comm, [&] { require_training_labels(cfg, vocabulary); }, Faults::kOfInput, "prepare") !=
+            comm, [&] { require_training_labels(cfg, vocabulary); }, Blame::kOfInput, "prepare") !=
         0) {
       return kExitUsage;
     }
@@ -124,7 +124,7 @@ int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
                   " by a prepare that no longer runs");
             }
           },
-          Faults::kOfInput, "prepare") != 0) {
+          Blame::kOfInput, "prepare") != 0) {
     return give_up(kExitUsage);
   }
 
@@ -143,7 +143,7 @@ int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
               if (bad_vocab_size) usage_error("--vocab-size", failure);
               if (!failure.empty()) throw std::runtime_error(failure);
             },
-            Faults::kOfInput, "prepare") != 0) {
+            Blame::kOfInput, "prepare") != 0) {
       return give_up(comm.any(bad_vocab_size) ? kExitUsage : kExitFailure);
     }
   }

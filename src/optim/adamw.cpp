@@ -7,7 +7,7 @@
 
 namespace mpiformer {
 
-AdamW::AdamW(ParameterSet& params, const OptimConfig& config, OptimizerShardLink* shards)
+AdamW::AdamW(ParameterSet& params, const OptimConfig& config, ShardLink* shards)
     : params_(params), config_(config), shards_(shards) {
   Ops& ops = params_.ops();
   begin_ = 0;

@@ -3,7 +3,7 @@
 // decay_all, and global-norm gradient clipping. The norm, the clip and the
 // update all run on the backend, so a step waits for nothing.
 //
-// Sharded (ZeRO-1, with an OptimizerShardLink): the moments exist only for
+// Sharded (ZeRO-1, with a ShardLink): the moments exist only for
 // this rank's slice of the buffer (src/core/shard_plan.h), only the slice is
 // updated, and the updated weights then go to every rank (the link's
 // all-gather, started at the end of step() and finished by
@@ -27,7 +27,7 @@ namespace mpiformer {
 class AdamW {
  public:
   // shards: null for the whole buffer; else this rank's slice and the ranks.
-  AdamW(ParameterSet& params, const OptimConfig& config, OptimizerShardLink* shards = nullptr);
+  AdamW(ParameterSet& params, const OptimConfig& config, ShardLink* shards = nullptr);
   ~AdamW();
   AdamW(const AdamW&) = delete;
   AdamW& operator=(const AdamW&) = delete;
@@ -74,7 +74,7 @@ class AdamW {
   int64_t step_ = 0;
   // Sends this rank's updated slice to every rank (await_weights() ends it).
   void start_gather();
-  OptimizerShardLink* shards_;  // null: unsharded
+  ShardLink* shards_;           // null: unsharded
   size_t begin_ = 0, end_ = 0;  // this rank's slice
   bool gather_pending_ = false;
   float* m_ = nullptr;  // backend (end_ - begin_)

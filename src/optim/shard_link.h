@@ -9,9 +9,9 @@
 
 namespace mpiformer {
 
-class OptimizerShardLink {
+class ShardLink {
  public:
-  virtual ~OptimizerShardLink() = default;
+  virtual ~ShardLink() = default;
   // The ranks' slices of the flat buffer (world + 1), src/core/shard_plan.h.
   virtual const std::vector<size_t>& bounds() const = 0;
   virtual int rank() const = 0;

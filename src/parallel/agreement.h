@@ -33,8 +33,8 @@ int agree_first(const Communicator& comm, Verdict mine);
 // Rank 0's verdict, for every rank (the other ranks' verdicts are ignored).
 int agree_on(const Communicator& comm, const Verdict& verdict);
 
-// How a step's exception reads.
-enum class Faults {
+// Whom a step's exception blames, and so how its line reads and its code.
+enum class Blame {
   kOfRank,     // any: "[rank r] what", exit 1
   kOfInput,    // any: "mpiformer COMMAND: what", exit 2 (checking the given flags and files)
   kOfCommand,  // any: "mpiformer COMMAND: what", exit 1 (the command's one job failed)
@@ -44,20 +44,20 @@ enum class Faults {
 // Runs `step` here and turns what it throws into a verdict. A step that
 // returns an int gives its code (0 without a fault).
 template <class Fn>
-Verdict attempt(const Communicator& comm, Fn&& step, Faults faults = Faults::kOfRank,
+Verdict attempt(const Communicator& comm, Fn&& step, Blame blame = Blame::kOfRank,
                 const std::string& command = "") {
   const std::string rank = "[rank " + std::to_string(comm.rank()) + "] ";
   const std::string input = "mpiformer " + command + ": ";
   // kByType's reading of a fault is `typed` (its code and prefix).
   const auto told = [&](const std::string& what, Verdict typed) -> Verdict {
-    switch (faults) {
-      case Faults::kOfRank:
+    switch (blame) {
+      case Blame::kOfRank:
         return {kExitFailure, rank + what};
-      case Faults::kOfInput:
+      case Blame::kOfInput:
         return {kExitUsage, input + what};
-      case Faults::kOfCommand:
+      case Blame::kOfCommand:
         return {kExitFailure, input + what};
-      case Faults::kByType:
+      case Blame::kByType:
         break;
     }
     return {typed.code, typed.message + what};
@@ -86,12 +86,12 @@ bool agreed(const Communicator& comm, Fn&& what) {
 }
 
 // Runs `check` of the given flags and files on every rank; returns the agreed
-// exit code (0: go on). Faults read as kByType. The ranks check the same
+// exit code (0: go on). Faults are blamed kByType. The ranks check the same
 // inputs and so refuse alike: the lowest rank with a refusal (UsageError,
 // exit 2) prints it once for all, not one line per rank.
 template <class Fn>
 int agree_on_inputs(const Communicator& comm, Fn&& check, const std::string& command) {
-  Verdict mine = attempt(comm, std::forward<Fn>(check), Faults::kByType, command);
+  Verdict mine = attempt(comm, std::forward<Fn>(check), Blame::kByType, command);
   const bool refused = mine.code == kExitUsage;
   const int speaker = comm.min_with_rank(refused ? 0 : 1).second;  // a collective
   if (refused && comm.rank() != speaker) mine.message.clear();
@@ -100,9 +100,9 @@ int agree_on_inputs(const Communicator& comm, Fn&& check, const std::string& com
 
 // Runs `step` on rank 0 alone; every rank learns the exit code (0: go on).
 template <class Fn>
-int agree_on_root(const Communicator& comm, Fn&& step, Faults faults, const std::string& command) {
+int agree_on_root(const Communicator& comm, Fn&& step, Blame blame, const std::string& command) {
   Verdict verdict;
-  if (comm.is_root()) verdict = attempt(comm, std::forward<Fn>(step), faults, command);
+  if (comm.is_root()) verdict = attempt(comm, std::forward<Fn>(step), blame, command);
   return agree(comm, verdict);
 }
 

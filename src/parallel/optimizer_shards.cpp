@@ -5,10 +5,10 @@
 
 namespace mpiformer {
 
-ShardLink::ShardLink(const Communicator& comm, Ops& ops, ShardPlan plan)
+CollectiveShardLink::CollectiveShardLink(const Communicator& comm, Ops& ops, ShardPlan plan)
     : comm_(comm), ops_(ops), plan_(std::move(plan)) {}
 
-void ShardLink::use_transport(ReduceTransport& transport, int slot) {
+void CollectiveShardLink::use_transport(ReduceTransport& transport, int slot) {
   transport_ = &transport;
   slot_ = slot;
   staged_ = !transport.takes_device_memory() && !ops_.device().host_accessible();
@@ -17,11 +17,11 @@ void ShardLink::use_transport(ReduceTransport& transport, int slot) {
         ops_.device().allocate_host(std::max<size_t>(plan_.bounds.back(), 1) * sizeof(float)));
 }
 
-ShardLink::~ShardLink() {
+CollectiveShardLink::~CollectiveShardLink() {
   ops_.device().release_host(host_);
 }
 
-void ShardLink::sum_partials(double* partial, size_t n) {
+void CollectiveShardLink::sum_partials(double* partial, size_t n) {
   // One double per 4096 floats: small enough to cross the host every step.
   host_partials_.resize(n);  // (n); allocated by the first step only
   double* host = host_partials_.data();
@@ -30,7 +30,7 @@ void ShardLink::sum_partials(double* partial, size_t n) {
   ops_.device().copy_to_device(partial, host, n * sizeof(double));
 }
 
-void ShardLink::start_gather(void* weights, size_t element_bytes) {
+void CollectiveShardLink::start_gather(void* weights, size_t element_bytes) {
   // The transports move floats: a slice of 2-byte elements is half as many
   // floats (the slices start at whole norm blocks, so at even elements; the
   // last ends at the padded end).
@@ -48,7 +48,7 @@ void ShardLink::start_gather(void* weights, size_t element_bytes) {
   transport_->start_all_gather(slot_, host_, float_bounds_);
 }
 
-void ShardLink::finish_gather() {
+void CollectiveShardLink::finish_gather() {
   while (!transport_->test(slot_)) {
   }
   transport_->join();

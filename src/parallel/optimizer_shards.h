@@ -14,13 +14,13 @@
 
 namespace mpiformer {
 
-class ShardLink final : public OptimizerShardLink {
+class CollectiveShardLink final : public ShardLink {
  public:
   // The gather goes over a local transport (one rank) until use_transport().
-  ShardLink(const Communicator& comm, Ops& ops, ShardPlan plan);
-  ~ShardLink() override;
-  ShardLink(const ShardLink&) = delete;
-  ShardLink& operator=(const ShardLink&) = delete;
+  CollectiveShardLink(const Communicator& comm, Ops& ops, ShardPlan plan);
+  ~CollectiveShardLink() override;
+  CollectiveShardLink(const CollectiveShardLink&) = delete;
+  CollectiveShardLink& operator=(const CollectiveShardLink&) = delete;
 
   const std::vector<size_t>& bounds() const override { return plan_.bounds; }
   int rank() const override { return comm_.rank(); }

@@ -37,7 +37,7 @@ int write_final_average(const TrainConfig& cfg, const Communicator& comm,
                   std::to_string(inputs.size()) + ")";
         }
       },
-      Faults::kOfRank, "train");
+      Blame::kOfRank, "train");
   if (code == 0 && comm.is_root()) {
     say(stdout, "average: %s\n", line.c_str());
     std::fflush(stdout);

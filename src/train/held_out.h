@@ -9,9 +9,9 @@
 #include "src/core/config.h"
 #include "src/data/batch.h"
 #include "src/data/batch_source.h"
-#include "src/loss/cross_entropy.h"
 #include "src/model/model.h"
 #include "src/parallel/communicator.h"
+#include "src/scoring/loss_figures.h"
 
 namespace mpiformer {
 

@@ -9,7 +9,7 @@
 
 #include "src/core/error.h"
 #include "src/core/escape.h"
-#include "src/loss/cross_entropy.h"
+#include "src/scoring/loss_figures.h"
 #include "src/train/held_out.h"
 
 namespace mpiformer {

@@ -306,8 +306,8 @@ int build(TrainingRun& run, const Communicator& comm, const FaultInjection& faul
   optim.end_lr = static_cast<float>(optim.end_lr * notes->lr_factor);
   notes->lr = optim.lr;
   if (cfg.shard_optimizer)
-    run.shards =
-        std::make_unique<ShardLink>(comm, ops, plan_shards(run.model->parameters().count(), world));
+    run.shards = std::make_unique<CollectiveShardLink>(
+        comm, ops, plan_shards(run.model->parameters().count(), world));
   run.optimizer = std::make_unique<AdamW>(run.model->parameters(), optim, run.shards.get());
   run.schedule = std::make_unique<LrSchedule>(optim, cfg.steps);
   run.scaler = std::make_unique<LossScaler>(cfg.precision == Precision::kFp16, cfg.loss_scale,

@@ -87,7 +87,7 @@ struct TrainingRun {
   std::unique_ptr<Ops> ops;
   std::unique_ptr<Model> model;
   // --shard-optimizer true: the ranks' slices; the optimizer holds only its own.
-  std::unique_ptr<ShardLink> shards;
+  std::unique_ptr<CollectiveShardLink> shards;
   std::unique_ptr<AdamW> optimizer;
   std::unique_ptr<LrSchedule> schedule;
   std::unique_ptr<LossScaler> scaler;

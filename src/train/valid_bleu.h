@@ -1,6 +1,6 @@
 // --valid-bleu: a seq2seq run's evaluations also translate the validation
 // split greedily with the current weights and score the translations with
-// BLEU as sacreBLEU computes it (src/loss/bleu.h). Rank r of W translates
+// BLEU as sacreBLEU computes it (src/scoring/bleu.h). Rank r of W translates
 // the sentences i with i % W == r; the n-gram counts are integers summed
 // over ranks, so the score does not depend on W. A sentence decodes to the
 // same tokens alone or among others (src/model/decoding.h), so the score is
@@ -14,10 +14,10 @@
 
 #include "src/core/config.h"
 #include "src/data/tokenizer.h"
-#include "src/loss/bleu.h"
 #include "src/model/decoding.h"
 #include "src/model/model.h"
 #include "src/parallel/communicator.h"
+#include "src/scoring/bleu.h"
 
 namespace mpiformer {
 

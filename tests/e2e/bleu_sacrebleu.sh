@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The library's BLEU (src/loss/bleu.h, through tests/bleu_tool) against
+# The library's BLEU (src/scoring/bleu.h, through tests/bleu_tool) against
 # sacreBLEU itself on real text: the gettext English and German messages
 # (data/extract-gettext-de.sh) as references, and hypotheses made from them
 # with the faults of a translation and the cases 13a treats specially:

@@ -148,7 +148,7 @@ Shard image_shard(const ImageSet& set, size_t begin, size_t end, const char* spl
 int run_prepare_images(const PrepareConfig& cfg, Communicator& comm) {
   const auto start = Clock::now();
   if (agree_on_root(
-          comm, [&] { check_image_inputs(cfg); }, Faults::kOfInput, "prepare") != 0) {
+          comm, [&] { check_image_inputs(cfg); }, Blame::kOfInput, "prepare") != 0) {
     return kExitUsage;
   }
   ImageSet set;
@@ -184,7 +184,7 @@ int run_prepare_images(const PrepareConfig& cfg, Communicator& comm) {
                                           std::to_string(train) + " training images");
             }
           },
-          Faults::kOfInput, "prepare") != 0) {
+          Blame::kOfInput, "prepare") != 0) {
     return kExitUsage;
   }
   if (comm.is_root()) {

@@ -1,4 +1,4 @@
-#include "src/loss/bleu.h"
+#include "src/scoring/bleu.h"
 
 #include <algorithm>
 #include <cmath>

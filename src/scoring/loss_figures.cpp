@@ -1,4 +1,4 @@
-#include "src/loss/cross_entropy.h"
+#include "src/scoring/loss_figures.h"
 
 #include <algorithm>
 #include <cmath>

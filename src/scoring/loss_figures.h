@@ -1,6 +1,6 @@
-// Label-smoothed cross entropy over padding, as in the official Transformer
-// (docs/DESIGN.md section 4): the op itself is kernels' fused softmax-CE; this
-// header holds how its sums become reported figures, once, at the end.
+// A loss carried as {sum, count} becomes the reported figures here, once, at
+// the end: label-smoothed cross entropy over padding (docs/DESIGN.md section
+// 4) is computed by kernels' fused softmax-CE, which adds the sums.
 #pragma once
 
 #include <cstdint>
