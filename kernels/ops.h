@@ -257,181 +257,19 @@ class Ops {
     return {};
   }
 
-  // ---- precision --------------------------------------------------------
-  // dst = src rounded to dst's type (the compute copy of the weights).
-  // dst: (n), src: (n) fp32
-  virtual void convert(Act dst, const float* src, size_t n) = 0;
+  // ---- the compute ops: kernels/op_table.h declares each once -------------
+#define MPIFORMER_OP(name, family, dtype, sizes, parameters, arguments) \
+  virtual void name parameters = 0;
+#include "kernels/op_table.h"
+#undef MPIFORMER_OP
 
-  // ---- elementwise ------------------------------------------------------
-  // out = dropout(x); out may alias x. The backward is the same op on the
-  // gradient (the mask and scale are regenerated).  out, x: (n)
-  virtual void dropout(Act out, Act x, size_t n, const Dropout& d) = 0;
-  // dx = act'(pre) * dout, for an activation whose backward follows no GEMM
-  // (the mlm head); dx may alias dout.  dx, dout, pre: (n)
-  virtual void activation_backward(Act dx, Act dout, Act pre, size_t n, Activation act) = 0;
-
-  // ---- embeddings -------------------------------------------------------
-  // out[i] = tokens[ids[i]] * scale + positions[pos[i]].
-  // out: (N, C), ids, pos: (N), tokens: (V, C), positions: (L, C) (a
-  // learned table's compute copy, or fixed sinusoids)
-  virtual void embedding_forward(Act out, const int32_t* ids, Act tokens, const int32_t* pos,
-                                 Act positions, int N, int C, float scale) = 0;
-  // dtokens[ids[i]] += dout[i] * scale and, when dpositions is not null,
-  // dpositions[pos[i]] += dout[i]; each row of a table sums its rows in
-  // ascending order (no float atomics: deterministic).
-  // dtokens: (V, C), dpositions: (L, C) or null, dout: (N, C)
-  virtual void embedding_backward(float* dtokens, float* dpositions, Act dout,
-                                  const RowGroups& by_id, const RowGroups& by_pos, int N, int C,
-                                  float scale) = 0;
-
-  // ---- layer norm -------------------------------------------------------
-  // out = (x - mean) * rstd * gamma + beta, per row.
-  // out, x: (N, C), mean, rstd: (N) saved for backward, gamma, beta: (C)
-  virtual void layernorm_forward(Act out, float* mean, float* rstd, Act x, Act gamma, Act beta,
-                                 int N, int C, float eps) = 0;
-  // A residual connection and the layer norm after it, in one pass:
-  // sum = s + dropout(y), out = LN(sum).  sum, out, s, y: (N, C)
-  virtual void residual_layernorm_forward(Act sum, Act out, float* mean, float* rstd, Act s, Act y,
-                                          const Dropout& d, Act gamma, Act beta, int N, int C,
-                                          float eps) = 0;
-  // dx (= or += with accumulate): (N, C), dgamma, dbeta (+=): (C)
-  virtual void layernorm_backward(Act dx, float* dgamma, float* dbeta, Act dout, Act x, Act gamma,
-                                  const float* mean, const float* rstd, int N, int C,
-                                  bool accumulate) = 0;
-
-  // ---- GEMM -------------------------------------------------------------
-  // out = act(x @ weight^T + bias); with an activation, fused.pre (N, OC)
-  // keeps x @ weight^T + bias for the backward pass.
-  // out: (N, OC) rows out_stride elements apart (0: OC; a padded stride
-  // keeps wide GEMMs aligned), x: (N, IC), weight: (OC, IC), bias: (OC) or null
-  virtual void matmul_forward(Act out, Act x, Act weight, Act bias, int N, int IC, int OC,
-                              const FusedActivation& fused = {}, int out_stride = 0) = 0;
-  // dx (= or += with accumulate; null to skip): (N, IC), dweight (+=):
-  // (OC, IC), dbias (+=, null to skip): (OC), dout: (N, OC) rows dout_stride
-  // apart (0: OC). With an activation (fused.pre: (N, IC), the forward's
-  // pre-activation of x), dx = act'(pre) * (dout @ weight): the gradient at
-  // the pre-activation (accumulate must be false).
-  virtual void matmul_backward(Act dx, float* dweight, float* dbias, Act dout, Act x, Act weight,
-                               int N, int IC, int OC, bool accumulate,
-                               const FusedActivation& fused = {}, int dout_stride = 0) = 0;
-
-  // ---- attention --------------------------------------------------------
-  // Multi-head scaled dot-product attention over ragged batches. Query b
-  // attends to the keys of sequence b only (key padding by construction),
-  // and with `causal` to keys 0..i (requires q and k lengths equal).
-  // q: (Nq, H*D) rows `q_stride` elements apart; k, v: (Nk, H*D) rows
-  // `kv_stride` apart (so q, k, v may be column slices of one fused QKV
-  // tensor); out: (Nq, H*D) dense. Saved for backward: out and
-  // stats (Nq, H), each query row's log-sum-exp of its scaled scores (not
-  // the probabilities).
-  virtual void attention_forward(Act out, float* stats, Act q, int q_stride, Act k, Act v,
-                                 int kv_stride, const Ragged& qs, const Ragged& ks,
-                                 const AttentionConfig& cfg) = 0;
-  // dq: (Nq, H*D) stride q_stride; dk, dv: (Nk, H*D) stride kv_stride; all
-  // written (=). dout, out: (Nq, H*D) dense; stats: (Nq, H) from forward.
-  virtual void attention_backward(Act dq, Act dk, Act dv, Act dout, Act out, const float* stats,
-                                  Act q, int q_stride, Act k, Act v, int kv_stride,
-                                  const Ragged& qs, const Ragged& ks,
-                                  const AttentionConfig& cfg) = 0;
-  // The most scratch the two calls above take for `tokens` packed query
-  // rows of sequences up to `longest` long (keys likewise): the scores a
-  // plain kernel keeps grow with longest^2, which a memory estimate must
-  // count. backward: the larger need of attention_backward.
+  // The most scratch attention_forward and attention_backward take for
+  // `tokens` packed query rows of sequences up to `longest` long (keys
+  // likewise): the scores a plain kernel keeps grow with longest^2, which a
+  // memory estimate must count. backward: the larger need of
+  // attention_backward.
   virtual size_t attention_scratch_bytes(DType dtype, size_t tokens, size_t longest,
                                          const AttentionConfig& cfg, bool backward) const = 0;
-
-  // Decoding: each query row against its own list of key rows (KeyLists),
-  // scaled as a query that sees that many keys (cfg.causal is not read: the
-  // list is what the row may see); a row with an empty list gets 0. A row's
-  // result depends on its query and its listed keys alone, in any batch.
-  // out: (R, H*D) dense, q: (R, H*D) rows q_stride apart, k, v: (P, H*D)
-  // rows kv_stride apart (a key/value cache, or an encoder's memory)
-  virtual void attention_listed(Act out, Act q, int q_stride, Act k, Act v, int kv_stride,
-                                const KeyLists& keys, const AttentionConfig& cfg) = 0;
-  // Decoding: dst row rows[i] = src row i, `width` elements each, for i < n
-  // (a step's keys and values into the cache rows they were given). dst and
-  // src share a dtype; the rows are distinct.  src: (n, width) rows
-  // src_stride apart, dst: rows dst_stride apart, rows: backend (n)
-  virtual void scatter_rows(Act dst, int dst_stride, Act src, int src_stride, const int32_t* rows,
-                            int n, int width) = 0;
-
-  // ---- loss -------------------------------------------------------------
-  // Label-smoothed softmax cross entropy fused with its gradient. Target
-  // distribution: 1-e on the label, e/(V-1) elsewhere; the constant
-  // -((1-e)ln(1-e) + e ln(e/(V-1))) is subtracted so a perfect prediction
-  // scores 0. Rows whose target is pad_id have weight 0. Softmax and loss in
-  // fp32. With compute_grad, logits are overwritten by
-  // dlogits = (p - q) * grad_scale (0 on pad rows): the probabilities are
-  // never stored. The batch's sums are added to *sums in row order.
-  // logits: (N, V) rows `stride` elements apart (0: V), targets: (N),
-  // sums: backend (1)
-  virtual void cross_entropy(Act logits, const int32_t* targets, int N, int V, float smoothing,
-                             int pad_id, float grad_scale, bool compute_grad, LossSums* sums,
-                             int stride = 0) = 0;
-
-  // ---- classification (--model classify) ---------------------------------
-  // One row per sequence: out[b] = x[offsets[b]] (cls: the first row) or the
-  // mean of rows [offsets[b], offsets[b+1]) (mean; 0 for an empty sequence).
-  // out: (B, C), x: (N, C)
-  virtual void pool_forward(Act out, Act x, const Ragged& rows, int C, PoolKind kind) = 0;
-  // The backward of pool_forward, written (=): cls: dx = dout[b] on the first
-  // row of sequence b and 0 on its other rows; mean: dout[b] / length(b) on
-  // every row of b.  dx: (N, C), dout: (B, C)
-  virtual void pool_backward(Act dx, Act dout, const Ragged& rows, int C, PoolKind kind) = 0;
-  // Multi-label ZLPR loss with soft targets t in [0, 1], per row of K scores s:
-  //   log(1 + sum_i (1 - t_i) e^{s_i}) + log(1 + sum_i t_i e^{-s_i}),
-  // both terms as log-sum-exp over {0} and the weighted exponents, so any
-  // finite score is safe. Label i is predicted when s_i > 0 and true when
-  // t_i >= 0.5. With compute_grad, logits are overwritten by
-  // dlogits * grad_scale, dloss/ds_i = (1 - t_i) e^{s_i - A} - t_i e^{-s_i - B}
-  // (A and B the two log-sum-exps). Added to *sums in row order: loss and nll
-  // (both the ZLPR loss), tokens (rows) and correct (rows whose predicted set
-  // equals the true set). label_counts (+=) holds, for each label, its true
-  // positives, false positives and false negatives: rows [0, K), [K, 2K),
-  // [2K, 3K). Every sum is fp64 or an integer, in an order fixed by B and K.
-  // logits: (B, K) rows `stride` elements apart (0: K), targets: (B, K) fp32,
-  // sums: backend (1), label_counts: backend (3 K) int64
-  virtual void zlpr_loss(Act logits, const float* targets, int B, int K, float grad_scale,
-                         bool compute_grad, LossSums* sums, int64_t* label_counts,
-                         int stride = 0) = 0;
-
-  // ---- exact gradient sum (src/parallel/gradient_reducer.h) -------------
-  // Math on the device's memory, so ops like the rest (and timed with
-  // them), though the reducer, not the model, calls them.
-  // fixed[i] += round(grads[i] * 2^fraction_bits) for every i with
-  // |grads[i]| < 2^limit_bits; each other element (NaN too) adds 1 to
-  // *out_of_range instead. Integer sums: any order gives the same result.
-  // fixed: backend (n) int64, grads: backend (n) fp32, out_of_range: backend (1)
-  virtual void fixed_point_accumulate(int64_t* fixed, int64_t* out_of_range, const float* grads,
-                                      size_t n, int fraction_bits, int limit_bits) = 0;
-  // out[i] = fixed[i] * 2^-fraction_bits, or NaN everywhere when
-  // *out_of_range > 0.  out: backend (n) fp32, fixed: backend (n), out_of_range: backend (1)
-  virtual void fixed_point_to_float(float* out, const int64_t* fixed, const int64_t* out_of_range,
-                                    size_t n, int fraction_bits) = 0;
-
-  // ---- optimizer --------------------------------------------------------
-  // *out = sum of x[i]^2, accumulated in double in an order that depends on
-  // n only.  x: (n), out: backend (1)
-  virtual void sum_squares(double* out, const float* x, size_t n) = 0;
-  // partial[b] = sum of x[i]^2 over block b, i in [b * kNormBlockFloats,
-  // min(n, (b + 1) * kNormBlockFloats)), in double, in an order that depends
-  // on the block's length only (the gradient norm: any slice of x that
-  // starts on a block boundary gives the same partials).
-  // x: (n), partial: backend (norm_blocks(n))
-  virtual void sum_squares_blocks(double* partial, const float* x, size_t n) = 0;
-  // *out = sum of x[0, n) in an order that depends on n only (0 when n is 0).
-  // x: backend (n), out: backend (1)
-  virtual void sum_doubles(double* out, const double* x, size_t n) = 0;
-  // One AdamW update of every range of the flat buffers, in one pass (one
-  // launch on a GPU, a block per range). Gradients are multiplied by cfg.inv_loss_scale and by
-  // clip_factor(sqrt(*grad_norm_sq) * inv_loss_scale, max_norm) first, so
-  // the clip is decided on the device. compute (the compute copy of the
-  // weights) is refreshed; null when the compute precision is fp32.
-  // params, grads, m, v: (n) fp32, compute: (n), ranges: backend (R),
-  // grad_norm_sq: backend (1), from sum_squares
-  virtual void adamw_update(float* params, const float* grads, float* m, float* v, Act compute,
-                            size_t n, const AdamWRange* ranges, int range_count,
-                            const AdamWConfig& cfg, const double* grad_norm_sq) = 0;
 
  private:
   Device& device_;

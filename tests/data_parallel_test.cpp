@@ -471,7 +471,9 @@ TEST(SharedGpus, GroupsAreRanksOfOneHostAndAddress) {
                          "n2 0000:5C:00.0", "n2 0000:5C:00.0", ""});
   EXPECT_EQ(groups, (std::vector<std::vector<int>>{{0, 2}, {3, 4, 5}}));
   // Without GPUs (this machine's ranks) no rank shares one.
-  if (cuda_device_count() == 0) EXPECT_TRUE(ranks_sharing_gpus(*g_comm).empty());
+  if (cuda_device_count() == 0) {
+    EXPECT_TRUE(ranks_sharing_gpus(*g_comm).empty());
+  }
 }
 
 TEST(ReplicaCheck, FindsTheFirstDivergedTensorAndTheRankThatHoldsIt) {

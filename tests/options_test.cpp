@@ -1181,7 +1181,9 @@ TEST(DeviceChoice, KernelsRunOnTheCapabilitiesTheirArchitecturesCover) {
             "-DCMAKE_CUDA_ARCHITECTURES=80 (or scripts/setup with MPIFORMER_NATIVE=1 on that "
             "machine)");
   // A CPU-only build, or no GPU: nothing to refuse.
-  if (cuda_device_count() == 0) EXPECT_EQ(cuda_architectures_problem(), "");
+  if (cuda_device_count() == 0) {
+    EXPECT_EQ(cuda_architectures_problem(), "");
+  }
 }
 
 TEST(DeviceChoice, EveryComputingCommandTakesAutoAndSettlesIt) {

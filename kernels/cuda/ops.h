@@ -78,69 +78,15 @@ class CudaOps final : public Ops {
   void set_plain_attention(PlainAttention p) { plain_attention_ = p; }
   PlainAttention plain_attention() const { return plain_attention_; }
 
-  // ---- elementwise, embeddings (elementwise.cu, embedding.cu) --------------
-  void convert(Act dst, const float* src, size_t n) override;
-  void dropout(Act out, Act x, size_t n, const Dropout& d) override;
-  void activation_backward(Act dx, Act dout, Act pre, size_t n, Activation act) override;
-  void embedding_forward(Act out, const int32_t* ids, Act tokens, const int32_t* pos, Act positions,
-                         int N, int C, float scale) override;
-  void embedding_backward(float* dtokens, float* dpositions, Act dout, const RowGroups& by_id,
-                          const RowGroups& by_pos, int N, int C, float scale) override;
-
-  // ---- layer norm (layernorm.cu) --------------------------------------------
-  void layernorm_forward(Act out, float* mean, float* rstd, Act x, Act gamma, Act beta, int N,
-                         int C, float eps) override;
-  void residual_layernorm_forward(Act sum, Act out, float* mean, float* rstd, Act s, Act y,
-                                  const Dropout& d, Act gamma, Act beta, int N, int C,
-                                  float eps) override;
-  void layernorm_backward(Act dx, float* dgamma, float* dbeta, Act dout, Act x, Act gamma,
-                          const float* mean, const float* rstd, int N, int C,
-                          bool accumulate) override;
-
-  // ---- GEMM (matmul.cu, on gemm.cu's cuBLASLt) ------------------------------
-  void matmul_forward(Act out, Act x, Act weight, Act bias, int N, int IC, int OC,
-                      const FusedActivation& fused, int out_stride) override;
-  void matmul_backward(Act dx, float* dweight, float* dbias, Act dout, Act x, Act weight, int N,
-                       int IC, int OC, bool accumulate, const FusedActivation& fused,
-                       int dout_stride) override;
-
-  // ---- attention (attention.cu, attention_cudnn.cpp) ------------------------
-  void attention_forward(Act out, float* stats, Act q, int q_stride, Act k, Act v, int kv_stride,
-                         const Ragged& qs, const Ragged& ks, const AttentionConfig& cfg) override;
-  void attention_backward(Act dq, Act dk, Act dv, Act dout, Act out, const float* stats, Act q,
-                          int q_stride, Act k, Act v, int kv_stride, const Ragged& qs,
-                          const Ragged& ks, const AttentionConfig& cfg) override;
+  // The compute ops of kernels/op_table.h, defined by family in
+  // kernels/cuda/FAMILY.cu (the CPU's names; GEMMs on gemm.cu's cuBLASLt,
+  // attention also in attention_cudnn.cpp and attention_flash.cu).
+#define MPIFORMER_OP(name, family, dtype, sizes, parameters, arguments) \
+  void name parameters override;
+#include "kernels/op_table.h"
+#undef MPIFORMER_OP
   size_t attention_scratch_bytes(DType dtype, size_t tokens, size_t longest,
                                  const AttentionConfig& cfg, bool backward) const override;
-  // (attention_listed.cu)
-  void attention_listed(Act out, Act q, int q_stride, Act k, Act v, int kv_stride,
-                        const KeyLists& keys, const AttentionConfig& cfg) override;
-  void scatter_rows(Act dst, int dst_stride, Act src, int src_stride, const int32_t* rows, int n,
-                    int width) override;
-
-  // ---- loss (cross_entropy.cu) ----------------------------------------------
-  void cross_entropy(Act logits, const int32_t* targets, int N, int V, float smoothing, int pad_id,
-                     float grad_scale, bool compute_grad, LossSums* sums, int stride) override;
-
-  // ---- exact gradient sum (fixed_point.cu) ----------------------------------
-  void fixed_point_accumulate(int64_t* fixed, int64_t* out_of_range, const float* grads, size_t n,
-                              int fraction_bits, int limit_bits) override;
-  void fixed_point_to_float(float* out, const int64_t* fixed, const int64_t* out_of_range, size_t n,
-                            int fraction_bits) override;
-
-  // ---- optimizer (adamw.cu) -------------------------------------------------
-  void sum_squares(double* out, const float* x, size_t n) override;
-  void sum_squares_blocks(double* partial, const float* x, size_t n) override;
-  void sum_doubles(double* out, const double* x, size_t n) override;
-  void adamw_update(float* params, const float* grads, float* m, float* v, Act compute, size_t n,
-                    const AdamWRange* ranges, int range_count, const AdamWConfig& cfg,
-                    const double* grad_norm_sq) override;
-
-  // ---- classification (classify.cu) -----------------------------------------
-  void pool_forward(Act out, Act x, const Ragged& rows, int C, PoolKind kind) override;
-  void pool_backward(Act dx, Act dout, const Ragged& rows, int C, PoolKind kind) override;
-  void zlpr_loss(Act logits, const float* targets, int B, int K, float grad_scale,
-                 bool compute_grad, LossSums* sums, int64_t* label_counts, int stride) override;
 
   // Device scratch that grows to the largest request and is then reused;
   // counted in the device's peak_allocated_bytes. Growing waits for the stream (the old
@@ -160,7 +106,9 @@ class CudaOps final : public Ops {
   };
   void* scratch(Slot slot, size_t bytes);
   // Counts a library's workspace in the device's peak figure.
-  void count_workspace(size_t bytes) { gpu_->count_workspace(bytes); }
+  void count_workspace(size_t bytes) {
+    gpu_->count_workspace(bytes);
+  }
 
  private:
   // The plain attention kernels (attention.cu), for fp32 and where cuDNN
