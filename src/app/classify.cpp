@@ -108,11 +108,11 @@ int lines_at_a_time(const ClassifyConfig& cfg, Ops& ops, const ModelConfig& m, D
                                      most > 0 ? "--batch (" + std::to_string(most) + " fits)"
                                               : "--batch (not even 1 fits)"));
   }
-  std::cerr << "mpiformer classify: " << lines << " line(s), " << lines_at_once << " at a time on "
+  std::cerr << "mpiformer classify: " << lines << " line(s), " << lines_at_once << " at a time ("
             << ops.device().name()
             << (compute != DType::kF32 ? std::string(", ") + to_string(compute) : "")
-            << (cfg.device_choice.empty() ? "" : " (" + cfg.device_choice + ")")
-            << ": memory about " << estimate.describe() << std::endl;
+            << (cfg.device_choice.empty() ? "" : "; " + cfg.device_choice) << "): memory about "
+            << estimate.describe() << std::endl;
   return lines_at_once;
 }
 

@@ -111,7 +111,7 @@ refused "mpirun -np 2 eval --max-tokens 1" 2 "mpiformer eval: --max-tokens: must
 # ---- classify: the estimate is printed; a --batch that cannot fit is refused
 try "$bin" classify --checkpoint cls-run/$ckpt --text "the program" --threads 1
 check "classify runs (exit $rc: $(head -c 300 "$err"))" test "$rc" -eq 0
-check "classify prints its memory estimate" grep -q "^mpiformer classify: 1 line(s), 1 at a time on cpu[^:]*: memory about [0-9.]* [KMG]iB (" "$err"
+check "classify prints its memory estimate" grep -q "^mpiformer classify: 1 line(s), 1 at a time (cpu[^)]*): memory about [0-9.]* [KMG]iB (" "$err"
 # 60,000 lines at once need many GiB: refused before any is allocated, in
 # a 4 GiB address space (ulimit -v) whatever the machine has.
 awk '{ for (i = 0; i < 200; ++i) print }' text.txt >many-lines.txt
