@@ -115,6 +115,8 @@ class HostBuffer {
   void* reserve(size_t bytes);
 
  private:
+  void release();
+
   Device& device_;
   bool pinned_;
   void* data_ = nullptr;

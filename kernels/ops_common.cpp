@@ -27,6 +27,10 @@ HostBuffer::HostBuffer(Device& device) : device_(device) {
 }
 
 HostBuffer::~HostBuffer() {
+  release();
+}
+
+void HostBuffer::release() {
   if (pinned_)
     device_.release_host(data_);
   else
@@ -37,10 +41,7 @@ void* HostBuffer::reserve(size_t bytes) {
   if (bytes <= bytes_) return data_;
   void* grown = pinned_ ? device_.allocate_host(bytes) : std::malloc(bytes);
   if (grown == nullptr) throw std::bad_alloc();
-  if (pinned_)
-    device_.release_host(data_);
-  else
-    std::free(data_);
+  release();
   data_ = grown;
   bytes_ = bytes;
   return data_;

@@ -162,7 +162,7 @@ int classify_on_root(const ClassifyConfig& cfg) {
   unpack_checkpoint_tensors(cfg.checkpoint, tensors, model.parameters(), host.data());
   ops->device().copy_to_device(model.parameters().params(), host.data(),
                                host.size() * sizeof(float));
-  if (compute != DType::kF32) model.parameters().refresh_compute();  // the bf16/fp16 copy
+  model.parameters().refresh_compute();  // the bf16/fp16 copy (none in fp32)
 
   // A fault of --output names it and says what was kept.
   std::unique_ptr<StagedTextFile> file;

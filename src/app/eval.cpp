@@ -193,7 +193,7 @@ int run_eval(const EvalConfig& cfg, Communicator& comm) {
       }))
     return kExitFailure;
   broadcast_tensors(comm, cfg.checkpoint, tensors, params, params.params());
-  if (compute != DType::kF32) params.refresh_compute();  // the bf16/fp16 copy of the masters
+  params.refresh_compute();  // the bf16/fp16 copy of the masters (none in fp32)
 
   // 3. Every batch of the split (or --batches), split over the ranks.
   const uint64_t count =

@@ -226,7 +226,7 @@ void load_model(const GenerateConfig& cfg, const TrainConfig& run,
   unpack_checkpoint_tensors(cfg.checkpoint, tensors, model.parameters(), host.data());
   ops.device().copy_to_device(model.parameters().params(), host.data(),
                               host.size() * sizeof(float));
-  if (compute != DType::kF32) model.parameters().refresh_compute();  // the bf16/fp16 copy
+  model.parameters().refresh_compute();  // the bf16/fp16 copy (none in fp32)
 }
 
 // Every rank: the checkpoint, the inputs (each parsed before any decodes:

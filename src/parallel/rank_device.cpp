@@ -17,6 +17,11 @@ namespace mpiformer {
 
 namespace {
 
+// The GPU a rank computes on among the `count` it sees.
+int gpu_of(const Communicator& comm, int count) {
+  return comm.local_rank() % count;
+}
+
 std::string host_name() {
   char host[256] = {};
   gethostname(host, sizeof host - 1);
@@ -61,7 +66,7 @@ std::unique_ptr<Ops> make_ops(DeviceKind device, int threads, const Communicator
   }
   const int count = cuda_device_count();
   if (count == 0) throw std::runtime_error("--device cuda: no GPU is visible to this rank");
-  const int gpu = comm.local_rank() % count;
+  const int gpu = gpu_of(comm, count);
   std::unique_ptr<Ops> ops = make_cuda_ops(gpu, tf32);
   say(report, "[rank %d] %s: %s (local rank %d of %d, %d GPU(s) visible)\n", comm.rank(),
       host_name().c_str(), ops->device().name().c_str(), comm.local_rank(), comm.local_size(),
@@ -85,7 +90,7 @@ std::vector<std::vector<int>> ranks_sharing_gpus(const Communicator& comm) {
   const int count = cuda_device_count();
   std::string identity;
   if (count > 0) {
-    const std::string address = cuda_pci_address(comm.local_rank() % count);
+    const std::string address = cuda_pci_address(gpu_of(comm, count));
     if (!address.empty()) identity = host_name() + " " + address;
   }
   return shared_gpu_groups(comm.allgather(identity));
