@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <exception>
 #include <iostream>
+#include <new>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -65,6 +66,23 @@ int run_failure(Communicator& comm, const std::exception& e) {
   return kExitFailure;
 }
 
+// Memory ran out: under a tight address-space limit (ulimit -v) any
+// allocation can fail, the flags' parsing included. One line that names the
+// limit, written without allocating, and every rank ends.
+int memory_failure(Communicator& comm) {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_AS, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) {
+    std::fprintf(stderr,
+                 "[rank %d] out of memory: the address-space limit (ulimit -v) of %" PRIu64
+                 " MiB is used up; raise it\n",
+                 comm.rank(), static_cast<uint64_t>(limit.rlim_cur) >> 20);
+  } else {
+    std::fprintf(stderr, "[rank %d] out of memory: an allocation failed\n", comm.rank());
+  }
+  if (comm.size() > 1) comm.abort(kExitFailure);
+  return kExitFailure;
+}
+
 template <class Config>
 int parse_and_run(Communicator& comm, const std::string& cmd, const std::vector<std::string>& args,
                   bool (*parse)(const std::vector<std::string>&, Config*, std::ostream&),
@@ -78,9 +96,13 @@ int parse_and_run(Communicator& comm, const std::string& cmd, const std::vector<
     }
   } catch (const UsageError& e) {
     return usage_failure(comm, "mpiformer " + cmd, e.what());
+  } catch (const std::bad_alloc&) {
+    return memory_failure(comm);
   }
   try {
     return run(cfg, comm);
+  } catch (const std::bad_alloc&) {
+    return memory_failure(comm);
   } catch (const std::exception& e) {
     return run_failure(comm, e);
   }
@@ -97,6 +119,8 @@ int inspect(Communicator& comm, const std::vector<std::string>& args) {
   }
   try {
     return run_inspect(args[0], comm);
+  } catch (const std::bad_alloc&) {
+    return memory_failure(comm);
   } catch (const std::exception& e) {
     return run_failure(comm, e);
   }

@@ -185,6 +185,10 @@ void Communicator::barrier_without_spinning() const {
 
 void Communicator::abort(const std::string& message, int code) const {
   say(stderr, "[rank %d] %s\n", rank_, message.c_str());
+  abort(code);
+}
+
+void Communicator::abort(int code) const {
   std::fflush(stderr);
   MPI_Abort(MPI_COMM_WORLD, code);
   std::_Exit(code);  // MPI_Abort should not return; never fall through if it does

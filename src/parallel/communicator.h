@@ -67,6 +67,9 @@ class Communicator {
 
   // Prints "[rank r] message" to stderr and ends every rank with `code`.
   [[noreturn]] void abort(const std::string& message, int code) const;
+  // Ends every rank with `code` and says nothing: for a caller that has
+  // said why itself (without allocating, when memory ran out).
+  [[noreturn]] void abort(int code) const;
 
  private:
   int rank_ = 0;

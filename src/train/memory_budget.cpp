@@ -1,5 +1,6 @@
 #include "src/train/memory_budget.h"
 
+#include <omp.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -71,15 +72,27 @@ size_t cgroup_available() {
   return best;
 }
 
+// Each CPU thread past the first maps an OpenBLAS buffer (32 to 128 MiB, by
+// build) and a malloc arena (128 MiB reserved while it is made) the first
+// time it multiplies, and OpenBLAS retries a refused buffer for ever: under
+// an address-space limit that room is kept aside, not left to hang a run.
+constexpr size_t kWorkerThreadMap = size_t{256} << 20;
+
+size_t worker_threads() {
+  return static_cast<size_t>(std::max(omp_get_max_threads(), 1)) - 1;
+}
+
 // What RLIMIT_AS (ulimit -v, a batch system's address-space limit) leaves
-// this process: the limit less the address space it maps already.
+// this process: the limit less the address space it maps already and what
+// its CPU threads will map.
 size_t address_space_left() {
   rlimit limit{};
   if (getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return kUnlimited;
   std::ifstream in("/proc/self/statm");
   size_t pages = 0;  // the first field: the whole address space, in pages
   if (!(in >> pages)) pages = 0;
-  const size_t used = pages * static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t used =
+      pages * static_cast<size_t>(sysconf(_SC_PAGESIZE)) + worker_threads() * kWorkerThreadMap;
   return limit.rlim_cur > used ? static_cast<size_t>(limit.rlim_cur) - used : 0;
 }
 
@@ -238,6 +251,15 @@ size_t node_share(int local_ranks) {
   return available / static_cast<size_t>(std::max(local_ranks, 1));
 }
 
+// ", after 256 MiB for each of its 3 other CPU threads (--threads)" when
+// address space was set aside for them.
+std::string threads_aside() {
+  const size_t workers = worker_threads();
+  if (workers == 0) return "";
+  return ", after " + format_bytes(static_cast<double>(kWorkerThreadMap)) + " for each of its " +
+         std::to_string(workers) + " other CPU thread(s) (--threads)";
+}
+
 }  // namespace
 
 size_t host_memory_available(int local_ranks) {
@@ -252,7 +274,7 @@ std::string memory_shortfall(const MemoryEstimate& e, const Ops& ops, int local_
     return "needs about " + e.describe() + " per rank, more than the " +
            format_bytes(static_cast<double>(host_free)) +
            (address_space < share
-                ? " that the address-space limit (ulimit -v) leaves this process"
+                ? " that the address-space limit (ulimit -v) leaves this process" + threads_aside()
                 : " of host memory available to each of " +
                       std::to_string(std::max(local_ranks, 1)) + " rank(s) on this node") +
            "; lower " + sized_by;

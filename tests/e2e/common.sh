@@ -108,9 +108,14 @@ try() {
       # refused). Pinned, the limit measures the program, not the host.
       export MALLOC_ARENA_MAX=2 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
     fi
-    exec timeout "${try_seconds:-60}" "$@"
+    # A program that ignores SIGTERM (it stops at a step's end) and hangs
+    # mid-step is killed 10 s later: 137 after the whole limit.
+    exec timeout -k 10 "${try_seconds:-60}" "$@"
   ) >"$out" 2>"$err" || rc=$?
-  [[ $rc -ne 124 ]] || fail "$*: hung (killed after ${try_seconds:-60} s)"
+  local whole=$(((${EPOCHREALTIME/./} - ${started/./}) / 1000000 >= ${try_seconds:-60}))
+  if [[ $rc -eq 124 || ($rc -eq 137 && $whole -eq 1) ]]; then
+    fail "$*: hung (killed after ${try_seconds:-60} s)"
+  fi
   if [[ -n ${FAULT_TABLE:-} ]]; then
     local seconds
     seconds=$(awk -v a="$started" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
