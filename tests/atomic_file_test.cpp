@@ -129,7 +129,7 @@ TEST_F(StagedFiles, ADeviceIsWrittenInPlaceAndALinkIsReplaced) {
 // when a FIFO stands in their place (which would block).
 TEST_F(StagedFiles, RunFilesRefuseLinksAndFifos) {
   write(path("victim.txt"), "keep\n");
-  fs::create_symlink(path("victim.txt"), path("latest.tmp"));
+  fs::create_symlink(path("victim.txt"), temporary_name(path("latest")));
   write_file_atomically(path("latest"), "step_1.h5\n");
   EXPECT_EQ(read(path("victim.txt")), "keep\n");
   EXPECT_EQ(read(path("latest")), "step_1.h5\n");
@@ -195,6 +195,15 @@ TEST(AbandonedTemporary, OnlyThoseOfAProcessThatIsGone) {
   EXPECT_FALSE(abandoned_temporary("x.txt.tmp-", &final_name));
   EXPECT_FALSE(abandoned_temporary(".tmp-" + dead, &final_name));
   EXPECT_FALSE(abandoned_temporary("x.txt", &final_name));
+}
+
+// What older versions left (NAME.tmp) is told apart from today's names.
+TEST(AbandonedTemporary, TheOlderNamesAreKnown) {
+  EXPECT_TRUE(older_temporary("step_00000010.h5.tmp"));
+  EXPECT_FALSE(older_temporary(".tmp"));
+  EXPECT_FALSE(older_temporary("step_00000010.h5"));
+  EXPECT_FALSE(older_temporary(temporary_name("step_00000010.h5")));
+  EXPECT_EQ(temporary_name("a.h5").rfind("a.h5.tmp-", 0), 0u);
 }
 
 // On a shared file system two nodes' writers may have the same pid: the

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "src/io/atomic_file.h"
 #include "src/io/checkpoint_average.h"
 #include "src/io/checkpoint_layout.h"
 #include "src/io/shard.h"
@@ -433,7 +434,7 @@ TEST_F(CheckpointTest, ALinkAtTheTemporaryIsNotFollowed) {
   TinyModel t;
   const std::string victim = file("victim.txt"), path = file("ckpt.h5");
   std::ofstream(victim) << "keep me\n";
-  fs::create_symlink(victim, path + ".tmp");
+  fs::create_symlink(victim, temporary_name(path));
   write_checkpoint(path, t.params(), t.m.data(), t.v.data(), some_state());
   EXPECT_EQ(read_text(victim), "keep me\n");
   EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(path)));
@@ -702,8 +703,8 @@ TEST_F(CheckpointTest, AverageRefusesOtherModelsAndDamagedInputsNamingThem) {
       EXPECT_NE(what.find(words), std::string::npos) << what;
       EXPECT_EQ(what.find('\n'), std::string::npos) << what;
     }
-    EXPECT_EQ(read_text(out), "an earlier average\n");  // left as it was, no .tmp beside it
-    EXPECT_FALSE(fs::exists(out + ".tmp"));
+    EXPECT_EQ(read_text(out), "an earlier average\n");  // left as it was, no temporary beside it
+    EXPECT_FALSE(fs::exists(temporary_name(out)));
   };
 
   // Another shape: the first tensor that differs, from the newest's side.

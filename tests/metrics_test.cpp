@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "src/io/atomic_file.h"
 #include "src/io/hdf5_file.h"
 #include "tests/damaged_file.h"
 
@@ -271,13 +272,13 @@ TEST_F(MetricsTest, ResumingKeepsTheRowsUpToTheResumedStep) {
   for (size_t i = 0; i < 6; ++i) EXPECT_EQ(t.train_rows[i][0], static_cast<double>(i + 1));
   ASSERT_EQ(t.eval_rows.size(), 1u);
   EXPECT_EQ(t.eval_rows[0][0], 4.0);
-  EXPECT_FALSE(fs::exists(path_ + ".tmp"));
+  EXPECT_FALSE(fs::exists(temporary_name(path_)));
   // metrics.jsonl follows: steps 1-6 and the eval of step 4.
   const std::vector<std::string> lines = lines_of((dir_ / "metrics.jsonl").string());
   ASSERT_EQ(lines.size(), 7u);
   EXPECT_EQ(lines[5].rfind("{\"group\": \"train\", \"step\": 6,", 0), 0u) << lines[5];
   EXPECT_EQ(lines[6].rfind("{\"group\": \"eval\", \"step\": 4,", 0), 0u) << lines[6];
-  EXPECT_FALSE(fs::exists(dir_ / "metrics.jsonl.tmp"));
+  EXPECT_FALSE(fs::exists(temporary_name((dir_ / "metrics.jsonl").string())));
 }
 
 TEST_F(MetricsTest, ResumingWithoutAFileStartsOne) {

@@ -14,6 +14,7 @@
 #include "kernels/backend.h"
 #include "kernels/observed_ops.h"
 #include "src/core/shard_plan.h"
+#include "src/io/atomic_file.h"
 #include "src/io/checkpoint.h"
 #include "src/model/model.h"
 #include "src/optim/adamw.h"
@@ -229,10 +230,18 @@ TEST_F(RunDirectoryTest, TheRunIdRefusesACheckpointOfAnotherRun) {
 
 TEST_F(RunDirectoryTest, UnfinishedWritesOfAKilledJobAreRemoved) {
   save(5);
-  std::ofstream(fs::path(run()) / "checkpoints" / "step_00000010.h5.tmp") << "half";
+  // Another node's writer counts as gone; a live one (this process) keeps
+  // its file; NAME.tmp is what older versions left.
+  const fs::path checkpoints = fs::path(run()) / "checkpoints";
+  std::ofstream(checkpoints / "step_00000010.h5.tmp-othernode-12345") << "half";
+  std::ofstream(fs::path(run()) / "metrics.jsonl.tmp-othernode-12345") << "half";
+  std::ofstream(checkpoints / "step_00000008.h5.tmp") << "half";
+  const std::string live = temporary_name((checkpoints / "step_00000012.h5").string());
+  std::ofstream(live) << "being written";
   RunDirectory dir(run());
   ASSERT_EQ(dir.open().code, 0);
-  EXPECT_EQ(dir.remove_unfinished_writes(), 1);
+  EXPECT_EQ(dir.remove_unfinished_writes(), 3);
+  fs::remove(live);
   EXPECT_EQ(names(fs::path(run()) / "checkpoints"),
             (std::vector<std::string>{"latest", "step_00000005.h5"}));
 }

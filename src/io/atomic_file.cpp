@@ -124,7 +124,7 @@ uint64_t file_size_limit() {
 }
 
 void write_file_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
+  const std::string tmp = temporary_name(path);
   std::string why;
   const int fd = create_new_file(tmp, &why);
   if (fd < 0) throw std::runtime_error(tmp + ": " + why);
@@ -149,6 +149,12 @@ void write_file_atomically(const std::string& path, const std::string& text) {
 
 std::string temporary_name(const std::string& path) {
   return path + ".tmp-" + host_in_file_names() + "-" + std::to_string(::getpid());
+}
+
+bool older_temporary(const std::string& name) {
+  const std::string suffix = ".tmp";
+  return name.size() > suffix.size() &&
+         name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 bool abandoned_temporary(const std::string& name, std::string* final_name) {

@@ -60,6 +60,10 @@ std::string temporary_name(const std::string& path);
 // files holds while it runs (prepare's output directory lock).
 bool abandoned_temporary(const std::string& name, std::string* final_name);
 
+// Whether `name` is a NAME.tmp, the temporary of versions before
+// temporary_name: its writer cannot be looked up.
+bool older_temporary(const std::string& name);
+
 // A text file written piece by piece under temporary_name(path) and renamed
 // onto `path` by commit(): until then `path` keeps what it held, or stays
 // absent. Faults name `path`. A file never committed has its temporary

@@ -376,7 +376,7 @@ void write_checkpoint(const std::string& path, const ParameterSet& params, const
                       const float* adam_v, const CheckpointState& state) {
   const Faults faults = faults_of(path);
   validate_for_write(faults, params, adam_m, adam_v, state);
-  const std::string tmp = path + ".tmp";
+  const std::string tmp = temporary_name(path);
   try {
     write_checkpoint_file(tmp, faults, params, adam_m, adam_v, state);
     durably([&] { fsync_file(tmp); });

@@ -204,9 +204,9 @@ CheckpointAverage average_checkpoints(const std::vector<std::string>& inputs,
   for (const std::string& path : inputs) state.averaged_from += path + "\n";
   state.averaged_from.pop_back();
 
-  // 2. The tensors, one name at a time, into OUT.tmp; then the rename.
+  // 2. The tensors, one name at a time, into a temporary; then the rename.
   const Faults faults = Faults::of<CheckpointError>(out);
-  const std::string tmp = out + ".tmp";
+  const std::string tmp = temporary_name(out);
   const RemovedOnStop removed_on_stop(tmp);
   try {
     write_average(tmp, faults, inputs, layouts[newest], newest, state, &result);

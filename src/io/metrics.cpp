@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "src/core/own_file.h"
+#include "src/io/atomic_file.h"
 #include "src/io/hdf5_file.h"
 
 namespace mpiformer {
@@ -128,7 +129,8 @@ MetricsLog::MetricsLog(const std::string& path, const RunAttributes& attrs,
             std::to_string(keep_through_step) + " are not in this directory";
   }
   hdf5::Session session;
-  const std::string target = resume ? path + ".tmp" : path;
+  const std::string target = resume ? temporary_name(path) : path;
+  const std::string json_target = temporary_name(json_path);
   // The newest file format: SWMR needs it.
   Hid fapl = faults.checked(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, "the file");
   faults.check(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_LATEST, H5F_LIBVER_LATEST), "the file");
@@ -168,7 +170,6 @@ MetricsLog::MetricsLog(const std::string& path, const RunAttributes& attrs,
     for (const std::vector<double>& row : old.eval_rows)
       if (row[0] <= static_cast<double>(keep_through_step)) write_row(eval_, &eval_rows_, row);
     // metrics.jsonl is rewritten from the rows kept: it follows the branch.
-    const std::string json_target = json_path + ".tmp";
     std::string why;
     const int json_fd = create_new_file(json_target, &why);
     if (json_fd < 0) faults.fail("cannot create " + json_target + ": " + why);
@@ -194,7 +195,7 @@ MetricsLog::MetricsLog(const std::string& path, const RunAttributes& attrs,
   } catch (...) {
     close_all();
     if (resume) fs::remove(target, ec);
-    fs::remove(json_path_of(path) + ".tmp", ec);
+    fs::remove(json_target, ec);
     throw;
   }
 }

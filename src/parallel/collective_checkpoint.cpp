@@ -395,7 +395,9 @@ SavedCheckpoint save_checkpoint_collectively(const Communicator& comm, const std
     return saved;
   }
 
-  const std::string tmp = saved.path + ".tmp";
+  // Rank 0's name for the temporary, which only it creates and renames.
+  std::string tmp = comm.is_root() ? temporary_name(saved.path) : "";
+  comm.broadcast(&tmp, 0);
   failed.attempt([&] { set_disk_aside(comm, tmp, checkpoint_file_bound(params, state), faults); });
   if (comm.any(!failed.ok())) {
     if (comm.is_root()) ::unlink(tmp.c_str());

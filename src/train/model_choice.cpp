@@ -28,7 +28,7 @@ constexpr const char* kHistoryHeader = "# step\tmetric\tvalue (mpiformer train's
 void link_or_copy(const fs::path& from, const fs::path& to) {
   std::error_code ec;
   if (fs::equivalent(from, to, ec)) return;  // rename() would leave the temporary
-  const fs::path tmp = to.string() + ".tmp";
+  const fs::path tmp = temporary_name(to.string());
   fs::remove(tmp, ec);
   if (::link(from.c_str(), tmp.c_str()) != 0) {
     fs::copy_file(from, tmp, ec);

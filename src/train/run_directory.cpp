@@ -275,11 +275,13 @@ std::string RunDirectory::make_head(const StartPoint& start) {
 int RunDirectory::remove_unfinished_writes() {
   std::vector<fs::path> unfinished;
   std::error_code ec;
-  const fs::path checkpoints = fs::path(path_) / "checkpoints";
-  for (fs::directory_iterator it(checkpoints, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0) {
-      unfinished.push_back(it->path());
+  for (const fs::path& dir : {fs::path(path_), fs::path(path_) / "checkpoints"}) {
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      std::string final_name;
+      if (abandoned_temporary(name, &final_name) || older_temporary(name)) {
+        unfinished.push_back(it->path());
+      }
     }
   }
   int removed = 0;

@@ -73,9 +73,9 @@ class RunDirectory {
   // --resume auto passes over it, to the one before.
   void skip_damaged(const std::string& path) { damaged_.push_back(path); }
 
-  // Removes temporary files of checkpoint writes that never finished (a
-  // killed job): nobody else writes here while the lock is held. Returns
-  // how many were removed.
+  // Removes the temporary files of writes that never finished (a killed
+  // job), of checkpoints and of the run's own files: nobody else writes
+  // here while the lock is held. Returns how many were removed.
   int remove_unfinished_writes();
 
   const std::string& path() const { return path_; }

@@ -403,7 +403,7 @@ int claim_directory(TrainingRun& run, const Communicator& comm, const ConfigText
     try {
       const int removed = run.run_dir->remove_unfinished_writes();
       if (removed > 0) {
-        say(stdout, "removed %d unfinished checkpoint write(s) of an earlier job\n", removed);
+        say(stdout, "removed %d unfinished write(s) of an earlier job\n", removed);
       }
       branch_line = run.run_dir->make_head(run.start);
       // What ran is recorded beside the flags, as comments --config skips:

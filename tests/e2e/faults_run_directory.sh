@@ -3,9 +3,10 @@
 # someone planted there, and a FIFO where a file belongs never blocks.
 #   links planted at .lock and train.log: refused with one line naming the
 #     file, the file they point at untouched;
-#   links at the temporaries (a checkpoint's PATH.tmp, latest.tmp,
-#     metrics.jsonl.tmp, and at resume metrics.h5.tmp): replaced by the
-#     run's own files, their targets untouched, every file a regular one;
+#   links at the temporaries' names of older versions (a checkpoint's
+#     PATH.tmp, latest.tmp, metrics.jsonl.tmp, metrics.h5.tmp; the names are
+#     PATH.tmp-HOST-PID now): removed at start, their targets untouched,
+#     every file a regular one;
 #   generate --output through a link: the link is replaced, not its target;
 #   a FIFO as metrics.h5 at resume, and as --config: no wait;
 #   --config /dev/zero and a 20 MB --config: refused with one line.
