@@ -11,7 +11,7 @@
 # two heads' query columns is caught. transformers' greedy generate(), told
 # mpiformer's decoding rules by the export's generation_config.json, gives
 # the tokens of `mpiformer generate`. (tests/e2e/hf_tokenizer.sh checks the
-# tokenizer files, readme_hf.sh the README's example.) What GPT-2 cannot express is refused
+# tokenizer files, readme_hf.sh the example of docs/ANALYSIS.md.) What GPT-2 cannot express is refused
 # with one line naming the flag, exit 2, and nothing written. OUTDIR is
 # written whole or not at all, and an earlier export is replaced only with
 # --overwrite.

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The README's transformers example, run verbatim: its ```python block of
-# the "Hugging Face" section prints the text that the section's
+# The transformers example of docs/ANALYSIS.md, run verbatim: its ```python
+# block of the "Hugging Face" section prints the text that the section's
 # `build/mpiformer generate` command prints, on a run laid out as the README's
 # First run leaves it (runs/kjv/checkpoints/step_00000200.h5 trained on the
 # King James Bible shards, exported to runs/kjv/hf by the First run's own
 # export line). The model is smaller than the First run's so the test is
-# quick; the paths, the prompt and the flags are the README's. The block
-# runs on the Python of .deps/torch-venv (as the README says), or
+# quick; the paths, the prompt and the flags are the documents'. The block
+# runs on the Python of .deps/torch-venv (as the section says), or
 # MPIFORMER_HF_PYTHON; without transformers the test is skipped (exit 77).
 source "$(dirname "$0")/common.sh"
 bin=$1 work=$2
@@ -17,23 +17,25 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HOME=$work/hf-home
 
 # The section's code block and its indented commands (continuations joined).
 section() {
-  awk '/^### Hugging Face/ { inside = 1; next } /^##/ { inside = 0 } inside' "$src/README.md"
+  awk '/^## Hugging Face/ { inside = 1; next } /^##/ { inside = 0 } inside' "$src/docs/ANALYSIS.md"
 }
 section | awk '/^```python$/ { inside = 1; next } /^```$/ { inside = 0 } inside' >"$work/example.py"
 section | awk '/^    / { line = substr($0, 5)
                         if (sub(/\\$/, "", line)) { pending = pending line; next }
                         print pending line; pending = "" }' |
   grep 'mpiformer generate' >"$work/generate.sh" || true
-# The First run's export line.
+# The README's First run's export line.
 awk '/^## First run/ { inside = 1; next } /^## / { inside = 0 }
      inside && /^    .*export_hf\.py/ { print substr($0, 5) }' "$src/README.md" >"$work/export.sh"
-for file in example.py generate.sh export.sh; do
-  [[ -s $work/$file ]] || { echo "FAIL: README.md has no $file part for this test" >&2; exit 1; }
+for file in example.py generate.sh; do
+  [[ -s $work/$file ]] ||
+    { echo "FAIL: docs/ANALYSIS.md has no $file part for this test" >&2; exit 1; }
 done
+[[ -s $work/export.sh ]] || { echo "FAIL: README.md has no export.sh part for this test" >&2; exit 1; }
 grep -q 'model.generate(' "$work/example.py" ||
-  { echo "FAIL: the README's example does not call model.generate()" >&2; exit 1; }
+  { echo "FAIL: docs/ANALYSIS.md's example does not call model.generate()" >&2; exit 1; }
 if [[ ! -x $hf_python ]] || ! "$hf_python" -c "import torch, transformers" 2>/dev/null; then
-  echo "SKIP: no transformers on $hf_python: the README's example was not run"
+  echo "SKIP: no transformers on $hf_python: docs/ANALYSIS.md's example was not run"
   exit 77
 fi
 
@@ -55,7 +57,7 @@ bash -euo pipefail "$work/generate.sh" >"$work/ours.txt" 2>"$work/generate.log"
 rc=0
 "$hf_python" "$work/example.py" >"$work/theirs.txt" 2>"$work/example.log" || rc=$?
 if [[ $rc -ne 0 ]]; then
-  echo "FAIL: the README's example failed (exit $rc):" >&2
+  echo "FAIL: docs/ANALYSIS.md's example failed (exit $rc):" >&2
   tail -n 20 "$work/example.log" >&2
   exit 1
 fi
@@ -64,9 +66,9 @@ if [[ ! -s $work/ours.txt || $(tr -d '[:space:]' <"$work/ours.txt") == "" ]]; th
   exit 1
 fi
 if cmp -s "$work/ours.txt" "$work/theirs.txt"; then
-  echo "PASS: the README's transformers example prints generate's text: $(cat "$work/ours.txt")"
+  echo "PASS: docs/ANALYSIS.md's transformers example prints generate's text: $(cat "$work/ours.txt")"
 else
-  echo "FAIL: the README's transformers example prints $(cat "$work/theirs.txt")" >&2
+  echo "FAIL: docs/ANALYSIS.md's transformers example prints $(cat "$work/theirs.txt")" >&2
   echo "  generate prints $(cat "$work/ours.txt")" >&2
   exit 1
 fi
