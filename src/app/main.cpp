@@ -186,8 +186,9 @@ void bound_blas_start(int, char**, char**) {
   rlimit limit{};
   if (getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return;
   // The libraries are mapped; OpenBLAS's buffer is 32 to 128 MiB, by build,
-  // and MPI failed to start its threads with 270 MiB left.
-  constexpr uint64_t kStart = uint64_t{384} << 20;
+  // and MPI failed to start its threads with 270 MiB left, and to map a
+  // component of its own (a line of its own on stderr) with 456 MiB left.
+  constexpr uint64_t kStart = uint64_t{512} << 20;
   uint64_t pages = 0;
   if (FILE* statm = std::fopen("/proc/self/statm", "r")) {
     if (std::fscanf(statm, "%" SCNu64, &pages) != 1) pages = 0;

@@ -230,10 +230,10 @@ limited_train() {
   fi
   table+=("$name | np 1 | exit $rc | ${elapsed} s | $(sed -n 1p "$err" | cut -c1-160) | $(listing small/checkpoints)")
 }
-for limit_mb in 1100 1200 1300 1400 1450 1500 1550 1600 1700 1800; do
+for limit_mb in 1100 1200 1300 1400 1500 1600 1700 1800; do
   limited_train $limit_mb 1 model
 done
-for limit_mb in 1500 1600 1700 1800 2000; do
+for limit_mb in 1600 1700 1800 2000; do
   limited_train $limit_mb 2 threaded
 done
 
