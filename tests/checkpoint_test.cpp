@@ -27,6 +27,7 @@
 #include "src/io/checkpoint_layout.h"
 #include "src/io/shard.h"
 #include "src/model/model.h"
+#include "src/parallel/collective_checkpoint.h"
 #include "tests/damaged_file.h"
 #include "tests/test_batches.h"
 

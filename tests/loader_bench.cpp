@@ -15,6 +15,7 @@
 #include "src/data/batch.h"
 #include "src/data/make_source.h"
 #include "src/data/shard_source.h"
+#include "src/train/shard_config.h"
 
 namespace {
 

@@ -16,6 +16,7 @@
 #include "kernels/backend.h"
 #include "src/core/parameters.h"
 #include "src/io/checkpoint.h"
+#include "src/parallel/collective_checkpoint.h"
 
 using namespace mpiformer;
 

@@ -27,6 +27,7 @@
 #include "src/data/make_source.h"
 #include "src/io/shard.h"
 #include "src/model/model.h"
+#include "src/train/shard_config.h"
 
 // Counts heap allocations, to show that building batches in steady state
 // allocates nothing. Not under AddressSanitizer, which brings its own
@@ -172,6 +173,12 @@ TrainConfig config_for(const TempDir& dir, ModelKind kind, int max_len = 32, int
   cfg.max_tokens = max_tokens;
   cfg.prefetch = 0;
   cfg.seed = 11;
+  // The start-up reconciles the model with the shards before a source is
+  // built; a set it refuses is left as it is, for the test of the refusal.
+  try {
+    resolve_data_config(&cfg);
+  } catch (const std::exception&) {
+  }
   return cfg;
 }
 
@@ -843,6 +850,31 @@ TEST(ShardSource, FileShardingGivesEachRankItsOwnFiles) {
 }
 
 // ---- validation ------------------------------------------------------------
+
+// The start-up reconciles, and says what the shards decided; the source
+// itself only checks, and refuses a model the start-up did not reconcile.
+TEST(ShardSource, TheStartUpSaysWhatTheShardsDecidedAndTheSourceOnlyChecks) {
+  TempDir dir;
+  write_set(dir, SetSpec{});
+  TrainConfig cfg;
+  cfg.data_dir = dir.str();
+  cfg.model.kind = ModelKind::kLm;
+  cfg.model.vocab = 0;
+  cfg.model.max_len = 32;
+  cfg.max_tokens = 256;
+  cfg.prefetch = 0;
+  EXPECT_EQ(error_of([&] { ShardSource(cfg, 0, 1); }),
+            "--vocab: the shards in " + dir.str() + " have vocabulary 800; got 0");
+  EXPECT_EQ(resolve_data_config(&cfg), "vocab 800, special ids");
+  EXPECT_EQ(cfg.model.vocab, 800);
+  EXPECT_EQ(resolve_data_config(&cfg), "special ids");  // --vocab given: the flags said it
+  const ModelConfig reconciled = cfg.model;
+  ShardSource src(cfg, 0, 1);
+  EXPECT_EQ(src.model().vocab, reconciled.vocab);
+  EXPECT_TRUE(src.model().special == reconciled.special);
+  TrainConfig synthetic;
+  EXPECT_EQ(resolve_data_config(&synthetic), "");
+}
 
 TEST(ShardSource, ResolveTakesVocabularyAndSpecialIdsFromTheShards) {
   TempDir dir;

@@ -18,6 +18,7 @@
 #include "src/io/checkpoint.h"
 #include "src/model/model.h"
 #include "src/optim/adamw.h"
+#include "src/parallel/collective_checkpoint.h"
 #include "src/train/divergence_guard.h"
 #include "src/train/memory_budget.h"
 #include "src/train/run_directory.h"

@@ -40,7 +40,7 @@ int run_average(const AverageConfig& cfg, Communicator& comm) {
   const ExitOnStop stop(comm.is_root() ? "mpiformer average: stopped by " : "",
                         comm.is_root() ? "; " + cfg.out + " was not written" : "");
   std::string line;
-  const int code = agree_on_root(
+  const int code = agree_on(
       comm,
       [&] {
         const std::vector<std::string> inputs =
@@ -51,7 +51,7 @@ int run_average(const AverageConfig& cfg, Communicator& comm) {
           throw UsageError(e.what());  // the inputs' fault: exit 2
         }
       },
-      Blame::kByType, "average");
+      Speaker::kRoot, Blame::kByType, "average");
   if (code == 0 && comm.is_root()) {
     say(stdout, "mpiformer average: %s\n", line.c_str());
     std::fflush(stdout);

@@ -33,6 +33,7 @@
 #include "src/parallel/data_parallel.h"
 #include "src/parallel/rank_device.h"
 #include "src/train/memory_budget.h"
+#include "src/train/shard_config.h"
 #include "src/train/startup.h"
 #include "src/train/step.h"
 
@@ -314,13 +315,13 @@ class Bench {
 // as train's start-up does; a refusal is every rank's exit 2.
 int Bench::open_shards() {
   std::unique_ptr<BatchSource> source;
-  const int code = agree_on_inputs(
+  const int code = agree_on(
       comm_,
       [&] {
         resolve_data_config(&run_);
         source = make_batch_source(run_, comm_.rank(), comm_.size());
       },
-      "bench");
+      Speaker::kFirstRefusal, Blame::kByType, "bench");
   if (code) return code;
   batches_ = std::make_unique<StepBatches>(std::move(source), run_.accum_steps, comm_);
   return 0;
@@ -329,7 +330,7 @@ int Bench::open_shards() {
 int Bench::build() {
   threads_ = run_.threads > 0 ? run_.threads : comm_.cores_per_local_rank();
   // Each set-up fault is agreed by every rank (src/parallel/agreement.h).
-  if (!agreed(comm_, [&] { backend_ = make_ops(run_.device, threads_, comm_, run_.tf32); })) {
+  if (agree_on(comm_, [&] { backend_ = make_ops(run_.device, threads_, comm_, run_.tf32); }) != 0) {
     return kExitFailure;
   }
   note_shared_gpus(run_.device, comm_);
@@ -344,9 +345,11 @@ int Bench::build() {
   // On a GPU the MPI transport stages gradients through host buffers; NCCL
   // reads them in place.
   backend_->set_deterministic(run_.deterministic);
-  if (!agreed(comm_, [&] { backend_->set_attention_path(run_.attention); })) return kExitUsage;
+  if (agree_on(comm_, [&] { backend_->set_attention_path(run_.attention); }) != 0)
+    return kExitUsage;
   Transport transport = Transport::kMpi;
-  if (!agreed(comm_, [&] { transport = choose_transport(run_.transport, *backend_, comm_); })) {
+  if (agree_on(comm_, [&] { transport = choose_transport(run_.transport, *backend_, comm_); }) !=
+      0) {
     return kExitFailure;
   }
   if (const int code = prepare_attention_shapes()) return code;
@@ -364,14 +367,14 @@ int Bench::build() {
 int Bench::prepare_attention_shapes() {
   AttentionPreparation done;
   MemoryEstimate unused;  // bench keeps no estimate
-  const int code = agree_on_inputs(
+  const int code = agree_on(
       comm_,
       [&] {
         done = prepare_attention(*backend_, run_.model, batches_->bucket_bounds(),
                                  compute_dtype(run_.precision), /*training=*/true, &unused,
                                  "--max-tokens or --max-len");
       },
-      "bench");
+      Speaker::kFirstRefusal, Blame::kByType, "bench");
   const std::string prepared = describe_preparation(done);
   if (code == 0 && comm_.is_root() && !prepared.empty())
     std::fprintf(stderr, "  attention: %s\n", prepared.c_str());

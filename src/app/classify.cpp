@@ -116,16 +116,19 @@ int lines_at_a_time(const ClassifyConfig& cfg, Ops& ops, const ModelConfig& m, D
   return lines_at_once;
 }
 
-int classify_on_root(const ClassifyConfig& cfg) {
-  const ModelCheckpoint checkpoint = read_model_checkpoint(
-      cfg.checkpoint, "--checkpoint",
-      [&](const std::string& ini) { train_config_from_ini(ini, cfg.checkpoint); });
-  const CheckpointState& state = checkpoint.state;
-  const std::vector<CheckpointTensor>& tensors = checkpoint.params;
+// The run recorded in the checkpoint, with the vocabulary and reserved ids
+// of its tokenizer (the ini does not hold them).
+TrainConfig run_of_checkpoint(const ClassifyConfig& cfg, const CheckpointState& state) {
   TrainConfig run = train_config_from_ini(state.config_ini, cfg.checkpoint);
   run.model.vocab = state.vocab_size;
   run.model.special = state.special;
-  const ModelConfig& m = run.model;
+  return run;
+}
+
+// Only a text classifier that carries its tokenizer and label names can
+// score lines.
+void require_text_classifier(const ClassifyConfig& cfg, const CheckpointState& state,
+                             const ModelConfig& m) {
   if (m.kind != ModelKind::kClassify) {
     usage_error("--checkpoint", cfg.checkpoint + " holds " + to_string(m.kind) +
                                     ", not a classifier (train --model classify)");
@@ -138,16 +141,97 @@ int classify_on_root(const ClassifyConfig& cfg) {
   if (state.tokenizer.empty() || static_cast<int>(state.label_names.size()) != m.num_labels) {
     usage_error("--checkpoint", cfg.checkpoint + " lacks its tokenizer or label names");
   }
-  const std::unique_ptr<Tokenizer> tokenizer = Tokenizer::from_bytes(state.tokenizer);
+}
 
+// --text as one line, or every line of --input.
+std::vector<std::string> read_lines(const ClassifyConfig& cfg) {
   std::vector<std::string> lines;
   if (!cfg.text.empty()) {
     lines.push_back(cfg.text);
-  } else {
-    std::ifstream in(cfg.input);
-    if (!in) throw std::runtime_error(cfg.input + ": cannot read");
-    for (std::string line; std::getline(in, line);) lines.push_back(line);
+    return lines;
   }
+  std::ifstream in(cfg.input);
+  if (!in) throw std::runtime_error(cfg.input + ": cannot read");
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+// The checkpoint's values in place of the model's initial ones.
+void load_checkpoint_weights(const ClassifyConfig& cfg,
+                             const std::vector<CheckpointTensor>& tensors, Ops& ops, Model& model) {
+  std::vector<float> host(model.parameters().count());  // (count)
+  unpack_checkpoint_tensors(cfg.checkpoint, tensors, model.parameters(), host.data());
+  ops.device().copy_to_device(model.parameters().params(), host.data(),
+                              host.size() * sizeof(float));
+  model.parameters().refresh_compute();  // the bf16/fp16 copy (none in fp32)
+}
+
+// A fault of --output names it and says what was kept.
+template <typename Write>
+void write_output_file(const ClassifyConfig& cfg, Write&& write) {
+  try {
+    write();
+  } catch (const std::runtime_error& e) {
+    throw CommandError(std::string("classify: ") + e.what() + "; " + what_is_kept(cfg));
+  }
+}
+
+void write_stdout(const std::string& text) {
+  errno = 0;
+  std::cout << text << std::flush;
+  if (!std::cout) {
+    const int err = errno;
+    throw CommandError(std::string("classify: cannot write the output (stdout") +
+                       (err != 0 ? std::string(": ") + std::strerror(err) : "") + ")");
+  }
+}
+
+// Scores lines block by block, reusing one batch and one buffer of scores.
+class LineScorer {
+ public:
+  LineScorer(Model& model, const Tokenizer& tokenizer, const ModelConfig& m,
+             const std::vector<std::string>& label_names, int top)
+      : model_(model), tokenizer_(tokenizer), m_(m), label_names_(label_names), top_(top) {
+    batch_.per_sequence = true;
+  }
+
+  // The described labels of lines [first, last), one output line each.
+  std::string score(const std::vector<std::string>& lines, size_t first, size_t last) {
+    batch_.clear();
+    for (size_t i = first; i < last; ++i) {
+      const std::vector<int32_t> ids = encode_line(tokenizer_, lines[i], m_);
+      batch_.decoder.append(ids.data(), static_cast<int>(ids.size()));
+    }
+    scores_.resize((last - first) * static_cast<size_t>(m_.num_labels));
+    model_.classify_scores(batch_, scores_.data());
+    std::string text;
+    for (size_t i = first; i < last; ++i) {
+      text += describe(scores_.data() + (i - first) * m_.num_labels, m_, label_names_, top_);
+      text += "\n";
+    }
+    return text;
+  }
+
+ private:
+  Model& model_;
+  const Tokenizer& tokenizer_;
+  const ModelConfig& m_;
+  const std::vector<std::string>& label_names_;
+  const int top_;
+  Batch batch_;
+  std::vector<float> scores_;  // (B, K)
+};
+
+int classify_on_root(const ClassifyConfig& cfg) {
+  const ModelCheckpoint checkpoint = read_model_checkpoint(
+      cfg.checkpoint, "--checkpoint",
+      [&](const std::string& ini) { train_config_from_ini(ini, cfg.checkpoint); });
+  const CheckpointState& state = checkpoint.state;
+  const TrainConfig run = run_of_checkpoint(cfg, state);
+  const ModelConfig& m = run.model;
+  require_text_classifier(cfg, state, m);
+  const std::unique_ptr<Tokenizer> tokenizer = Tokenizer::from_bytes(state.tokenizer);
+  const std::vector<std::string> lines = read_lines(cfg);
 
   // On a GPU in the run's precision and attention path, as eval; on the CPU in fp32.
   const bool on_gpu = cfg.device == DeviceKind::kCuda;
@@ -158,54 +242,25 @@ int classify_on_root(const ClassifyConfig& cfg) {
   const ModelCapacity room{lines_at_once * m.max_len, m.max_len, lines_at_once};
   Model model(*ops, m, room, compute);
   model.init_parameters(run.seed);  // allocates; the checkpoint's values replace these
-  std::vector<float> host(model.parameters().count());  // (count)
-  unpack_checkpoint_tensors(cfg.checkpoint, tensors, model.parameters(), host.data());
-  ops->device().copy_to_device(model.parameters().params(), host.data(),
-                               host.size() * sizeof(float));
-  model.parameters().refresh_compute();  // the bf16/fp16 copy (none in fp32)
+  load_checkpoint_weights(cfg, checkpoint.params, *ops, model);
 
-  // A fault of --output names it and says what was kept.
   std::unique_ptr<StagedTextFile> file;
-  const auto to_file = [&](auto&& write) {
-    try {
-      write();
-    } catch (const std::runtime_error& e) {
-      throw CommandError(std::string("classify: ") + e.what() + "; " + what_is_kept(cfg));
-    }
-  };
-  if (!cfg.output.empty()) to_file([&] { file = std::make_unique<StagedTextFile>(cfg.output); });
-  Batch batch;
-  batch.per_sequence = true;
-  std::vector<float> scores;  // (B, K)
+  if (!cfg.output.empty()) {
+    write_output_file(cfg, [&] { file = std::make_unique<StagedTextFile>(cfg.output); });
+  }
+  LineScorer scorer(model, *tokenizer, m, state.label_names, cfg.top);
   for (size_t first = 0; first < lines.size(); first += lines_at_once) {
     const size_t last = std::min(lines.size(), first + static_cast<size_t>(lines_at_once));
-    batch.clear();
-    for (size_t i = first; i < last; ++i) {
-      const std::vector<int32_t> ids = encode_line(*tokenizer, lines[i], m);
-      batch.decoder.append(ids.data(), static_cast<int>(ids.size()));
-    }
-    scores.resize((last - first) * static_cast<size_t>(m.num_labels));
-    model.classify_scores(batch, scores.data());
-    std::string text;
-    for (size_t i = first; i < last; ++i) {
-      text += describe(scores.data() + (i - first) * m.num_labels, m, state.label_names, cfg.top);
-      text += "\n";
-    }
+    const std::string text = scorer.score(lines, first, last);
     if (file) {
-      to_file([&] { file->write(text); });
+      write_output_file(cfg, [&] { file->write(text); });
     } else {
-      errno = 0;
-      std::cout << text << std::flush;
-      if (!std::cout) {
-        const int err = errno;
-        throw CommandError(std::string("classify: cannot write the output (stdout") +
-                           (err != 0 ? std::string(": ") + std::strerror(err) : "") + ")");
-      }
+      write_stdout(text);
     }
   }
   // Every line is scored: a stop now would only lose them.
   ExitOnStop::finish();
-  if (file) to_file([&] { file->commit(); });
+  if (file) write_output_file(cfg, [&] { file->commit(); });
   return 0;
 }
 
@@ -215,8 +270,8 @@ int run_classify(const ClassifyConfig& cfg, Communicator& comm) {
   // Rank 0 speaks for the job; the other ranks only wait.
   const ExitOnStop stop(comm.is_root() ? "mpiformer classify: stopped by " : "",
                         comm.is_root() ? "; " + what_is_kept(cfg) : "");
-  return agree_on_root(
-      comm, [&] { return classify_on_root(cfg); }, Blame::kByType, "classify");
+  return agree_on(
+      comm, [&] { return classify_on_root(cfg); }, Speaker::kRoot, Blame::kByType, "classify");
 }
 
 }  // namespace mpiformer

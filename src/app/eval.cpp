@@ -23,6 +23,7 @@
 #include "src/parallel/rank_device.h"
 #include "src/train/held_out.h"
 #include "src/train/memory_budget.h"
+#include "src/train/shard_config.h"
 
 namespace mpiformer {
 namespace {
@@ -114,11 +115,11 @@ Verdict check_split(const EvalConfig& cfg, const CheckpointState& state) {
 int check_memory(const Communicator& comm, Ops& ops, const TrainConfig& run,
                  const ModelCapacity& capacity, DType compute) {
   std::string shortfall;
-  if (!agreed(comm, [&] {
+  if (agree_on(comm, [&] {
         shortfall = memory_shortfall(estimate_memory(ops, run.model, capacity, compute), ops,
                                      comm.local_size(),
                                      "--max-tokens (" + std::to_string(run.max_tokens) + ")");
-      }))
+      }) != 0)
     return kExitFailure;
   return refuse_on_shortfall(comm, shortfall, "mpiformer eval: --max-tokens: ");
 }
@@ -131,7 +132,7 @@ int run_eval(const EvalConfig& cfg, Communicator& comm) {
   // 1. Rank 0 reads the checkpoint; every rank learns the run's flags.
   CheckpointState state;
   std::vector<CheckpointTensor> tensors;  // rank 0
-  if (const int code = agree_on_root(
+  if (const int code = agree_on(
           comm,
           [&] {
             ModelCheckpoint model = read_model_checkpoint(
@@ -140,7 +141,7 @@ int run_eval(const EvalConfig& cfg, Communicator& comm) {
             state = std::move(model.state);
             tensors = std::move(model.params);
           },
-          Blame::kByType, "eval")) {
+          Speaker::kRoot, Blame::kByType, "eval")) {
     return code;
   }
   std::string ini = state.config_ini;
@@ -156,41 +157,42 @@ int run_eval(const EvalConfig& cfg, Communicator& comm) {
   {
     Verdict verdict;
     if (comm.is_root()) verdict = check_split(cfg, state);
-    if (const int code = agree_on(comm, verdict)) return code;
+    if (const int code = agree(comm, verdict, Speaker::kRoot)) return code;
   }
 
   // The split against the checkpoint's flags and --max-tokens: a refusal is exit 2.
   std::unique_ptr<BatchSource> data;
-  if (const int code = agree_on_inputs(
+  if (const int code = agree_on(
           comm,
           [&] {
             resolve_data_config(&run);
             // The split alone: the training sequences are never read.
             data = make_batch_source(run, rank, W, SplitChoice{cfg.split, false});
           },
-          "eval"))
+          Speaker::kFirstRefusal, Blame::kByType, "eval"))
     return code;
   const int threads = cfg.threads > 0 ? cfg.threads : comm.cores_per_local_rank();
   // On a GPU in the run's precision and attention path, as train's own
   // evaluations; on the CPU in fp32.
   std::unique_ptr<Ops> ops;
-  if (!agreed(comm, [&] { ops = make_ops(cfg.device, threads, comm, false, stderr); }))
+  if (agree_on(comm, [&] { ops = make_ops(cfg.device, threads, comm, false, stderr); }) != 0)
     return kExitFailure;
   note_shared_gpus(cfg.device, comm, stderr);
   const bool on_gpu = cfg.device == DeviceKind::kCuda;
   const DType compute = on_gpu ? compute_dtype(run.precision) : DType::kF32;
-  if (on_gpu && !agreed(comm, [&] { ops->set_attention_path(run.attention); })) return kExitUsage;
+  if (on_gpu && agree_on(comm, [&] { ops->set_attention_path(run.attention); }) != 0)
+    return kExitUsage;
   const ModelCapacity capacity{run.max_tokens, run.model.max_len, data->max_batch_sequences()};
   if (const int code = check_memory(comm, *ops, run, capacity, compute)) return code;
   Model model(*ops, run.model, capacity, compute);
   model.init_parameters(run.seed);  // allocates; the checkpoint's values replace these
   ParameterSet& params = model.parameters();
-  if (!agreed(comm, [&] {
+  if (agree_on(comm, [&] {
         if (comm.is_root()) {
           std::vector<float> scratch(params.count());  // (params.count())
           unpack_checkpoint_tensors(cfg.checkpoint, tensors, params, scratch.data());
         }
-      }))
+      }) != 0)
     return kExitFailure;
   broadcast_tensors(comm, cfg.checkpoint, tensors, params, params.params());
   params.refresh_compute();  // the bf16/fp16 copy of the masters (none in fp32)

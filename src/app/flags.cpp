@@ -137,16 +137,21 @@ std::string trimmed(const std::string& s) {
   return s.substr(begin, s.find_last_not_of(" \t\r") - begin + 1);
 }
 
-// The message for an unknown key of an INI file: where it is and what was
-// probably meant. Boost names a key under "[section]" "section.key".
-std::string unknown_key_message(const std::string& config_file, const std::string& key,
-                                const po::options_description& flags) {
-  const size_t dot = key.rfind('.');
-  const std::string section = dot == std::string::npos ? "" : key.substr(0, dot);
-  const std::string name = dot == std::string::npos ? key : key.substr(dot + 1);
-  const auto known = [&](const std::string& n) { return flags.find_nothrow(n, false) != nullptr; };
+// An INI key as Boost names it: "section.key" for a key under "[section]".
+struct IniKey {
+  std::string section;  // empty outside any [section]
+  std::string name;
+};
 
-  // Its line, with the sections as Boost reads them.
+IniKey split_ini_key(const std::string& key) {
+  const size_t dot = key.rfind('.');
+  if (dot == std::string::npos) return {"", key};
+  return {key.substr(0, dot), key.substr(dot + 1)};
+}
+
+// The line of `key` in the file (0: not found), with the sections as Boost
+// reads them.
+int line_of_key(const std::string& config_file, const IniKey& key) {
   int line_number = 0, current = 0;
   std::string current_section;
   std::ifstream in(config_file);
@@ -156,9 +161,36 @@ std::string unknown_key_message(const std::string& config_file, const std::strin
     if (t.size() > 1 && t.front() == '[' && t.back() == ']') {
       current_section = trimmed(t.substr(1, t.size() - 2));
     } else if (const size_t eq = t.find('='); eq != std::string::npos) {
-      if (current_section == section && trimmed(t.substr(0, eq)) == name) line_number = current;
+      if (current_section == key.section && trimmed(t.substr(0, eq)) == key.name) {
+        line_number = current;
+      }
     }
   }
+  return line_number;
+}
+
+// The flag closest to `name`, at most 2 edits away; empty when none is.
+std::string nearest_flag(const std::string& name, const po::options_description& flags) {
+  std::string best;
+  size_t best_distance = 3;
+  for (const auto& option : flags.options()) {
+    const std::string& candidate = option->long_name();
+    const size_t d = edit_distance(name, candidate);
+    if (d < best_distance) best = candidate, best_distance = d;
+  }
+  return best;
+}
+
+// The message for an unknown key of an INI file: where it is and what was
+// probably meant. Boost names a key under "[section]" "section.key".
+std::string unknown_key_message(const std::string& config_file, const std::string& key,
+                                const po::options_description& flags) {
+  const IniKey ini_key = split_ini_key(key);
+  const std::string& section = ini_key.section;
+  const std::string& name = ini_key.name;
+  const auto known = [&](const std::string& n) { return flags.find_nothrow(n, false) != nullptr; };
+
+  const int line_number = line_of_key(config_file, ini_key);
   std::string message = config_file;
   if (line_number > 0) message += " line " + std::to_string(line_number);
   message += ": unknown key " + quoted(name) + (section.empty() ? "" : " under [" + section + "]");
@@ -171,13 +203,7 @@ std::string unknown_key_message(const std::string& config_file, const std::strin
   if (bare != name && known(bare)) {
     return message + "; keys are flag names without the dashes: '" + bare + " = ...'";
   }
-  std::string best;
-  size_t best_distance = 3;  // at most 2 edits away
-  for (const auto& option : flags.options()) {
-    const std::string& candidate = option->long_name();
-    const size_t d = edit_distance(bare, candidate);
-    if (d < best_distance) best = candidate, best_distance = d;
-  }
+  const std::string best = nearest_flag(bare, flags);
   if (!best.empty()) message += "; did you mean '" + best + "'?";
   if (!section.empty()) message += " (sections are not read; keys go outside any [section])";
   return message;

@@ -477,13 +477,15 @@ int run_generate(const GenerateConfig& cfg, Communicator& comm) {
                         comm.is_root() ? "; " + what_is_kept(cfg) : "");
   std::unique_ptr<Setup> setup;
   // Every rank reads the same checkpoint and inputs, so they refuse alike.
-  int code = agree_on_inputs(
-      comm, [&] { setup = prepare_setup(cfg, comm); }, "generate");
+  int code = agree_on(
+      comm, [&] { setup = prepare_setup(cfg, comm); }, Speaker::kFirstRefusal, Blame::kByType,
+      "generate");
   if (code != 0) return code;
   note_shared_gpus(cfg.device, comm, stderr);
   std::unique_ptr<Outputs> outputs;
-  code = agree_on_root(
-      comm, [&] { outputs = std::make_unique<Outputs>(cfg, *setup); }, Blame::kByType, "generate");
+  code = agree_on(
+      comm, [&] { outputs = std::make_unique<Outputs>(cfg, *setup); }, Speaker::kRoot,
+      Blame::kByType, "generate");
   if (code != 0) return code;
   if (comm.is_root() && !cfg.data_dir.empty()) {
     std::cerr << "mpiformer generate: translating the " << setup->inputs.size()
@@ -525,7 +527,7 @@ int run_generate(const GenerateConfig& cfg, Communicator& comm) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - decoding_start).count();
   const int64_t tokens = comm.allreduce_sum(stats.tokens);
-  return agree_on_root(
+  return agree_on(
       comm,
       [&] {
         outputs->write_ready();
@@ -541,7 +543,7 @@ int run_generate(const GenerateConfig& cfg, Communicator& comm) {
         }
         return 0;
       },
-      Blame::kByType, "generate");
+      Speaker::kRoot, Blame::kByType, "generate");
 }
 
 }  // namespace mpiformer

@@ -264,7 +264,7 @@ void print_metrics(std::ostream& os, const std::string& path) {
 int run_inspect(const std::string& path, Communicator& comm) {
   // Build the text first so a fault never leaves half a summary on stdout.
   std::ostringstream out;
-  const int code = agree_on_root(
+  const int code = agree_on(
       comm,
       [&] {
         // One plain open tells the kinds apart (a metrics file may be open
@@ -280,7 +280,7 @@ int run_inspect(const std::string& path, Communicator& comm) {
           print_summary(out, path, read_shard(path));  // says what a shard would need
         }
       },
-      Blame::kOfInput, "inspect");
+      Speaker::kRoot, Blame::kOfInput, "inspect");
   if (code == 0 && comm.is_root()) std::cout << out.str() << std::flush;
   return code;
 }

@@ -32,6 +32,7 @@
 // (images.h).
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -50,6 +51,133 @@
 #include "src/io/stop_cleanup.h"
 #include "src/parallel/agreement.h"
 
+namespace mpiformer::prepare {
+namespace {
+
+// The exit code of a step that ends the run on every rank; nothing when the
+// ranks go on to the next step.
+using EarlyExit = std::optional<int>;
+
+// Every rank removes what it wrote; then rank 0 lets the directory go,
+// removing it if it made it (only if empty: never another's files).
+int give_up(OutputDir& out, const Communicator& comm, int code) {
+  out.remove_written();
+  comm.barrier();
+  out.let_go();
+  return code;
+}
+
+// classify: the training lines' labels, the same on every rank; rank 0
+// judges them.
+EarlyExit agree_on_training_labels(const PrepareConfig& cfg, const Communicator& comm,
+                                   const Corpus& corpus, LabelVocabulary* vocabulary) {
+  *vocabulary = training_labels(corpus);
+  if (agree_on(
+          comm, [&] { require_training_labels(cfg, *vocabulary); }, Speaker::kRoot, Blame::kOfInput,
+          "prepare") != 0) {
+    return kExitUsage;
+  }
+  return std::nullopt;
+}
+
+// 2. Every rank reads the text (it is small next to its tokens) and finds
+// the same splits; only rank 0 writes the held-out shards, so only it
+// reads --valid and --test. Rank 0 judges it all.
+EarlyExit read_text(const PrepareConfig& cfg, const Communicator& comm, Clock::time_point start,
+                    const Say& say, Corpus* corpus, LabelVocabulary* vocabulary) {
+  if (agree_on(comm, [&] { read_corpus(cfg, comm.is_root(), corpus); }) != 0) return kExitFailure;
+  std::vector<std::string> warnings;
+  if (agree_on(
+          comm, [&] { warnings = validate_corpus(cfg, *corpus); }, Speaker::kRoot, Blame::kOfInput,
+          "prepare") != 0) {
+    return kExitUsage;
+  }
+  if (cfg.kind == "classify") {
+    if (const EarlyExit exit = agree_on_training_labels(cfg, comm, *corpus, vocabulary)) {
+      return exit;
+    }
+  }
+  if (comm.is_root()) {
+    for (const std::string& w : warnings) std::cerr << "mpiformer prepare: " << w << std::endl;
+    report_corpus(*corpus, start, say);
+  }
+  return std::nullopt;
+}
+
+// The output directory: created by rank 0 now that the inputs are known
+// good, and locked until the end, so a second prepare into it is refused
+// rather than mixing its files with ours. Step 1 saw it free of shards
+// before the lock; only a check under the lock can be trusted.
+EarlyExit take_output_dir(const PrepareConfig& cfg, const Communicator& comm, const Say& say,
+                          OutputDir& out) {
+  if (agree_on(comm, [&] {
+        if (comm.is_root()) out.create();
+      }) != 0) {
+    return kExitFailure;
+  }
+  if (agree_on(
+          comm,
+          [&] {
+            const std::string refused = out.lock();
+            if (!refused.empty()) usage_error("--out", refused);
+            require_fresh_output(cfg.out_dir);
+            if (const int stale = out.remove_abandoned_temporaries()) {
+              say("removed " + std::to_string(stale) + " temporary file(s) left in " + cfg.out_dir +
+                  " by a prepare that no longer runs");
+            }
+          },
+          Speaker::kRoot, Blame::kOfInput, "prepare") != 0) {
+    return give_up(out, comm, kExitUsage);
+  }
+  return std::nullopt;
+}
+
+// Rank 0 trains the tokenizer on the training lines alone, so the held-out
+// splits stay unseen (one vocabulary for both sides of a pair), while the
+// other ranks wait; a --vocab-size the text cannot fill is the user's.
+EarlyExit train_tokenizer_on_root(const PrepareConfig& cfg, const Communicator& comm,
+                                  const Corpus& corpus, const Say& say, OutputDir& out,
+                                  std::string* model_bytes) {
+  std::string failure;
+  if (comm.is_root()) failure = train_tokenizer(cfg, corpus, out.path(), say, model_bytes);
+  comm.barrier_without_spinning();
+  const bool bad_vocab_size = is_bad_vocab_size(failure);
+  if (agree_on(
+          comm,
+          [&] {
+            if (bad_vocab_size) usage_error("--vocab-size", failure);
+            if (!failure.empty()) throw std::runtime_error(failure);
+          },
+          Speaker::kRoot, Blame::kOfInput, "prepare") != 0) {
+    return give_up(out, comm, comm.any(bad_vocab_size) ? kExitUsage : kExitFailure);
+  }
+  return std::nullopt;
+}
+
+// 4. Shards, in rounds of W: rank r writes shard k*W + r of round k. Then
+// the held-out shards and the tokenizer, from rank 0. False when any rank
+// failed.
+bool write_shards(const PrepareConfig& cfg, const Communicator& comm,
+                  const std::string& model_bytes, Encoding& encoding, OutputDir& out) {
+  bool ok = true;
+  for (int64_t first = 0; first < cfg.shards && ok; first += comm.size()) {
+    ShardFigures mine;
+    ok = agree_on(comm, [&] { mine = encoding.write_training_shard(first, &out); }) == 0;
+    if (ok) encoding.add_round(first, mine);
+  }
+  if (ok) {
+    ok = agree_on(comm, [&] {
+           if (!comm.is_root()) return;
+           encoding.write_held_out(&out);
+           out.write_bytes(kTokenizerFile, model_bytes);
+         }) == 0;
+  }
+  return ok;
+}
+
+}  // namespace
+}  // namespace mpiformer::prepare
+
 namespace mpiformer {
 
 int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
@@ -67,116 +195,44 @@ int run_prepare(const PrepareConfig& cfg, Communicator& comm) {
 
   // 1. The files, the output directory and --tokenizer, before any work.
   std::string model_bytes;
-  if (agree_on_root(
-          comm, [&] { model_bytes = check_text_inputs(cfg); }, Blame::kOfInput, "prepare") != 0) {
+  if (agree_on(
+          comm, [&] { model_bytes = check_text_inputs(cfg); }, Speaker::kRoot, Blame::kOfInput,
+          "prepare") != 0) {
     return kExitUsage;
   }
 
-  // 2. Every rank reads the text (it is small next to its tokens) and finds
-  // the same splits; only rank 0 writes the held-out shards, so only it
-  // reads --valid and --test. Rank 0 judges it all.
+  // 2. The text and its splits.
   Corpus corpus = corpus_of(cfg);
-  if (!agreed(comm, [&] { read_corpus(cfg, comm.is_root(), &corpus); })) return kExitFailure;
-  std::vector<std::string> warnings;
-  if (agree_on_root(
-          comm, [&] { warnings = validate_corpus(cfg, corpus); }, Blame::kOfInput, "prepare") != 0)
-    return kExitUsage;
   LabelVocabulary vocabulary;
-  if (cfg.kind == "classify") {
-    vocabulary = training_labels(corpus);
-    if (agree_on_root(
-            comm, [&] { require_training_labels(cfg, vocabulary); }, Blame::kOfInput, "prepare") !=
-        0) {
-      return kExitUsage;
-    }
-  }
-  if (comm.is_root()) {
-    for (const std::string& w : warnings) std::cerr << "mpiformer prepare: " << w << std::endl;
-    report_corpus(corpus, start, say);
-  }
-
-  // The output directory: created by rank 0 now that the inputs are known
-  // good, and locked until the end, so a second prepare into it is refused
-  // rather than mixing its files with ours. Step 1 saw it free of shards
-  // before the lock; only a check under the lock can be trusted.
+  if (const EarlyExit exit = read_text(cfg, comm, start, say, &corpus, &vocabulary)) return *exit;
   OutputDir out(cfg.out_dir);
-  // Every rank removes what it wrote; then rank 0 lets the directory go,
-  // removing it if it made it (only if empty: never another's files).
-  const auto give_up = [&](int code) {
-    out.remove_written();
-    comm.barrier();
-    out.let_go();
-    return code;
-  };
-  if (!agreed(comm, [&] {
-        if (comm.is_root()) out.create();
-      })) {
-    return kExitFailure;
-  }
-  if (agree_on_root(
-          comm,
-          [&] {
-            const std::string refused = out.lock();
-            if (!refused.empty()) usage_error("--out", refused);
-            require_fresh_output(cfg.out_dir);
-            if (const int stale = out.remove_abandoned_temporaries()) {
-              say("removed " + std::to_string(stale) + " temporary file(s) left in " + cfg.out_dir +
-                  " by a prepare that no longer runs");
-            }
-          },
-          Blame::kOfInput, "prepare") != 0) {
-    return give_up(kExitUsage);
-  }
+  if (const EarlyExit exit = take_output_dir(cfg, comm, say, out)) return *exit;
 
-  // 3. The tokenizer: trained on rank 0 on the training lines alone, so the
-  // held-out splits stay unseen (one vocabulary for both sides of a pair),
-  // or the one given; every rank gets its bytes.
+  // 3. The tokenizer: trained on rank 0, or the one given; every rank gets
+  // its bytes.
   const auto tokenizer_start = Clock::now();
   if (cfg.tokenizer.empty()) {
-    std::string failure;
-    if (comm.is_root()) failure = train_tokenizer(cfg, corpus, out.path(), say, &model_bytes);
-    comm.barrier_without_spinning();
-    const bool bad_vocab_size = is_bad_vocab_size(failure);
-    if (agree_on_root(
-            comm,
-            [&] {
-              if (bad_vocab_size) usage_error("--vocab-size", failure);
-              if (!failure.empty()) throw std::runtime_error(failure);
-            },
-            Blame::kOfInput, "prepare") != 0) {
-      return give_up(comm.any(bad_vocab_size) ? kExitUsage : kExitFailure);
+    if (const EarlyExit exit = train_tokenizer_on_root(cfg, comm, corpus, say, out, &model_bytes)) {
+      return *exit;
     }
   }
   comm.broadcast(&model_bytes, 0);
   std::unique_ptr<Tokenizer> tokenizer;
-  if (!agreed(comm, [&] { tokenizer = Tokenizer::from_bytes(model_bytes); })) {
-    return give_up(kExitFailure);
+  if (agree_on(comm, [&] { tokenizer = Tokenizer::from_bytes(model_bytes); }) != 0) {
+    return give_up(out, comm, kExitFailure);
   }
   if (cfg.tokenizer.empty()) {
     say("tokenizer: " + std::to_string(tokenizer->vocab_size()) + " pieces in " +
         format_seconds(seconds_since(tokenizer_start)));
   }
 
-  // 4. Shards, in rounds of W: rank r writes shard k*W + r of round k. Then
-  // the held-out shards and the tokenizer, from rank 0.
+  // 4. The shards.
   Encoding encoding(cfg, corpus, *tokenizer, model_bytes, vocabulary, comm, say);
-  bool ok = true;
-  for (int64_t first = 0; first < cfg.shards && ok; first += comm.size()) {
-    ShardFigures mine;
-    ok = agreed(comm, [&] { mine = encoding.write_training_shard(first, &out); });
-    if (ok) encoding.add_round(first, mine);
-  }
-  if (ok) {
-    ok = agreed(comm, [&] {
-      if (!comm.is_root()) return;
-      encoding.write_held_out(&out);
-      out.write_bytes(kTokenizerFile, model_bytes);
-    });
-  }
+  bool ok = write_shards(cfg, comm, model_bytes, encoding, out);
 
   // 5. All or nothing: rename only when every rank succeeded.
-  if (ok) ok = agreed(comm, [&] { out.commit(); });
-  if (!ok) return give_up(kExitFailure);
+  if (ok) ok = agree_on(comm, [&] { out.commit(); }) == 0;
+  if (!ok) return give_up(out, comm, kExitFailure);
   ExitOnStop::finish();  // the set is complete on every rank
   if (comm.is_root()) encoding.print_summary(start);
   return 0;

@@ -89,22 +89,38 @@ SplitFiles parse_split_files(const std::string& flag, const std::string& text,
   return files;
 }
 
-void validate_prepare(const PrepareConfig& c, const std::set<std::string>& given) {
+// The second file of a --kind: required with it, refused without it.
+struct KindFile {
+  const char* kind;
+  std::string PrepareConfig::*path;
+  const char* flag;
+  const char* required;  // the reason when --kind names it but it is missing
+  const char* only_for;  // the reason when it is given with another --kind
+};
+
+constexpr KindFile kKindFiles[] = {
+    {"seq2seq", &PrepareConfig::target, "--target",
+     "required with --kind seq2seq: the target side of the pairs",
+     "only for --kind seq2seq (--kind classify reads --labels)"},
+    {"classify", &PrepareConfig::labels, "--labels",
+     "required with --kind classify: the labels of each line of --input",
+     "only for --kind classify"},
+};
+
+// --input, and --target or --labels as --kind wants them: every missing one
+// is reported before any one given where it does not belong.
+void validate_input_files(const PrepareConfig& c) {
   if (c.input.empty()) usage_error("--input", "required: the text to prepare");
-  if (c.kind == "seq2seq" && c.target.empty()) {
-    usage_error("--target", "required with --kind seq2seq: the target side of the pairs");
+  for (const KindFile& f : kKindFiles) {
+    if (c.kind == f.kind && (c.*f.path).empty()) usage_error(f.flag, f.required);
   }
-  if (c.kind == "classify" && c.labels.empty()) {
-    usage_error("--labels", "required with --kind classify: the labels of each line of --input");
+  for (const KindFile& f : kKindFiles) {
+    if (c.kind != f.kind && !(c.*f.path).empty()) usage_error(f.flag, f.only_for);
   }
-  if (c.kind != "seq2seq" && !c.target.empty()) {
-    usage_error("--target", "only for --kind seq2seq (--kind classify reads --labels)");
-  }
-  if (c.kind != "classify" && !c.labels.empty()) {
-    usage_error("--labels", "only for --kind classify");
-  }
-  if (c.out_dir.empty()) usage_error("--out", "required: the directory for the shards");
-  require_at_least("--shards", c.shards, 1);
+}
+
+// The held-out splits come from files or from the end of --input, not both.
+void validate_held_out(const PrepareConfig& c, const std::set<std::string>& given) {
   if (c.valid.given() && given.count("valid-lines")) {
     usage_error("--valid-lines", "not with --valid, which gives the validation split");
   }
@@ -115,17 +131,27 @@ void validate_prepare(const PrepareConfig& c, const std::set<std::string>& given
     usage_error("--valid-lines", "must be at least 1: training evaluates on the held-out lines");
   }
   require_at_least("--test-lines", c.test_lines, 0);
-  // With --tokenizer alone the model decides; otherwise the size is checked
-  // here (and against the model by run_prepare).
-  if (!(c.vocab_size == 0 && !c.tokenizer.empty() && !given.count("vocab-size"))) {
-    const int least_vocab = SpecialTokens::kCount + 2;
-    if (c.vocab_size < least_vocab) {
-      usage_error("--vocab-size", "must be at least " + std::to_string(least_vocab) + " (" +
-                                      std::to_string(SpecialTokens::kCount) +
-                                      " reserved ids and two data symbols); got " +
-                                      std::to_string(c.vocab_size));
-    }
+}
+
+// With --tokenizer alone the model decides; otherwise the size is checked
+// here (and against the model by run_prepare).
+void validate_vocab_size(const PrepareConfig& c, const std::set<std::string>& given) {
+  if (c.vocab_size == 0 && !c.tokenizer.empty() && !given.count("vocab-size")) return;
+  const int least_vocab = SpecialTokens::kCount + 2;
+  if (c.vocab_size < least_vocab) {
+    usage_error("--vocab-size", "must be at least " + std::to_string(least_vocab) + " (" +
+                                    std::to_string(SpecialTokens::kCount) +
+                                    " reserved ids and two data symbols); got " +
+                                    std::to_string(c.vocab_size));
   }
+}
+
+void validate_prepare(const PrepareConfig& c, const std::set<std::string>& given) {
+  validate_input_files(c);
+  if (c.out_dir.empty()) usage_error("--out", "required: the directory for the shards");
+  require_at_least("--shards", c.shards, 1);
+  validate_held_out(c, given);
+  validate_vocab_size(c, given);
   if (!c.tokenizer.empty() && given.count("model-type")) {
     usage_error("--model-type", "only for a trained tokenizer, not with --tokenizer");
   }

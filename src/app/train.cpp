@@ -42,6 +42,11 @@ FaultInjection faults_from_environment() {
     const char* colon = std::strchr(text, ':');
     f.fail_in_checkpoint_rank = colon ? std::atoi(colon + 1) : 0;
   }
+  // The crash tests: rank 0 kills itself in the middle of the write of step
+  // S's checkpoint (MPIFORMER_TEST_KILL_IN_CHECKPOINT=S).
+  if (const char* text = std::getenv("MPIFORMER_TEST_KILL_IN_CHECKPOINT"); text && *text) {
+    f.kill_in_checkpoint_step = std::atoll(text);
+  }
   return f;
 }
 

@@ -99,10 +99,9 @@ void add_train_flags(FlagTable& t, TrainConfig* c) {
   add_recompute_flag(t, &c->recompute);
 }
 
-// The rules of the values alone, which a run's recorded configuration (a
-// checkpoint's config) keeps as the command line does: nothing here looks
-// at files or devices.
-void validate_train_values(const TrainConfig& c) {
+// One of --data and --synthetic, as the model kind allows, and the model's
+// own rules.
+void validate_data_source(const TrainConfig& c) {
   const bool has_data = !c.data_dir.empty();
   const bool has_synthetic = c.synthetic != SyntheticTask::kNone;
   if (has_data && has_synthetic)
@@ -115,6 +114,9 @@ void validate_train_values(const TrainConfig& c) {
   // A recorded configuration may name neither (an imported checkpoint's):
   // its vocabulary is then the file's, as it is the shards' for --data.
   validate_model(c.model, /*vocab_from_data=*/!has_synthetic);
+}
+
+void validate_run_paths(const TrainConfig& c) {
   // config.ini records the path on one line, and every checkpoint carries it.
   if (c.out_dir.find_first_of("\n\r") != std::string::npos) {
     usage_error("--out",
@@ -122,6 +124,10 @@ void validate_train_values(const TrainConfig& c) {
                 "choose another");
   }
   if (c.resume.empty()) usage_error("--resume", "expected auto, none or a checkpoint file");
+}
+
+// How the data is cut into batches and what the loss makes of it.
+void validate_batching(const TrainConfig& c) {
   require_at_least("--max-tokens", c.max_tokens, 1);
   require_at_least("--max-sentences", c.max_sentences, 0);
   for (int boundary : c.buckets) {
@@ -136,32 +142,52 @@ void validate_train_values(const TrainConfig& c) {
     usage_error("--mlm-probability", "must be in (0, 1); got " + format_number(c.mlm_probability));
   }
   require_unit_interval("--label-smoothing", c.label_smoothing);
-  validate_optim(c.optim);
-  require_at_least("--accum-steps", c.accum_steps, 1);
-  require_at_least("--steps", c.steps, 1);
-  require_at_least("--log-every", c.log_every, 1);
-  require_at_least("--eval-every", c.eval_every, 0);
-  require_at_least("--eval-batches", c.eval_batches, 0);
-  require_at_least("--checkpoint-every", c.checkpoint_every, 0);
-  require_at_least("--keep-checkpoints", c.keep_checkpoints, 0);
-  require_at_least("--keep-best", c.keep_best, 0);
-  require_at_least("--early-stop", c.early_stop, 0);
-  if (c.valid_bleu && c.model.kind != ModelKind::kSeq2seq) {
+}
+
+// The counts of steps, evaluations and checkpoints, checked in this order.
+void validate_schedule(const TrainConfig& c) {
+  struct AtLeast {
+    const char* flag;
+    int64_t value;
+    int64_t least;
+  };
+  const AtLeast counts[] = {
+      {"--accum-steps", c.accum_steps, 1},
+      {"--steps", c.steps, 1},
+      {"--log-every", c.log_every, 1},
+      {"--eval-every", c.eval_every, 0},
+      {"--eval-batches", c.eval_batches, 0},
+      {"--checkpoint-every", c.checkpoint_every, 0},
+      {"--keep-checkpoints", c.keep_checkpoints, 0},
+      {"--keep-best", c.keep_best, 0},
+      {"--early-stop", c.early_stop, 0},
+  };
+  for (const AtLeast& count : counts) require_at_least(count.flag, count.value, count.least);
+}
+
+// --valid-bleu translates the validation split of --data with a seq2seq
+// model's fp32 weights.
+void validate_valid_bleu(const TrainConfig& c) {
+  if (!c.valid_bleu) return;
+  if (c.model.kind != ModelKind::kSeq2seq) {
     usage_error("--valid-bleu", std::string("translates the validation split: a seq2seq model's; "
                                             "got --model ") +
                                     to_string(c.model.kind));
   }
-  if (c.valid_bleu && c.shard_optimizer && c.precision != Precision::kFp32) {
+  if (c.shard_optimizer && c.precision != Precision::kFp32) {
     usage_error("--valid-bleu",
                 "translates with the fp32 master weights, which a sharded "
                 "optimizer keeps in slices beside a bf16 or fp16 copy; train "
                 "with --precision fp32 or --shard-optimizer false");
   }
-  if (c.valid_bleu && !has_data) {
+  if (c.data_dir.empty()) {
     usage_error("--valid-bleu",
                 "scores translations against the references of --data's "
                 "validation split; a synthetic task has none");
   }
+}
+
+void validate_checkpoint_average(const TrainConfig& c) {
   require_at_least("--average-checkpoints", c.average_checkpoints, 0);
   if (c.keep_checkpoints > 0 && c.average_checkpoints > c.keep_checkpoints) {
     usage_error("--average-checkpoints",
@@ -169,11 +195,17 @@ void validate_train_values(const TrainConfig& c) {
                     std::to_string(c.keep_checkpoints) +
                     "): only that many are kept to average; raise --keep-checkpoints");
   }
-  validate_device_choice(c.device, c.precision, c.tf32, c.threads, c.attention);
+}
+
+void validate_loss_scale(const TrainConfig& c) {
   if (!(c.loss_scale >= 1.0f && std::isfinite(c.loss_scale))) {
     usage_error("--loss-scale", "must be a finite number >= 1; got " + format_number(c.loss_scale));
   }
   require_at_least("--loss-scale-window", c.loss_scale_window, 1);
+}
+
+// The learning rate's scaling over the ranks, and the reducer's flags.
+void validate_distribution(const TrainConfig& c) {
   require_at_least("--lr-reference-tokens", c.lr_reference_tokens, int64_t{0});
   if (c.lr_scaling != LrScaling::kNone && c.lr_reference_tokens == 0) {
     usage_error("--lr-reference-tokens",
@@ -182,15 +214,35 @@ void validate_train_values(const TrainConfig& c) {
   }
   require_non_negative("--bucket-mb", c.bucket_mb);
   require_at_least("--check-every", c.check_every, 0);
-  if (has_synthetic) {
-    // The source knows its layout; its messages already name the flags.
-    try {
-      SyntheticSource source(c.synthetic, c.model, c.max_tokens, c.max_sentences, c.min_len,
-                             c.mlm_probability, c.seed);
-    } catch (const std::invalid_argument& e) {
-      throw UsageError(e.what());
-    }
+}
+
+// A synthetic task's layout: the source knows it, and its messages already
+// name the flags.
+void validate_synthetic_task(const TrainConfig& c) {
+  if (c.synthetic == SyntheticTask::kNone) return;
+  try {
+    SyntheticSource source(c.synthetic, c.model, c.max_tokens, c.max_sentences, c.min_len,
+                           c.mlm_probability, c.seed);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
   }
+}
+
+// The rules of the values alone, which a run's recorded configuration (a
+// checkpoint's config) keeps as the command line does: nothing here looks
+// at files or devices.
+void validate_train_values(const TrainConfig& c) {
+  validate_data_source(c);
+  validate_run_paths(c);
+  validate_batching(c);
+  validate_optim(c.optim);
+  validate_schedule(c);
+  validate_valid_bleu(c);
+  validate_checkpoint_average(c);
+  validate_device_choice(c.device, c.precision, c.tf32, c.threads, c.attention);
+  validate_loss_scale(c);
+  validate_distribution(c);
+  validate_synthetic_task(c);
 }
 
 // What the values name on this machine: the shards, the device and the BLAS

@@ -1,6 +1,5 @@
 #include "src/data/make_source.h"
 
-#include <filesystem>
 #include <stdexcept>
 
 #include "src/core/error.h"
@@ -9,25 +8,6 @@
 #include "src/io/shard.h"
 
 namespace mpiformer {
-
-void resolve_data_config(TrainConfig* cfg) {
-  if (cfg->data_dir.empty()) return;
-  const std::string& dir = cfg->data_dir;
-  if (!std::filesystem::is_directory(dir)) usage_error("--data", dir + " is not a directory");
-  const std::vector<std::string> train = list_shards(dir, "train");
-  if (train.empty()) usage_error("--data", dir + " holds no train-*.h5 shards");
-  try {
-    apply_shard_header(read_shard_header(train.front()), dir, &cfg->model);
-  } catch (const ShardError& e) {
-    usage_error("--data", e.what());
-  } catch (const UsageError& e) {
-    // The kind came from a preset, not from a --model the user wrote.
-    const std::string what = e.what();
-    if (cfg->arch.empty() || what.rfind("--model:", 0) != 0) throw;
-    throw UsageError(what + " (--arch " + cfg->arch + " sets --model " +
-                     to_string(cfg->model.kind) + "; choose a preset of the shards' kind)");
-  }
-}
 
 std::unique_ptr<BatchSource> make_batch_source(const TrainConfig& cfg, int rank, int world_size,
                                                const SplitChoice& splits) {

@@ -9,12 +9,6 @@
 
 namespace mpiformer {
 
-// With --data: reads the first train shard's header and fills what the shards
-// decide: model.vocab when 0 (else it must match), the special ids; checks
-// the model kind against the shard kind. Call before building the model.
-// No-op for synthetic tasks. Throws UsageError (a std::runtime_error).
-void resolve_data_config(TrainConfig* cfg);
-
 // Validates the data against the configuration (every fault names its file)
 // and builds the source for this rank; `splits` chooses the shards' splits
 // (synthetic tasks have none). A shard that is damaged, malformed or holds

@@ -45,4 +45,10 @@ void mask_sequence(const MlmMasking& rule, KeyedRng& rng, int32_t* tokens, int32
   }
 }
 
+uint64_t mask_key(uint64_t seed, uint64_t stream, uint64_t index, int rank) {
+  constexpr uint64_t kMaskDomain = 0x3A5C0DA7A0000002ull;
+  const uint64_t key = mix64(mix64(mix64(seed ^ kMaskDomain) ^ stream) ^ index);
+  return rank < 0 ? key : mix64(key ^ static_cast<uint64_t>(rank + 1));
+}
+
 }  // namespace mpiformer

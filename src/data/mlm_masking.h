@@ -56,4 +56,10 @@ struct MlmMasking {
 // position, then the fallback pick, then one replacement draw per chosen.
 void mask_sequence(const MlmMasking& rule, KeyedRng& rng, int32_t* tokens, int32_t* targets, int n);
 
+// The key the masks of batch `index` of `stream` are drawn with under
+// `seed`, apart from the synthetic tasks', dropout's and the epoch order's.
+// A batch numbered per rank (--sharding file) passes its `rank`, so ranks
+// never share masks; -1 for one numbered over all ranks.
+uint64_t mask_key(uint64_t seed, uint64_t stream, uint64_t index, int rank);
+
 }  // namespace mpiformer

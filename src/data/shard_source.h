@@ -41,18 +41,13 @@
 #include <vector>
 
 #include "src/core/config.h"
+#include "src/data/batch_layout.h"
 #include "src/data/batch_source.h"
 #include "src/data/bucketing.h"
 #include "src/data/mlm_masking.h"
 #include "src/io/shard.h"
 
 namespace mpiformer {
-
-// Checks a shard header against the model and fills what the shards decide:
-// vocab (when 0) and the special ids. The kind must match (lm and mlm read
-// "lm" shards, seq2seq "seq2seq"). Throws UsageError naming the flag, e.g.
-// "--vocab: the shards in DIR have vocabulary 8000; got 500".
-void apply_shard_header(const ShardHeader& header, const std::string& dir, ModelConfig* model);
 
 // What a split kept after the --too-long rule.
 struct LoadStats {
@@ -76,7 +71,8 @@ struct SplitChoice {
 
 class ShardSource : public BatchSource {
  public:
-  // cfg.data_dir, model (kind, max_len, vocab: 0 takes the shards'), buckets,
+  // cfg.data_dir, model (kind, max_len; reconciled with the shards by the
+  // start-up, src/train/shard_config.h, and checked against them), buckets,
   // too_long, sharding, prefetch (depth; 0: no thread), max_tokens,
   // max_sentences, mlm_probability, seed. Throws UsageError for flags that
   // cannot work with this data, ShardError (std::runtime_error) naming the
@@ -114,16 +110,6 @@ class ShardSource : public BatchSource {
   std::string describe() const override;
 
  private:
-  // A kept sequence: where it lives and how much of each side the layout uses.
-  struct Example {
-    uint32_t shard = 0;
-    uint32_t flags = 0;     // kSourceEnds | kTargetEnds: that side keeps its EOS
-    uint64_t sequence = 0;  // index within the shard
-    int32_t source_kept = 0;
-    int32_t target_kept = 0;
-  };
-  static constexpr uint32_t kSourceEnds = 1, kTargetEnds = 2;
-
   struct Split {
     std::vector<std::string> files;
     std::vector<Shard> shards;
@@ -132,21 +118,20 @@ class ShardSource : public BatchSource {
     LoadStats stats;
   };
 
+  // This rank's training files: all of them, or rank, rank + W, ... under
+  // --sharding file (idle_ when that leaves none).
+  std::vector<std::string> train_files_of_rank(const std::vector<std::string>& all);
+  [[noreturn]] void refuse_nothing_fits(const Split& split, const std::string& what,
+                                        TooLong asked) const;
   void load_split(const std::vector<std::string>& files, Split* split) const;
-  int encoder_length(const Example& e) const;
-  int decoder_length(const Example& e) const;
   void plan_split(Split* split);
   double padding_efficiency(const Split& split, const EpochPlan& plan) const;
 
   std::shared_ptr<const EpochPlan> epoch_plan(uint64_t epoch) const;
   void build_train(uint64_t index, Batch* out) const;
-  void fill_batch(const Split& split, const uint32_t* ids, uint32_t count, uint64_t mask_key,
-                  Batch* out) const;
-  uint64_t mask_key(uint64_t stream, uint64_t index) const;
-  // classify: refuses labels the loss cannot take; appends one example.
-  void check_labels(const Shard& shard, const std::string& file) const;
-  void add_example(const Shard& shard, const Example& e, Batch* out) const;
-  void reserve_for_budget(Batch* out) const;
+  // Lays a batch of `split` out; its masks drawn with the key of (stream, index).
+  void fill_batch(const Split& split, const EpochPlan& plan, uint64_t batch, uint64_t stream,
+                  uint64_t index, Batch* out) const;
 
   // Prefetch machinery; all guarded by mutex_.
   void worker_loop();
@@ -162,7 +147,7 @@ class ShardSource : public BatchSource {
   int64_t max_tokens_;
   int max_sentences_;
   uint64_t seed_;
-  MlmMasking masking_;
+  BatchLayout layout_;
   int64_t train_files_total_ = 0;
   int max_batch_sequences_ = 1;  // the most sequences any bucket's batch holds
 

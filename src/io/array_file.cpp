@@ -120,59 +120,77 @@ struct ZipEntry {
   uint64_t compressed = 0, size = 0, local_offset = 0;
 };
 
-// The central directory: the end record (the last 22 bytes, or earlier when
-// a comment follows), and its Zip64 form when NumPy's force_zip64 left
-// 0xFFFFFFFF in the 32-bit fields.
-std::vector<ZipEntry> zip_directory(const std::string& path, const std::vector<uint8_t>& z) {
+// Where the end-of-directory record starts: the last 22 bytes, or earlier
+// when a comment (at most 65535 bytes) follows it.
+size_t find_end_record(const std::string& path, const std::vector<uint8_t>& z) {
   if (z.size() < 22) fail(path, "not a zip (.npz) archive: too short");
-  size_t end = std::string::npos;
   for (size_t at = z.size() - 22 + 1; at-- > 0 && z.size() - at <= 22 + 65535;) {
-    if (le32(&z[at]) == 0x06054b50) {
-      end = at;
-      break;
-    }
+    if (le32(&z[at]) == 0x06054b50) return at;
   }
-  if (end == std::string::npos) fail(path, "not a zip (.npz) archive: no end of directory");
-  uint64_t count = le16(&z[end + 10]);
-  uint64_t offset = le32(&z[end + 16]);
-  if ((count == 0xFFFF || offset == 0xFFFFFFFF) && end >= 20 && le32(&z[end - 20]) == 0x07064b50) {
-    const uint64_t record = le64(&z[end - 20 + 8]);
-    if (!within(record, 56, z.size()) || le32(&z[record]) != 0x06064b50) {
-      fail(path, "bad Zip64 record");
-    }
-    count = le64(&z[record + 32]);
-    offset = le64(&z[record + 48]);
+  fail(path, "not a zip (.npz) archive: no end of directory");
+}
+
+struct ZipDirectoryPlace {
+  uint64_t count = 0;   // entries
+  uint64_t offset = 0;  // of the first entry
+};
+
+// The directory's entry count and offset, from the end record, or from the
+// Zip64 one when NumPy's force_zip64 left 0xFFFFFFFF in the 32-bit fields.
+ZipDirectoryPlace directory_place(const std::string& path, const std::vector<uint8_t>& z,
+                                  size_t end) {
+  const ZipDirectoryPlace place{le16(&z[end + 10]), le32(&z[end + 16])};
+  const bool zip64 = (place.count == 0xFFFF || place.offset == 0xFFFFFFFF) && end >= 20 &&
+                     le32(&z[end - 20]) == 0x07064b50;
+  if (!zip64) return place;
+  const uint64_t record = le64(&z[end - 20 + 8]);
+  if (!within(record, 56, z.size()) || le32(&z[record]) != 0x06064b50) {
+    fail(path, "bad Zip64 record");
   }
-  std::vector<ZipEntry> entries;
-  uint64_t at = offset;
-  for (uint64_t i = 0; i < count; ++i) {
-    if (!within(at, 46, z.size()) || le32(&z[at]) != 0x02014b50)
-      fail(path, "damaged zip directory");
-    ZipEntry e;
-    e.method = le16(&z[at + 10]);
-    e.compressed = le32(&z[at + 20]);
-    e.size = le32(&z[at + 24]);
-    const uint16_t name_len = le16(&z[at + 28]), extra_len = le16(&z[at + 30]),
-                   comment_len = le16(&z[at + 32]);
-    e.local_offset = le32(&z[at + 42]);
-    if (!within(at + 46, name_len + extra_len, z.size())) fail(path, "damaged zip directory");
-    e.name.assign(reinterpret_cast<const char*>(&z[at + 46]), name_len);
-    // Zip64 extra field: the 64-bit values of the fields that hold 0xFFFFFFFF, in order.
-    const uint8_t* extra = &z[at + 46 + name_len];
-    for (size_t x = 0; x + 4 <= extra_len;) {
-      const uint16_t id = le16(extra + x), len = le16(extra + x + 2);
-      if (id == 0x0001 && x + 4 + len <= extra_len) {
-        const uint8_t* v = extra + x + 4;
-        const uint8_t* v_end = v + len;
-        for (uint64_t* field : {&e.size, &e.compressed, &e.local_offset}) {
-          if (*field == 0xFFFFFFFF && v + 8 <= v_end) *field = le64(v), v += 8;
-        }
+  return {le64(&z[record + 32]), le64(&z[record + 48])};
+}
+
+// An entry's Zip64 extra field: the 64-bit values of the fields that hold
+// 0xFFFFFFFF, in order.
+void read_zip64_extra(const uint8_t* extra, uint16_t extra_len, ZipEntry* e) {
+  for (size_t x = 0; x + 4 <= extra_len;) {
+    const uint16_t id = le16(extra + x), len = le16(extra + x + 2);
+    if (id == 0x0001 && x + 4 + len <= extra_len) {
+      const uint8_t* v = extra + x + 4;
+      const uint8_t* v_end = v + len;
+      for (uint64_t* field : {&e->size, &e->compressed, &e->local_offset}) {
+        if (*field == 0xFFFFFFFF && v + 8 <= v_end) *field = le64(v), v += 8;
       }
-      x += 4 + len;
     }
-    entries.push_back(e);
-    at += 46 + name_len + extra_len + comment_len;
+    x += 4 + len;
   }
+}
+
+// The directory entry at `at`; *next: where the one after it starts.
+ZipEntry read_directory_entry(const std::string& path, const std::vector<uint8_t>& z, uint64_t at,
+                              uint64_t* next) {
+  if (!within(at, 46, z.size()) || le32(&z[at]) != 0x02014b50) fail(path, "damaged zip directory");
+  ZipEntry e;
+  e.method = le16(&z[at + 10]);
+  e.compressed = le32(&z[at + 20]);
+  e.size = le32(&z[at + 24]);
+  const uint16_t name_len = le16(&z[at + 28]), extra_len = le16(&z[at + 30]),
+                 comment_len = le16(&z[at + 32]);
+  e.local_offset = le32(&z[at + 42]);
+  if (!within(at + 46, name_len + extra_len, z.size())) fail(path, "damaged zip directory");
+  e.name.assign(reinterpret_cast<const char*>(&z[at + 46]), name_len);
+  read_zip64_extra(&z[at + 46 + name_len], extra_len, &e);
+  *next = at + 46 + name_len + extra_len + comment_len;
+  return e;
+}
+
+// The central directory, found through its end record.
+std::vector<ZipEntry> zip_directory(const std::string& path, const std::vector<uint8_t>& z) {
+  const ZipDirectoryPlace place = directory_place(path, z, find_end_record(path, z));
+  std::vector<ZipEntry> entries;
+  uint64_t at = place.offset;
+  for (uint64_t i = 0; i < place.count; ++i)
+    entries.push_back(read_directory_entry(path, z, at, &at));
   return entries;
 }
 

@@ -1,6 +1,9 @@
-// HDF5 checkpoints: the atomic writer, the run directory's checkpoints/
-// (naming, `latest`, pruning) and the readers. Every fault becomes one
-// CheckpointError line "PATH: reason"; HDF5's own error stack is never printed.
+// HDF5 checkpoints: what every writer checks and writes first (the
+// attributes, the chunking, the size bound; the tensors are written by
+// src/parallel/collective_checkpoint.h) and the readers. The run directory's
+// checkpoints/ (names, `latest`, pruning) are in checkpoint_files.cpp. Every
+// fault becomes one CheckpointError line "PATH: reason"; HDF5's own error
+// stack is never printed.
 #include "src/io/checkpoint.h"
 
 #include <hdf5.h>
@@ -8,7 +11,6 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -63,7 +65,6 @@ std::string shape_string(const std::vector<int>& shape) {
 
 // ---------------------------------------------------------------- writing
 
-// Everything write_checkpoint can check before touching the disk.
 // What is wrong with a state's resume attributes ("" when nothing): the
 // writer refuses what the reader would.
 std::string state_fault(const CheckpointState& state) {
@@ -97,13 +98,6 @@ std::string state_fault(const CheckpointState& state) {
     return refuse("loss_scale", value, "a number from 1 to 2^24");
   }
   return "";
-}
-
-void validate_for_write(const Faults& faults, const ParameterSet& params, const float* adam_m,
-                        const float* adam_v, const CheckpointState& state) {
-  if (!params.params()) faults.fail("cannot write: the parameters are not allocated");
-  if (!adam_m || !adam_v) faults.fail("cannot write: the optimizer moments are missing");
-  check_checkpoint_writable(faults, params, state);
 }
 
 }  // namespace
@@ -245,54 +239,7 @@ uint64_t checkpoint_file_bound(const ParameterSet& params, const CheckpointState
   return bytes;
 }
 
-bool checkpoint_kill_requested(int64_t step) {
-  const char* at = std::getenv("MPIFORMER_TEST_KILL_IN_CHECKPOINT");
-  return at && *at && std::strtoll(at, nullptr, 10) == step;
-}
-
 namespace {
-
-void write_checkpoint_file(const std::string& tmp, const Faults& faults, const ParameterSet& params,
-                           const float* adam_m, const float* adam_v, const CheckpointState& state) {
-  Ops& ops = params.ops();
-  ops.device().synchronize();  // the last update must have landed before it is copied
-
-  hdf5::Session session;
-  Hid file = create_checkpoint_file(tmp, faults);
-  const hid_t root = file.get();
-
-  write_checkpoint_header(root, state, faults);
-
-  Hid params_group = create_checkpoint_group(root, "params", faults);
-  Hid optimizer = create_checkpoint_group(root, "optimizer", faults);
-  Hid m_group = create_checkpoint_group(optimizer.get(), "m", faults);
-  Hid v_group = create_checkpoint_group(optimizer.get(), "v", faults);
-  const std::pair<const char*, std::pair<hid_t, const float*>> groups[] = {
-      {"/params/", {params_group.get(), params.params()}},
-      {"/optimizer/m/", {m_group.get(), adam_m}},
-      {"/optimizer/v/", {v_group.get(), adam_v}}};
-
-  std::vector<float> host;  // staging, reused: (largest tensor)
-  for (const auto& [prefix, target] : groups) {
-    if (prefix == groups[1].first && checkpoint_kill_requested(state.step)) {
-      H5Fflush(root, H5F_SCOPE_LOCAL);  // half a file on disk, as a crash leaves it
-      std::raise(SIGKILL);
-    }
-    const auto [group, base] = target;  // base: backend (params.count())
-    for (const ParamInfo& info : params.info()) {
-      host.resize(info.size);
-      ops.device().copy_to_host(host.data(), base + info.offset, info.size * sizeof(float));
-      write_checkpoint_tensor(group, info.name, info.shape, host.data(), faults,
-                              "dataset " + std::string(prefix) + info.name);
-    }
-  }
-  faults.check(H5Fflush(root, H5F_SCOPE_LOCAL), "the file");
-  params_group.close();
-  m_group.close();
-  v_group.close();
-  optimizer.close();
-  faults.check(file.close(), "the file");
-}
 
 // ---------------------------------------------------------------- reading
 
@@ -370,57 +317,6 @@ CheckpointTensor read_checkpoint_tensor(hid_t group, const std::string& name,
   }
   hdf5::verify_read(object.get(), t.data.data(), H5T_NATIVE_FLOAT, count, where, faults);
   return t;
-}
-
-void write_checkpoint(const std::string& path, const ParameterSet& params, const float* adam_m,
-                      const float* adam_v, const CheckpointState& state) {
-  const Faults faults = faults_of(path);
-  validate_for_write(faults, params, adam_m, adam_v, state);
-  const std::string tmp = temporary_name(path);
-  try {
-    write_checkpoint_file(tmp, faults, params, adam_m, adam_v, state);
-    durably([&] { fsync_file(tmp); });
-  } catch (...) {
-    std::error_code ec;
-    fs::remove(tmp, ec);  // leave no half-written file behind
-    throw;
-  }
-  durably([&] { commit_file(tmp, path); });
-}
-
-std::string checkpoint_path_for(const std::string& rundir, int64_t step) {
-  const fs::path dir = fs::path(rundir) / "checkpoints";
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) faults_of(dir.string()).fail("cannot create the directory (" + ec.message() + ")");
-  if (step < 0) {
-    faults_of(dir.string()).fail("cannot write a checkpoint of step " + std::to_string(step));
-  }
-  char name[32];
-  std::snprintf(name, sizeof name, "step_%08lld.h5", static_cast<long long>(step));
-  return (dir / name).string();
-}
-
-void prune_checkpoints(const std::string& rundir, const std::string& kept, int keep_last) {
-  if (keep_last <= 0) return;
-  // Older step_*.h5 by step number; pruning is best effort, a file that will
-  // not go is left for the next save.
-  std::vector<std::string> others = list_checkpoints(rundir);
-  others.erase(std::remove(others.begin(), others.end(), kept), others.end());
-  std::error_code ec;
-  for (size_t i = static_cast<size_t>(keep_last) - 1; i < others.size(); ++i) {
-    fs::remove(others[i], ec);
-  }
-}
-
-std::string save_checkpoint(const std::string& rundir, const ParameterSet& params,
-                            const float* adam_m, const float* adam_v, const CheckpointState& state,
-                            int keep_last) {
-  const std::string path = checkpoint_path_for(rundir, state.step);
-  write_checkpoint(path, params, adam_m, adam_v, state);
-  point_latest_at(rundir, path);
-  prune_checkpoints(rundir, path, keep_last);
-  return path;
 }
 
 std::vector<CheckpointTensor> read_checkpoint_tensors(const std::string& path,
@@ -591,81 +487,6 @@ ModelCheckpoint read_model_checkpoint(const std::string& path, const std::string
   } catch (const UsageError& e) {
     usage_error(flag, e.what());
   }
-}
-
-std::vector<std::string> list_checkpoints(const std::string& rundir) {
-  std::vector<std::pair<int64_t, std::string>> found;
-  std::error_code ec;
-  const fs::path dir = fs::path(rundir) / "checkpoints";
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const int64_t step = checkpoint_step(it->path().string());
-    if (step >= 0) found.emplace_back(step, it->path().string());
-  }
-  std::sort(found.begin(), found.end(), std::greater<>());
-  std::vector<std::string> paths;
-  for (auto& [step, path] : found) paths.push_back(std::move(path));
-  return paths;
-}
-
-int64_t checkpoint_step(const std::string& path) {
-  const std::string file = fs::path(path).filename().string();
-  if (file.size() <= 8 || file.compare(0, 5, "step_") != 0 ||
-      file.compare(file.size() - 3, 3, ".h5") != 0) {
-    return -1;
-  }
-  const std::string digits = file.substr(5, file.size() - 8);
-  if (digits.empty() || digits.size() > 18 ||
-      !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-    return -1;
-  }
-  return std::stoll(digits);
-}
-
-std::string latest_checkpoint(const std::string& rundir) {
-  const fs::path dir = fs::path(rundir) / "checkpoints";
-  std::ifstream in(dir / "latest");
-  std::string name;
-  if (!in || !std::getline(in, name) || checkpoint_step(name) < 0 ||
-      name.find('/') != std::string::npos) {
-    return "";
-  }
-  std::error_code ec;
-  return fs::is_regular_file(dir / name, ec) ? (dir / name).string() : "";
-}
-
-std::string read_latest(const std::string& rundir) {
-  const fs::path dir = fs::path(rundir) / "checkpoints", file = dir / "latest";
-  std::error_code ec;
-  if (!fs::exists(fs::symlink_status(file, ec))) return "";
-  const Faults faults = faults_of(file.string());
-  std::ifstream in(file);
-  if (!in) faults.fail_errno("cannot read");
-  std::string name;
-  std::getline(in, name);
-  const std::string hint = "; point it at a checkpoint of this run or remove it";
-  if (name.empty()) faults.fail("is empty (it should name the head checkpoint of the run)" + hint);
-  if (name.find('/') != std::string::npos) {
-    faults.fail("names '" + name + "', outside " + dir.string() + hint);
-  }
-  if (checkpoint_step(name) < 0) {
-    faults.fail("names '" + name + "', which is not a checkpoint file (step_NNNNNNNN.h5)" + hint);
-  }
-  const fs::path path = dir / name;
-  if (!fs::exists(path, ec)) faults.fail("names " + name + ", which does not exist" + hint);
-  // A link that leads out of the directory is a file of another run.
-  const fs::path real = fs::canonical(path, ec);
-  if (ec || real.parent_path() != fs::canonical(dir, ec)) {
-    faults.fail("names " + name + ", a link to " + (ec ? std::string("nowhere") : real.string()) +
-                " outside " + dir.string() + hint);
-  }
-  if (!fs::is_regular_file(real, ec)) faults.fail("names " + name + ", which is not a file" + hint);
-  return path.string();
-}
-
-void point_latest_at(const std::string& rundir, const std::string& path) {
-  const fs::path dir = fs::path(rundir) / "checkpoints";
-  const std::string name = fs::path(path).filename().string();
-  durably([&] { write_file_atomically((dir / "latest").string(), name + "\n"); });
 }
 
 std::string non_finite_fault(const std::string& group, const std::string& name, float bad) {

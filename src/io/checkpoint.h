@@ -101,29 +101,6 @@ struct CheckpointState {
   std::string averaged_from;
 };
 
-// Writes every tensor of `params` and its moments to `path`: the data goes
-// to PATH.tmp, which is closed, fsync'ed and renamed to `path`, then the
-// directory is fsync'ed. On a fault the temporary file is removed and
-// CheckpointError is thrown. Tensors are copied to the host through
-// params.ops(), one at a time.
-// For the crash tests only: with MPIFORMER_TEST_KILL_IN_CHECKPOINT=STEP in
-// the environment, the process kills itself (SIGKILL) halfway through
-// writing the checkpoint of that step.
-// adam_m, adam_v: backend memory (params.count()), laid out like params.params()
-void write_checkpoint(const std::string& path, const ParameterSet& params, const float* adam_m,
-                      const float* adam_v, const CheckpointState& state);
-
-// Writes RUNDIR/checkpoints/step_XXXXXXXX.h5 (the step, zero-padded to 8
-// digits) with write_checkpoint, then atomically points RUNDIR/checkpoints/
-// latest (one line: the file name) at it, then deletes all but the newest
-// `keep_last` step_*.h5 files (keep_last <= 0 keeps all; the file just
-// written is never deleted; a file that cannot be deleted is left). Creates
-// the directories as needed. Returns the path written.
-// adam_m, adam_v: backend memory (params.count())
-std::string save_checkpoint(const std::string& rundir, const ParameterSet& params,
-                            const float* adam_m, const float* adam_v, const CheckpointState& state,
-                            int keep_last);
-
 // RUNDIR/checkpoints/step_XXXXXXXX.h5 for `step`, the directory created as
 // needed. Throws CheckpointError.
 std::string checkpoint_path_for(const std::string& rundir, int64_t step);

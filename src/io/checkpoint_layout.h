@@ -53,9 +53,6 @@ void write_checkpoint_tensor(hid_t group, const std::string& name, const std::ve
                              const float* data, const hdf5::Faults& faults,
                              const std::string& what);
 
-// The crash tests' MPIFORMER_TEST_KILL_IN_CHECKPOINT=STEP names `step`.
-bool checkpoint_kill_requested(int64_t step);
-
 // Fails unless the open file's format and version attributes are a checkpoint's.
 void check_checkpoint_format(hid_t root, const hdf5::Faults& faults);
 

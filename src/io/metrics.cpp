@@ -75,6 +75,97 @@ hsize_t length_of(hid_t dset) {
 
 }  // namespace
 
+namespace {
+
+// Whether a row of the old file is carried: one of a step up to the one resumed.
+bool kept(const std::vector<double>& row, int64_t keep_through_step) {
+  return row[0] <= static_cast<double>(keep_through_step);
+}
+
+// The metrics.h5 to resume must be one HDF5 can read before read_metrics tries.
+void check_resumable(const std::string& path, const Faults& faults) {
+  hdf5::Session session;
+  std::error_code ec;
+  // A FIFO would block H5Fis_hdf5 until a writer came.
+  if (!fs::is_regular_file(path, ec)) {
+    faults.fail("not a regular file; move it away or choose another --out");
+  }
+  if (H5Fis_hdf5(path.c_str()) <= 0) {
+    faults.fail("not an HDF5 file; move it away or choose another --out");
+  }
+}
+
+// The rows a resumed run carries: metrics.h5's (resume), else metrics.jsonl's
+// (from_json), else none.
+MetricsTable rows_to_carry(const std::string& path, const std::string& json_path, bool resume,
+                           bool from_json, const Faults& faults) {
+  MetricsTable old;
+  if (resume) {
+    check_resumable(path, faults);
+    try {
+      old = read_metrics(path);
+    } catch (const MetricsError& e) {
+      throw MetricsError(std::string(e.what()) +
+                         "; move it away to resume without the rows it held");
+    }
+  } else if (from_json) {
+    // The same rows as lines: a deleted metrics.h5 is rebuilt, not begun anew.
+    old = read_metrics_jsonl(json_path);
+  }
+  return old;
+}
+
+// MetricsLog::note(): which file was rebuilt from the other, or that neither
+// was there to carry; "" for a new run or when both were there.
+std::string carry_note(const std::string& path, const std::string& json_path,
+                       const MetricsTable& old, int64_t keep_through_step, bool resume,
+                       bool json_exists) {
+  if (keep_through_step <= 0 || (resume && json_exists)) return "";
+  const auto count = [&](const std::vector<std::vector<double>>& rows) {
+    return std::to_string(std::count_if(
+        rows.begin(), rows.end(),
+        [&](const std::vector<double>& row) { return kept(row, keep_through_step); }));
+  };
+  const std::string rows_kept = count(old.train_rows) + " train and " + count(old.eval_rows) +
+                                " eval row(s) through step " + std::to_string(keep_through_step);
+  const std::string h5_name = fs::path(path).filename().string();
+  const std::string json_name = fs::path(json_path).filename().string();
+  if (resume) return json_name + " was missing: rebuilt from " + h5_name + " (" + rows_kept + ")";
+  if (json_exists) {
+    return h5_name + " was missing: rebuilt from " + json_name + " (" + rows_kept + ")";
+  }
+  return "no " + h5_name + " or " + json_name + " to carry: the rows through step " +
+         std::to_string(keep_through_step) + " are not in this directory";
+}
+
+void write_resumed_at_steps(hid_t root, const std::vector<int64_t>& resumed, const Faults& faults) {
+  const hsize_t dims[1] = {resumed.size()};
+  const char* name = "resumed_at_steps";
+  Hid space = faults.checked(H5Screate_simple(1, dims, nullptr), H5Sclose, name);
+  Hid attr = faults.checked(
+      H5Acreate2(root, name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose, name);
+  if (!resumed.empty()) faults.check(H5Awrite(attr.get(), H5T_NATIVE_INT64, resumed.data()), name);
+}
+
+// The root attributes of a new metrics file (see metrics.h).
+void write_root_attrs(hid_t root, const RunAttributes& attrs, const std::vector<int64_t>& resumed,
+                      const Faults& faults) {
+  hdf5::write_string_attr(root, "format", kMetricsFormat, faults);
+  const int version = kMetricsVersion;
+  hdf5::write_int_attr(root, "version", H5T_STD_I32LE, H5T_NATIVE_INT, &version, faults);
+  hdf5::write_int_attr(root, "world_size", H5T_STD_I32LE, H5T_NATIVE_INT, &attrs.world_size,
+                       faults);
+  hdf5::write_string_attr(root, "config", attrs.config, faults);
+  hdf5::write_string_attr(root, "model", attrs.model, faults);
+  hdf5::write_string_attr(root, "devices", attrs.devices, faults);
+  hdf5::write_string_attr(root, "versions", attrs.versions, faults);
+  hdf5::write_string_attr(root, "git_commit", attrs.git_commit, faults);
+  if (!attrs.run_id.empty()) hdf5::write_string_attr(root, "run_id", attrs.run_id, faults);
+  write_resumed_at_steps(root, resumed, faults);
+}
+
+}  // namespace
+
 MetricsLog::MetricsLog(const std::string& path, const RunAttributes& attrs,
                        int64_t keep_through_step)
     : path_(path) {
@@ -88,46 +179,10 @@ MetricsLog::MetricsLog(const std::string& path, const RunAttributes& attrs,
   const bool resume = keep_through_step >= 0 && fs::exists(status);
   const std::string json_path = json_path_of(path);
   const bool json_exists = fs::exists(json_path, ec);
-  MetricsTable old;
-  if (resume) {
-    {
-      hdf5::Session session;
-      // A FIFO would block H5Fis_hdf5 until a writer came.
-      if (!fs::is_regular_file(path, ec)) {
-        faults.fail("not a regular file; move it away or choose another --out");
-      }
-      if (H5Fis_hdf5(path.c_str()) <= 0) {
-        faults.fail("not an HDF5 file; move it away or choose another --out");
-      }
-    }
-    try {
-      old = read_metrics(path);
-    } catch (const MetricsError& e) {
-      throw MetricsError(std::string(e.what()) +
-                         "; move it away to resume without the rows it held");
-    }
-  } else if (keep_through_step >= 0 && json_exists) {
-    // The same rows as lines: a deleted metrics.h5 is rebuilt, not begun anew.
-    old = read_metrics_jsonl(json_path);
-  }
-  const auto kept = [&](const std::vector<std::vector<double>>& rows) {
-    return std::count_if(rows.begin(), rows.end(), [&](const std::vector<double>& row) {
-      return row[0] <= static_cast<double>(keep_through_step);
-    });
-  };
-  const std::string rows_kept = std::to_string(kept(old.train_rows)) + " train and " +
-                                std::to_string(kept(old.eval_rows)) + " eval row(s) through step " +
-                                std::to_string(keep_through_step);
-  const std::string h5_name = fs::path(path).filename().string();
-  const std::string json_name = fs::path(json_path).filename().string();
-  if (keep_through_step > 0 && resume && !json_exists) {
-    note_ = json_name + " was missing: rebuilt from " + h5_name + " (" + rows_kept + ")";
-  } else if (keep_through_step > 0 && !resume && json_exists) {
-    note_ = h5_name + " was missing: rebuilt from " + json_name + " (" + rows_kept + ")";
-  } else if (keep_through_step > 0 && !resume) {
-    note_ = "no " + h5_name + " or " + json_name + " to carry: the rows through step " +
-            std::to_string(keep_through_step) + " are not in this directory";
-  }
+  // Resuming without metrics.h5: it is rebuilt from metrics.jsonl's rows.
+  const bool from_json = !resume && keep_through_step >= 0 && json_exists;
+  const MetricsTable old = rows_to_carry(path, json_path, resume, from_json, faults);
+  note_ = carry_note(path, json_path, old, keep_through_step, resume, json_exists);
   hdf5::Session session;
   const std::string target = resume ? temporary_name(path) : path;
   const std::string json_target = temporary_name(json_path);
@@ -136,58 +191,16 @@ MetricsLog::MetricsLog(const std::string& path, const RunAttributes& attrs,
   faults.check(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_LATEST, H5F_LIBVER_LATEST), "the file");
   Hid file = hdf5::create_anew(target, fapl.get(), faults);
   if (!file.ok()) faults.fail_corrupt("create " + target);
-  const hid_t root = file.get();
-  hdf5::write_string_attr(root, "format", kMetricsFormat, faults);
-  const int version = kMetricsVersion;
-  hdf5::write_int_attr(root, "version", H5T_STD_I32LE, H5T_NATIVE_INT, &version, faults);
-  hdf5::write_int_attr(root, "world_size", H5T_STD_I32LE, H5T_NATIVE_INT, &attrs.world_size,
-                       faults);
-  hdf5::write_string_attr(root, "config", attrs.config, faults);
-  hdf5::write_string_attr(root, "model", attrs.model, faults);
-  hdf5::write_string_attr(root, "devices", attrs.devices, faults);
-  hdf5::write_string_attr(root, "versions", attrs.versions, faults);
-  hdf5::write_string_attr(root, "git_commit", attrs.git_commit, faults);
-  if (!attrs.run_id.empty()) hdf5::write_string_attr(root, "run_id", attrs.run_id, faults);
   std::vector<int64_t> resumed = old.resumed_at_steps;
-  if (resume || (keep_through_step >= 0 && json_exists)) resumed.push_back(keep_through_step);
-  {
-    const hsize_t dims[1] = {resumed.size()};
-    const char* name = "resumed_at_steps";
-    Hid space = faults.checked(H5Screate_simple(1, dims, nullptr), H5Sclose, name);
-    Hid attr =
-        faults.checked(H5Acreate2(root, name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT),
-                       H5Aclose, name);
-    if (!resumed.empty())
-      faults.check(H5Awrite(attr.get(), H5T_NATIVE_INT64, resumed.data()), name);
-  }
+  if (resume || from_json) resumed.push_back(keep_through_step);
+  write_root_attrs(file.get(), attrs, resumed, faults);
 
   file_ = file.release();  // closed by close_all() from here on
   try {
     open_columns("train", kTrainColumns, attrs, &train_);
     open_columns("eval", kEvalColumns, attrs, &eval_);
-    for (const std::vector<double>& row : old.train_rows)
-      if (row[0] <= static_cast<double>(keep_through_step)) write_row(train_, &train_rows_, row);
-    for (const std::vector<double>& row : old.eval_rows)
-      if (row[0] <= static_cast<double>(keep_through_step)) write_row(eval_, &eval_rows_, row);
-    // metrics.jsonl is rewritten from the rows kept: it follows the branch.
-    std::string why;
-    const int json_fd = create_new_file(json_target, &why);
-    if (json_fd < 0) faults.fail("cannot create " + json_target + ": " + why);
-    json_ = ::fdopen(json_fd, "w");
-    if (json_ == nullptr) {
-      ::close(json_fd);
-      faults.fail_errno("cannot create " + json_target);
-    }
-    for (const std::vector<double>& row : old.train_rows) {
-      if (row[0] > static_cast<double>(keep_through_step)) continue;
-      append_json("train", train_, row);
-      const double elapsed = row[11];  // elapsed_s (kTrainColumns)
-      if (std::isfinite(elapsed)) elapsed_before_ = elapsed;
-    }
-    for (const std::vector<double>& row : old.eval_rows)
-      if (row[0] <= static_cast<double>(keep_through_step)) append_json("eval", eval_, row);
-    if (std::fflush(json_) != 0 || std::rename(json_target.c_str(), json_path.c_str()) != 0)
-      faults.fail_errno("cannot write " + json_path);
+    write_kept_rows(old, keep_through_step);
+    rewrite_json(json_target, old, keep_through_step);
     faults.check(H5Fstart_swmr_write(file_), "the file (start SWMR writing)");
     if (resume && std::rename(target.c_str(), path.c_str()) != 0) {
       faults.fail_errno("cannot replace it with " + target);
@@ -197,6 +210,45 @@ MetricsLog::MetricsLog(const std::string& path, const RunAttributes& attrs,
     if (resume) fs::remove(target, ec);
     fs::remove(json_target, ec);
     throw;
+  }
+}
+
+void MetricsLog::write_kept_rows(const MetricsTable& old, int64_t keep_through_step) {
+  for (const std::vector<double>& row : old.train_rows)
+    if (kept(row, keep_through_step)) write_row(train_, &train_rows_, row);
+  for (const std::vector<double>& row : old.eval_rows)
+    if (kept(row, keep_through_step)) write_row(eval_, &eval_rows_, row);
+}
+
+// metrics.jsonl is rewritten from the rows kept: it follows the branch. The
+// lines go to json_target, renamed over metrics.jsonl once all are written.
+void MetricsLog::rewrite_json(const std::string& json_target, const MetricsTable& old,
+                              int64_t keep_through_step) {
+  const Faults faults = faults_of(path_);
+  const std::string json_path = json_path_of(path_);
+  open_json(json_target);
+  for (const std::vector<double>& row : old.train_rows) {
+    if (!kept(row, keep_through_step)) continue;
+    append_json("train", train_, row);
+    const double elapsed = row[11];  // elapsed_s (kTrainColumns)
+    if (std::isfinite(elapsed)) elapsed_before_ = elapsed;
+  }
+  for (const std::vector<double>& row : old.eval_rows)
+    if (kept(row, keep_through_step)) append_json("eval", eval_, row);
+  if (std::fflush(json_) != 0 || std::rename(json_target.c_str(), json_path.c_str()) != 0)
+    faults.fail_errno("cannot write " + json_path);
+}
+
+// json_ on json_target, created anew (create_new_file: never through a link).
+void MetricsLog::open_json(const std::string& json_target) {
+  const Faults faults = faults_of(path_);
+  std::string why;
+  const int json_fd = create_new_file(json_target, &why);
+  if (json_fd < 0) faults.fail("cannot create " + json_target + ": " + why);
+  json_ = ::fdopen(json_fd, "w");
+  if (json_ == nullptr) {
+    ::close(json_fd);
+    faults.fail_errno("cannot create " + json_target);
   }
 }
 
@@ -399,6 +451,50 @@ MetricsTable read_metrics(const std::string& path) {
 
 namespace {
 
+enum class JsonField { kRead, kEnd, kMalformed };
+
+// The next "key": value of a metrics.jsonl line from *at, which moves past
+// it; kEnd at the closing brace.
+JsonField next_json_field(const std::string& line, size_t* at, std::string* key,
+                          std::string* value) {
+  *at = line.find_first_not_of(" ,", *at);
+  if (*at == std::string::npos || line[*at] == '}') return JsonField::kEnd;
+  if (line[*at] != '"') return JsonField::kMalformed;
+  const size_t key_end = line.find('"', *at + 1);
+  const size_t colon = key_end == std::string::npos ? key_end : line.find(':', key_end);
+  if (colon == std::string::npos) return JsonField::kMalformed;
+  *key = line.substr(*at + 1, key_end - *at - 1);
+  const size_t value_at = line.find_first_not_of(' ', colon + 1);
+  if (value_at == std::string::npos) return JsonField::kMalformed;
+  const size_t value_end = line.find_first_of(",}", value_at);
+  if (value_end == std::string::npos) return JsonField::kMalformed;
+  *value = line.substr(value_at, value_end - value_at);
+  *at = value_end;
+  return JsonField::kRead;
+}
+
+// A number as append_json writes it, null as NaN; false for anything else.
+bool parse_json_number(const std::string& value, double* number) {
+  *number = std::nan("");
+  if (value == "null") return true;
+  char* end = nullptr;
+  *number = std::strtod(value.c_str(), &end);
+  return end != value.c_str() && *end == '\0';
+}
+
+// Puts `number` in every column named `key`; true when that gives the row a
+// step (column 0, finite).
+bool store_json_value(const Columns& columns, const std::string& key, double number,
+                      std::vector<double>* row) {
+  bool step = false;
+  for (size_t c = 0; c < columns.size(); ++c) {
+    if (key != columns[c].first) continue;
+    (*row)[c] = number;
+    step = step || (c == 0 && std::isfinite(number));
+  }
+  return step;
+}
+
 // One line of metrics.jsonl, {"group": "train", "step": 5, "loss": 3.4, ...}
 // as append_json writes it, into `columns`' order; false when it is not one.
 bool parse_json_row(const std::string& line, const Columns& columns, const char* group,
@@ -407,36 +503,19 @@ bool parse_json_row(const std::string& line, const Columns& columns, const char*
   bool has_step = false, in_group = false;
   size_t at = line.find('{');
   if (at == std::string::npos || line.find_last_not_of(" \t\r") != line.rfind('}')) return false;
+  std::string key, value;
   for (++at;;) {
-    at = line.find_first_not_of(" ,", at);
-    if (at == std::string::npos || line[at] == '}') break;
-    if (line[at] != '"') return false;
-    const size_t key_end = line.find('"', at + 1);
-    const size_t colon = key_end == std::string::npos ? key_end : line.find(':', key_end);
-    if (colon == std::string::npos) return false;
-    const std::string key = line.substr(at + 1, key_end - at - 1);
-    const size_t value_at = line.find_first_not_of(' ', colon + 1);
-    if (value_at == std::string::npos) return false;
-    size_t value_end = line.find_first_of(",}", value_at);
-    if (value_end == std::string::npos) return false;
-    const std::string value = line.substr(value_at, value_end - value_at);
-    at = value_end;
+    const JsonField field = next_json_field(line, &at, &key, &value);
+    if (field == JsonField::kEnd) break;
+    if (field == JsonField::kMalformed) return false;
     if (key == "group") {
       if (value.size() < 2 || value.front() != '"' || value.back() != '"') return false;
       in_group = value.substr(1, value.size() - 2) == group;
       continue;
     }
-    double number = std::nan("");
-    if (value != "null") {
-      char* end = nullptr;
-      number = std::strtod(value.c_str(), &end);
-      if (end == value.c_str() || *end != '\0') return false;
-    }
-    for (size_t c = 0; c < columns.size(); ++c) {
-      if (key != columns[c].first) continue;
-      (*row)[c] = number;
-      has_step = has_step || (c == 0 && std::isfinite(number));
-    }
+    double number;
+    if (!parse_json_number(value, &number)) return false;
+    if (store_json_value(columns, key, number, row)) has_step = true;
   }
   return has_step && in_group;
 }

@@ -90,6 +90,8 @@ struct RunAttributes {
   bool valid_bleu = false;
 };
 
+struct MetricsTable;
+
 class MetricsLog {
  public:
   // Creates `path` (keep_through_step < 0). Resuming (keep_through_step >=
@@ -131,6 +133,14 @@ class MetricsLog {
   void append_row(std::vector<Column>& columns, hsize_t* rows, const std::vector<double>& values);
   void write_row(std::vector<Column>& columns, hsize_t* rows, const std::vector<double>& values);
   void close_all() noexcept;
+  // The constructor's last steps: the rows of `old` (carried on resume) up
+  // to keep_through_step go to the new metrics.h5 (write_kept_rows, in the
+  // caller's session) and to metrics.jsonl, written anew as json_target and
+  // renamed over it (rewrite_json, which opens json_ with open_json).
+  void write_kept_rows(const MetricsTable& old, int64_t keep_through_step);
+  void rewrite_json(const std::string& json_target, const MetricsTable& old,
+                    int64_t keep_through_step);
+  void open_json(const std::string& json_target);
   // One JSON line to metrics.jsonl (no flush to disk: a line tool reads it).
   void append_json(const char* group, const std::vector<Column>& columns,
                    const std::vector<double>& values);

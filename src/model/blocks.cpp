@@ -365,34 +365,6 @@ void Embedding::backward(BlockContext& ctx, Act dx, const RowGroups& by_id, cons
                          by_pos, N, C, scale_);
 }
 
-void PatchEmbedding::init(BlockContext& ctx, ActivationArena& arena, int rows, int weight_index,
-                          int bias_index, uint64_t site) {
-  weight_ = weight_index;
-  bias_ = bias_index;
-  site_ = site;
-  out_ = arena.acts(static_cast<size_t>(rows) * ctx.config->d_model);
-}
-
-Act PatchEmbedding::forward(BlockContext& ctx, Act patches, int N) {
-  Ops& ops = *ctx.ops;
-  ParameterSet& p = *ctx.params;
-  const int C = ctx.config->d_model, F = ctx.config->patch_features();
-  ops.matmul_forward(out_, patches, p.weight(weight_), p.weight(bias_), N, F, C);
-  const Dropout d = dropout_at(ctx, site_);
-  if (d.p > 0.0f) ops.dropout(out_, out_, static_cast<size_t>(N) * C, d);
-  return out_;
-}
-
-void PatchEmbedding::backward(BlockContext& ctx, Act dx, Act patches, int N) {
-  Ops& ops = *ctx.ops;
-  ParameterSet& p = *ctx.params;
-  const int C = ctx.config->d_model, F = ctx.config->patch_features();
-  const Dropout d = dropout_at(ctx, site_);
-  if (d.p > 0.0f) ops.dropout(dx, dx, static_cast<size_t>(N) * C, d);
-  ops.matmul_backward(Act(), p.grad(weight_), p.grad(bias_), dx, patches, p.weight(weight_), N, F,
-                      C, false);
-}
-
 void sinusoid_table(float* table, int L, int C) {
   for (int pos = 0; pos < L; ++pos) {
     for (int i = 0; i < C / 2; ++i) {

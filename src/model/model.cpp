@@ -10,52 +10,6 @@
 
 namespace mpiformer {
 
-void Model::Impl::build_stack(Stack& stack, const std::string& name, int layers, bool causal,
-                              bool cross, int rows, uint64_t site_base) {
-  const int per_layer = cross ? 3 : 2;
-  // GPT-2: residual projections scaled down by the number of residual adds.
-  const float residual_std = 0.02f / std::sqrt(static_cast<float>(per_layer * layers));
-  const int positions =
-      config.positions == PositionKind::kLearned ? params.find("embed.positions") : -1;
-  if (config.images()) {
-    stack.images = true;
-    stack.patch_embedding.init(ctx, arena, rows, params.find("patch_embed.weight"),
-                               params.find("patch_embed.bias"), site_base);
-    stack.patches = arena.acts(static_cast<size_t>(rows) * config.patch_features());
-  } else {
-    stack.embedding.init(ctx, arena, rows, token_table, positions,
-                         positions >= 0 ? Act() : sinusoids, site_base);
-  }
-  uint64_t site = site_base + 1;
-  const int memory_rows = cross ? capacity.max_tokens : 0;
-  stack.per_layer = per_layer;
-  stack.recompute = capacity.recompute == Recompute::kLayer;
-  // --recompute layer: layer 0 allocates the set, the others share it (by
-  // address: the vector never grows past its reservation).
-  stack.sublayers.reserve(static_cast<size_t>(layers) * per_layer);
-  const auto shared = [&](int l, int k) -> const Sublayer* {
-    return stack.recompute && l > 0 ? &stack.sublayers[static_cast<size_t>(k)] : nullptr;
-  };
-  for (int l = 0; l < layers; ++l) {
-    const std::string prefix = name + ".layers." + std::to_string(l);
-    int k = 0;  // the sub-layer's place in its layer
-    stack.sublayers.emplace_back().init(ctx, arena, prefix + ".self_attn",
-                                        Sublayer::Kind::kSelfAttention, causal, rows, 0, site++,
-                                        residual_std, shared(l, k++));
-    if (cross) {
-      stack.sublayers.emplace_back().init(ctx, arena, prefix + ".cross_attn",
-                                          Sublayer::Kind::kCrossAttention, false, rows, memory_rows,
-                                          site++, residual_std, shared(l, k++));
-    }
-    stack.sublayers.emplace_back().init(ctx, arena, prefix + ".mlp", Sublayer::Kind::kMlp, false,
-                                        rows, 0, site++, residual_std, shared(l, k++),
-                                        /*own_output=*/true);
-  }
-  stack.inputs.assign(stack.sublayers.size(), Act());
-  stack.has_final_norm = config.pre_norm;
-  if (stack.has_final_norm) stack.final_norm.init(ctx, arena, name + ".norm", rows);
-}
-
 void Model::Impl::build() {
   const int C = config.d_model, V = config.vocab, L = config.max_len;
   const int N = capacity.max_tokens;
@@ -76,22 +30,7 @@ void Model::Impl::build() {
     }
   }
 
-  switch (config.kind) {
-    case ModelKind::kLm:
-      build_stack(main, "decoder", config.layers, true, false, N, 1000);
-      break;
-    case ModelKind::kMlm:
-    case ModelKind::kClassify:
-      build_stack(main, "encoder", config.layers, false, false, N, 1000);
-      break;
-    case ModelKind::kSeq2seq:
-      has_encoder = true;
-      build_stack(encoder, "encoder", config.enc_layers, false, false, N, 1000);
-      build_stack(main, "decoder", config.dec_layers, true, true, N, 2000);
-      enc_seq.init(arena, N);
-      dmemory = arena.acts(static_cast<size_t>(N) * C);
-      break;
-  }
+  build_stacks();
   dec_seq.init(arena, N);
   targets = arena.ints(N);
   if (capacity.cache_rows > 0) {
@@ -192,26 +131,6 @@ void Model::Impl::check(const PackedSequences& s, const char* side) const {
                                " outside the vocabulary [0, " + std::to_string(config.vocab) + ")");
 }
 
-// Loss of the vocabulary projection over rows [0, N) of h, fused with its
-// backward: dh (N, C) is written when `backward`. The sums go to *sums.
-// h: (N, C)
-void Model::Impl::head(Act h, Act dh, int N, float smoothing, float grad_scale, bool backward,
-                       LossSums* sums) {
-  const int C = config.d_model, V = config.vocab;
-  for (int r0 = 0; r0 < N; r0 += chunk_rows) {
-    const int n = std::min(chunk_rows, N - r0);
-    const Act x = h + static_cast<size_t>(r0) * C;
-    ops.matmul_forward(logits, x, params.weight(output_weight), head_bias(), n, C, V, {},
-                       logits_stride);
-    ops.cross_entropy(logits, targets + r0, n, V, smoothing, config.special.pad, grad_scale,
-                      backward, sums, logits_stride);
-    if (backward)
-      ops.matmul_backward(dh + static_cast<size_t>(r0) * C, params.grad(output_weight),
-                          output_bias >= 0 ? params.grad(output_bias) : nullptr, logits, x,
-                          params.weight(output_weight), n, C, V, false, {}, logits_stride);
-  }
-}
-
 // The forward pass up to the main stack's output; the encoder output
 // stays in memory_ / memory_rows_ for the backward pass.
 // returns: backend (decoder.total(), C)
@@ -254,12 +173,7 @@ void Model::Impl::run(const Batch& batch, float smoothing, float grad_scale, boo
   const int N = dec_seq.rows.total;
   const Act memory = memory_;
   const Ragged memory_rows = memory_rows_;
-  if (config.kind == ModelKind::kMlm) {
-    ops.matmul_forward(mlm_act, h, params.weight(mlm_dense_w), params.weight(mlm_dense_b), N, C, C,
-                       FusedActivation{config.activation, mlm_dense});
-    mlm_norm.forward(ctx, mlm_act, N);
-    h = mlm_norm.out;
-  }
+  if (config.kind == ModelKind::kMlm) h = mlm_transform_forward(h, N);
 
   // ---- loss, fused with the head's backward ----
   head(h, spare, N, smoothing, grad_scale, training, training ? train_sums : eval_sums);
@@ -269,14 +183,7 @@ void Model::Impl::run(const Batch& batch, float smoothing, float grad_scale, boo
   if (listener && head_first >= 0) listener->gradients_final(params.info()[head_first].offset);
 
   // ---- backward ----  (d(main.out) is in `spare`)
-  if (config.kind == ModelKind::kMlm) {
-    const size_t n = static_cast<size_t>(N) * C;
-    mlm_norm.backward(ctx, scratch.dy, spare, mlm_act, N, false);
-    ops.activation_backward(scratch.du, scratch.dy, mlm_dense, n, config.activation);
-    ops.matmul_backward(spare, params.grad(mlm_dense_w), params.grad(mlm_dense_b), scratch.du,
-                        main.out, params.weight(mlm_dense_w), N, C, C, false);
-    if (listener) listener->gradients_final(params.info()[mlm_dense_w].offset);
-  }
+  if (config.kind == ModelKind::kMlm) mlm_transform_backward(N, listener);
   if (has_encoder)
     ops.device().fill_zero(dmemory.data,
                            static_cast<size_t>(memory_rows.total) * C * dtype_bytes(dmemory.dtype));

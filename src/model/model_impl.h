@@ -1,7 +1,9 @@
 // Model::Impl, the model behind src/model/model.h's interface: its stacks,
-// heads and buffers. Building and training (forward, backward, the loss)
-// are defined in model.cpp, decoding in model_decoding.cpp, the classifier
-// and image heads in model_classify.cpp.
+// heads and buffers. Building and training (forward, backward) are defined
+// in model.cpp, the three stacks in stacks.cpp, the language model's head in
+// lm_head.cpp, the classifier's
+// in classifier_head.cpp, images' entry in image_patches.cpp and decoding
+// in model_decoding.cpp.
 #pragma once
 
 #include <cmath>
@@ -87,6 +89,8 @@ struct Model::Impl {
     build();
   }
 
+  // The stacks of the model's kind (stacks.cpp), and one of them.
+  void build_stacks();
   void build_stack(Stack& stack, const std::string& name, int layers, bool causal, bool cross,
                    int rows, uint64_t site_base);
 
@@ -107,6 +111,8 @@ struct Model::Impl {
   // backward: dh (N, C) is written when `backward`. The sums go to *sums.
   // h: (N, C)
   void head(Act h, Act dh, int N, float smoothing, float grad_scale, bool backward, LossSums* sums);
+  Act mlm_transform_forward(Act h, int N);
+  void mlm_transform_backward(int N, GradientListener* listener);
 
   // The forward pass up to the main stack's output; the encoder output
   // stays in memory_ / memory_rows_ for the backward pass.

@@ -1,9 +1,12 @@
 // How ranks agree on an error: the one idiom every command uses. A step runs
 // (on every rank, or on rank 0 alone), a fault it throws becomes a Verdict
-// (an exit code and the line that explains it), each rank prints its own
-// line, and one collective tells every rank the largest code. So no rank
-// ever waits in a later collective for a rank that has given up, and every
-// rank leaves with the same exit code.
+// (an exit code and the line that explains it), the chosen ranks print
+// their lines, and one collective tells every rank the largest code. So no
+// rank ever waits in a later collective for a rank that has given up, and
+// every rank leaves with the same exit code. Three verbs:
+//   attempt   runs a step on this rank and turns what it throws into a Verdict;
+//   agree     (a collective) prints what the Speaker rule chooses and returns the largest code;
+//   agree_on  (a collective) runs a step where the Speaker rule says, then agrees on it.
 #pragma once
 
 #include <exception>
@@ -22,16 +25,17 @@ struct Verdict {
   std::string message;
 };
 
-// The collective: prints this rank's message on stderr, and returns on every
-// rank the largest code of all ranks' verdicts.
-int agree(const Communicator& comm, const Verdict& mine);
+// Which ranks' lines are printed.
+enum class Speaker {
+  kEach,          // every rank with a line prints it
+  kFirst,         // the lowest rank with a fault, for all (a full disk meets them all)
+  kFirstRefusal,  // a refusal (exit 2) once, by the lowest rank refusing; other faults each
+  kRoot,          // rank 0's verdict is every rank's; agree_on runs the step on rank 0 alone
+};
 
-// As agree, but only the lowest rank with a fault prints its line: one line
-// for all, however many ranks met the fault (a full disk meets them all).
-int agree_first(const Communicator& comm, Verdict mine);
-
-// Rank 0's verdict, for every rank (the other ranks' verdicts are ignored).
-int agree_on(const Communicator& comm, const Verdict& verdict);
+// The collective: prints the lines `speaker` chooses on stderr, and returns
+// on every rank the largest code of the verdicts it counts.
+int agree(const Communicator& comm, Verdict mine, Speaker speaker = Speaker::kEach);
 
 // Whom a step's exception blames, and so how its line reads and its code.
 enum class Blame {
@@ -78,32 +82,15 @@ Verdict attempt(const Communicator& comm, Fn&& step, Blame blame = Blame::kOfRan
   }
 }
 
-// Runs `what` on every rank; true on every rank when it succeeded on all.
-// The lowest rank that failed prints "[rank r] message".
+// Runs `step` on every rank (on rank 0 alone under Speaker::kRoot), blames
+// its faults as `blame` says, and returns the agreed exit code (0: go on).
 template <class Fn>
-bool agreed(const Communicator& comm, Fn&& what) {
-  return agree_first(comm, attempt(comm, std::forward<Fn>(what))) == 0;
-}
-
-// Runs `check` of the given flags and files on every rank; returns the agreed
-// exit code (0: go on). Faults are blamed kByType. The ranks check the same
-// inputs and so refuse alike: the lowest rank with a refusal (UsageError,
-// exit 2) prints it once for all, not one line per rank.
-template <class Fn>
-int agree_on_inputs(const Communicator& comm, Fn&& check, const std::string& command) {
-  Verdict mine = attempt(comm, std::forward<Fn>(check), Blame::kByType, command);
-  const bool refused = mine.code == kExitUsage;
-  const int speaker = comm.min_with_rank(refused ? 0 : 1).second;  // a collective
-  if (refused && comm.rank() != speaker) mine.message.clear();
-  return agree(comm, mine);
-}
-
-// Runs `step` on rank 0 alone; every rank learns the exit code (0: go on).
-template <class Fn>
-int agree_on_root(const Communicator& comm, Fn&& step, Blame blame, const std::string& command) {
-  Verdict verdict;
-  if (comm.is_root()) verdict = attempt(comm, std::forward<Fn>(step), blame, command);
-  return agree(comm, verdict);
+int agree_on(const Communicator& comm, Fn&& step, Speaker speaker = Speaker::kFirst,
+             Blame blame = Blame::kOfRank, const std::string& command = "") {
+  Verdict mine;
+  if (speaker != Speaker::kRoot || comm.is_root())
+    mine = attempt(comm, std::forward<Fn>(step), blame, command);
+  return agree(comm, mine, speaker);
 }
 
 }  // namespace mpiformer

@@ -6,13 +6,14 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <cmath>
 #include <csignal>
 #include <cstring>
 #include <exception>
 #include <filesystem>
 #include <functional>
 #include <optional>
+#include <stdexcept>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -24,6 +25,7 @@
 #include "src/io/hdf5_file.h"
 #include "src/io/label_names.h"
 #include "src/parallel/agreement.h"
+#include "src/parallel/collective_hdf5.h"
 
 namespace mpiformer {
 
@@ -31,214 +33,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using hdf5::Hid;
-
-// This rank's first fault; later steps are skipped, collective calls are not.
-class FirstFault {
- public:
-  bool ok() const { return what_.empty(); }
-  const std::string& what() const { return what_; }
-  void set(const std::string& what) {
-    if (ok()) what_ = what.empty() ? "unknown error" : what;
-  }
-  // Runs `step` unless a fault came first; records what it throws.
-  void attempt(const std::function<void()>& step) {
-    if (!ok()) return;
-    try {
-      step();
-    } catch (const std::exception& e) {
-      set(e.what());
-    }
-  }
-
- private:
-  std::string what_;
-};
-
-// The MPI-IO file access of every rank, as parallel HDF5 needs it.
-// Metadata is written collectively (one rank writes, all agree on it); no
-// file locking: parallel file systems often lack flock(), and only this run
-// opens the temporary name.
-Hid mpio_access(const hdf5::Faults& faults) {
-  Hid fapl = faults.checked(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, "the file");
-  faults.check(H5Pset_fapl_mpio(fapl.get(), MPI_COMM_WORLD, MPI_INFO_NULL), "the file");
-  faults.check(H5Pset_all_coll_metadata_ops(fapl.get(), true), "the file");
-  faults.check(H5Pset_coll_metadata_write(fapl.get(), true), "the file");
-  faults.check(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_LATEST), "the file");
-  faults.check(H5Pset_file_locking(fapl.get(), 0, 1), "the file");
-  return fapl;
-}
-
-// Collective transfers: filtered (checksummed) datasets are written only so.
-Hid collective_transfer(const hdf5::Faults& faults) {
-  Hid dxpl = faults.checked(H5Pcreate(H5P_DATASET_XFER), H5Pclose, "the transfer");
-  faults.check(H5Pset_dxpl_mpio(dxpl.get(), H5FD_MPIO_COLLECTIVE), "the transfer");
-  return dxpl;
-}
-
-// A rank's part [lo, hi) of a row-major 1-D or 2-D tensor as at most three
-// regular blocks: (0) the end of a first row, (1) whole rows, (2) the start
-// of a last row; a 1-D part is block 1 alone. Each block is its own
-// transfer with a memory space of the block's shape: a union of hyperslabs,
-// or a memory space shaped unlike the file's selection, makes HDF5 1.10 map
-// every element to its chunk one at a time (a whole checkpoint three times
-// slower).
-struct Block {
-  int rank = 1;               // of the dataset
-  hsize_t start[2] = {0, 0};  // in the dataset
-  hsize_t count[2] = {0, 0};  // (count[0], count[1]) elements; 1-D: count[0]
-  size_t first = 0;           // the block's first element, counted from lo
-  size_t size() const { return rank == 1 ? count[0] : count[0] * count[1]; }
-};
-constexpr int kBlocks = 3;
-
-// The blocks of [lo, hi) (all empty when lo >= hi); false for a dataset of
-// another rank or with no columns.
-bool blocks_of(const std::vector<hsize_t>& dims, size_t lo, size_t hi, Block (&blocks)[kBlocks]) {
-  for (Block& block : blocks) block = Block{};
-  if (dims.size() == 1) {
-    if (hi > lo) blocks[1] = Block{1, {lo, 0}, {hi - lo, 0}, 0};
-    return true;
-  }
-  if (dims.size() != 2 || dims[1] == 0) return false;
-  const hsize_t cols = dims[1];
-  size_t pos = lo;
-  if (pos < hi && pos % cols != 0) {
-    const hsize_t n = std::min<hsize_t>(cols - pos % cols, hi - pos);
-    blocks[0] = Block{2, {pos / cols, pos % cols}, {1, n}, 0};
-    pos += n;
-  }
-  if (const hsize_t rows = pos < hi ? (hi - pos) / cols : 0; rows > 0) {
-    blocks[1] = Block{2, {pos / cols, 0}, {rows, cols}, pos - lo};
-    pos += rows * cols;
-  }
-  if (pos < hi) blocks[2] = Block{2, {pos / cols, 0}, {1, hi - pos}, pos - lo};
-  return true;
-}
-
-// Moves block `which` of every rank's part of `dset` between the file and
-// `buffer` (this rank's part, from its first element): one collective
-// H5Dwrite (write) or H5Dread. A rank whose block is empty, or that failed
-// before (ok false), takes part with nothing selected. Returns the status.
-herr_t transfer_block(hid_t dset, const Block& block, bool ok, hid_t dxpl, float* buffer,
-                      bool write) {
-  Hid file_space(H5Dget_space(dset), H5Sclose);
-  const bool mine = ok && block.size() > 0;
-  const hsize_t one[2] = {1, 1};
-  Hid memory(H5Screate_simple(block.rank, mine ? block.count : one, nullptr), H5Sclose);
-  if (!file_space.ok() || !memory.ok()) return -1;
-  const herr_t selected =
-      mine ? H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, block.start, nullptr,
-                                 block.count, nullptr)
-           : std::min(H5Sselect_none(file_space.get()), H5Sselect_none(memory.get()));
-  float* data = buffer + (mine ? block.first : 0);
-  errno = 0;  // a failed write's reason (Faults::check)
-  const herr_t moved =
-      write ? H5Dwrite(dset, H5T_NATIVE_FLOAT, memory.get(), file_space.get(), dxpl, data)
-            : H5Dread(dset, H5T_NATIVE_FLOAT, memory.get(), file_space.get(), dxpl, data);
-  return selected < 0 ? selected : moved;
-}
-
-// Which blocks any rank moves, per tensor: block b of tensor i is moved when
-// used[i * kBlocks + b] is non-zero. One collective: every rank must make
-// the same transfers.
-std::vector<int64_t> blocks_used(const Communicator& comm, const ParameterSet& params, size_t lo,
-                                 size_t hi) {
-  const std::vector<ParamInfo>& infos = params.info();
-  std::vector<int64_t> used(infos.size() * kBlocks, 0);
-  for (size_t i = 0; i < infos.size(); ++i) {
-    const size_t begin = std::max(lo, infos[i].offset);
-    const size_t end = std::min(hi, infos[i].offset + infos[i].size);
-    Block blocks[kBlocks];
-    const std::vector<hsize_t> dims(infos[i].shape.begin(), infos[i].shape.end());
-    if (end > begin && blocks_of(dims, begin - infos[i].offset, end - infos[i].offset, blocks)) {
-      for (int b = 0; b < kBlocks; ++b) used[i * kBlocks + b] = blocks[b].size() > 0;
-    }
-  }
-  comm.allreduce_sum(used.data(), static_cast<int>(used.size()));
-  return used;
-}
-
-// Each rank's CRC-32C of its part of every tensor, summed over the ranks so
-// that every rank can tell a whole tensor's: tensor t's slot for rank r is
-// {lo, hi, crc} of the elements [lo, hi) of the tensor it moved.
-class PartSums {
- public:
-  PartSums(const Communicator& comm, size_t tensors)
-      : world_(static_cast<size_t>(comm.size())),
-        rank_(static_cast<size_t>(comm.rank())),
-        slots_(tensors * world_ * 3, 0) {}
-
-  // data: host (hi - lo) float32, elements [lo, hi) of tensor t.
-  void record(size_t t, size_t lo, size_t hi, const float* data) {
-    int64_t* slot = &slots_[(t * world_ + rank_) * 3];
-    slot[0] = static_cast<int64_t>(lo);
-    slot[1] = static_cast<int64_t>(hi);
-    slot[2] = crc32c(data, (hi - lo) * sizeof(float));
-  }
-  // One collective: every rank's parts.
-  void gather(const Communicator& comm) {
-    comm.allreduce_sum(slots_.data(), static_cast<int>(slots_.size()));
-  }
-  // Tensor t's sum (size elements), chained from parts that start where the
-  // last ended; none where the parts leave a hole.
-  std::optional<uint32_t> whole(size_t t, size_t size) const {
-    uint32_t crc = 0;
-    int64_t at = 0;
-    while (at < static_cast<int64_t>(size)) {
-      const int64_t* next = nullptr;
-      for (size_t r = 0; r < world_; ++r) {
-        const int64_t* slot = &slots_[(t * world_ + r) * 3];
-        if (slot[0] == at && slot[1] > at && (!next || slot[1] > next[1])) next = slot;
-      }
-      if (!next) return std::nullopt;
-      crc = crc32c_combine(crc, static_cast<uint32_t>(next[2]),
-                           static_cast<uint64_t>(next[1] - at) * sizeof(float));
-      at = next[1];
-    }
-    return crc;
-  }
-
- private:
-  size_t world_, rank_;
-  std::vector<int64_t> slots_;  // (tensors, world, 3)
-};
-
-// What a collective read checks: the sums the file holds (none where a
-// tensor has none) and every rank's parts.
-struct ReadSums {
-  PartSums parts;
-  std::vector<std::optional<uint32_t>> stored;  // (tensors)
-
-  ReadSums(const Communicator& comm, size_t tensors) : parts(comm, tensors), stored(tensors) {}
-
-  // Tensor t's sum, read by every rank that opened it (the same file
-  // everywhere), a fault before or not: with collective metadata reads, a
-  // rank that skipped it would leave the others waiting.
-  void read_stored(size_t t, hid_t dset, const std::string& where, const hdf5::Faults& faults,
-                   FirstFault* failed) {
-    try {
-      if (uint32_t crc = 0; hdf5::stored_sum(dset, where, faults, &crc)) stored[t] = crc;
-    } catch (const std::exception& e) {
-      failed->set(e.what());
-    }
-  }
-  // Every tensor the ranks read whole between them, against its sum; tensor
-  // t = group * infos.size() + i is named "/" + group_name(group) + "/" + name.
-  template <class GroupName>
-  void check(const Communicator& comm, const std::vector<ParamInfo>& infos, GroupName group_name,
-             const hdf5::Faults& faults, FirstFault* failed) {
-    parts.gather(comm);
-    for (size_t t = 0; t < stored.size(); ++t) {
-      const ParamInfo& info = infos[t % infos.size()];
-      const std::optional<uint32_t> crc = parts.whole(t, info.size);
-      if (!crc || !stored[t]) continue;
-      failed->attempt([&] {
-        const std::string where = "/" + std::string(group_name(t / infos.size())) + "/" + info.name;
-        hdf5::check_sum(*stored[t], *crc, where, faults);
-      });
-    }
-  }
-};
+using namespace collective_io;
 
 // One of the three groups of tensors, as a rank holds it.
 struct TensorGroup {
@@ -246,10 +41,6 @@ struct TensorGroup {
   const float* data = nullptr;  // backend (end - begin): the rank's range of this group
   std::vector<Hid> datasets;    // one per params.info() entry, in its order
 };
-
-std::vector<hsize_t> dims_of(const ParamInfo& info) {
-  return std::vector<hsize_t>(info.shape.begin(), info.shape.end());
-}
 
 // Rank 0's strings of the state, sent to every rank: only rank 0 read the
 // shards and holds the run directory, and the attributes must be alike.
@@ -342,15 +133,6 @@ void abandon_if_apart(const Communicator& comm, const std::string& tmp, const Fi
   comm.abort(fault.what(), kExitFailure);
 }
 
-// Every rank's verdict on `fault`: the lowest rank that failed prints it,
-// and every rank returns kExitFailure when any rank failed.
-int agree_once(const Communicator& comm, const FirstFault& fault) {
-  Verdict mine;
-  if (!fault.ok())
-    mine = {kExitFailure, "[rank " + std::to_string(comm.rank()) + "] " + fault.what()};
-  return agree_first(comm, mine);
-}
-
 }  // namespace
 
 std::pair<size_t, size_t> even_share(size_t n, int rank, int world) {
@@ -360,275 +142,315 @@ std::pair<size_t, size_t> even_share(size_t n, int rank, int world) {
   return {begin, begin + base + (r < extra ? 1 : 0)};
 }
 
+namespace {
+
+// One collective checkpoint write, in the order every rank takes the same
+// collective calls: check, set the disk aside, create the metadata, write
+// each rank's part of every tensor, the sums, close; rank 0 then commits.
+// A fault is kept in `failed_` and agreed at the end of each phase.
+class CollectiveWrite {
+ public:
+  // alone: one process writes (write_checkpoint), and a fault is thrown
+  // (CheckpointError) instead of agreed and printed.
+  CollectiveWrite(const Communicator& comm, const ParameterSet& params,
+                  const CheckpointSlice& slice, CheckpointState& state, SavedCheckpoint* saved,
+                  bool alone)
+      : comm_(comm), params_(params), slice_(slice), state_(state), saved_(*saved), alone_(alone) {}
+
+  // Names the file on rank 0 (`name_file`) and checks every rank's part:
+  // false (the fault agreed in saved.code) when the write must not start.
+  bool check(const std::function<std::string()>& name_file);
+  // Creates the temporary on rank 0 with room for the whole file.
+  bool create_with_room();
+  // Every collective HDF5 call, faults or not; `fault` is the tests' hook.
+  void write(const CheckpointWriteFault& fault);
+  // Rank 0 makes the file durable and, with a run directory, the head of
+  // the run; then the verdict.
+  void commit(const std::string& rundir, int keep_last);
+
+ private:
+  void open_and_create();
+  void create_group_datasets(hid_t parent, const char* name, TensorGroup* group);
+  void write_tensor(size_t g, size_t i, const std::vector<int64_t>& used, PartSums* sums);
+  void close_file();
+  void meet_test_fault(const CheckpointWriteFault& fault);
+  bool agreed_so_far() { return !comm_.any(!failed_.ok()); }
+  int verdict() {
+    if (!alone_) return agree(comm_, verdict_of(comm_, failed_), Speaker::kFirst);
+    if (!failed_.ok()) throw CheckpointError(failed_.what());
+    return 0;
+  }
+
+  const Communicator& comm_;
+  const ParameterSet& params_;
+  const CheckpointSlice& slice_;
+  CheckpointState& state_;
+  SavedCheckpoint& saved_;
+  const bool alone_;
+  FirstFault failed_;
+  std::optional<hdf5::Faults> faults_;  // named by the file, once it has its name
+  std::string tmp_;                     // rank 0's temporary name, on every rank
+  Hid file_, dxpl_;
+  std::vector<TensorGroup> groups_;
+  std::vector<float> host_;  // staging, reused: (largest part of a tensor)
+};
+
+bool CollectiveWrite::check(const std::function<std::string()>& name_file) {
+  share_strings(comm_, &state_);
+  // Rank 0 names the file (and creates the directory); the others learn it.
+  if (comm_.is_root()) failed_.attempt([&] { saved_.path = name_file(); });
+  comm_.broadcast(&saved_.path, 0);
+  faults_.emplace(hdf5::Faults::of<CheckpointError>(saved_.path));
+  const hdf5::Faults& faults = *faults_;
+  failed_.attempt([&] {
+    if (params_.count() == 0) faults.fail("cannot write: there are no parameters");
+    const bool holds_part = slice_.end > slice_.begin;
+    if (holds_part && !slice_.params) faults.fail("cannot write: the parameters are not allocated");
+    if (holds_part && (!slice_.m || !slice_.v))
+      faults.fail("cannot write: the optimizer moments are missing");
+    if (slice_.begin > slice_.end || slice_.end > params_.count()) {
+      faults.fail("cannot write: this rank's range [" + std::to_string(slice_.begin) + ", " +
+                  std::to_string(slice_.end) + ") is not a part of the " +
+                  std::to_string(params_.count()) + " parameters it holds");
+    }
+    check_checkpoint_writable(faults, params_, state_);
+  });
+  // The slices must tile the buffer, or the file would hold holes.
+  const int64_t written = comm_.allreduce_sum(static_cast<int64_t>(slice_.end - slice_.begin));
+  if (written != static_cast<int64_t>(params_.count())) {
+    failed_.attempt([&] {
+      faults.fail("cannot write: the ranks' ranges hold " + std::to_string(written) +
+                  " elements, the parameters " + std::to_string(params_.count()));
+    });
+  }
+  if (agreed_so_far()) return true;
+  saved_.code = verdict();
+  return false;
+}
+
+bool CollectiveWrite::create_with_room() {
+  // Rank 0's name for the temporary, which only it creates and renames.
+  tmp_ = comm_.is_root() ? temporary_name(saved_.path) : "";
+  comm_.broadcast(&tmp_, 0);
+  failed_.attempt(
+      [&] { set_disk_aside(comm_, tmp_, checkpoint_file_bound(params_, state_), *faults_); });
+  if (agreed_so_far()) return true;
+  if (comm_.is_root()) ::unlink(tmp_.c_str());
+  saved_.code = verdict();
+  return false;
+}
+
+// Metadata, identical on every rank: the file, attributes, groups, datasets.
+void CollectiveWrite::open_and_create() {
+  const hdf5::Faults& faults = *faults_;
+  Hid fapl = mpio_access(faults);
+  file_ = faults.checked(H5Fopen(tmp_.c_str(), H5F_ACC_RDWR, fapl.get()), H5Fclose, "the file");
+  dxpl_ = collective_transfer(faults);
+  const hid_t root = file_.get();
+  write_checkpoint_attributes(root, state_, faults);
+  if (!state_.tokenizer.empty())
+    write_bytes_collectively(comm_, root, "tokenizer", state_.tokenizer, dxpl_.get(), faults);
+  if (!state_.label_names.empty()) {
+    write_bytes_collectively(comm_, root, "label_names", join_label_names(state_.label_names),
+                             dxpl_.get(), faults);
+  }
+  Hid optimizer =
+      faults.checked(H5Gcreate2(root, "optimizer", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose,
+                     "group /optimizer");
+  create_group_datasets(root, "params", &groups_[0]);
+  create_group_datasets(optimizer.get(), "m", &groups_[1]);
+  create_group_datasets(optimizer.get(), "v", &groups_[2]);
+}
+
+void CollectiveWrite::create_group_datasets(hid_t parent, const char* name, TensorGroup* group) {
+  const hdf5::Faults& faults = *faults_;
+  Hid handle = faults.checked(H5Gcreate2(parent, name, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+                              H5Gclose, std::string("group ") + group->path);
+  for (const ParamInfo& info : params_.info()) {
+    const std::string what = "dataset " + std::string(group->path) + info.name;
+    const std::vector<hsize_t> dims = dims_of(info);
+    Hid space = faults.checked(
+        H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose, what);
+    Hid dcpl = hdf5::checksummed_chunks(checkpoint_chunk_dims(dims), faults, what);
+    // Every element is written: no fill values written first.
+    faults.check(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), what);
+    group->datasets.push_back(
+        faults.checked(H5Dcreate2(handle.get(), info.name.c_str(), H5T_IEEE_F32LE, space.get(),
+                                  H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
+                       H5Dclose, what));
+  }
+}
+
+// The tests' faults, met between /params and the moments: a rank that
+// fails (and goes on with nothing selected), or rank 0 killed with half a
+// file on disk, as a crash leaves it.
+void CollectiveWrite::meet_test_fault(const CheckpointWriteFault& fault) {
+  if (state_.step == fault.fail_step && comm_.rank() == fault.fail_rank) {
+    failed_.set(saved_.path + ": cannot write " + groups_[1].path +
+                "...: fault injected by MPIFORMER_TEST_FAIL_IN_CHECKPOINT");
+  }
+  if (state_.step == fault.kill_step) {
+    H5Fflush(file_.get(), H5F_SCOPE_LOCAL);    // a collective
+    if (comm_.is_root()) std::raise(SIGKILL);  // the test's kill: half a file on disk
+  }
+}
+
+// This rank's range of tensor i of group g, in one collective write per
+// used block; a rank that failed takes part with nothing selected.
+void CollectiveWrite::write_tensor(size_t g, size_t i, const std::vector<int64_t>& used,
+                                   PartSums* sums) {
+  const std::vector<ParamInfo>& infos = params_.info();
+  const ParamInfo& info = infos[i];
+  const hdf5::Faults& faults = *faults_;
+  const std::string what = "dataset " + std::string(groups_[g].path) + info.name;
+  const size_t lo = std::max(slice_.begin, info.offset);
+  const size_t hi = std::max(lo, std::min(slice_.end, info.offset + info.size));
+  Block blocks[kBlocks];
+  if (!blocks_of(dims_of(info), lo - info.offset, hi - info.offset, blocks))
+    failed_.attempt([&] { faults.fail("cannot write " + what + ": not 1-D or 2-D"); });
+  host_.resize(std::max<size_t>(hi - lo, 1));
+  if (hi > lo) {
+    failed_.attempt([&] {
+      params_.ops().device().copy_to_host(host_.data(), groups_[g].data + (lo - slice_.begin),
+                                          (hi - lo) * sizeof(float));
+      sums->record(g * infos.size() + i, lo - info.offset, hi - info.offset, host_.data());
+    });
+  }
+  const hid_t dset = groups_[g].datasets[i].get();
+  for (int b = 0; b < kBlocks; ++b) {
+    if (!used[i * kBlocks + b]) continue;
+    const bool was_ok = failed_.ok();
+    const herr_t status = transfer_block(dset, blocks[b], was_ok, dxpl_.get(), host_.data(), true);
+    if (status < 0) failed_.attempt([&] { faults.check(status, what); });
+    if (was_ok && !failed_.ok()) abandon_if_apart(comm_, tmp_, failed_);
+  }
+}
+
+// Every rank closes, faults or not: the close is a collective.
+void CollectiveWrite::close_file() {
+  for (TensorGroup& group : groups_) group.datasets.clear();
+  errno = 0;  // a failed flush's reason (Faults::check)
+  const bool was_ok = failed_.ok();
+  const herr_t closed = file_.ok() ? file_.close() : 0;
+  if (closed < 0) failed_.attempt([&] { faults_->check(closed, "the file"); });
+  if (was_ok && !failed_.ok()) abandon_if_apart(comm_, tmp_, failed_);
+}
+
+void CollectiveWrite::write(const CheckpointWriteFault& fault) {
+  params_.ops().device().synchronize();  // the last update must have landed before it is copied
+  hdf5::Session session;
+  groups_.resize(3);
+  const std::pair<const char*, const float*> places[3] = {
+      {"/params/", slice_.params}, {"/optimizer/m/", slice_.m}, {"/optimizer/v/", slice_.v}};
+  for (size_t g = 0; g < groups_.size(); ++g)
+    std::tie(groups_[g].path, groups_[g].data) = places[g];
+  failed_.attempt([&] { open_and_create(); });
+  // The same metadata everywhere, or nobody writes data.
+  if (agreed_so_far()) {
+    // Data: each rank its range of every tensor. A rank that failed selects
+    // nothing from then on.
+    const std::vector<int64_t> used = blocks_used(comm_, params_, slice_.begin, slice_.end);
+    PartSums sums(comm_, groups_.size() * params_.info().size());
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      if (g == 1) meet_test_fault(fault);
+      for (size_t i = 0; i < params_.info().size(); ++i) write_tensor(g, i, used, &sums);
+    }
+    if (agreed_so_far()) write_sums(comm_, groups_, params_, sums, *faults_, &failed_);
+  }
+  close_file();
+}
+
+void CollectiveWrite::commit(const std::string& rundir, int keep_last) {
+  // A fault anywhere leaves no temporary file, and the previous checkpoint
+  // stays the head.
+  const bool written_everywhere = agreed_so_far();
+  if (comm_.is_root()) {
+    if (written_everywhere) {
+      failed_.attempt([&] {
+        try {
+          release_reserved_space(tmp_);
+          fsync_file(tmp_);
+          std::error_code ec;
+          saved_.bytes = fs::file_size(tmp_, ec);
+          commit_file(tmp_, saved_.path);
+        } catch (const CheckpointError&) {
+          throw;
+        } catch (const std::runtime_error& e) {
+          throw CheckpointError(e.what());
+        }
+        if (rundir.empty()) return;
+        point_latest_at(rundir, saved_.path);
+        prune_checkpoints(rundir, saved_.path, keep_last);
+      });
+    }
+    if (!written_everywhere || !failed_.ok()) {
+      std::error_code ec;
+      fs::remove(tmp_, ec);
+    }
+  }
+  saved_.code = verdict();
+}
+
+}  // namespace
+
 SavedCheckpoint save_checkpoint_collectively(const Communicator& comm, const std::string& rundir,
                                              const ParameterSet& params,
                                              const CheckpointSlice& slice, CheckpointState state,
                                              int keep_last, const CheckpointWriteFault& fault) {
   const auto start = std::chrono::steady_clock::now();
   SavedCheckpoint saved;
-  FirstFault failed;
-  share_strings(comm, &state);
-  // Rank 0 names the file (and creates the directory); the others learn it.
-  if (comm.is_root()) failed.attempt([&] { saved.path = checkpoint_path_for(rundir, state.step); });
-  comm.broadcast(&saved.path, 0);
-  const hdf5::Faults faults = hdf5::Faults::of<CheckpointError>(saved.path);
-  failed.attempt([&] {
-    if (params.count() == 0) faults.fail("cannot write: there are no parameters");
-    if (slice.begin > slice.end || slice.end > params.count() ||
-        (slice.end > slice.begin && (!slice.params || !slice.m || !slice.v))) {
-      faults.fail("cannot write: this rank's range [" + std::to_string(slice.begin) + ", " +
-                  std::to_string(slice.end) + ") is not a part of the " +
-                  std::to_string(params.count()) + " parameters it holds");
-    }
-    check_checkpoint_writable(faults, params, state);
-  });
-  // The slices must tile the buffer, or the file would hold holes.
-  const int64_t written = comm.allreduce_sum(static_cast<int64_t>(slice.end - slice.begin));
-  if (written != static_cast<int64_t>(params.count())) {
-    failed.attempt([&] {
-      faults.fail("cannot write: the ranks' ranges hold " + std::to_string(written) +
-                  " elements, the parameters " + std::to_string(params.count()));
-    });
-  }
-  if (comm.any(!failed.ok())) {
-    saved.code = agree_once(comm, failed);
+  CollectiveWrite write(comm, params, slice, state, &saved, /*alone=*/false);
+  if (!write.check([&] { return checkpoint_path_for(rundir, state.step); }) ||
+      !write.create_with_room()) {
     return saved;
   }
-
-  // Rank 0's name for the temporary, which only it creates and renames.
-  std::string tmp = comm.is_root() ? temporary_name(saved.path) : "";
-  comm.broadcast(&tmp, 0);
-  failed.attempt([&] { set_disk_aside(comm, tmp, checkpoint_file_bound(params, state), faults); });
-  if (comm.any(!failed.ok())) {
-    if (comm.is_root()) ::unlink(tmp.c_str());
-    saved.code = agree_once(comm, failed);
-    return saved;
-  }
-  params.ops().device().synchronize();  // the last update must have landed before it is copied
-  {
-    hdf5::Session session;
-    Hid file, dxpl;
-    std::vector<TensorGroup> groups(3);
-    groups[0].path = "/params/";
-    groups[0].data = slice.params;
-    groups[1].path = "/optimizer/m/";
-    groups[1].data = slice.m;
-    groups[2].path = "/optimizer/v/";
-    groups[2].data = slice.v;
-    // Metadata, identical on every rank: the file, attributes, groups, datasets.
-    failed.attempt([&] {
-      Hid fapl = mpio_access(faults);
-      file = faults.checked(H5Fopen(tmp.c_str(), H5F_ACC_RDWR, fapl.get()), H5Fclose, "the file");
-      dxpl = collective_transfer(faults);
-      const hid_t root = file.get();
-      write_checkpoint_attributes(root, state, faults);
-      if (!state.tokenizer.empty())
-        write_bytes_collectively(comm, root, "tokenizer", state.tokenizer, dxpl.get(), faults);
-      if (!state.label_names.empty()) {
-        write_bytes_collectively(comm, root, "label_names", join_label_names(state.label_names),
-                                 dxpl.get(), faults);
-      }
-      Hid optimizer =
-          faults.checked(H5Gcreate2(root, "optimizer", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
-                         H5Gclose, "group /optimizer");
-      const std::pair<hid_t, const char*> places[3] = {
-          {root, "params"}, {optimizer.get(), "m"}, {optimizer.get(), "v"}};
-      for (size_t g = 0; g < groups.size(); ++g) {
-        Hid group = faults.checked(
-            H5Gcreate2(places[g].first, places[g].second, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
-            H5Gclose, std::string("group ") + groups[g].path);
-        for (const ParamInfo& info : params.info()) {
-          const std::string what = "dataset " + std::string(groups[g].path) + info.name;
-          const std::vector<hsize_t> dims = dims_of(info);
-          Hid space =
-              faults.checked(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
-                             H5Sclose, what);
-          Hid dcpl = hdf5::checksummed_chunks(checkpoint_chunk_dims(dims), faults, what);
-          // Every element is written: no fill values written first.
-          faults.check(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), what);
-          groups[g].datasets.push_back(
-              faults.checked(H5Dcreate2(group.get(), info.name.c_str(), H5T_IEEE_F32LE, space.get(),
-                                        H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
-                             H5Dclose, what));
-        }
-      }
-    });
-    // The same metadata everywhere, or nobody writes data.
-    const bool created = !comm.any(!failed.ok());
-
-    // Data: each rank its range of every tensor, one collective write per
-    // dataset. A rank that failed selects nothing from then on.
-    std::vector<float> host;  // staging, reused: (largest part of a tensor)
-    const std::vector<int64_t> used =
-        created ? blocks_used(comm, params, slice.begin, slice.end) : std::vector<int64_t>{};
-    PartSums sums(comm, groups.size() * params.info().size());
-    for (size_t g = 0; created && g < groups.size(); ++g) {
-      if (g == 1) {
-        if (state.step == fault.step && comm.rank() == fault.rank) {
-          failed.set(saved.path + ": cannot write " + groups[g].path +
-                     "...: fault injected by MPIFORMER_TEST_FAIL_IN_CHECKPOINT");
-        }
-        if (checkpoint_kill_requested(state.step)) {
-          H5Fflush(file.get(), H5F_SCOPE_LOCAL);    // a collective
-          if (comm.is_root()) std::raise(SIGKILL);  // half a file on disk, as a crash leaves it
-        }
-      }
-      const std::vector<ParamInfo>& infos = params.info();
-      for (size_t i = 0; i < infos.size(); ++i) {
-        const ParamInfo& info = infos[i];
-        const std::string what = "dataset " + std::string(groups[g].path) + info.name;
-        const size_t lo = std::max(slice.begin, info.offset);
-        const size_t hi = std::max(lo, std::min(slice.end, info.offset + info.size));
-        Block blocks[kBlocks];
-        if (!blocks_of(dims_of(info), lo - info.offset, hi - info.offset, blocks))
-          failed.attempt([&] { faults.fail("cannot write " + what + ": not 1-D or 2-D"); });
-        host.resize(std::max<size_t>(hi - lo, 1));
-        if (hi > lo) {
-          failed.attempt([&] {
-            params.ops().device().copy_to_host(host.data(), groups[g].data + (lo - slice.begin),
-                                               (hi - lo) * sizeof(float));
-            sums.record(g * infos.size() + i, lo - info.offset, hi - info.offset, host.data());
-          });
-        }
-        // Every rank takes part in each used block's write, faults or not:
-        // each is a collective.
-        const hid_t dset = groups[g].datasets[i].get();
-        for (int b = 0; b < kBlocks; ++b) {
-          if (!used[i * kBlocks + b]) continue;
-          const bool was_ok = failed.ok();
-          const herr_t status =
-              transfer_block(dset, blocks[b], was_ok, dxpl.get(), host.data(), true);
-          if (status < 0) failed.attempt([&] { faults.check(status, what); });
-          if (was_ok && !failed.ok()) abandon_if_apart(comm, tmp, failed);
-        }
-      }
-    }
-    if (created && !comm.any(!failed.ok())) write_sums(comm, groups, params, sums, faults, &failed);
-    // Every rank closes, faults or not: the close is a collective.
-    for (TensorGroup& group : groups) group.datasets.clear();
-    errno = 0;  // a failed flush's reason (Faults::check)
-    const bool was_ok = failed.ok();
-    const herr_t closed = file.ok() ? file.close() : 0;
-    if (closed < 0) failed.attempt([&] { faults.check(closed, "the file"); });
-    if (was_ok && !failed.ok()) abandon_if_apart(comm, tmp, failed);
-  }
-
-  // Rank 0 alone makes it durable and the head of the run; a fault anywhere
-  // leaves no temporary file, and the previous checkpoint stays the head.
-  const bool written_everywhere = !comm.any(!failed.ok());
-  if (comm.is_root()) {
-    if (written_everywhere) {
-      failed.attempt([&] {
-        try {
-          release_reserved_space(tmp);
-          fsync_file(tmp);
-          std::error_code ec;
-          saved.bytes = fs::file_size(tmp, ec);
-          commit_file(tmp, saved.path);
-        } catch (const CheckpointError&) {
-          throw;
-        } catch (const std::runtime_error& e) {
-          throw CheckpointError(e.what());
-        }
-        point_latest_at(rundir, saved.path);
-        prune_checkpoints(rundir, saved.path, keep_last);
-      });
-    }
-    if (!written_everywhere || !failed.ok()) {
-      std::error_code ec;
-      fs::remove(tmp, ec);
-    }
-  }
-  saved.code = agree_once(comm, failed);
+  write.write(fault);
+  write.commit(rundir, keep_last);
   saved.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return saved;
 }
 
-std::string read_checkpoint_collectively(const Communicator& comm, const std::string& path,
-                                         const ParameterSet& params, float* params_dest,
-                                         size_t params_begin, size_t params_end, size_t begin,
-                                         size_t end, float* m, float* v) {
-  const hdf5::Faults faults = hdf5::Faults::of<CheckpointError>(path);
-  FirstFault failed;
-  failed.attempt([&] {
-    for (const auto& [lo, hi] : {std::pair{params_begin, params_end}, std::pair{begin, end}}) {
-      if (lo > hi || hi > params.count())
-        faults.fail("cannot read the range [" + std::to_string(lo) + ", " + std::to_string(hi) +
-                    ") of " + std::to_string(params.count()) + " parameters");
-    }
-  });
-  hdf5::Session session;
-  Hid file, dxpl;
-  failed.attempt([&] {
-    Hid fapl = mpio_access(faults);
-    file = Hid(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose);
-    if (!file.ok()) faults.fail_corrupt("open the file");
-    check_checkpoint_format(file.get(), faults);
-    dxpl = collective_transfer(faults);
-  });
-  if (comm.any(!failed.ok())) return failed.what();
+namespace {
 
-  // Which blocks any rank reads.
-  const std::vector<int64_t> param_parts = blocks_used(comm, params, params_begin, params_end);
-  const std::vector<int64_t> moment_slices = blocks_used(comm, params, begin, end);
-  const struct {
-    const char* group;                 // "params"
-    float* dest;                       // backend (hi - lo)
-    size_t lo, hi;                     // the range of the flat buffer read into dest
-    const std::vector<int64_t>& used;  // blocks_used of the ranks' ranges
-  } parts[3] = {{"params", params_dest, params_begin, params_end, param_parts},
-                {"optimizer/m", m, begin, end, moment_slices},
-                {"optimizer/v", v, begin, end, moment_slices}};
-  std::vector<float> host;  // staging, reused: (largest part of a tensor)
-  const std::vector<ParamInfo>& infos = params.info();
-  ReadSums sums(comm, 3 * infos.size());
-  for (size_t p = 0; p < 3; ++p) {
-    const auto& part = parts[p];
-    Hid group;
-    failed.attempt([&] {
-      group = Hid(H5Gopen2(file.get(), part.group, H5P_DEFAULT), H5Gclose);
-      if (!group.ok()) faults.fail_corrupt(std::string("open /") + part.group);
-    });
-    for (size_t i = 0; i < infos.size(); ++i) {
-      const ParamInfo& info = infos[i];
-      const std::string where = "/" + std::string(part.group) + "/" + info.name;
-      Hid dset;
-      if (group.ok()) dset = Hid(H5Dopen2(group.get(), info.name.c_str(), H5P_DEFAULT), H5Dclose);
-      if (!dset.ok()) failed.attempt([&] { faults.fail_corrupt("open " + where); });
-      if (dset.ok()) sums.read_stored(p * infos.size() + i, dset.get(), where, faults, &failed);
-      const size_t lo = std::max(part.lo, info.offset);
-      const size_t hi = std::max(lo, std::min(part.hi, info.offset + info.size));
-      Block blocks[kBlocks];
-      if (!blocks_of(dims_of(info), lo - info.offset, hi - info.offset, blocks))
-        failed.attempt([&] { faults.fail(where + ": not 1-D or 2-D"); });
-      const size_t count = failed.ok() ? hi - lo : 0;
-      host.resize(std::max<size_t>(count, 1));
-      // Every rank reads each used block while the dataset opened (the same
-      // file on every rank): each is a collective.
-      for (int b = 0; dset.ok() && b < kBlocks; ++b) {
-        if (!part.used[i * kBlocks + b]) continue;
-        if (transfer_block(dset.get(), blocks[b], failed.ok(), dxpl.get(), host.data(), false) < 0)
-          failed.attempt([&] { faults.fail_corrupt("read " + where); });
-      }
-      if (!failed.ok() || count == 0) continue;
-      const auto bad = std::find_if(host.begin(), host.begin() + static_cast<long>(count),
-                                    [](float x) { return !std::isfinite(x); });
-      if (bad != host.begin() + static_cast<long>(count)) {
-        failed.attempt([&] { faults.fail(non_finite_fault(part.group, info.name, *bad)); });
-        continue;
-      }
-      sums.parts.record(p * infos.size() + i, lo - info.offset, hi - info.offset, host.data());
-      failed.attempt([&] {
-        params.ops().device().copy_to_device(part.dest + (lo - part.lo), host.data(),
-                                             count * sizeof(float));
-      });
-    }
+// This process as a world of its own, MPI started on first use (after
+// HDF5, as main starts them): tools and tests write checkpoints alone.
+const Communicator& this_process() {
+  hdf5::initialize_library();
+  static Communicator process(nullptr, nullptr);
+  if (process.size() != 1) {
+    throw std::logic_error("write_checkpoint writes with one process; this world has " +
+                           std::to_string(process.size()) + " ranks");
   }
-  sums.check(
-      comm, infos, [&](size_t p) { return parts[p].group; }, faults, &failed);
-  const herr_t closed = file.close();
-  if (closed < 0) failed.attempt([&] { faults.fail_corrupt("close the file"); });
-  return failed.what();
+  return process;
+}
+
+// The whole model and its moments, written by this process alone as
+// `name_file()` names it, with `rundir`'s latest and pruning when given.
+std::string write_alone(const std::function<std::string()>& name_file, const std::string& rundir,
+                        int keep_last, const ParameterSet& params, const float* adam_m,
+                        const float* adam_v, CheckpointState state) {
+  const CheckpointSlice whole{0, params.count(), params.params(), adam_m, adam_v};
+  SavedCheckpoint saved;
+  CollectiveWrite write(this_process(), params, whole, state, &saved, /*alone=*/true);
+  write.check(name_file);
+  write.create_with_room();
+  write.write(CheckpointWriteFault{});
+  write.commit(rundir, keep_last);
+  return saved.path;
+}
+
+}  // namespace
+
+void write_checkpoint(const std::string& path, const ParameterSet& params, const float* adam_m,
+                      const float* adam_v, const CheckpointState& state) {
+  write_alone([&] { return path; }, "", 0, params, adam_m, adam_v, state);
+}
+
+std::string save_checkpoint(const std::string& rundir, const ParameterSet& params,
+                            const float* adam_m, const float* adam_v, const CheckpointState& state,
+                            int keep_last) {
+  return write_alone([&] { return checkpoint_path_for(rundir, state.step); }, rundir, keep_last,
+                     params, adam_m, adam_v, state);
 }
 
 }  // namespace mpiformer

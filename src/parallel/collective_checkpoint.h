@@ -36,12 +36,16 @@ struct CheckpointSlice {
 // [begin, end) of rank `rank`'s share of n elements split evenly over `world` ranks.
 std::pair<size_t, size_t> even_share(size_t n, int rank, int world);
 
-// The end-to-end tests' fault (MPIFORMER_TEST_FAIL_IN_CHECKPOINT=STEP:RANK):
-// rank `rank` fails in the middle of the write of step `step`'s checkpoint,
-// after its part of /params was written.
+// The end-to-end tests' faults in a checkpoint write, met through one hook
+// once /params is written: rank `fail_rank` fails in the write of step
+// `fail_step`'s checkpoint (and goes on with nothing to write), or rank 0
+// kills itself (SIGKILL) in the write of step `kill_step`'s, half a file on
+// disk as a crash leaves it. src/app/train.cpp reads them from the
+// environment.
 struct CheckpointWriteFault {
-  int64_t step = 0;  // 0: none
-  int rank = -1;
+  int64_t fail_step = -1;  // -1: none
+  int fail_rank = -1;
+  int64_t kill_step = -1;  // -1: none
 };
 
 // What a collective save left.
@@ -53,7 +57,7 @@ struct SavedCheckpoint {
 };
 
 // Writes RUNDIR/checkpoints/step_XXXXXXXX.h5 with every rank: the data goes
-// to PATH.tmp, which every rank closes; rank 0 then fsyncs it, renames it,
+// to temporary_name(PATH), which every rank closes; rank 0 then fsyncs it, renames it,
 // points `latest` at it and keeps the newest `keep_last` (as
 // save_checkpoint). A fault on any rank is agreed: the temporary file is
 // removed, the previous checkpoints and `latest` are left as they were, the
@@ -61,12 +65,30 @@ struct SavedCheckpoint {
 // returns kExitFailure. `state` counts on rank 0; its strings (config,
 // run id, tokenizer, label names) are sent from there to every rank.
 // The slices of the ranks together must cover [0, params.count()) once.
-// For the crash tests, MPIFORMER_TEST_KILL_IN_CHECKPOINT=STEP makes rank 0
-// kill itself (SIGKILL) once /params of that step is on disk.
 SavedCheckpoint save_checkpoint_collectively(const Communicator& comm, const std::string& rundir,
                                              const ParameterSet& params,
                                              const CheckpointSlice& slice, CheckpointState state,
                                              int keep_last, const CheckpointWriteFault& fault);
+
+// Writes every tensor of `params` and its moments to `path` with this
+// process alone, through the writer above (a world of one rank: MPI starts
+// on first use): the data goes to temporary_name(path), which is closed,
+// fsync'ed and renamed to `path`, then the directory is fsync'ed. On a
+// fault the temporary file is removed and CheckpointError is thrown. For
+// tools and tests; training saves with save_checkpoint_collectively.
+// adam_m, adam_v: backend memory (params.count()), laid out like params.params()
+void write_checkpoint(const std::string& path, const ParameterSet& params, const float* adam_m,
+                      const float* adam_v, const CheckpointState& state);
+
+// As write_checkpoint, to RUNDIR/checkpoints/step_XXXXXXXX.h5 (the step,
+// zero-padded to 8 digits), then RUNDIR/checkpoints/latest (one line: the
+// file name) is pointed at it and all but the newest `keep_last` step_*.h5
+// files are deleted (keep_last <= 0 keeps all; the file just written never).
+// Creates the directories as needed. Returns the path written.
+// adam_m, adam_v: backend memory (params.count())
+std::string save_checkpoint(const std::string& rundir, const ParameterSet& params,
+                            const float* adam_m, const float* adam_v, const CheckpointState& state,
+                            int keep_last);
 
 // Reads checkpoint `path` with every rank: [params_begin, params_end) of
 // /params into params_dest (the whole model, or a sharded run's slice of

@@ -234,6 +234,14 @@ void GradientReducer::gradients_final(size_t offset) {
 ReduceTiming GradientReducer::finish() {
   if (!active_) throw std::logic_error("GradientReducer: finish without begin_step");
   const Clock::time_point backward_end = Clock::now();
+  start_rest_and_wait();
+  leave_sum_in_grads();
+  const Clock::time_point end = Clock::now();
+  active_ = false;
+  return step_timing(backward_end, end);
+}
+
+void GradientReducer::start_rest_and_wait() {
   while (started_ < static_cast<int>(buckets_.size())) start_next();
   // Wait by testing, so each bucket's completion time is seen, not just the last.
   for (;;) {
@@ -245,29 +253,39 @@ ReduceTiming GradientReducer::finish() {
     }
   }
   transport_.join();
+}
+
+void GradientReducer::leave_sum_in_grads() {
   const size_t n = buckets_.empty() ? 0 : buckets_.front().end;
   // What this rank reads of the sum: all of it, or its own slice.
   const size_t lo = std::min(own_begin_, n), hi = std::min(own_end_, n);
   // Queued, not waited for: the host buffers change again only after the
   // next step's copies to the host, which are queued behind these.
   if (sum_ == GradSum::kExact && n > 0) {
-    if (staged_ && lo == 0) {
-      ops_.device().copy_to_device_async(fixed_, host_fixed_, (hi + 1) * sizeof(int64_t));
-    } else if (staged_) {
-      ops_.device().copy_to_device_async(fixed_, host_fixed_, sizeof(int64_t));
-      if (hi > lo)
-        ops_.device().copy_to_device_async(fixed_ + 1 + lo, host_fixed_ + 1 + lo,
-                                           (hi - lo) * sizeof(int64_t));
-    }
-    if (hi > lo)
-      ops_.fixed_point_to_float(grads_ + lo, fixed_ + 1 + lo, fixed_, hi - lo,
-                                kExactFractionBits - scale_exponent_);
+    exact_sum_to_grads(lo, hi);
   } else if (staged_ && hi > lo) {
     ops_.device().copy_to_device_async(grads_ + lo, host_grads_ + lo, (hi - lo) * sizeof(float));
   }
-  const Clock::time_point end = Clock::now();
-  active_ = false;
+}
 
+void GradientReducer::exact_sum_to_grads(size_t lo, size_t hi) {
+  // Staged: the out-of-range count (element 0) comes back too, in one copy
+  // with a slice that starts at 0.
+  if (staged_ && lo == 0) {
+    ops_.device().copy_to_device_async(fixed_, host_fixed_, (hi + 1) * sizeof(int64_t));
+  } else if (staged_) {
+    ops_.device().copy_to_device_async(fixed_, host_fixed_, sizeof(int64_t));
+    if (hi > lo)
+      ops_.device().copy_to_device_async(fixed_ + 1 + lo, host_fixed_ + 1 + lo,
+                                         (hi - lo) * sizeof(int64_t));
+  }
+  if (hi > lo)
+    ops_.fixed_point_to_float(grads_ + lo, fixed_ + 1 + lo, fixed_, hi - lo,
+                              kExactFractionBits - scale_exponent_);
+}
+
+ReduceTiming GradientReducer::step_timing(Clock::time_point backward_end,
+                                          Clock::time_point end) const {
   ReduceTiming timing;
   timing.buckets = static_cast<int>(buckets_.size());
   timing.bytes = bytes_per_step();

@@ -157,6 +157,17 @@ class GradientReducer : public GradientListener {
   int count_slot() const { return static_cast<int>(buckets_.size()); }
   // Exact sum: fixed_[1 + i] += grads[i] in fixed point for i in [begin, end).
   void absorb(size_t begin, size_t end);
+  // finish(), in order: starts the buckets not started yet and waits for
+  // every sum (sharded exact sum: the out-of-range count too);
+  void start_rest_and_wait();
+  // then leaves in grads_ this rank's part of the sum (all of it, or its
+  // slice), from the host buffers or the fixed-point sum, queued;
+  void leave_sum_in_grads();
+  // Exact sum: elements [lo, hi) of the fixed-point sum (from the host
+  // when staged) into grads_ as floats.
+  void exact_sum_to_grads(size_t lo, size_t hi);
+  // then says where the step's all-reduce time went.
+  ReduceTiming step_timing(Clock::time_point backward_end, Clock::time_point end) const;
 
   std::unique_ptr<ReduceTransport> owned_transport_;  // may be null
   GradSum sum_;

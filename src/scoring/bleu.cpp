@@ -7,23 +7,42 @@
 namespace mpiformer {
 namespace {
 
+// ASCII whitespace for Python: \t \n \v \f \r, the separators 0x1c..0x1f
+// and the space.
+bool is_ascii_whitespace(unsigned char c) {
+  return (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x20);
+}
+
+// The rest of Python's whitespace, UTF-8 encoded: the bytes before the
+// last, and the range of the last byte.
+struct MultibyteWhitespace {
+  std::string_view lead;
+  unsigned char first, last;
+};
+constexpr MultibyteWhitespace kMultibyteWhitespace[] = {
+    {"\xc2", 0x85, 0x85},      // U+0085
+    {"\xc2", 0xa0, 0xa0},      // U+00A0
+    {"\xe1\x9a", 0x80, 0x80},  // U+1680
+    {"\xe2\x80", 0x80, 0x8a},  // U+2000..U+200A
+    {"\xe2\x80", 0xa8, 0xa9},  // U+2028, U+2029
+    {"\xe2\x80", 0xaf, 0xaf},  // U+202F
+    {"\xe2\x81", 0x9f, 0x9f},  // U+205F
+    {"\xe3\x80", 0x80, 0x80},  // U+3000
+};
+
 // The bytes of the Python whitespace character starting at s[i] (what
 // str.isspace accepts, so what str.split and str.rstrip remove), or 0.
 // Multibyte ones begin with a lead byte, so a match never starts inside
 // another character.
 size_t whitespace_at(std::string_view s, size_t i) {
-  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[i + k]); };
-  const size_t left = s.size() - i;
-  const unsigned char c = b(0);
-  if ((c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x20)) return 1;
-  if (c == 0xc2 && left >= 2 && (b(1) == 0x85 || b(1) == 0xa0)) return 2;  // U+0085, U+00A0
-  if (left < 3) return 0;
-  if (c == 0xe1 && b(1) == 0x9a && b(2) == 0x80) return 3;  // U+1680
-  if (c == 0xe2 && b(1) == 0x80 &&                          // U+2000..200A, U+2028, U+2029, U+202F
-      ((b(2) >= 0x80 && b(2) <= 0x8a) || b(2) == 0xa8 || b(2) == 0xa9 || b(2) == 0xaf))
-    return 3;
-  if (c == 0xe2 && b(1) == 0x81 && b(2) == 0x9f) return 3;  // U+205F
-  if (c == 0xe3 && b(1) == 0x80 && b(2) == 0x80) return 3;  // U+3000
+  if (is_ascii_whitespace(static_cast<unsigned char>(s[i]))) return 1;
+  const std::string_view rest = s.substr(i);
+  for (const MultibyteWhitespace& w : kMultibyteWhitespace) {
+    const size_t n = w.lead.size() + 1;
+    if (rest.size() < n || rest.substr(0, n - 1) != w.lead) continue;
+    const unsigned char last = static_cast<unsigned char>(rest[n - 1]);
+    if (last >= w.first && last <= w.last) return n;
+  }
   return 0;
 }
 

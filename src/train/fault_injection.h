@@ -25,6 +25,9 @@ struct FaultInjection {
   // calls with nothing to write.
   int64_t fail_in_checkpoint_step = 0;
   int fail_in_checkpoint_rank = -1;
+  // Rank 0 kills itself (SIGKILL) in the middle of the write of this step's
+  // checkpoint, after /params is on disk (-1: never).
+  int64_t kill_in_checkpoint_step = -1;
 
   // The loss scale this rank's backward passes of `step` use: `scale`, or on
   // the last rank an infinity or a NaN where a fault is due.

@@ -16,7 +16,7 @@ int write_final_average(const TrainConfig& cfg, const Communicator& comm,
                         const ConfigText& config_text) {
   const int asked = cfg.average_checkpoints;
   std::string line;
-  const int code = agree_on_root(
+  const int code = agree_on(
       comm,
       [&] {
         std::vector<std::string> inputs = list_checkpoints(cfg.out_dir);  // newest first
@@ -37,7 +37,7 @@ int write_final_average(const TrainConfig& cfg, const Communicator& comm,
                   std::to_string(inputs.size()) + ")";
         }
       },
-      Blame::kOfRank, "train");
+      Speaker::kRoot, Blame::kOfRank, "train");
   if (code == 0 && comm.is_root()) {
     say(stdout, "average: %s\n", line.c_str());
     std::fflush(stdout);

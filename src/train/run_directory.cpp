@@ -109,116 +109,158 @@ void RunDirectory::withdraw() {
   created_.clear();
 }
 
+namespace {
+
+// --resume auto's candidates: `latest`, then older checkpoints; later ones
+// belong to a branch that was given up (make_head moves them away).
+Verdict auto_candidates(const std::string& rundir, const std::vector<std::string>& found,
+                        std::vector<std::string>* candidates) {
+  std::string head;
+  try {
+    head = read_latest(rundir);
+  } catch (const CheckpointError& e) {
+    return {kExitUsage, "mpiformer train: --resume auto: " + std::string(e.what())};
+  }
+  if (!head.empty()) candidates->push_back(head);
+  const int64_t head_step = head.empty() ? INT64_MAX : checkpoint_step(head);
+  for (const std::string& path : found) {
+    if (checkpoint_step(path) < head_step) candidates->push_back(path);
+  }
+  return {};
+}
+
+// Reads a candidate's layout into *start; false when it cannot be read: a
+// refusal in *refusal, or under --resume auto (refusal left empty) a line
+// on stderr, so that the caller takes the one before.
+bool read_start(const std::string& path, bool auto_resume, StartPoint* start, Verdict* refusal) {
+  try {
+    // Names, shapes and attributes: the ranks read the data (restore).
+    start->checkpoint = read_checkpoint_layout(path);
+  } catch (const CheckpointError& e) {
+    if (!auto_resume) {
+      *refusal = {kExitUsage, std::string("mpiformer train: --resume: cannot resume: ") + e.what()};
+      return false;
+    }
+    // A newest checkpoint that is damaged: say so and take the one before.
+    say(stderr, "[rank 0] skipping a damaged checkpoint: %s\n", e.what());
+    std::fflush(stderr);
+    return false;
+  }
+  start->state = start->checkpoint.state;
+  start->resumed = true;
+  return true;
+}
+
+}  // namespace
+
 Verdict RunDirectory::choose_start(const std::string& resume, bool other_run, StartPoint* start) {
   const fs::path rundir(path_);
-  const std::vector<std::string> found = list_checkpoints(path_);
+  StartSearch search;
+  search.found = list_checkpoints(path_);
   const fs::path metrics = rundir / "metrics.h5";
   std::error_code ec;
-  const bool has_metrics = fs::exists(metrics, ec);
+  search.has_metrics = fs::exists(metrics, ec);
   // The run the directory holds: config.ini says, else metrics.h5 (else,
   // below, the checkpoint resumed; a directory of an earlier version, none).
   run_id_ = config_record(rundir / "config.ini", "run-id");
   origin_ = config_record(rundir / "config.ini", "started-from");
-  std::string recorded_in = "config.ini";
+  search.recorded_in = "config.ini";
   if (resume == "none") {
-    if (!found.empty() || has_metrics) {
+    if (!search.found.empty() || search.has_metrics) {
       return {kExitUsage, "mpiformer train: --out: " + path_ +
                               " already holds a run; continue it with --resume auto, or choose "
                               "another --out"};
     }
     return {};
   }
-  const std::string flag = resume == "auto" ? "--resume auto" : "--resume";
-  const auto refuse_foreign = [&](const std::string& file, const std::string& what,
-                                  const std::string& id, const std::string& remedy) {
-    return Verdict{kExitUsage, "mpiformer train: " + flag + ": " + file + " " + what + " of run " +
-                                   id + ", but " + path_ + " holds run " + run_id_ + " (" +
-                                   recorded_in + "); " + remedy};
-  };
-  if (has_metrics) {
-    std::string metrics_id;
-    try {
-      metrics_id = read_metrics(metrics.string()).attrs.run_id;
-    } catch (const MetricsError&) {
-      // A damaged file is refused when the run opens it.
-    }
-    if (run_id_.empty()) {
-      run_id_ = metrics_id;
-      recorded_in = "metrics.h5";
-    } else if (!metrics_id.empty() && metrics_id != run_id_) {
-      return refuse_foreign(metrics.string(), "holds the metrics", metrics_id,
-                            "move it away or choose another --out");
-    }
+  const bool auto_resume = resume == "auto";
+  search.flag = auto_resume ? "--resume auto" : "--resume";
+  if (search.has_metrics) {
+    const Verdict refused = learn_metrics_run(metrics.string(), &search);
+    if (refused.code != 0) return refused;
   }
-  // auto: `latest`, then older checkpoints; later ones belong to a branch
-  // that was given up (make_head moves them away).
   std::vector<std::string> candidates;
-  if (resume != "auto") {
+  if (!auto_resume) {
     candidates.push_back(resume);
   } else {
-    std::string head;
-    try {
-      head = read_latest(path_);
-    } catch (const CheckpointError& e) {
-      return {kExitUsage, "mpiformer train: --resume auto: " + std::string(e.what())};
-    }
-    if (!head.empty()) candidates.push_back(head);
-    const int64_t head_step = head.empty() ? INT64_MAX : checkpoint_step(head);
-    for (const std::string& path : found) {
-      if (checkpoint_step(path) < head_step) candidates.push_back(path);
-    }
+    const Verdict refused = auto_candidates(path_, search.found, &candidates);
+    if (refused.code != 0) return refused;
   }
   for (const std::string& path : candidates) {
     if (std::find(damaged_.begin(), damaged_.end(), path) != damaged_.end()) continue;
-    try {
-      // Names, shapes and attributes: the ranks read the data (restore).
-      start->checkpoint = read_checkpoint_layout(path);
-    } catch (const CheckpointError& e) {
-      if (resume != "auto") {
-        return {kExitUsage, std::string("mpiformer train: --resume: cannot resume: ") + e.what()};
-      }
-      // A newest checkpoint that is damaged: say so and take the one before.
-      say(stderr, "[rank 0] skipping a damaged checkpoint: %s\n", e.what());
-      std::fflush(stderr);
+    Verdict refused;
+    if (!read_start(path, auto_resume, start, &refused)) {
+      if (refused.code != 0) return refused;
       continue;
     }
-    start->state = start->checkpoint.state;
-    start->resumed = true;
-    const std::string& id = start->state.run_id;
-    const int64_t step = start->state.step;
-    if (resume == "auto") {
-      // The head and the later checkpoints make_head would move aside as
-      // this run's branch must all be this run's.
-      if (run_id_.empty()) {
-        run_id_ = id;
-        recorded_in = path;
-      }
-      for (const std::string& other : found) {
-        if (other != path && checkpoint_step(other) <= step) continue;
-        const std::string other_id = other == path ? id : run_id_of(other);
-        if (!other_id.empty() && !run_id_.empty() && other_id != run_id_) {
-          return refuse_foreign(other, "is a checkpoint", other_id,
-                                "move it out of " + (rundir / "checkpoints").string() +
-                                    ", or continue that run in a new --out with --resume PATH");
-        }
-      }
-    } else if (!id.empty() && id != run_id_) {
-      // A checkpoint of another run: into a directory that holds a run only
-      // when asked; a new directory starts a run of its own either way.
-      if (!run_id_.empty() && (!found.empty() || has_metrics) && !other_run) {
-        return refuse_foreign(path, "is a checkpoint", id,
-                              "continue that run here with --resume-other-run, or choose "
-                              "a new --out");
-      }
-      origin_ = path + " (run " + id + ", step " + std::to_string(step) + ")";
-    }
-    return {};
+    return auto_resume ? check_branch(path, start->state, &search)
+                       : check_named_start(path, start->state, other_run, search);
   }
   if (!candidates.empty()) {
     return {kExitFailure, "cannot resume: none of the " + std::to_string(candidates.size()) +
                               " checkpoint(s) in " + (rundir / "checkpoints").string() +
                               " is readable"};
   }
+  return {};
+}
+
+Verdict RunDirectory::refuse_foreign(const StartSearch& search, const std::string& file,
+                                     const std::string& what, const std::string& id,
+                                     const std::string& remedy) const {
+  return Verdict{kExitUsage, "mpiformer train: " + search.flag + ": " + file + " " + what +
+                                 " of run " + id + ", but " + path_ + " holds run " + run_id_ +
+                                 " (" + search.recorded_in + "); " + remedy};
+}
+
+Verdict RunDirectory::learn_metrics_run(const std::string& metrics, StartSearch* search) {
+  std::string metrics_id;
+  try {
+    metrics_id = read_metrics(metrics).attrs.run_id;
+  } catch (const MetricsError&) {
+    // A damaged file is refused when the run opens it.
+  }
+  if (run_id_.empty()) {
+    run_id_ = metrics_id;
+    search->recorded_in = "metrics.h5";
+  } else if (!metrics_id.empty() && metrics_id != run_id_) {
+    return refuse_foreign(*search, metrics, "holds the metrics", metrics_id,
+                          "move it away or choose another --out");
+  }
+  return {};
+}
+
+Verdict RunDirectory::check_branch(const std::string& path, const CheckpointState& state,
+                                   StartSearch* search) {
+  // The head and the later checkpoints make_head would move aside as this
+  // run's branch must all be this run's.
+  if (run_id_.empty()) {
+    run_id_ = state.run_id;
+    search->recorded_in = path;
+  }
+  for (const std::string& other : search->found) {
+    if (other != path && checkpoint_step(other) <= state.step) continue;
+    const std::string other_id = other == path ? state.run_id : run_id_of(other);
+    if (!other_id.empty() && !run_id_.empty() && other_id != run_id_) {
+      return refuse_foreign(*search, other, "is a checkpoint", other_id,
+                            "move it out of " + (fs::path(path_) / "checkpoints").string() +
+                                ", or continue that run in a new --out with --resume PATH");
+    }
+  }
+  return {};
+}
+
+Verdict RunDirectory::check_named_start(const std::string& path, const CheckpointState& state,
+                                        bool other_run, const StartSearch& search) {
+  const std::string& id = state.run_id;
+  if (id.empty() || id == run_id_) return {};
+  // A checkpoint of another run: into a directory that holds a run only
+  // when asked; a new directory starts a run of its own either way.
+  if (!run_id_.empty() && (!search.found.empty() || search.has_metrics) && !other_run) {
+    return refuse_foreign(search, path, "is a checkpoint", id,
+                          "continue that run here with --resume-other-run, or choose "
+                          "a new --out");
+  }
+  origin_ = path + " (run " + id + ", step " + std::to_string(state.step) + ")";
   return {};
 }
 

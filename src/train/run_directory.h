@@ -83,6 +83,26 @@ class RunDirectory {
   std::string latest() const { return latest_checkpoint(path_); }
 
  private:
+  // What choose_start has learnt so far, for its steps and their messages.
+  struct StartSearch {
+    std::string flag;  // "--resume auto" or "--resume"
+    // Where run_id_ came from: config.ini, metrics.h5 or the checkpoint resumed.
+    std::string recorded_in;
+    std::vector<std::string> found;  // RUNDIR/checkpoints/step_*.h5
+    bool has_metrics = false;        // RUNDIR/metrics.h5 exists
+  };
+  // Refuses `file` of run `id` in a directory that holds run run_id_.
+  Verdict refuse_foreign(const StartSearch& search, const std::string& file,
+                         const std::string& what, const std::string& id,
+                         const std::string& remedy) const;
+  // metrics.h5's run id: learnt when config.ini gave none, else it must agree.
+  Verdict learn_metrics_run(const std::string& metrics, StartSearch* search);
+  // --resume auto from `path`: it and the checkpoints after it are this run's.
+  Verdict check_branch(const std::string& path, const CheckpointState& state, StartSearch* search);
+  // --resume PATH: a checkpoint of another run, allowed or refused.
+  Verdict check_named_start(const std::string& path, const CheckpointState& state, bool other_run,
+                            const StartSearch& search);
+
   std::string path_;
   std::string created_;  // the outermost directory open() created; "" when none
   DirLock lock_;

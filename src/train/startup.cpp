@@ -21,6 +21,8 @@
 #include "src/parallel/data_parallel.h"
 #include "src/parallel/rank_device.h"
 #include "src/train/memory_budget.h"
+#include "src/train/shard_config.h"
+#include "src/train/start_lines.h"
 
 namespace mpiformer {
 
@@ -97,35 +99,6 @@ void broadcast_start(const Communicator& comm, StartPoint* start) {
   comm.broadcast(&s.progress_window, 0);
 }
 
-// The batching flags of this run that differ from the checkpoint's run
-// ("--max-tokens 512 (was 256)"), "" when none does or its config is unreadable.
-std::string changed_batching(const TrainConfig& cfg, const ConfigText& config_text,
-                             const std::string& checkpoint_ini) {
-  TrainConfig old;
-  try {
-    old = config_text.read(checkpoint_ini, "the checkpoint's config");
-  } catch (const std::exception&) {
-    return "";
-  }
-  const auto list = [](const std::vector<int>& v) {
-    std::string s;
-    for (int x : v) {
-      if (!s.empty()) s += ',';
-      s += std::to_string(x);
-    }
-    return s.empty() ? std::string("default") : s;
-  };
-  std::string changed;
-  const auto note = [&](const char* flag, const std::string& now, const std::string& was) {
-    if (now == was) return;
-    changed += std::string(changed.empty() ? "" : ", ") + flag + " " + now + " (was " + was + ")";
-  };
-  note("--max-tokens", std::to_string(cfg.max_tokens), std::to_string(old.max_tokens));
-  note("--max-sentences", std::to_string(cfg.max_sentences), std::to_string(old.max_sentences));
-  note("--buckets", list(cfg.buckets), list(old.buckets));
-  return changed;
-}
-
 // The run's description in metrics.h5.
 RunAttributes run_attributes(const TrainConfig& cfg, const std::string& config_ini,
                              const std::string& run_id, const Ops& ops, int world_size,
@@ -146,26 +119,14 @@ RunAttributes run_attributes(const TrainConfig& cfg, const std::string& config_i
   return a;
 }
 
-// What the start lines tell beyond the run's parts: figures of the phases.
-struct StartNotes {
-  uint64_t flag_seed = 0;  // --seed as given (a resumed run goes on with the checkpoint's)
-  int threads = 1;
-  Transport transport = Transport::kMpi;  // what --transport resolved to
-  MemoryEstimate memory;
-  double lr_factor = 1.0;          // --lr-scaling's factor
-  int64_t step_budget = 0;         // tokens per step, for --lr-scaling
-  float lr = 0.0f;                 // the scaled peak learning rate
-  AttentionPreparation attention;  // the attention graphs built before step 1
-};
-
 // 1. The shards decide what the flags left open. Every input is validated
 // before training, and all ranks agree on it: a flag the shards contradict
 // is a refusal (exit 2), before the run directory is touched.
 int resolve_inputs(TrainingRun& run, const Communicator& comm) {
-  return agree_on_inputs(
+  return agree_on(
       comm,
       [&] {
-        resolve_data_config(&run.cfg);
+        run.from_shards = resolve_data_config(&run.cfg);
         if (comm.is_root() && !run.cfg.data_dir.empty()) {
           const ShardHeader header =
               read_shard_header(list_shards(run.cfg.data_dir, "train").front());
@@ -173,7 +134,7 @@ int resolve_inputs(TrainingRun& run, const Communicator& comm) {
           run.label_names = header.label_names;
         }
       },
-      "train");
+      Speaker::kFirstRefusal, Blame::kByType, "train");
 }
 
 // 2. Rank 0 locks the run directory, then reads the checkpoint to resume
@@ -192,7 +153,7 @@ int open_run_directory(TrainingRun& run, const Communicator& comm, StartNotes* n
     if (verdict.code == 0 && run.start.resumed)
       verdict = check_resumable(cfg, run.start.state, run.tokenizer, run.label_names, comm.size());
   }
-  if (const int code = agree_on(comm, verdict)) return code;
+  if (const int code = agree(comm, verdict, Speaker::kRoot)) return code;
   broadcast_start(comm, &run.start);
   run.cursor.first_step = run.start.resumed ? run.start.state.step + 1 : 1;
   // A resumed run continues the checkpoint's random streams.
@@ -230,9 +191,9 @@ int check_reserved_ids(const BatchSource& source, const Communicator& comm,
 // its ids are made of: a refusal is exit 2, and start_run withdraws from the
 // run directory.
 int make_source(TrainingRun& run, const Communicator& comm) {
-  if (const int code = agree_on_inputs(
+  if (const int code = agree_on(
           comm, [&] { run.source = make_batch_source(run.cfg, comm.rank(), comm.size()); },
-          "train"))
+          Speaker::kFirstRefusal, Blame::kByType, "train"))
     return code;
   return check_reserved_ids(*run.source, comm, run.cfg.data_dir);
 }
@@ -255,7 +216,7 @@ int check_memory(const TrainingRun& run, const Communicator& comm, const ModelCa
   plan.reducer_staged =
       world > 1 && notes->transport == Transport::kMpi && !ops.device().host_accessible();
   std::string shortfall;
-  if (!agreed(comm, [&] {
+  if (agree_on(comm, [&] {
         notes->memory = estimate_memory(ops, cfg.model, capacity, compute, plan);
         shortfall = memory_shortfall(notes->memory, ops, comm.local_size(),
                                      "--max-tokens, --d-model, --d-ff, --layers or --max-len");
@@ -265,7 +226,7 @@ int check_memory(const TrainingRun& run, const Communicator& comm, const ModelCa
               fitting_flags(ops, cfg.model, capacity, compute, plan, comm.local_size());
           if (!fits.empty()) shortfall += ", or train with " + fits;
         }
-      }))
+      }) != 0)
     return kExitFailure;
   return refuse_on_shortfall(comm, shortfall, "mpiformer train: ");
 }
@@ -278,15 +239,16 @@ int build(TrainingRun& run, const Communicator& comm, const FaultInjection& faul
   if (const int code = make_source(run, comm)) return code;
   notes->threads = cfg.threads > 0 ? cfg.threads : comm.cores_per_local_rank();
   // A rank without the device it was given is an agreed failure, not a hang.
-  if (!agreed(comm, [&] { run.ops = make_ops(cfg.device, notes->threads, comm, cfg.tf32); })) {
+  if (agree_on(comm, [&] { run.ops = make_ops(cfg.device, notes->threads, comm, cfg.tf32); }) !=
+      0) {
     return kExitFailure;
   }
   note_shared_gpus(cfg.device, comm);
   Ops& ops = *run.ops;
   ops.set_deterministic(cfg.deterministic);
   // --attention cudnn where cuDNN cannot run is refused before anything runs.
-  if (!agreed(comm, [&] { ops.set_attention_path(cfg.attention); })) return kExitUsage;
-  if (!agreed(comm, [&] { notes->transport = choose_transport(cfg.transport, ops, comm); }))
+  if (agree_on(comm, [&] { ops.set_attention_path(cfg.attention); }) != 0) return kExitUsage;
+  if (agree_on(comm, [&] { notes->transport = choose_transport(cfg.transport, ops, comm); }) != 0)
     return kExitFailure;
 
   // Memory: estimated from the flags, refused before anything big is
@@ -314,14 +276,14 @@ int build(TrainingRun& run, const Communicator& comm, const FaultInjection& faul
                                             cfg.loss_scale_window);
   // With the model and optimizer placed, attention for every batch shape
   // of the run, so that no step waits for it.
-  if (const int code = agree_on_inputs(
+  if (const int code = agree_on(
           comm,
           [&] {
             notes->attention =
                 prepare_attention(ops, cfg.model, run.source->bucket_bounds(), compute, true,
                                   &notes->memory, "--max-tokens or --max-len");
           },
-          "train"))
+          Speaker::kFirstRefusal, Blame::kByType, "train"))
     return code;
   run.check_each_step = (ops.device().host_accessible() && !faults.deferred_divergence_check) ||
                         run.scaler->dynamic() || cfg.on_divergence == OnDivergence::kSkip;
@@ -361,7 +323,7 @@ int restore(TrainingRun& run, const Communicator& comm) {
                                  "attribute) or choose another --out"};
     }
   }
-  if (const int code = agree_on(comm, verdict)) return code;
+  if (const int code = agree(comm, verdict, Speaker::kRoot)) return code;
   // A sharded optimizer reads its slice of the moments (any layout resumes any).
   const size_t begin = run.optimizer->shard_begin(), end = run.optimizer->shard_end();
   comm.broadcast(&c.path, 0);
@@ -431,114 +393,7 @@ int claim_directory(TrainingRun& run, const Communicator& comm, const ConfigText
     }
     if (!branch_line.empty()) say(stdout, "%s\n", branch_line.c_str());
   }
-  return agree_on(comm, verdict);
-}
-
-// On a GPU: which attention kernels run, and the cuDNN graphs built for the
-// run's batch shapes.
-void print_attention(const Ops& ops, const StartNotes& notes) {
-  say(stdout, "  attention: %s\n", ops.attention_kernels().c_str());
-  const std::string prepared = describe_preparation(notes.attention);
-  if (!prepared.empty()) say(stdout, "  attention: %s\n", prepared.c_str());
-}
-
-// Rank 0's start lines: what runs, on what, and from where.
-void print_start(const TrainingRun& run, const Communicator& comm, const ConfigText& config_text,
-                 const StartNotes& notes) {
-  if (!comm.is_root()) return;
-  const TrainConfig& cfg = run.cfg;
-  const int world = comm.size(), accum = cfg.accum_steps;
-  Ops& ops = *run.ops;
-  GradientReducer* reducer = run.reducer.get();
-  const std::string device =
-      ops.device().name() + (cfg.device_choice.empty() ? "" : "; " + cfg.device_choice);
-  say(stdout, "mpiformer train: %s on %s (%s), %d rank(s) x %d thread(s) on %s, %zu parameters\n",
-      to_string(cfg.model.kind),
-      cfg.data_dir.empty() ? to_string(cfg.synthetic) : cfg.data_dir.c_str(), device.c_str(), world,
-      notes.threads, comm.describe_nodes().c_str(), run.model->parameters().count());
-  // An encoder-decoder names both stacks: "2+2 layers" is not "4 layers".
-  const std::string layers = cfg.model.kind == ModelKind::kSeq2seq
-                                 ? std::to_string(cfg.model.enc_layers) + " encoder + " +
-                                       std::to_string(cfg.model.dec_layers) + " decoder layer(s)"
-                                 : std::to_string(cfg.model.layers) + " layer(s)";
-  say(stdout,
-      "  %s, d-model %d, %d heads, d-ff %d, vocab %d, max-len %d; "
-      "max-tokens %d x %d micro-batch(es) x %d rank(s) per step\n",
-      layers.c_str(), cfg.model.d_model, cfg.model.heads, cfg.model.d_ff, cfg.model.vocab,
-      cfg.model.max_len, cfg.max_tokens, accum, world);
-  say(stdout, "  memory: about %s per rank\n", notes.memory.describe().c_str());
-  if (cfg.device == DeviceKind::kCpu) say(stdout, "  BLAS: %s\n", describe_blas_kernels().c_str());
-  if (cfg.device == DeviceKind::kCuda) print_attention(ops, notes);
-  if (cfg.precision != Precision::kFp32)
-    say(stdout,
-        "  precision %s: activations and GEMM inputs; fp32 master weights, Adam state "
-        "and loss%s\n",
-        to_string(cfg.precision), run.scaler->dynamic() ? ", with dynamic loss scaling" : "");
-  if (cfg.lr_scaling != LrScaling::kNone)
-    say(stdout, "  lr %.3e x %.4f (%s: %lld / %lld tokens per step) = %.3e\n", cfg.optim.lr,
-        notes.lr_factor, to_string(cfg.lr_scaling), static_cast<long long>(notes.step_budget),
-        static_cast<long long>(cfg.lr_reference_tokens), notes.lr);
-  if (reducer)
-    say(stdout, "  gradient sum: %s; %.1f MiB per step in %zu bucket(s) of >= %g MiB over %s, %s\n",
-        to_string(cfg.grad_sum), reducer->bytes_per_step() / double(1 << 20),
-        reducer->buckets().size(), bucket_mb_for(cfg.bucket_mb, notes.transport),
-        reducer->transport().name().c_str(),
-        cfg.overlap ? "overlapped with backward" : "after backward");
-  if (run.shards) {
-    const ShardPlan& plan = run.shards->plan();
-    size_t fewest = plan.largest();
-    for (int r = 0; r < world; ++r) fewest = std::min(fewest, plan.size(r));
-    say(stdout,
-        "  optimizer sharded (ZeRO-1): each rank updates and keeps the AdamW moments of its "
-        "slice, %zu to %zu parameters (at most %.1f MiB of m and v); weights all-gathered "
-        "after each update\n",
-        fewest, plan.largest(), 2.0 * sizeof(float) * plan.largest() / double(1 << 20));
-  }
-  if (!cfg.deterministic) {
-    say(stdout, "  --deterministic false: %s\n",
-        ops.device().host_accessible()
-            ? "nothing changes on the CPU, whose results never depend on timing"
-            : "cuDNN's attention backward may add with atomics; runs are not bitwise "
-              "reproducible");
-  }
-  const std::string data_summary = run.source->describe();
-  if (!data_summary.empty()) say(stdout, "%s\n", data_summary.c_str());
-  const CheckpointState& resumed = run.start.state;
-  if (run.start.resumed) {
-    say(stdout,
-        "resumed from %s: step %lld, micro-batch %llu (epoch %llu), written by %d rank(s)\n",
-        cfg.resume == "auto" ? (std::filesystem::path(cfg.out_dir) / "checkpoints").string().c_str()
-                             : cfg.resume.c_str(),
-        static_cast<long long>(resumed.step), static_cast<unsigned long long>(resumed.next_batch),
-        static_cast<unsigned long long>(resumed.epoch), resumed.world_size);
-    if (!resumed.run_id.empty() && resumed.run_id != run.run_dir->run_id()) {
-      say(stdout, "  a checkpoint of run %s: it goes on here as run %s\n", resumed.run_id.c_str(),
-          run.run_dir->run_id().c_str());
-    }
-    if (resumed.batches_per_step != run.cursor.batches_per_step) {
-      say(stdout,
-          "  a step now reads %lld micro-batches (the checkpoint's run read %lld): the "
-          "micro-batch sequence continues, the global batch size changes\n",
-          static_cast<long long>(run.cursor.batches_per_step),
-          static_cast<long long>(resumed.batches_per_step));
-    }
-    const std::string changed = changed_batching(cfg, config_text, resumed.config_ini);
-    if (!changed.empty()) {
-      say(stdout,
-          "  note: %s: batches are cut anew, so the examples from here on come in another order "
-          "than the checkpoint's run would have read them\n",
-          changed.c_str());
-    }
-    if (notes.flag_seed != cfg.seed) {
-      say(stdout, "  seed %llu from the checkpoint (--seed %llu is for new runs)\n",
-          static_cast<unsigned long long>(cfg.seed),
-          static_cast<unsigned long long>(notes.flag_seed));
-    }
-  } else if (cfg.resume == "auto") {
-    say(stdout, "no checkpoint in %s: starting at step 1\n",
-        (std::filesystem::path(cfg.out_dir) / "checkpoints").string().c_str());
-  }
-  std::fflush(stdout);
+  return agree(comm, verdict, Speaker::kRoot);
 }
 
 }  // namespace
@@ -585,10 +440,10 @@ Started start_run(const TrainConfig& flags, const Communicator& comm, const Conf
   }
   // 5. The gradient all-reduce: buckets of whole tensors, started during the
   // last backward pass of each step.
-  if (!agreed(comm, [&] {
+  if (agree_on(comm, [&] {
         run.reducer = make_reducer(run.model->parameters(), run.cfg.bucket_mb, run.cfg.overlap,
                                    run.cfg.grad_sum, notes.transport, comm);
-      }))
+      }) != 0)
     return end(kExitFailure);
   // Sharded: each bucket goes to the owners of its elements, and the updated
   // slices come back over the same transport.

@@ -78,6 +78,9 @@ struct TrainingRun {
   // kept in every checkpoint.
   std::string tokenizer;
   std::vector<std::string> label_names;
+  // What the shards decided of the model where the flags left it open
+  // ("vocab 8000, special ids"), for the start lines; "" without --data.
+  std::string from_shards;
 
   std::unique_ptr<RunDirectory> run_dir;  // rank 0, holds the lock
   StartPoint start;

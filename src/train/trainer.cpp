@@ -56,6 +56,29 @@ class Trainer {
   int run();
 
  private:
+  // Before the first step: the time of earlier jobs, the progress window
+  // of a resumed run, and the model choice and BLEU evaluator the flags ask
+  // for. Returns 0 or an exit code. Collective.
+  int prepare();
+  int restore_progress_window();
+  int make_model_choice();
+  int make_validation_bleu();
+  // Whether the flags ask for a replica check, a progress line, a
+  // checkpoint or an evaluation after `step`.
+  bool replica_check_due(int64_t step) const;
+  bool progress_due(int64_t step) const;
+  bool checkpoint_due(int64_t step) const;
+  bool eval_due(int64_t step) const;
+  // Replicas must still be identical. Returns 0 or kExitFailure (a replica
+  // has diverged).
+  int verify_replicas(int64_t step);
+  // evaluate_and_log, then choose_model. Returns 0 or an exit code.
+  int evaluate_and_choose(int64_t step, bool final_eval, int64_t* saved_at, bool* stop);
+  // The stop signal pending on any rank after `step` (0: none). Collective.
+  int agreed_stop_signal(int64_t step);
+  // Every rank stops after `step` (before --steps), with a checkpoint (unless
+  // saved_at is `step`). Returns kExitStopped or the checkpoint's exit code.
+  int stop_for_signal(int signal, int64_t step, int64_t saved_at);
   // The progress line and its metrics.h5 row. Returns 0 or an exit code
   // (metrics.h5 could not be written).
   int log_progress(int64_t step);
@@ -100,43 +123,8 @@ class Trainer {
 
 int Trainer::run() {
   const TrainConfig& cfg = run_.cfg;
-  const int rank = comm_.rank(), world = comm_.size();
-  if (run_.metrics) elapsed_before_ = run_.metrics->elapsed_before();
-  state_.window.show_nll(cfg.label_smoothing > 0.0f);
-  // The steps since the last progress line before a stop are in the
-  // checkpoint: the next line covers them as if the run had not stopped.
-  if (run_.start.resumed) {
-    const std::string& file = run_.start.checkpoint.path;  // rank 0's, who speaks
-    if (const int code = agree_on_inputs(
-            comm_,
-            [&] {
-              try {
-                state_.window.restore(run_.start.state.progress_window, comm_);
-              } catch (const UsageError& e) {
-                throw UsageError(file.empty() ? e.what() : file + ": " + e.what());
-              }
-            },
-            "train"))
-      return code;
-  }
-
-  if (cfg.keep_best > 0 || cfg.early_stop > 0) {
-    const bool made = agreed(comm_, [&] {
-      if (!comm_.is_root()) return;
-      choice_ =
-          std::make_unique<ModelChoice>(cfg.out_dir, cfg.valid_bleu ? "bleu" : "nll", cfg.keep_best,
-                                        run_.start.resumed ? run_.start.state.step : 0);
-    });
-    if (!made) return kExitFailure;
-  }
-  if (cfg.valid_bleu) {
-    std::string tokenizer = comm_.is_root() ? run_.tokenizer : "";
-    comm_.broadcast(&tokenizer, 0);
-    const bool made =
-        agreed(comm_, [&] { bleu_ = std::make_unique<ValidationBleu>(cfg, tokenizer, comm_); });
-    if (!made) return kExitFailure;
-  }
-  int64_t saved_at = run_.start.resumed ? run_.start.state.step : -1;
+  if (const int code = prepare()) return code;
+  int64_t saved_at = run_.start.resumed ? run_.start.state.step : -1;  // the last checkpoint
   loop_start_ = Clock::now();
   state_.window.start_clock();
 
@@ -144,39 +132,21 @@ int Trainer::run() {
   run_.source->prefetch(run_.cursor.first, run_.cursor.stride);
   for (int64_t step = run_.cursor.first_step; step <= cfg.steps; ++step) {
     if (const int code = train_step(run_, step, faults_, comm_, &state_)) return code;
-
-    // Replicas must still be identical.
-    if (world > 1 && cfg.check_every > 0 && step % cfg.check_every == 0) {
-      const Clock::time_point check_start = Clock::now();
-      const ReplicaMismatch mismatch = check_replicas(run_.model->parameters(), comm_);
-      if (mismatch.found()) {
-        if (rank == mismatch.rank)
-          std::fprintf(stderr,
-                       "[rank %d] replica check at step %lld: parameter '%s' differs from rank "
-                       "0's copy; the replicas have diverged\n",
-                       rank, static_cast<long long>(step), mismatch.tensor.c_str());
-        std::fflush(stderr);
-        return kExitFailure;
-      }
-      state_.window.add_other_time(seconds_since(check_start));
+    if (replica_check_due(step)) {
+      if (const int code = verify_replicas(step)) return code;
     }
-
-    if (step % cfg.log_every == 0 || step == cfg.steps) {
+    if (progress_due(step)) {
       if (const int code = log_progress(step)) return code;
     }
 
     const Clock::time_point other_start = Clock::now();
-    const bool checkpoint_due =
-        (cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0) || step == cfg.steps;
-    if (checkpoint_due) {
+    if (checkpoint_due(step)) {
       if (const int code = save(step)) return code;
       saved_at = step;
     }
-    if (cfg.eval_every > 0 && step % cfg.eval_every == 0 && step != cfg.steps) {
-      double metric = 0;
-      if (const int code = evaluate_and_log(step, false, &metric)) return code;
-      bool stop = false;
-      if (const int code = choose_model(step, metric, &saved_at, &stop)) return code;
+    if (eval_due(step)) {
+      bool stop = false;  // --early-stop
+      if (const int code = evaluate_and_choose(step, false, &saved_at, &stop)) return code;
       if (stop) return 0;
     }
     state_.window.add_other_time(seconds_since(other_start));
@@ -185,24 +155,123 @@ int Trainer::run() {
     // cancelled or preempted, Ctrl-C): every rank stops after this same
     // step, with a checkpoint, and exits kExitStopped for the job script
     // to requeue.
-    if (step == faults_.signal_after_step && rank == world - 1) std::raise(SIGUSR1);
-    if (const int signal = comm_.max(StopSignals::pending())) {
+    if (const int signal = agreed_stop_signal(step)) {
       if (step == cfg.steps) break;  // finished anyway
-      if (saved_at != step) {
-        if (const int code = save(step)) return code;
-      }
-      if (comm_.is_root()) {
-        say(stdout, "stopped by %s after step %lld; continue with --resume auto (exit code %d)\n",
-            StopSignals::name(signal), static_cast<long long>(step), kExitStopped);
-        std::fflush(stdout);
-      }
-      return kExitStopped;
+      return stop_for_signal(signal, step, saved_at);
     }
   }
-  double metric = 0;
-  if (const int code = evaluate_and_log(cfg.steps, true, &metric)) return code;
+  // The final evaluation, which --keep-best weighs too.
   bool stop = false;
-  return choose_model(cfg.steps, metric, &saved_at, &stop);
+  return evaluate_and_choose(cfg.steps, true, &saved_at, &stop);
+}
+
+int Trainer::prepare() {
+  if (run_.metrics) elapsed_before_ = run_.metrics->elapsed_before();
+  state_.window.show_nll(run_.cfg.label_smoothing > 0.0f);
+  if (const int code = restore_progress_window()) return code;
+  if (const int code = make_model_choice()) return code;
+  return make_validation_bleu();
+}
+
+// The steps since the last progress line before a stop are in the
+// checkpoint: the next line covers them as if the run had not stopped.
+int Trainer::restore_progress_window() {
+  if (!run_.start.resumed) return 0;
+  const std::string& file = run_.start.checkpoint.path;  // rank 0's, who speaks
+  return agree_on(
+      comm_,
+      [&] {
+        try {
+          state_.window.restore(run_.start.state.progress_window, comm_);
+        } catch (const UsageError& e) {
+          throw UsageError(file.empty() ? e.what() : file + ": " + e.what());
+        }
+      },
+      Speaker::kFirstRefusal, Blame::kByType, "train");
+}
+
+int Trainer::make_model_choice() {
+  const TrainConfig& cfg = run_.cfg;
+  if (cfg.keep_best <= 0 && cfg.early_stop <= 0) return 0;
+  const bool made = agree_on(comm_, [&] {
+                      if (!comm_.is_root()) return;
+                      choice_ = std::make_unique<ModelChoice>(
+                          cfg.out_dir, cfg.valid_bleu ? "bleu" : "nll", cfg.keep_best,
+                          run_.start.resumed ? run_.start.state.step : 0);
+                    }) == 0;
+  return made ? 0 : kExitFailure;
+}
+
+int Trainer::make_validation_bleu() {
+  const TrainConfig& cfg = run_.cfg;
+  if (!cfg.valid_bleu) return 0;
+  std::string tokenizer = comm_.is_root() ? run_.tokenizer : "";
+  comm_.broadcast(&tokenizer, 0);
+  const bool made = agree_on(comm_, [&] {
+                      bleu_ = std::make_unique<ValidationBleu>(cfg, tokenizer, comm_);
+                    }) == 0;
+  return made ? 0 : kExitFailure;
+}
+
+bool Trainer::replica_check_due(int64_t step) const {
+  const TrainConfig& cfg = run_.cfg;
+  return comm_.size() > 1 && cfg.check_every > 0 && step % cfg.check_every == 0;
+}
+
+bool Trainer::progress_due(int64_t step) const {
+  return step % run_.cfg.log_every == 0 || step == run_.cfg.steps;
+}
+
+bool Trainer::checkpoint_due(int64_t step) const {
+  const TrainConfig& cfg = run_.cfg;
+  return (cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0) || step == cfg.steps;
+}
+
+// The last step has the final evaluation instead.
+bool Trainer::eval_due(int64_t step) const {
+  const TrainConfig& cfg = run_.cfg;
+  return cfg.eval_every > 0 && step % cfg.eval_every == 0 && step != cfg.steps;
+}
+
+int Trainer::verify_replicas(int64_t step) {
+  const int rank = comm_.rank();
+  const Clock::time_point check_start = Clock::now();
+  const ReplicaMismatch mismatch = check_replicas(run_.model->parameters(), comm_);
+  if (mismatch.found()) {
+    if (rank == mismatch.rank)
+      std::fprintf(stderr,
+                   "[rank %d] replica check at step %lld: parameter '%s' differs from rank "
+                   "0's copy; the replicas have diverged\n",
+                   rank, static_cast<long long>(step), mismatch.tensor.c_str());
+    std::fflush(stderr);
+    return kExitFailure;
+  }
+  state_.window.add_other_time(seconds_since(check_start));
+  return 0;
+}
+
+int Trainer::evaluate_and_choose(int64_t step, bool final_eval, int64_t* saved_at, bool* stop) {
+  double metric = 0;
+  if (const int code = evaluate_and_log(step, final_eval, &metric)) return code;
+  return choose_model(step, metric, saved_at, stop);
+}
+
+int Trainer::agreed_stop_signal(int64_t step) {
+  // The fault injection's signal: on the last rank, as if only it were told.
+  if (step == faults_.signal_after_step && comm_.rank() == comm_.size() - 1) std::raise(SIGUSR1);
+  return comm_.max(StopSignals::pending());
+}
+
+int Trainer::stop_for_signal(int signal, int64_t step, int64_t saved_at) {
+  if (saved_at != step) {
+    if (const int code = save(step)) return code;
+  }
+  if (comm_.is_root()) {
+    say(stdout, "stopped by %s after step %lld; continue with --resume auto (exit code %d)\n",
+        StopSignals::name(signal), static_cast<long long>(step), kExitStopped);
+    std::fflush(stdout);
+  }
+  return kExitStopped;
 }
 
 int Trainer::choose_model(int64_t step, double metric, int64_t* saved_at, bool* stop) {
@@ -213,28 +282,29 @@ int Trainer::choose_model(int64_t step, double metric, int64_t* saved_at, bool* 
     *saved_at = step;
   }
   int stop_flag = 0;
-  const bool ok = agreed(comm_, [&] {
-    if (!comm_.is_root()) return;
-    const std::string checkpoint =
-        *saved_at == step ? checkpoint_path_for(run_.cfg.out_dir, step) : "";
-    choice_->record(step, metric, checkpoint);
-    if (keep) {
-      say(stdout, "kept among the %d best: %s (the best: %s, checkpoints/best.h5)\n",
-          run_.cfg.keep_best, choice_->describe({step, metric}).c_str(),
-          choice_->describe(choice_->best()).c_str());
-    }
-    const int since = choice_->evaluations_since_best();
-    if (run_.cfg.early_stop > 0 && since >= run_.cfg.early_stop && step < run_.cfg.steps) {
-      stop_flag = 1;
-      say(stdout,
-          "early stop after step %lld: no better validation %s in %d evaluation(s) since the "
-          "best, %s%s\n",
-          static_cast<long long>(step), choice_->metric() == "bleu" ? "BLEU" : "nll", since,
-          choice_->describe(choice_->best()).c_str(),
-          run_.cfg.keep_best > 0 ? " (checkpoints/best.h5)" : "");
-    }
-    std::fflush(stdout);
-  });
+  const bool ok =
+      agree_on(comm_, [&] {
+        if (!comm_.is_root()) return;
+        const std::string checkpoint =
+            *saved_at == step ? checkpoint_path_for(run_.cfg.out_dir, step) : "";
+        choice_->record(step, metric, checkpoint);
+        if (keep) {
+          say(stdout, "kept among the %d best: %s (the best: %s, checkpoints/best.h5)\n",
+              run_.cfg.keep_best, choice_->describe({step, metric}).c_str(),
+              choice_->describe(choice_->best()).c_str());
+        }
+        const int since = choice_->evaluations_since_best();
+        if (run_.cfg.early_stop > 0 && since >= run_.cfg.early_stop && step < run_.cfg.steps) {
+          stop_flag = 1;
+          say(stdout,
+              "early stop after step %lld: no better validation %s in %d evaluation(s) since the "
+              "best, %s%s\n",
+              static_cast<long long>(step), choice_->metric() == "bleu" ? "BLEU" : "nll", since,
+              choice_->describe(choice_->best()).c_str(),
+              run_.cfg.keep_best > 0 ? " (checkpoints/best.h5)" : "");
+        }
+        std::fflush(stdout);
+      }) == 0;
   if (!ok) return kExitFailure;
   *stop = comm_.max(stop_flag) != 0;
   if (*stop && *saved_at != step) {
@@ -268,12 +338,12 @@ int Trainer::log_progress(int64_t step) {
       state_.window.close(step, run_.cfg.steps, state_.lr, state_.grad_norm, run_.scaler->scale(),
                           run_.scaler->dynamic(), at, comm_);
   const std::string attention = attention_window();
-  const bool ok = agreed(comm_, [&] {
-    if (!comm_.is_root()) return;
-    say(stdout, "%s%s\n", line.text.c_str(), attention.c_str());
-    std::fflush(stdout);
-    run_.metrics->append(line.row);
-  });
+  const bool ok = agree_on(comm_, [&] {
+                    if (!comm_.is_root()) return;
+                    say(stdout, "%s%s\n", line.text.c_str(), attention.c_str());
+                    std::fflush(stdout);
+                    run_.metrics->append(line.row);
+                  }) == 0;
   if (!ok) return kExitFailure;
   if (!run_.check_each_step) {
     // Found at the progress line: the step that diverged is one of the window's.
@@ -333,7 +403,8 @@ int Trainer::save(int64_t step) {
   state.progress_window = state_.window.save(comm_);
   const SavedCheckpoint saved = save_checkpoint_collectively(
       comm_, run_.cfg.out_dir, params, slice, state, run_.cfg.keep_checkpoints,
-      CheckpointWriteFault{faults_.fail_in_checkpoint_step, faults_.fail_in_checkpoint_rank});
+      CheckpointWriteFault{faults_.fail_in_checkpoint_step, faults_.fail_in_checkpoint_rank,
+                           faults_.kill_in_checkpoint_step});
   if (saved.code) return saved.code;
   if (comm_.is_root()) {
     const double mib = static_cast<double>(saved.bytes) / (1 << 20);
@@ -382,7 +453,7 @@ int Trainer::evaluate_and_log(int64_t step, bool final_eval, double* metric) {
   if (bleu_) {
     const Clock::time_point start = Clock::now();
     BleuCounts local;
-    if (!agreed(comm_, [&] { local = bleu_->translate(*run_.model, *run_.ops); }))
+    if (agree_on(comm_, [&] { local = bleu_->translate(*run_.model, *run_.ops); }) != 0)
       return kExitFailure;
     bleu = ValidationBleu::score(local, comm_);
     *metric = bleu;
@@ -391,7 +462,9 @@ int Trainer::evaluate_and_log(int64_t step, bool final_eval, double* metric) {
           bleu_->sentences(), seconds_since(start), bleu_signature());
     }
   }
-  return agreed(comm_, [&] { log_eval_on_root(step, final_eval, eval, bleu); }) ? 0 : kExitFailure;
+  return agree_on(comm_, [&] { log_eval_on_root(step, final_eval, eval, bleu); }) == 0
+             ? 0
+             : kExitFailure;
 }
 
 void Trainer::log_eval_on_root(int64_t step, bool final_eval, const LossSummary& eval,

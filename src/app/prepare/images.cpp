@@ -48,15 +48,16 @@ std::vector<std::pair<std::string, ArrayData>> read_image_arrays(const std::stri
   }
 }
 
-// Every size taken from the file is checked before it sizes anything: the
-// images' (no empty image), and the labels', which count the label
-// vocabulary: without 'label_names' a label above the number of images is
-// a mistake (one image in a class of its own at best), not a reason to
-// write millions of labels.
-ImageSet read_image_set(const std::string& path) {
-  auto arrays = read_image_arrays(path);
-  ArrayData& images = arrays[0].second;
-  const ArrayData& labels = arrays[1].second;
+// "N, H, W" or "N, H, W, C", as the messages show a shape.
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string text;
+  for (int64_t d : shape) text += (text.empty() ? "" : ", ") + std::to_string(d);
+  return text;
+}
+
+// 'images' hold uint8 pixels, (N, H, W) or (N, H, W, C), with every size of
+// an image at least 1 and small enough for an int.
+void check_images(const std::string& path, const ArrayData& images) {
   if (images.kind != 'u' || images.itemsize != 1) {
     usage_error("--input", path + ": 'images' must hold uint8 pixels; got " + images.type);
   }
@@ -64,8 +65,7 @@ ImageSet read_image_set(const std::string& path) {
     usage_error("--input", path + ": 'images' must be (N, H, W) or (N, H, W, C); it has " +
                                std::to_string(images.shape.size()) + " dimensions");
   }
-  std::string shape;
-  for (int64_t d : images.shape) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
+  const std::string shape = shape_text(images.shape);
   for (size_t d = 1; d < images.shape.size(); ++d) {
     if (images.shape[d] == 0) {
       usage_error("--input", path + ": 'images' of shape (" + shape +
@@ -75,54 +75,90 @@ ImageSet read_image_set(const std::string& path) {
       usage_error("--input", path + ": 'images' of shape (" + shape + ") are too large");
     }
   }
-  ImageSet set;
-  ShardHeader& h = set.header;
+}
+
+// The shards' header for these (checked) images; the label names come later.
+ShardHeader image_header(const ArrayData& images) {
+  ShardHeader h;
   h.kind = "image";
   h.vocab_size = SpecialTokens::kCount;  // no tokens: only the reserved ids
   h.image_height = static_cast<int>(images.shape[1]);
   h.image_width = static_cast<int>(images.shape[2]);
   h.image_channels = images.shape.size() == 4 ? static_cast<int>(images.shape[3]) : 1;
-  const int64_t n = images.shape[0];
-  if (labels.shape.size() != 1 || labels.shape[0] != n) {
-    usage_error("--input", path + ": 'labels' must be (N) with N = " + std::to_string(n) +
-                               " (one integer label per image)");
-  }
-  const bool named = arrays.size() > 2;
-  if (named) {
-    h.label_names = arrays[2].second.strings(path + ": 'label_names'");
-    for (size_t k = 0; k < h.label_names.size(); ++k) {
-      const std::string fault = label_name_fault(h.label_names[k]);
-      if (!fault.empty()) {
-        usage_error("--input", path + ": 'label_names' entry " + std::to_string(k) + " '" +
-                                   escaped(h.label_names[k]) + "' " + fault);
-      }
+  return h;
+}
+
+// 'label_names', each one a name a label may have.
+std::vector<std::string> read_label_names(const std::string& path, const ArrayData& array) {
+  std::vector<std::string> names = array.strings(path + ": 'label_names'");
+  for (size_t k = 0; k < names.size(); ++k) {
+    const std::string fault = label_name_fault(names[k]);
+    if (!fault.empty()) {
+      usage_error("--input", path + ": 'label_names' entry " + std::to_string(k) + " '" +
+                                 escaped(names[k]) + "' " + fault);
     }
   }
-  // Labels are int32 in a shard; without names, fewer than the images.
-  const int64_t bound = named ? std::min<int64_t>(static_cast<int64_t>(h.label_names.size()),
+  return names;
+}
+
+// The n labels, int32 as a shard holds them: each below the number of
+// `names`, or, without names (nullptr), below the number of images.
+std::vector<int32_t> read_labels(const std::string& path, const ArrayData& labels, int64_t n,
+                                 const std::vector<std::string>* names) {
+  const int64_t bound = names ? std::min<int64_t>(static_cast<int64_t>(names->size()),
                                                   std::numeric_limits<int32_t>::max())
                               : n;
-  int64_t most = -1;
-  set.labels.reserve(static_cast<size_t>(n));
+  std::vector<int32_t> checked;
+  checked.reserve(static_cast<size_t>(n));
   const std::vector<int64_t> values = labels.integers(path + ": 'labels'");
   for (size_t i = 0; i < values.size(); ++i) {
     const int64_t label = values[i];
     const std::string which = "labels[" + std::to_string(i) + "] = " + std::to_string(label);
     if (label < 0) usage_error("--input", path + ": " + which + " is negative");
     if (label >= bound) {
-      usage_error("--input",
-                  path + ": " + which +
-                      (named ? " has no name in the " + std::to_string(h.label_names.size()) +
-                                   " 'label_names'"
-                             : " is not below the number of images (" + std::to_string(n) +
-                                   "); name the labels in 'label_names' to have more"));
+      usage_error(
+          "--input",
+          path + ": " + which +
+              (names ? " has no name in the " + std::to_string(names->size()) + " 'label_names'"
+                     : " is not below the number of images (" + std::to_string(n) +
+                           "); name the labels in 'label_names' to have more"));
     }
-    most = std::max(most, label);
-    set.labels.push_back(static_cast<int32_t>(label));
+    checked.push_back(static_cast<int32_t>(label));
   }
-  if (!named) {
-    for (int64_t k = 0; k <= most; ++k) h.label_names.push_back(std::to_string(k));
+  return checked;
+}
+
+// Without 'label_names' the labels name themselves: "0" up to the largest.
+std::vector<std::string> numbered_label_names(const std::vector<int32_t>& labels) {
+  const int64_t most =
+      labels.empty() ? -1 : static_cast<int64_t>(*std::max_element(labels.begin(), labels.end()));
+  std::vector<std::string> names;
+  for (int64_t k = 0; k <= most; ++k) names.push_back(std::to_string(k));
+  return names;
+}
+
+// Every size taken from the file is checked before it sizes anything: the
+// images' (no empty image), and the labels', which count the label
+// vocabulary: without 'label_names' a label above the number of images is
+// a mistake (one image in a class of its own at best), not a reason to
+// write millions of labels.
+ImageSet read_image_set(const std::string& path) {
+  auto arrays = read_image_arrays(path);
+  ArrayData& images = arrays[0].second;
+  const ArrayData& labels = arrays[1].second;
+  check_images(path, images);
+  ImageSet set;
+  set.header = image_header(images);
+  ShardHeader& h = set.header;
+  const int64_t n = images.shape[0];
+  if (labels.shape.size() != 1 || labels.shape[0] != n) {
+    usage_error("--input", path + ": 'labels' must be (N) with N = " + std::to_string(n) +
+                               " (one integer label per image)");
   }
+  const bool named = arrays.size() > 2;
+  if (named) h.label_names = read_label_names(path, arrays[2].second);
+  set.labels = read_labels(path, labels, n, named ? &h.label_names : nullptr);
+  if (!named) h.label_names = numbered_label_names(set.labels);
   set.pixels = std::move(images.bytes);
   return set;
 }
@@ -147,14 +183,15 @@ Shard image_shard(const ImageSet& set, size_t begin, size_t end, const char* spl
 // Held-out images come from the end of the set.
 int run_prepare_images(const PrepareConfig& cfg, Communicator& comm) {
   const auto start = Clock::now();
-  if (agree_on_root(
-          comm, [&] { check_image_inputs(cfg); }, Blame::kOfInput, "prepare") != 0) {
+  if (agree_on(
+          comm, [&] { check_image_inputs(cfg); }, Speaker::kRoot, Blame::kOfInput, "prepare") !=
+      0) {
     return kExitUsage;
   }
   ImageSet set;
   size_t valid = 0, test = 0, train = 0;
   std::vector<std::string> warnings;
-  if (agree_on_root(
+  if (agree_on(
           comm,
           [&] {
             set = read_image_set(cfg.input);
@@ -184,7 +221,7 @@ int run_prepare_images(const PrepareConfig& cfg, Communicator& comm) {
                                           std::to_string(train) + " training images");
             }
           },
-          Blame::kOfInput, "prepare") != 0) {
+          Speaker::kRoot, Blame::kOfInput, "prepare") != 0) {
     return kExitUsage;
   }
   if (comm.is_root()) {
@@ -192,27 +229,28 @@ int run_prepare_images(const PrepareConfig& cfg, Communicator& comm) {
       std::fprintf(stderr, "mpiformer prepare: %s\n", w.c_str());
   }
   OutputDir out(cfg.out_dir);
-  const bool ok = agreed(comm, [&] {
-    if (!comm.is_root()) return;
-    out.create();
-    const std::string refused = out.lock();
-    if (!refused.empty()) throw std::runtime_error(refused);
-    out.remove_abandoned_temporaries();
-    const std::string origin = fs::path(cfg.input).filename().string();
-    for (int64_t k = 0; k < cfg.shards; ++k) {
-      out.write_shard(
-          shard_name(kTrainPrefix, k),
-          image_shard(set, static_cast<size_t>(k) * train / cfg.shards,
-                      static_cast<size_t>(k + 1) * train / cfg.shards, kTrainPrefix, origin));
-    }
-    out.write_shard(shard_name(kValidPrefix, 0),
-                    image_shard(set, train, train + valid, kValidPrefix, origin));
-    if (test > 0) {
-      out.write_shard(shard_name(kTestPrefix, 0),
-                      image_shard(set, train + valid, train + valid + test, kTestPrefix, origin));
-    }
-    out.commit();
-  });
+  const bool ok = agree_on(comm, [&] {
+                    if (!comm.is_root()) return;
+                    out.create();
+                    const std::string refused = out.lock();
+                    if (!refused.empty()) throw std::runtime_error(refused);
+                    out.remove_abandoned_temporaries();
+                    const std::string origin = fs::path(cfg.input).filename().string();
+                    for (int64_t k = 0; k < cfg.shards; ++k) {
+                      out.write_shard(shard_name(kTrainPrefix, k),
+                                      image_shard(set, static_cast<size_t>(k) * train / cfg.shards,
+                                                  static_cast<size_t>(k + 1) * train / cfg.shards,
+                                                  kTrainPrefix, origin));
+                    }
+                    out.write_shard(shard_name(kValidPrefix, 0),
+                                    image_shard(set, train, train + valid, kValidPrefix, origin));
+                    if (test > 0) {
+                      out.write_shard(shard_name(kTestPrefix, 0),
+                                      image_shard(set, train + valid, train + valid + test,
+                                                  kTestPrefix, origin));
+                    }
+                    out.commit();
+                  }) == 0;
   if (!ok) {
     out.remove_written();
     out.let_go();

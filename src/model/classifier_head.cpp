@@ -1,5 +1,6 @@
-// Model's classifier and image heads: patches and label targets uploaded,
-// the pooled scores, their loss and backward, and the scores for the host.
+// Model's classifier head: label targets uploaded, the pooled scores, their
+// loss and backward, and the scores for the host (images reach the stack
+// through src/model/image_patches.cpp).
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -7,20 +8,6 @@
 #include "src/model/model_impl.h"
 
 namespace mpiformer {
-
-// The batch's image rows, in the compute precision, into the stack.
-void Model::Impl::upload_patches(const Batch& batch) {
-  if (!config.images()) return;
-  const size_t n = static_cast<size_t>(batch.decoder.total()) * config.patch_features();
-  if (batch.patches.size() != n) {
-    throw std::runtime_error("image batch has " + std::to_string(batch.patches.size()) +
-                             " patch values for " + std::to_string(batch.decoder.total()) +
-                             " rows of " + std::to_string(config.patch_features()));
-  }
-  patch_staging.resize(n * dtype_bytes(compute_dtype));
-  narrow(patch_staging.data(), compute_dtype, batch.patches.data(), n);
-  ops.device().upload(main.patches.data, patch_staging.data(), patch_staging.size());
-}
 
 void Model::Impl::upload_labels(const Batch& batch) {
   const int B = batch.decoder.batch(), K = config.num_labels;
