@@ -147,7 +147,7 @@ namespace {
 // One collective checkpoint write, in the order every rank takes the same
 // collective calls: check, set the disk aside, create the metadata, write
 // each rank's part of every tensor, the sums, close; rank 0 then commits.
-// A fault is kept in `failed_` and agreed at the end of each phase.
+// A fault is kept in `first_fault_` and agreed at the end of each phase.
 class CollectiveWrite {
  public:
   // alone: one process writes (write_checkpoint), and a fault is thrown
@@ -162,8 +162,8 @@ class CollectiveWrite {
   bool check(const std::function<std::string()>& name_file);
   // Creates the temporary on rank 0 with room for the whole file.
   bool create_with_room();
-  // Every collective HDF5 call, faults or not; `fault` is the tests' hook.
-  void write(const CheckpointWriteFault& fault);
+  // Every collective HDF5 call, faults or not; `injected`: the tests' faults.
+  void write(const CheckpointWriteFault& injected);
   // Rank 0 makes the file durable and, with a run directory, the head of
   // the run; then the verdict.
   void commit(const std::string& rundir, int keep_last);
@@ -173,11 +173,11 @@ class CollectiveWrite {
   void create_group_datasets(hid_t parent, const char* name, TensorGroup* group);
   void write_tensor(size_t g, size_t i, const std::vector<int64_t>& used, PartSums* sums);
   void close_file();
-  void meet_test_fault(const CheckpointWriteFault& fault);
-  bool agreed_so_far() { return !comm_.any(!failed_.ok()); }
+  void meet_test_fault(const CheckpointWriteFault& injected);
+  bool agreed_so_far() { return !comm_.any(!first_fault_.ok()); }
   int verdict() {
-    if (!alone_) return agree(comm_, verdict_of(comm_, failed_), Speaker::kFirst);
-    if (!failed_.ok()) throw CheckpointError(failed_.what());
+    if (!alone_) return agree(comm_, verdict_of(comm_, first_fault_), Speaker::kFirst);
+    if (!first_fault_.ok()) throw CheckpointError(first_fault_.what());
     return 0;
   }
 
@@ -187,7 +187,7 @@ class CollectiveWrite {
   CheckpointState& state_;
   SavedCheckpoint& saved_;
   const bool alone_;
-  FirstFault failed_;
+  FirstFault first_fault_;
   std::optional<hdf5::Faults> faults_;  // named by the file, once it has its name
   std::string tmp_;                     // rank 0's temporary name, on every rank
   Hid file_, dxpl_;
@@ -198,11 +198,11 @@ class CollectiveWrite {
 bool CollectiveWrite::check(const std::function<std::string()>& name_file) {
   share_strings(comm_, &state_);
   // Rank 0 names the file (and creates the directory); the others learn it.
-  if (comm_.is_root()) failed_.attempt([&] { saved_.path = name_file(); });
+  if (comm_.is_root()) first_fault_.attempt([&] { saved_.path = name_file(); });
   comm_.broadcast(&saved_.path, 0);
   faults_.emplace(hdf5::Faults::of<CheckpointError>(saved_.path));
   const hdf5::Faults& faults = *faults_;
-  failed_.attempt([&] {
+  first_fault_.attempt([&] {
     if (params_.count() == 0) faults.fail("cannot write: there are no parameters");
     const bool holds_part = slice_.end > slice_.begin;
     if (holds_part && !slice_.params) faults.fail("cannot write: the parameters are not allocated");
@@ -218,7 +218,7 @@ bool CollectiveWrite::check(const std::function<std::string()>& name_file) {
   // The slices must tile the buffer, or the file would hold holes.
   const int64_t written = comm_.allreduce_sum(static_cast<int64_t>(slice_.end - slice_.begin));
   if (written != static_cast<int64_t>(params_.count())) {
-    failed_.attempt([&] {
+    first_fault_.attempt([&] {
       faults.fail("cannot write: the ranks' ranges hold " + std::to_string(written) +
                   " elements, the parameters " + std::to_string(params_.count()));
     });
@@ -232,7 +232,7 @@ bool CollectiveWrite::create_with_room() {
   // Rank 0's name for the temporary, which only it creates and renames.
   tmp_ = comm_.is_root() ? temporary_name(saved_.path) : "";
   comm_.broadcast(&tmp_, 0);
-  failed_.attempt(
+  first_fault_.attempt(
       [&] { set_disk_aside(comm_, tmp_, checkpoint_file_bound(params_, state_), *faults_); });
   if (agreed_so_far()) return true;
   if (comm_.is_root()) ::unlink(tmp_.c_str());
@@ -284,12 +284,12 @@ void CollectiveWrite::create_group_datasets(hid_t parent, const char* name, Tens
 // The tests' faults, met between /params and the moments: a rank that
 // fails (and goes on with nothing selected), or rank 0 killed with half a
 // file on disk, as a crash leaves it.
-void CollectiveWrite::meet_test_fault(const CheckpointWriteFault& fault) {
-  if (state_.step == fault.fail_step && comm_.rank() == fault.fail_rank) {
-    failed_.set(saved_.path + ": cannot write " + groups_[1].path +
-                "...: fault injected by MPIFORMER_TEST_FAIL_IN_CHECKPOINT");
+void CollectiveWrite::meet_test_fault(const CheckpointWriteFault& injected) {
+  if (state_.step == injected.fail_step && comm_.rank() == injected.fail_rank) {
+    first_fault_.set(saved_.path + ": cannot write " + groups_[1].path +
+                     "...: fault injected by MPIFORMER_TEST_FAIL_IN_CHECKPOINT");
   }
-  if (state_.step == fault.kill_step) {
+  if (state_.step == injected.kill_step) {
     H5Fflush(file_.get(), H5F_SCOPE_LOCAL);    // a collective
     if (comm_.is_root()) std::raise(SIGKILL);  // the test's kill: half a file on disk
   }
@@ -307,10 +307,10 @@ void CollectiveWrite::write_tensor(size_t g, size_t i, const std::vector<int64_t
   const size_t hi = std::max(lo, std::min(slice_.end, info.offset + info.size));
   Block blocks[kBlocks];
   if (!blocks_of(dims_of(info), lo - info.offset, hi - info.offset, blocks))
-    failed_.attempt([&] { faults.fail("cannot write " + what + ": not 1-D or 2-D"); });
+    first_fault_.attempt([&] { faults.fail("cannot write " + what + ": not 1-D or 2-D"); });
   host_.resize(std::max<size_t>(hi - lo, 1));
   if (hi > lo) {
-    failed_.attempt([&] {
+    first_fault_.attempt([&] {
       params_.ops().device().copy_to_host(host_.data(), groups_[g].data + (lo - slice_.begin),
                                           (hi - lo) * sizeof(float));
       sums->record(g * infos.size() + i, lo - info.offset, hi - info.offset, host_.data());
@@ -319,10 +319,10 @@ void CollectiveWrite::write_tensor(size_t g, size_t i, const std::vector<int64_t
   const hid_t dset = groups_[g].datasets[i].get();
   for (int b = 0; b < kBlocks; ++b) {
     if (!used[i * kBlocks + b]) continue;
-    const bool was_ok = failed_.ok();
+    const bool was_ok = first_fault_.ok();
     const herr_t status = transfer_block(dset, blocks[b], was_ok, dxpl_.get(), host_.data(), true);
-    if (status < 0) failed_.attempt([&] { faults.check(status, what); });
-    if (was_ok && !failed_.ok()) abandon_if_apart(comm_, tmp_, failed_);
+    if (status < 0) first_fault_.attempt([&] { faults.check(status, what); });
+    if (was_ok && !first_fault_.ok()) abandon_if_apart(comm_, tmp_, first_fault_);
   }
 }
 
@@ -330,13 +330,13 @@ void CollectiveWrite::write_tensor(size_t g, size_t i, const std::vector<int64_t
 void CollectiveWrite::close_file() {
   for (TensorGroup& group : groups_) group.datasets.clear();
   errno = 0;  // a failed flush's reason (Faults::check)
-  const bool was_ok = failed_.ok();
+  const bool was_ok = first_fault_.ok();
   const herr_t closed = file_.ok() ? file_.close() : 0;
-  if (closed < 0) failed_.attempt([&] { faults_->check(closed, "the file"); });
-  if (was_ok && !failed_.ok()) abandon_if_apart(comm_, tmp_, failed_);
+  if (closed < 0) first_fault_.attempt([&] { faults_->check(closed, "the file"); });
+  if (was_ok && !first_fault_.ok()) abandon_if_apart(comm_, tmp_, first_fault_);
 }
 
-void CollectiveWrite::write(const CheckpointWriteFault& fault) {
+void CollectiveWrite::write(const CheckpointWriteFault& injected) {
   params_.ops().device().synchronize();  // the last update must have landed before it is copied
   hdf5::Session session;
   groups_.resize(3);
@@ -344,7 +344,7 @@ void CollectiveWrite::write(const CheckpointWriteFault& fault) {
       {"/params/", slice_.params}, {"/optimizer/m/", slice_.m}, {"/optimizer/v/", slice_.v}};
   for (size_t g = 0; g < groups_.size(); ++g)
     std::tie(groups_[g].path, groups_[g].data) = places[g];
-  failed_.attempt([&] { open_and_create(); });
+  first_fault_.attempt([&] { open_and_create(); });
   // The same metadata everywhere, or nobody writes data.
   if (agreed_so_far()) {
     // Data: each rank its range of every tensor. A rank that failed selects
@@ -352,10 +352,10 @@ void CollectiveWrite::write(const CheckpointWriteFault& fault) {
     const std::vector<int64_t> used = blocks_used(comm_, params_, slice_.begin, slice_.end);
     PartSums sums(comm_, groups_.size() * params_.info().size());
     for (size_t g = 0; g < groups_.size(); ++g) {
-      if (g == 1) meet_test_fault(fault);
+      if (g == 1) meet_test_fault(injected);
       for (size_t i = 0; i < params_.info().size(); ++i) write_tensor(g, i, used, &sums);
     }
-    if (agreed_so_far()) write_sums(comm_, groups_, params_, sums, *faults_, &failed_);
+    if (agreed_so_far()) write_sums(comm_, groups_, params_, sums, *faults_, &first_fault_);
   }
   close_file();
 }
@@ -366,7 +366,7 @@ void CollectiveWrite::commit(const std::string& rundir, int keep_last) {
   const bool written_everywhere = agreed_so_far();
   if (comm_.is_root()) {
     if (written_everywhere) {
-      failed_.attempt([&] {
+      first_fault_.attempt([&] {
         try {
           release_reserved_space(tmp_);
           fsync_file(tmp_);
@@ -383,7 +383,7 @@ void CollectiveWrite::commit(const std::string& rundir, int keep_last) {
         prune_checkpoints(rundir, saved_.path, keep_last);
       });
     }
-    if (!written_everywhere || !failed_.ok()) {
+    if (!written_everywhere || !first_fault_.ok()) {
       std::error_code ec;
       fs::remove(tmp_, ec);
     }
@@ -396,7 +396,7 @@ void CollectiveWrite::commit(const std::string& rundir, int keep_last) {
 SavedCheckpoint save_checkpoint_collectively(const Communicator& comm, const std::string& rundir,
                                              const ParameterSet& params,
                                              const CheckpointSlice& slice, CheckpointState state,
-                                             int keep_last, const CheckpointWriteFault& fault) {
+                                             int keep_last, const CheckpointWriteFault& injected) {
   const auto start = std::chrono::steady_clock::now();
   SavedCheckpoint saved;
   CollectiveWrite write(comm, params, slice, state, &saved, /*alone=*/false);
@@ -404,7 +404,7 @@ SavedCheckpoint save_checkpoint_collectively(const Communicator& comm, const std
       !write.create_with_room()) {
     return saved;
   }
-  write.write(fault);
+  write.write(injected);
   write.commit(rundir, keep_last);
   saved.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return saved;

@@ -68,7 +68,7 @@ struct SavedCheckpoint {
 SavedCheckpoint save_checkpoint_collectively(const Communicator& comm, const std::string& rundir,
                                              const ParameterSet& params,
                                              const CheckpointSlice& slice, CheckpointState state,
-                                             int keep_last, const CheckpointWriteFault& fault);
+                                             int keep_last, const CheckpointWriteFault& injected);
 
 // Writes every tensor of `params` and its moments to `path` with this
 // process alone, through the writer above (a world of one rank: MPI starts

@@ -46,7 +46,9 @@ std::string reconcile_with_shards(const ShardHeader& header, const std::string& 
     for (auto [field, value] : {std::pair{&model->image_height, header.image_height},
                                 std::pair{&model->image_width, header.image_width},
                                 std::pair{&model->image_channels, header.image_channels}}) {
-      if (*field == 0) *field = value, any = true;
+      if (*field != 0) continue;
+      *field = value;
+      any = true;
     }
     if (any) taken.push_back("images " + side);
   }
