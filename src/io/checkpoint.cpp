@@ -52,11 +52,6 @@ constexpr hsize_t kChunkElements = hsize_t{1} << 20;
 using hdf5::Faults;
 using hdf5::Hid;
 
-// Every fault here, of a checkpoint or of its directory, is a CheckpointError.
-Faults faults_of(const std::string& path) {
-  return Faults::of<CheckpointError>(path);
-}
-
 std::string shape_string(const std::vector<int>& shape) {
   std::string s = "(";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
@@ -321,7 +316,7 @@ CheckpointTensor read_checkpoint_tensor(hid_t group, const std::string& name,
 
 std::vector<CheckpointTensor> read_checkpoint_tensors(const std::string& path,
                                                       const std::string& group, bool with_data) {
-  const Faults faults = faults_of(path);
+  const Faults faults = checkpoint_faults(path);
   hdf5::Session session;
   Hid file = open_checkpoint(faults);
   const std::string where = group_path(group, faults);
@@ -350,7 +345,7 @@ std::vector<CheckpointTensor> read_checkpoint_tensors(const std::string& path,
 }
 
 CheckpointState read_checkpoint_state(const std::string& path) {
-  const Faults faults = faults_of(path);
+  const Faults faults = checkpoint_faults(path);
   hdf5::Session session;
   Hid file = open_checkpoint(faults);
   CheckpointState state;
@@ -418,7 +413,8 @@ LoadedCheckpoint read_whole_or_layout(const std::string& path, bool with_data) {
     return true;
   };
   if (!same_names(c.params, c.m) || !same_names(c.params, c.v)) {
-    faults_of(path).fail("the optimizer moments do not match the parameters tensor by tensor");
+    checkpoint_faults(path).fail(
+        "the optimizer moments do not match the parameters tensor by tensor");
   }
   return c;
 }
@@ -501,7 +497,7 @@ void require_finite(const std::string& path, const std::vector<CheckpointTensor>
     const auto bad =
         std::find_if(t.data.begin(), t.data.end(), [](float x) { return !std::isfinite(x); });
     if (bad == t.data.end()) continue;
-    faults_of(path).fail(non_finite_fault(group, t.name, *bad));
+    checkpoint_faults(path).fail(non_finite_fault(group, t.name, *bad));
   }
 }
 

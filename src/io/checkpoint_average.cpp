@@ -205,7 +205,7 @@ CheckpointAverage average_checkpoints(const std::vector<std::string>& inputs,
   state.averaged_from.pop_back();
 
   // 2. The tensors, one name at a time, into a temporary; then the rename.
-  const Faults faults = Faults::of<CheckpointError>(out);
+  const Faults faults = checkpoint_faults(out);
   const std::string tmp = temporary_name(out);
   const RemovedOnStop removed_on_stop(tmp);
   try {

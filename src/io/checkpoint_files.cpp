@@ -19,19 +19,17 @@ namespace {
 namespace fs = std::filesystem;
 using hdf5::Faults;
 
-Faults faults_of(const std::string& path) {
-  return hdf5::Faults::of<CheckpointError>(path);
-}
-
 }  // namespace
 
 std::string checkpoint_path_for(const std::string& rundir, int64_t step) {
   const fs::path dir = fs::path(rundir) / "checkpoints";
   std::error_code ec;
   fs::create_directories(dir, ec);
-  if (ec) faults_of(dir.string()).fail("cannot create the directory (" + ec.message() + ")");
+  if (ec)
+    checkpoint_faults(dir.string()).fail("cannot create the directory (" + ec.message() + ")");
   if (step < 0) {
-    faults_of(dir.string()).fail("cannot write a checkpoint of step " + std::to_string(step));
+    checkpoint_faults(dir.string())
+        .fail("cannot write a checkpoint of step " + std::to_string(step));
   }
   char name[32];
   std::snprintf(name, sizeof name, "step_%08lld.h5", static_cast<long long>(step));
@@ -94,7 +92,7 @@ std::string read_latest(const std::string& rundir) {
   const fs::path dir = fs::path(rundir) / "checkpoints", file = dir / "latest";
   std::error_code ec;
   if (!fs::exists(fs::symlink_status(file, ec))) return "";
-  const Faults faults = faults_of(file.string());
+  const Faults faults = checkpoint_faults(file.string());
   std::ifstream in(file);
   if (!in) faults.fail_errno("cannot read");
   std::string name;

@@ -16,6 +16,12 @@
 
 namespace mpiformer {
 
+// Every fault of a checkpoint or of its directory: a CheckpointError
+// "PATH: what".
+inline hdf5::Faults checkpoint_faults(const std::string& path) {
+  return hdf5::Faults::of<CheckpointError>(path);
+}
+
 // Chunk elements of /tokenizer and /label_names (or the whole dataset when smaller).
 constexpr hsize_t kCheckpointBytesChunk = hsize_t{64} << 10;
 

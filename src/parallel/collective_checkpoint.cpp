@@ -200,7 +200,7 @@ bool CollectiveWrite::check(const std::function<std::string()>& name_file) {
   // Rank 0 names the file (and creates the directory); the others learn it.
   if (comm_.is_root()) first_fault_.attempt([&] { saved_.path = name_file(); });
   comm_.broadcast(&saved_.path, 0);
-  faults_.emplace(hdf5::Faults::of<CheckpointError>(saved_.path));
+  faults_.emplace(checkpoint_faults(saved_.path));
   const hdf5::Faults& faults = *faults_;
   first_fault_.attempt([&] {
     if (params_.count() == 0) faults.fail("cannot write: there are no parameters");

@@ -133,7 +133,7 @@ std::string read_checkpoint_collectively(const Communicator& comm, const std::st
                                          const ParameterSet& params, float* params_dest,
                                          size_t params_begin, size_t params_end, size_t begin,
                                          size_t end, float* m, float* v) {
-  const hdf5::Faults faults = hdf5::Faults::of<CheckpointError>(path);
+  const hdf5::Faults faults = checkpoint_faults(path);
   FirstFault failed;
   failed.attempt([&] {
     for (const auto& [lo, hi] : {std::pair{params_begin, params_end}, std::pair{begin, end}}) {
