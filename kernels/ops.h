@@ -245,6 +245,9 @@ class Ops {
   // Which attention kernels run, and why, for the start line.
   virtual std::string attention_kernels() const { return "the CPU backend's"; }
   virtual AttentionCalls attention_calls() const { return {}; }
+  // What the GEMMs' timed search chose (MPIFORMER_KERNELS=gemm=timed), for
+  // bench's report; empty where nothing was timed.
+  virtual std::string gemm_search() const { return ""; }
   // Prepares the attention kernels for every batch shape a run will make,
   // before its first step, so that no step waits for it: cuDNN builds a
   // graph per case (rounded shapes) and reserves the largest workspace of

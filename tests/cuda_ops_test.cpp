@@ -29,11 +29,13 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/backend.h"
 #include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/kernel_switches.h"
 #include "kernels/ops.h"
 #include "src/model/model.h"
 #include "tests/test_batches.h"
@@ -157,13 +159,30 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
                                   << want[at] << " (largest |want| " << largest << ")";
 }
 
-class CudaOpsTest : public ::testing::TestWithParam<DType> {
+// A precision and the kernel switches (kernels/kernel_switches.h) the ops
+// run under: every op test runs on the present paths and the candidates.
+struct OpsCase {
+  DType dtype;
+  const char* switches;  // MPIFORMER_KERNELS's syntax; "" the present paths
+};
+
+void PrintTo(const OpsCase& c, std::ostream* os) {
+  *os << to_string(c.dtype) << (*c.switches ? std::string(", ") + c.switches : "");
+}
+
+std::string ops_case_name(const ::testing::TestParamInfo<OpsCase>& info) {
+  const std::string switches = info.param.switches;
+  return std::string(to_string(info.param.dtype)) + (switches.empty() ? "" : "_" + switches);
+}
+
+class CudaOpsTest : public ::testing::TestWithParam<OpsCase> {
  protected:
   void SetUp() override {
     if (!gpu_present()) GTEST_SKIP() << "no GPU visible: the CUDA op tests are skipped";
     b_ = std::make_unique<Backends>();
+    b_->cuda->set_kernel_switches(parse_kernel_switches(GetParam().switches));
   }
-  DType t() const { return GetParam(); }
+  DType t() const { return GetParam().dtype; }
   std::vector<float> random(size_t n, float scale = 1.0f) {
     std::normal_distribution<float> normal(0.0f, scale);
     std::vector<float> x(n);
@@ -187,7 +206,7 @@ class CudaOpsTest : public ::testing::TestWithParam<DType> {
                       const std::vector<int32_t>& k_offsets, bool cross, bool causal,
                       AttentionScale scale) {
     Backends& b = *b_;
-    const DType t = GetParam();
+    const DType t = this->t();
     const int C = H * D, B = static_cast<int>(q_offsets.size()) - 1;
     const int Nq = q_offsets.back(), Nk = k_offsets.back();
     auto ragged = [&](const std::vector<int32_t>& offsets, const int32_t* device) {
@@ -239,8 +258,12 @@ class CudaOpsTest : public ::testing::TestWithParam<DType> {
   std::unique_ptr<Backends> b_;
 };
 
-INSTANTIATE_TEST_SUITE_P(Precisions, CudaOpsTest,
-                         ::testing::Values(DType::kF32, DType::kBF16, DType::kF16), dtype_name);
+INSTANTIATE_TEST_SUITE_P(
+    Precisions, CudaOpsTest,
+    ::testing::Values(OpsCase{DType::kF32, ""}, OpsCase{DType::kF32, "candidates"},
+                      OpsCase{DType::kBF16, ""}, OpsCase{DType::kBF16, "candidates"},
+                      OpsCase{DType::kF16, ""}, OpsCase{DType::kF16, "candidates"}),
+    ops_case_name);
 
 TEST_P(CudaOpsTest, ConvertDropoutAndActivationBackward) {
   const size_t n = 10007;
@@ -337,8 +360,12 @@ TEST_P(CudaOpsTest, EmbeddingsWithoutAtomics) {
 
 TEST_P(CudaOpsTest, LayerNormFusedWithTheResidual) {
   // C 96: every row in 16-byte vectors; 100: in bf16/fp16 some rows start
-  // unaligned, and fp16's rows end in a tail; 102: no vectors at all.
-  for (const auto& [N, C] : {std::pair{77, 96}, std::pair{45, 100}, std::pair{31, 102}}) {
+  // unaligned, and fp16's rows end in a tail; 102: no vectors at all. The
+  // warp kernels (layernorm=warp) take 96, 768 and 1024 (3 and 4 vectors a
+  // lane in bf16, 6 and 8 in fp32; 70 rows: a last block of 6) and leave
+  // 1040 to the block kernels.
+  for (const auto& [N, C] : {std::pair{77, 96}, std::pair{45, 100}, std::pair{31, 102},
+                             std::pair{70, 768}, std::pair{40, 1024}, std::pair{9, 1040}}) {
     SCOPED_TRACE("N " + std::to_string(N) + ", C " + std::to_string(C));
     layernorm_case(N, C);
   }
@@ -490,6 +517,10 @@ TEST_P(CudaOpsTest, RaggedAttention) {
   const std::vector<int32_t> large = {0, 1, 70, 200, 263, 391};
   // Cross-attention: other lengths on the key side.
   const std::vector<int32_t> sources = {0, 9, 40, 41, 170, 300};
+  // Equal lengths on each side: what cuDNN runs in the dense layout under
+  // attention=dense (the candidates' instantiation).
+  const std::vector<int32_t> equal = {0, 128, 256, 384, 512};
+  const std::vector<int32_t> equal_sources = {0, 96, 192, 288, 384};
   // Both plain kernels for every precision; bf16 and fp16 again on cuDNN,
   // where a case it refuses is an error and every call must be its.
   struct Run {
@@ -527,6 +558,12 @@ TEST_P(CudaOpsTest, RaggedAttention) {
       attention_case(2, 64, large, sources, true, false, scale);
       calls += 2;
     }
+    for (bool causal : {false, true}) {
+      attention_case(2, 64, equal, equal, false, causal, AttentionScale::kStandard);
+      calls += 2;
+    }
+    attention_case(2, 64, equal, equal_sources, true, false, AttentionScale::kLogLength);
+    calls += 2;
     const AttentionCalls after = b_->gpu->attention_calls();
     const bool cudnn = path == AttentionPath::kCudnn;
     EXPECT_EQ(after.library - before.library, cudnn ? calls : 0);
@@ -837,6 +874,227 @@ TEST(CudaFixedPoint, BitwiseTheCpuReference) {
   }
   b.gpu->device().release(fixed_gpu);
   b.cpu->device().release(fixed_cpu);
+}
+
+// ---- kernel switches -------------------------------------------------------
+
+// The staged cross entropy (loss=staged) sums each row in the reread
+// kernel's order, so it gives its bits: the gradient written over the
+// logits and the loss sums, on GPT-2's vocabulary (a bf16 row is 98 KiB of
+// shared memory, an fp32 row 196 KiB) and on rows that start unaligned.
+TEST(CudaKernelSwitches, StagedCrossEntropyGivesTheRereadKernelsBits) {
+  if (!gpu_present()) GTEST_SKIP() << "no GPU visible";
+  std::unique_ptr<Ops> ops = make_cuda_ops(0);
+  auto* cuda = dynamic_cast<CudaOps*>(ops.get());
+  Device& dev = ops->device();
+  std::mt19937 rng(11);
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (const auto& [N, V, stride] : {std::tuple{6, 50257, 50304}, std::tuple{9, 517, 517}}) {
+      SCOPED_TRACE(std::string(to_string(t)) + " V " + std::to_string(V));
+      std::vector<float> logits(static_cast<size_t>(N) * stride);
+      std::normal_distribution<float> normal(0.0f, 2.0f);
+      for (float& x : logits) x = normal(rng);
+      std::vector<int32_t> targets(N);
+      for (int32_t& target : targets) target = std::uniform_int_distribution<int>(1, V - 1)(rng);
+      targets[2] = 0;  // a pad row
+      std::vector<unsigned char> stored(logits.size() * dtype_bytes(t));
+      narrow(stored.data(), t, logits.data(), logits.size());
+      auto* target_ids = static_cast<int32_t*>(dev.allocate(sizeof(int32_t) * N));
+      dev.copy_to_device(target_ids, targets.data(), sizeof(int32_t) * N);
+      std::vector<unsigned char> grads[2];
+      LossSums sums[2];
+      for (int staged = 0; staged < 2; ++staged) {
+        KernelSwitches switches;
+        switches.loss = staged ? KernelSwitches::Loss::kStaged : KernelSwitches::Loss::kReread;
+        cuda->set_kernel_switches(switches);
+        void* x = dev.allocate(stored.size());
+        auto* sum = static_cast<LossSums*>(dev.allocate(sizeof(LossSums)));
+        dev.copy_to_device(x, stored.data(), stored.size());
+        const LossSums zero{};
+        dev.copy_to_device(sum, &zero, sizeof zero);
+        ops->cross_entropy(Act(x, t), target_ids, N, V, 0.1f, 0, 0.5f, true, sum, stride);
+        grads[staged].resize(stored.size());
+        dev.copy_to_host(grads[staged].data(), x, stored.size());
+        dev.copy_to_host(&sums[staged], sum, sizeof(LossSums));
+        dev.release(x);
+        dev.release(sum);
+      }
+      dev.release(target_ids);
+      EXPECT_TRUE(grads[0] == grads[1]) << "the gradients differ";
+      EXPECT_EQ(sums[0].loss, sums[1].loss);
+      EXPECT_EQ(sums[0].nll, sums[1].nll);
+      EXPECT_EQ(sums[0].tokens, sums[1].tokens);
+      EXPECT_EQ(sums[0].correct, sums[1].correct);
+    }
+  }
+}
+
+// Milliseconds per call of `call` on `ops` (a warm-up first), timed over
+// `reps` calls between two synchronizations.
+template <typename Call>
+double milliseconds_per_call(Ops& ops, int reps, Call call) {
+  call();
+  ops.device().synchronize();
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < reps; ++i) call();
+  ops.device().synchronize();
+  const std::chrono::duration<double, std::milli> took = std::chrono::steady_clock::now() - start;
+  return took.count() / reps;
+}
+
+// Device buffers of `bytes` each, zeroed, released with the timer.
+class TimingBuffers {
+ public:
+  explicit TimingBuffers(Ops& ops) : ops_(ops) {}
+  ~TimingBuffers() {
+    for (void* p : owned_) ops_.device().release(p);
+  }
+  void* zeros(size_t bytes) {
+    owned_.push_back(ops_.device().allocate(bytes));
+    const std::vector<unsigned char> zero(bytes);
+    ops_.device().copy_to_device(owned_.back(), zero.data(), bytes);
+    return owned_.back();
+  }
+
+ private:
+  Ops& ops_;
+  std::vector<void*> owned_;
+};
+
+// Layer norm on GPT-2 small's B32 rows (32768 x 768, bf16), block against
+// warp kernels: time per call and effective bandwidth (the bytes the op
+// must move once). A report, not an assertion.
+TEST(KernelTiming, LayerNormBlockAgainstWarp) {
+  if (!gpu_present()) GTEST_SKIP() << "no GPU visible";
+  constexpr int N = 32768, C = 768;
+  const DType t = DType::kBF16;
+  std::unique_ptr<Ops> ops = make_cuda_ops(0);
+  auto* cuda = dynamic_cast<CudaOps*>(ops.get());
+  TimingBuffers buffers(*ops);
+  const size_t row_bytes = static_cast<size_t>(N) * C * 2;
+  const Act s(buffers.zeros(row_bytes), t), y(buffers.zeros(row_bytes), t),
+      sum(buffers.zeros(row_bytes), t), out(buffers.zeros(row_bytes), t),
+      dout(buffers.zeros(row_bytes), t), dx(buffers.zeros(row_bytes), t);
+  const Act gamma(buffers.zeros(C * 2), t), beta(buffers.zeros(C * 2), t);
+  auto* stats = static_cast<float*>(buffers.zeros(sizeof(float) * 2 * N));
+  auto* grads = static_cast<float*>(buffers.zeros(sizeof(float) * 2 * C));
+  double forward[2], backward[2];
+  for (int warp = 0; warp < 2; ++warp) {
+    KernelSwitches switches;
+    switches.layernorm =
+        warp ? KernelSwitches::LayerNorm::kWarp : KernelSwitches::LayerNorm::kBlock;
+    cuda->set_kernel_switches(switches);
+    forward[warp] = milliseconds_per_call(*ops, 50, [&] {
+      ops->residual_layernorm_forward(sum, out, stats, stats + N, s, y, Dropout{}, gamma, beta, N,
+                                      C, 1e-5f);
+    });
+    backward[warp] = milliseconds_per_call(*ops, 50, [&] {
+      ops->layernorm_backward(dx, grads, grads + C, dout, sum, gamma, stats, stats + N, N, C, true);
+    });
+  }
+  // forward: s, y read, sum, out written; backward (+=): dout, x, dx read, dx written
+  const double moved = 4.0 * row_bytes, tb = 1e-9;
+  std::printf(
+      "kernel timing: layer norm (bf16, N %d, C %d): residual + forward block %.4f ms "
+      "(%.2f TB/s), warp %.4f ms (%.2f TB/s), warp/block %.2f; backward (+=) block %.4f ms "
+      "(%.2f TB/s), warp %.4f ms (%.2f TB/s), warp/block %.2f (target 2.5 TB/s)\n",
+      N, C, forward[0], moved / forward[0] * tb, forward[1], moved / forward[1] * tb,
+      forward[1] / forward[0], backward[0], moved / backward[0] * tb, backward[1],
+      moved / backward[1] * tb, backward[1] / backward[0]);
+}
+
+// The fused cross entropy on GPT-2 small's B32 logits chunk (10672 x 50257
+// rows 50304 apart, bf16, with the gradient), reread against staged: time
+// per call, effective bandwidth (one read and one write of the logits) and
+// the B32 step's rows at this rate against the 1.5 ms target. A report.
+TEST(KernelTiming, CrossEntropyRereadAgainstStaged) {
+  if (!gpu_present()) GTEST_SKIP() << "no GPU visible";
+  constexpr int N = 10672, V = 50257, stride = 50304;
+  const DType t = DType::kBF16;
+  std::unique_ptr<Ops> ops = make_cuda_ops(0);
+  auto* cuda = dynamic_cast<CudaOps*>(ops.get());
+  TimingBuffers buffers(*ops);
+  const Act logits(buffers.zeros(static_cast<size_t>(N) * stride * 2), t);
+  std::vector<int32_t> targets(N);
+  for (int r = 0; r < N; ++r) targets[r] = 1 + r % (V - 1);
+  auto* target_ids = static_cast<int32_t*>(buffers.zeros(sizeof(int32_t) * N));
+  ops->device().copy_to_device(target_ids, targets.data(), sizeof(int32_t) * N);
+  auto* sums = static_cast<LossSums*>(buffers.zeros(sizeof(LossSums)));
+  double ms[2];
+  for (int staged = 0; staged < 2; ++staged) {
+    KernelSwitches switches;
+    switches.loss = staged ? KernelSwitches::Loss::kStaged : KernelSwitches::Loss::kReread;
+    cuda->set_kernel_switches(switches);
+    // The gradient overwrites the logits: every call after the first reads
+    // a gradient, which costs what logits cost.
+    ms[staged] = milliseconds_per_call(*ops, 10, [&] {
+      ops->cross_entropy(logits, target_ids, N, V, 0.1f, 0, 1.0f, true, sums, stride);
+    });
+  }
+  const double moved = 2.0 * N * V * 2, tb = 1e-9;
+  std::printf(
+      "kernel timing: cross entropy (bf16, N %d, V %d, gradient in place): reread %.3f ms "
+      "(%.2f TB/s), staged %.3f ms (%.2f TB/s), staged/reread %.2f; a B32 step's 3 calls: "
+      "reread %.2f ms, staged %.2f ms (target 1.5 ms)\n",
+      N, V, ms[0], moved / ms[0] * tb, ms[1], moved / ms[1] * tb, ms[1] / ms[0],
+      ms[0] * 32768.0 / N, ms[1] * 32768.0 / N);
+}
+
+// cuDNN's attention on GPT-2 small's B32 batch (32 x 1024, 12 heads of 64,
+// causal, bf16, fused QKV), forward and backward timed apart, in the ragged
+// layout every batch takes and the dense one attention=dense gives a batch
+// of equal lengths, with the deterministic backward and without: TFLOP/s
+// against the targets (forward 350, backward 280). A report.
+TEST(KernelTiming, CudnnAttentionLayoutsOnGpt2B32) {
+  if (!gpu_present()) GTEST_SKIP() << "no GPU visible";
+  if (!cuda::FlashAttention::built()) GTEST_SKIP() << "this build has no cuDNN frontend";
+  constexpr int B = 32, L = 1024, H = 12, D = 64, C = H * D, N = B * L;
+  const DType t = DType::kBF16;
+  std::unique_ptr<Ops> ops = make_cuda_ops(0);
+  auto* cuda = dynamic_cast<CudaOps*>(ops.get());
+  ops->set_attention_path(AttentionPath::kCudnn);
+  TimingBuffers buffers(*ops);
+  std::vector<int32_t> offsets(B + 1);
+  for (int b = 0; b <= B; ++b) offsets[b] = b * L;
+  auto* device_offsets = static_cast<int32_t*>(buffers.zeros(sizeof(int32_t) * (B + 1)));
+  ops->device().copy_to_device(device_offsets, offsets.data(), sizeof(int32_t) * (B + 1));
+  const Ragged rows{offsets.data(), device_offsets, B, N, L};
+  const size_t row_bytes = static_cast<size_t>(N) * C * 2;
+  const Act qkv(buffers.zeros(3 * row_bytes), t), out(buffers.zeros(row_bytes), t),
+      dout(buffers.zeros(row_bytes), t), dqkv(buffers.zeros(3 * row_bytes), t);
+  auto* stats = static_cast<float*>(buffers.zeros(sizeof(float) * N * H));
+  const AttentionConfig cfg{H, D, true, AttentionScale::kStandard, 512.0f};
+  const double forward_flops = 4.0 * B * H * double(L) * L * D / 2.0, tera = 1e-9;
+  std::printf("kernel timing: cuDNN attention (bf16, B %d, L %d, %d heads of %d, causal):", B, L, H,
+              D);
+  for (const bool dense : {false, true}) try {
+      KernelSwitches switches;
+      switches.attention =
+          dense ? KernelSwitches::Attention::kDense : KernelSwitches::Attention::kRagged;
+      cuda->set_kernel_switches(switches);
+      const auto forward = [&] {
+        ops->attention_forward(out, stats, qkv, 3 * C, qkv + C, qkv + 2 * C, 3 * C, rows, rows,
+                               cfg);
+      };
+      const double forward_ms = milliseconds_per_call(*ops, 10, forward);
+      std::printf("%s %s forward %.3f ms (%.0f TFLOP/s, target 350)", dense ? ";" : "",
+                  dense ? "dense" : "ragged", forward_ms, forward_flops / forward_ms * tera);
+      for (const bool deterministic : {true, false}) {
+        ops->set_deterministic(deterministic);
+        const double backward_ms = milliseconds_per_call(*ops, 10, [&] {
+          ops->attention_backward(dqkv, dqkv + C, dqkv + 2 * C, dout, out, stats, qkv, 3 * C,
+                                  qkv + C, qkv + 2 * C, 3 * C, rows, rows, cfg);
+        });
+        std::printf(", backward%s %.3f ms (%.0f TFLOP/s, target 280)",
+                    deterministic ? "" : " (--deterministic false)", backward_ms,
+                    2.5 * forward_flops / backward_ms * tera);
+      }
+      ops->set_deterministic(true);
+    } catch (const std::exception& e) {  // cuDNN refused a case: a figure missing, said so
+      std::printf("; %s did not run: %s", dense ? "dense" : "ragged", e.what());
+      ops->set_deterministic(true);
+    }
+  std::printf("\n");
 }
 
 // ---- attention timing -----------------------------------------------------

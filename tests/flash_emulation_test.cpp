@@ -49,20 +49,8 @@ std::vector<int32_t> offsets_of(const std::vector<int>& lengths) {
   return offsets;
 }
 
-template <typename T>
-T stored(float x) {
-  if constexpr (std::is_same_v<T, float>)
-    return x;
-  else
-    return T{float_to_bf16(x)};
-}
-template <typename T>
-float widened(T x) {
-  if constexpr (std::is_same_v<T, float>)
-    return x;
-  else
-    return bf16_to_float(x.bits);
-}
+using emulated::stored;
+using emulated::widened;
 
 // n values rounded to T, and their widened copies.
 template <typename T>

@@ -230,6 +230,14 @@ __global__ void scale_queries_kernel(T* dst, int dst_stride, const T* src, int s
   }
 }
 
+// packed (B, H, S) from stats (B * S, H), i over packed.  n = B * H * S
+__global__ void pack_stats_kernel(float* packed, const float* stats, int S, int H, size_t n) {
+  MPIFORMER_FOR_EACH(i, n) {
+    const size_t s = i % S, h = i / S % H, b = i / (static_cast<size_t>(S) * H);
+    packed[i] = stats[(b * S + s) * H + h];
+  }
+}
+
 AttentionShape shape_of(const Ragged& qs, const Ragged& ks, const AttentionConfig& cfg,
                         const int64_t* p_offsets, int q_stride, int kv_stride) {
   return AttentionShape{qs.device_offsets, ks.device_offsets, p_offsets,  qs.batch,
@@ -261,6 +269,14 @@ void launch_scale_queries(Act dst, int dst_stride, Act src, int src_stride, cons
         typed<T>(dst), dst_stride, typed<T>(src), src_stride, s, C);
   });
   check(cudaGetLastError(), "log-length scale of the queries");
+}
+
+void launch_pack_stats(float* packed, const float* stats, int batch, int length, int heads,
+                       cudaStream_t stream) {
+  const size_t n = static_cast<size_t>(batch) * length * heads;
+  if (n == 0) return;
+  pack_stats_kernel<<<blocks_for(n), 256, 0, stream>>>(packed, stats, length, heads, n);
+  check(cudaGetLastError(), "attention statistics, packed");
 }
 
 }  // namespace cuda

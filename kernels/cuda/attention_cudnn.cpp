@@ -1,19 +1,10 @@
-// cuDNN fused attention (attention_cudnn.h). Compiled by the host compiler
-// with the cuDNN frontend's headers when the build found them; the only
-// file of the project that includes them (they take a minute to compile).
-//
-// Layout ("THD": tokens packed back to back, heads side by side), every
-// tensor (b, h, s, d) with a ragged offset in elements per sequence:
-//   q  (Nq, H*D) rows q_stride apart     ro_q  = q_offsets * q_stride
-//   k, v (Nk, H*D) rows kv_stride apart  ro_kv = k_offsets * kv_stride
-//   out, dout (Nq, H*D) dense             ro_o  = q_offsets * H*D
-//   stats (Nq, H) fp32                    ro_stats = q_offsets * H
-// so a fused QKV tensor (q_stride = kv_stride = 3C) is read in place, and
-// its gradient written in place. A graph is static in its batch slots and
-// longest sequence: both are rounded up (slots past the batch are empty
-// sequences) so that a few graphs serve every batch of a run; they are
-// built on first use and cached. The padding mask makes each sequence see
-// only its own keys; the causal mask is the top-left diagonal band.
+// cuDNN fused attention (attention_cudnn.h): the graphs built, cached and
+// run. Compiled by the host compiler with the cuDNN frontend's headers when
+// the build found them (they take a minute to compile); what a key's graph
+// is (its layout and masks) lives in attention_cudnn_graph.cpp. A graph is
+// static in its batch slots and longest sequence: both are rounded up
+// (slots past the batch are empty sequences) so that a few graphs serve
+// every batch of a run; they are built on first use and cached.
 #include "kernels/cuda/attention_cudnn.h"
 
 #include <algorithm>
@@ -29,12 +20,9 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/cuda/attention_cudnn_graph.h"
 #include "kernels/cuda/attention_cudnn_keys.h"
 #include "kernels/cuda/ops.h"
-
-#if defined(MPIFORMER_HAVE_CUDNN_FRONTEND)
-#include <cudnn_frontend.h>
-#endif
 
 namespace mpiformer::cuda {
 
@@ -49,34 +37,11 @@ bool FlashAttention::built() {
   return false;
 }
 
-std::vector<std::string> FlashAttention::validate_graphs(int) {
-  return {};
-}
-
 #else
 
 namespace {
 
 namespace fe = cudnn_frontend;
-
-// Tensor uids of the variant packs.
-enum Uid : int64_t {
-  kQ = 1,
-  kK,
-  kV,
-  kO,
-  kStats,
-  kDO,
-  kDQ,
-  kDK,
-  kDV,
-  kSeqQ,
-  kSeqKv,
-  kRoQ,
-  kRoKv,
-  kRoO,
-  kRoStats
-};
 
 struct Entry {
   std::shared_ptr<fe::graph::Graph> graph;  // null: cuDNN does not support the key
@@ -89,101 +54,6 @@ struct Entry {
 // built again when next needed (a graph holds host memory and a compiled
 // kernel).
 constexpr size_t kUnpreparedGraphs = 64;
-
-// The graph of a key for a GPU of compute capability `sm` (90: Hopper), not
-// yet validated or built.
-std::shared_ptr<fe::graph::Graph> describe(const GraphKey& key, int sm) {
-  const int64_t B = key.slots, H = key.heads, D = key.head_dim, C = H * D;
-  const int64_t Sq = key.max_q, Skv = key.max_kv;
-  auto g = std::make_shared<fe::graph::Graph>();
-  g->set_sm_version(sm);
-  g->set_io_data_type(static_cast<DType>(key.dtype) == DType::kBF16 ? fe::DataType_t::BFLOAT16
-                                                                    : fe::DataType_t::HALF)
-      .set_intermediate_data_type(fe::DataType_t::FLOAT)
-      .set_compute_data_type(fe::DataType_t::FLOAT);
-  const auto index = [&](const char* name, int64_t uid, int64_t n, fe::DataType_t type) {
-    return g->tensor(fe::graph::Tensor_attributes()
-                         .set_name(name)
-                         .set_uid(uid)
-                         .set_dim({n, 1, 1, 1})
-                         .set_stride({1, 1, 1, 1})
-                         .set_data_type(type));
-  };
-  const auto seq_q = index("seq_q", kSeqQ, B, fe::DataType_t::INT32);
-  const auto seq_kv = index("seq_kv", kSeqKv, B, fe::DataType_t::INT32);
-  const auto ro_q = index("ro_q", kRoQ, B + 1, fe::DataType_t::INT64);
-  const auto ro_kv = index("ro_kv", kRoKv, B + 1, fe::DataType_t::INT64);
-  const auto ro_o = index("ro_o", kRoO, B + 1, fe::DataType_t::INT64);
-  const auto ro_stats = index("ro_stats", kRoStats, B + 1, fe::DataType_t::INT64);
-  // (b, h, s, d) over rows `token` elements apart.
-  const auto layout = [&](std::shared_ptr<fe::graph::Tensor_attributes> t, int64_t S, int64_t token,
-                          std::shared_ptr<fe::graph::Tensor_attributes> ro) {
-    t->set_dim({B, H, S, D}).set_stride({S * token, D, token, 1}).set_ragged_offset(ro);
-    return t;
-  };
-  const auto input = [&](const char* name, int64_t uid, int64_t S, int64_t token,
-                         std::shared_ptr<fe::graph::Tensor_attributes> ro) {
-    return layout(g->tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid)), S, token,
-                  ro);
-  };
-  const auto stats_layout = [&](std::shared_ptr<fe::graph::Tensor_attributes> t) {
-    t->set_uid(kStats)
-        .set_data_type(fe::DataType_t::FLOAT)
-        .set_dim({B, H, Sq, 1})
-        .set_stride({Sq * H, 1, H, 1})
-        .set_ragged_offset(ro_stats);
-    return t;
-  };
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  const auto q = input("q", kQ, Sq, key.q_stride, ro_q);
-  const auto k = input("k", kK, Skv, key.kv_stride, ro_kv);
-  const auto v = input("v", kV, Skv, key.kv_stride, ro_kv);
-
-  if (!key.backward) {
-    auto options = fe::graph::SDPA_attributes()
-                       .set_name("attention")
-                       .set_generate_stats(true)
-                       .set_attn_scale(scale)
-                       .set_padding_mask(true)
-                       .set_seq_len_q(seq_q)
-                       .set_seq_len_kv(seq_kv);
-    if (key.causal) {
-      options.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
-          .set_diagonal_band_right_bound(0);
-    }
-    auto [o, stats] = g->sdpa(q, k, v, options);
-    layout(o, Sq, C, ro_o)->set_output(true).set_uid(kO);
-    stats_layout(stats)->set_output(true);
-  } else {
-    const auto o = input("o", kO, Sq, C, ro_o);
-    const auto dout = input("dout", kDO, Sq, C, ro_o);
-    const auto stats = stats_layout(g->tensor(fe::graph::Tensor_attributes().set_name("stats")));
-    auto options = fe::graph::SDPA_backward_attributes()
-                       .set_name("attention_backward")
-                       .set_attn_scale(scale)
-                       .set_padding_mask(true)
-                       .set_seq_len_q(seq_q)
-                       .set_seq_len_kv(seq_kv);
-    // Accumulators sized by the packed totals (not slots x longest); the
-    // frontend takes them for head sizes that are multiples of 16.
-    if (D % 16 == 0) {
-      options.set_max_total_seq_len_q(key.total_q).set_max_total_seq_len_kv(key.total_kv);
-    }
-    if (key.causal) {
-      options.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
-          .set_diagonal_band_right_bound(0);
-    }
-    // cuDNN's default backward adds into dQ with float atomics: the bits
-    // then change from run to run. Where it has no deterministic engine for
-    // a case, the graph is refused and the plain kernels run (no atomics).
-    if (key.deterministic) options.set_deterministic_algorithm(true);
-    auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats, options);
-    layout(dq, Sq, key.q_stride, ro_q)->set_output(true).set_uid(kDQ);
-    layout(dk, Skv, key.kv_stride, ro_kv)->set_output(true).set_uid(kDK);
-    layout(dv, Skv, key.kv_stride, ro_kv)->set_output(true).set_uid(kDV);
-  }
-  return g;
-}
 
 // The batch metadata of one (batch, layout) pair, kept for every layer of
 // a micro-batch (Ragged::version says when the batch changed).
@@ -222,7 +92,7 @@ class CudnnAttention final : public FlashAttention {
     Entry* entry = usable_graph(key, qs, ks);
     if (!entry) return false;
     const Act q_used = fold_queries(q, q_stride, qs, ks, cfg);
-    run(*entry, pack_of(q_used, k, v, out, stats, meta_for(qs, ks, key)), "forward");
+    run(*entry, pack_of(q_used, k, v, out, stats, qs, ks, key), "forward");
     return true;
   }
 
@@ -243,7 +113,8 @@ class CudnnAttention final : public FlashAttention {
                                   static_cast<size_t>(qs.total) * C * dtype_bytes(dq.dtype)),
                      dq.dtype)
                : dq;
-    Pack pack = pack_of(q_used, k, v, out, stats, meta_for(qs, ks, key));
+    const float* stats_used = key.dense ? packed_stats(stats, qs, cfg.heads) : stats;
+    Pack pack = pack_of(q_used, k, v, out, stats_used, qs, ks, key);
     pack.insert({{kDO, dout.data}, {kDQ, dq_used.data}, {kDK, dk.data}, {kDV, dv.data}});
     run(*entry, std::move(pack), "backward");
     // dL/dq = f * dL/dq' into the caller's q layout.
@@ -294,10 +165,14 @@ class CudnnAttention final : public FlashAttention {
   }
 
  private:
-  // The key of a call: its class's prepared shape, or its own rounded up.
+  // The key of a call: its class's prepared shape, or its own rounded up;
+  // with attention=dense, a batch of equal lengths its own dense graph.
   GraphKey call_key(bool backward, DType dtype, int q_stride, int kv_stride, const Ragged& qs,
                     const Ragged& ks, const AttentionConfig& cfg) const {
     const GraphLayout layout = layout_of(cfg, q_stride, kv_stride);
+    if (ops_.kernel_switches().attention == KernelSwitches::Attention::kDense &&
+        equal_lengths(qs, ks))
+      return dense_key_of(backward, dtype, layout, qs, ks, ops_.deterministic());
     const PlannedShapes::Entry* planned = planned_.covering(layout, qs, ks);
     const GraphShape shape = planned ? planned->shape : rounded_shape(qs, ks, cfg.causal);
     return key_of(backward, dtype, layout, shape, ops_.deterministic());
@@ -365,6 +240,14 @@ class CudnnAttention final : public FlashAttention {
       std::fflush(stderr);
     }
     return nullptr;
+  }
+
+  // The stats as cuDNN's dense backward reads them (launch_pack_stats).
+  const float* packed_stats(const float* stats, const Ragged& qs, int heads) {
+    auto* packed = static_cast<float*>(ops_.scratch(
+        CudaOps::kAttentionStats, sizeof(float) * static_cast<size_t>(qs.total) * heads));
+    launch_pack_stats(packed, stats, qs.batch, qs.max_len, heads, ops_.stream());
+    return packed;
   }
 
   // q, or q' = f * q (dense) when the scale depends on the query.
@@ -465,19 +348,24 @@ class CudnnAttention final : public FlashAttention {
 
   // A graph's tensors by uid.
   using Pack = std::unordered_map<int64_t, void*>;
-  // What forward and backward both read: q, k, v, out, stats, the metadata.
-  static Pack pack_of(Act q, Act k, Act v, Act out, const float* stats, const AttentionMeta& meta) {
-    return Pack{{kQ, q.data},
-                {kK, k.data},
-                {kV, v.data},
-                {kO, out.data},
-                {kStats, const_cast<float*>(stats)},
-                {kSeqQ, meta.seq_q},
-                {kSeqKv, meta.seq_kv},
-                {kRoQ, meta.ro_q},
-                {kRoKv, meta.ro_kv},
-                {kRoO, meta.ro_o},
-                {kRoStats, meta.ro_stats}};
+  // What forward and backward both read: q, k, v, out, stats, and in the
+  // ragged layout the batch's metadata.
+  Pack pack_of(Act q, Act k, Act v, Act out, const float* stats, const Ragged& qs, const Ragged& ks,
+               const GraphKey& key) {
+    Pack pack{{kQ, q.data},
+              {kK, k.data},
+              {kV, v.data},
+              {kO, out.data},
+              {kStats, const_cast<float*>(stats)}};
+    if (key.dense) return pack;
+    const AttentionMeta meta = meta_for(qs, ks, key);
+    pack.insert({{kSeqQ, meta.seq_q},
+                 {kSeqKv, meta.seq_kv},
+                 {kRoQ, meta.ro_q},
+                 {kRoKv, meta.ro_kv},
+                 {kRoO, meta.ro_o},
+                 {kRoStats, meta.ro_stats}});
+    return pack;
   }
 
   void run(Entry& entry, Pack pack, const char* what) {
@@ -509,61 +397,6 @@ class CudnnAttention final : public FlashAttention {
 
 bool FlashAttention::built() {
   return true;
-}
-
-std::vector<std::string> FlashAttention::validate_graphs(int sm) {
-  struct Case {
-    const char* name;
-    int q_stride, kv_stride;  // in units of C
-    bool causal;
-    AttentionScale scale;
-    int heads, head_dim, batch, q_len, k_len;
-  };
-  const Case cases[] = {
-      {"causal self-attention, fused QKV", 3, 3, true, AttentionScale::kStandard, 12, 64, 8, 1024,
-       1024},
-      {"bidirectional self-attention, fused QKV", 3, 3, false, AttentionScale::kStandard, 8, 64,
-       100, 48, 48},
-      {"causal self-attention, folded q", 3, 3, true, AttentionScale::kLogLength, 4, 64, 8, 256,
-       256},
-      {"cross-attention", 1, 2, false, AttentionScale::kStandard, 8, 64, 128, 48, 40},
-      {"cross-attention, folded q", 1, 2, false, AttentionScale::kLogLength, 8, 128, 64, 40, 48},
-      {"causal self-attention, head size 8", 3, 3, true, AttentionScale::kStandard, 3, 8, 5, 13,
-       13},
-      // Prepared classes of a GPT-2-width run on buckets up to 128 tokens
-      // (--max-tokens 32768): many short sequences, and the longest class.
-      {"causal self-attention, short bucket class", 3, 3, true, AttentionScale::kStandard, 12, 64,
-       4096, 8, 8},
-      {"causal self-attention, long bucket class", 3, 3, true, AttentionScale::kStandard, 12, 64,
-       289, 113, 113},
-  };
-  std::vector<std::string> failures;
-  for (const Case& c : cases) {
-    const int C = c.heads * c.head_dim;
-    const Ragged qs{nullptr, nullptr, c.batch, c.batch * c.q_len, c.q_len, 0};
-    const Ragged ks{nullptr, nullptr, c.batch, c.batch * c.k_len, c.k_len, 0};
-    const AttentionConfig cfg{c.heads, c.head_dim, c.causal, c.scale, 512.0f};
-    const GraphLayout layout = layout_of(cfg, c.q_stride * C, c.kv_stride * C);
-    // The shape of an unprepared call, and of a prepared class.
-    PlannedShapes planned;
-    planned.add(layout, SideBound{c.batch, c.q_len, int64_t{c.batch} * c.q_len},
-                SideBound{c.batch, c.k_len, int64_t{c.batch} * c.k_len});
-    for (const GraphShape& shape : {rounded_shape(qs, ks, c.causal), planned.entries()[0].shape}) {
-      for (bool backward : {false, true}) {
-        for (DType dtype : {DType::kBF16, DType::kF16}) {
-          // Deterministic: the default of a training run.
-          fe::error_t status =
-              describe(key_of(backward, dtype, layout, shape, true), sm)->validate();
-          if (status.is_bad()) {
-            failures.push_back(std::string(c.name) + (backward ? ", backward, " : ", forward, ") +
-                               to_string(dtype) + ", lengths " + std::to_string(shape.max_q) + "/" +
-                               std::to_string(shape.max_kv) + ": " + status.get_message());
-          }
-        }
-      }
-    }
-  }
-  return failures;
 }
 
 std::unique_ptr<FlashAttention> FlashAttention::create(CudaOps& ops, std::string* why_not) {

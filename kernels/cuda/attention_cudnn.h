@@ -76,5 +76,11 @@ void launch_attention_meta(const AttentionMeta& meta, const int32_t* q_offsets,
 void launch_scale_queries(Act dst, int dst_stride, Act src, int src_stride, const Ragged& qs,
                           const Ragged& ks, const AttentionConfig& cfg, cudaStream_t stream);
 
+// The statistics of a batch of `batch` sequences of `length` in the packed
+// (B, H, S) layout that cuDNN's dense backward reads (before 9.26), from
+// the (N, H) rows the other kernels keep.  packed, stats: (N * H)
+void launch_pack_stats(float* packed, const float* stats, int batch, int length, int heads,
+                       cudaStream_t stream);
+
 }  // namespace cuda
 }  // namespace mpiformer

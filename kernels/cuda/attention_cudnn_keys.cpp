@@ -13,7 +13,7 @@ int64_t next_pow2(int64_t n, int64_t least) {
 
 // "backward bf16, 12 heads of 64, 8 slots, lengths 1024/1024".
 std::string describe_key(const GraphKey& key) {
-  return std::string(key.backward ? "backward " : "forward ") +
+  return std::string(key.backward ? "backward " : "forward ") + (key.dense ? "dense " : "") +
          to_string(static_cast<DType>(key.dtype)) + ", " + std::to_string(key.heads) +
          " heads of " + std::to_string(key.head_dim) + ", " + std::to_string(key.slots) +
          " slots, lengths " + std::to_string(key.max_q) + "/" + std::to_string(key.max_kv);
@@ -85,6 +85,19 @@ GraphKey key_of(bool backward, DType dtype, const GraphLayout& layout, const Gra
   // The backward's fp32 accumulators are sized by these caps.
   key.total_q = backward ? shape.total_q : 0;
   key.total_kv = backward ? shape.total_kv : 0;
+  return key;
+}
+
+bool equal_lengths(const Ragged& qs, const Ragged& ks) {
+  return qs.batch > 0 && qs.batch == ks.batch && qs.total == int64_t{qs.batch} * qs.max_len &&
+         ks.total == int64_t{ks.batch} * ks.max_len;
+}
+
+GraphKey dense_key_of(bool backward, DType dtype, const GraphLayout& layout, const Ragged& qs,
+                      const Ragged& ks, bool deterministic) {
+  const GraphShape shape{qs.batch, qs.max_len, ks.max_len, qs.total, ks.total};
+  GraphKey key = key_of(backward, dtype, layout, shape, deterministic);
+  key.dense = 1;
   return key;
 }
 

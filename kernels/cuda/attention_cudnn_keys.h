@@ -17,6 +17,10 @@ struct GraphKey {
   // deterministic: backward without atomics in dQ (--deterministic true)
   int backward, dtype, heads, head_dim, q_stride, kv_stride, causal, deterministic;
   int64_t slots, max_q, max_kv, total_q, total_kv;
+  // dense: a batch of equal lengths in the plain (b, s, h, d) layout, no
+  // ragged offsets or padding mask (MPIFORMER_KERNELS=attention=dense);
+  // the shape is then the batch's own. (64 bits: the key has no padding.)
+  int64_t dense;
   std::string text() const {
     return std::string(reinterpret_cast<const char*>(this), sizeof *this);
   }
@@ -55,5 +59,13 @@ GraphShape rounded_shape(const Ragged& qs, const Ragged& ks, bool causal);
 // The key of a graph of `shape` for `layout`.
 GraphKey key_of(bool backward, DType dtype, const GraphLayout& layout, const GraphShape& shape,
                 bool deterministic);
+
+// Whether a batch's sequences all have its longest length, on both sides:
+// what the dense layout takes.
+bool equal_lengths(const Ragged& qs, const Ragged& ks);
+
+// The key of the dense graph of such a batch: its own shape, unrounded.
+GraphKey dense_key_of(bool backward, DType dtype, const GraphLayout& layout, const Ragged& qs,
+                      const Ragged& ks, bool deterministic);
 
 }  // namespace mpiformer::cuda

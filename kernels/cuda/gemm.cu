@@ -1,9 +1,11 @@
 // cuBLASLt with fused epilogues for the CUDA backend (gemm.h): algorithms
-// chosen once per shape and cached, cublasGemmEx where cuBLASLt has none.
+// chosen once per shape and cached (cuBLASLt's first suggestion, or with
+// the timed search the fastest of several), cublasGemmEx where it has none.
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemm.h"
@@ -18,6 +20,13 @@ namespace {
 // Hopper's kernels want up to 32 MiB (NVIDIA's recommendation for sm_90).
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 
+// The timed search (set_timed_search): cuBLASLt's suggestions asked for,
+// and each one's timed runs after an untimed warm-up. Off by default: the
+// fastest can differ between runs and machines, and algorithms may sum in
+// different orders, so a timed choice gives up run-to-run bitwise equality.
+constexpr int kCandidates = 8;
+constexpr int kTimedRuns = 3;
+
 // The largest power of two up to 256 that divides the address: what
 // cuBLASLt may assume of a pointer.
 int alignment_of(const void* p) {
@@ -25,6 +34,11 @@ int alignment_of(const void* p) {
   int a = 256;
   while (a > 1 && address % a != 0) a /= 2;
   return a;
+}
+
+// Bytes per element of a type cuda_type gives.
+size_t element_bytes(cudaDataType_t t) {
+  return t == CUDA_R_32F ? 4 : 2;
 }
 
 }  // namespace
@@ -86,6 +100,21 @@ Gemm::~Gemm() {
   if (lt_) cublasLtDestroy(lt_);
 }
 
+void Gemm::set_timed_search(bool timed) {
+  if (timed == timed_) return;
+  timed_ = timed;
+  // The plans made the other way keep their algorithms: plan every shape again.
+  for (auto& [key, plan] : plans_) delete plan;
+  plans_.clear();
+}
+
+std::string Gemm::timed_search_summary() const {
+  if (shapes_timed_ == 0) return "";
+  return "timed " + std::to_string(shapes_timed_) + " GEMM shape" +
+         (shapes_timed_ == 1 ? "" : "s") + "; cuBLASLt's first choice was fastest in " +
+         std::to_string(heuristic_kept_);
+}
+
 Gemm::Plan* Gemm::plan_for(const GemmCall& c) {
   const PlanKey key{c.trans_a,
                     c.trans_b,
@@ -109,14 +138,23 @@ Gemm::Plan* Gemm::plan_for(const GemmCall& c) {
 
   auto* plan = new Plan;
   plans_[text] = plan;
+  make_descriptors(c, *plan);
+  // Untimed, exactly cuBLASLt's first suggestion; timed, the fastest of several.
+  const std::vector<cublasLtMatmulAlgo_t> algos = heuristics(c, *plan, timed_ ? kCandidates : 1);
+  plan->supported = !algos.empty();
+  if (plan->supported) plan->algo = algos[choose(c, *plan, algos)];
+  return plan;
+}
+
+void Gemm::make_descriptors(const GemmCall& c, Plan& plan) {
   const bool fp32 = c.ab_type == CUDA_R_32F;
   const cublasComputeType_t compute =
       fp32 && tf32_ ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  check(cublasLtMatmulDescCreate(&plan->desc, compute, CUDA_R_32F), "cublasLtMatmulDescCreate");
+  check(cublasLtMatmulDescCreate(&plan.desc, compute, CUDA_R_32F), "cublasLtMatmulDescCreate");
   const cublasOperation_t op_a = c.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = c.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const auto set = [&](cublasLtMatmulDescAttributes_t attr, const void* value, size_t size) {
-    check(cublasLtMatmulDescSetAttribute(plan->desc, attr, value, size),
+    check(cublasLtMatmulDescSetAttribute(plan.desc, attr, value, size),
           "cublasLtMatmulDescSetAttribute");
   };
   set(CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a);
@@ -134,24 +172,28 @@ Gemm::Plan* Gemm::plan_for(const GemmCall& c) {
     set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld);
   }
   // Layouts as stored, before op(): A is m x k unless transposed, and so on.
-  check(cublasLtMatrixLayoutCreate(&plan->a, c.ab_type, c.trans_a ? c.k : c.m,
-                                   c.trans_a ? c.m : c.k, c.lda),
+  check(cublasLtMatrixLayoutCreate(&plan.a, c.ab_type, c.trans_a ? c.k : c.m, c.trans_a ? c.m : c.k,
+                                   c.lda),
         "cublasLtMatrixLayoutCreate");
-  check(cublasLtMatrixLayoutCreate(&plan->b, c.ab_type, c.trans_b ? c.n : c.k,
-                                   c.trans_b ? c.k : c.n, c.ldb),
+  check(cublasLtMatrixLayoutCreate(&plan.b, c.ab_type, c.trans_b ? c.n : c.k, c.trans_b ? c.k : c.n,
+                                   c.ldb),
         "cublasLtMatrixLayoutCreate");
-  check(cublasLtMatrixLayoutCreate(&plan->d, c.d_type, c.m, c.n, c.ldd),
+  check(cublasLtMatrixLayoutCreate(&plan.d, c.d_type, c.m, c.n, c.ldd),
         "cublasLtMatrixLayoutCreate");
+}
 
+std::vector<cublasLtMatmulAlgo_t> Gemm::heuristics(const GemmCall& c, const Plan& plan,
+                                                   int requested) {
   cublasLtMatmulPreference_t pref = nullptr;
   check(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
   const uint64_t workspace = workspace_bytes_;
   check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                              &workspace, sizeof workspace),
         "cublasLtMatmulPreferenceSetAttribute");
-  const uint32_t align[4] = {static_cast<uint32_t>(key.align_a), static_cast<uint32_t>(key.align_b),
-                             static_cast<uint32_t>(key.align_d),
-                             static_cast<uint32_t>(key.align_d)};
+  // C is D (in place), so both have D's alignment.
+  const uint32_t align[4] = {
+      static_cast<uint32_t>(alignment_of(c.a)), static_cast<uint32_t>(alignment_of(c.b)),
+      static_cast<uint32_t>(alignment_of(c.d)), static_cast<uint32_t>(alignment_of(c.d))};
   const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
@@ -159,15 +201,105 @@ Gemm::Plan* Gemm::plan_for(const GemmCall& c) {
     check(cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &align[i], sizeof align[i]),
           "cublasLtMatmulPreferenceSetAttribute");
   }
-  cublasLtMatmulHeuristicResult_t result{};
+  std::vector<cublasLtMatmulHeuristicResult_t> results(requested);
   int found = 0;
   const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
-      lt_, plan->desc, plan->a, plan->b, plan->d, plan->d, pref, 1, &result, &found);
+      lt_, plan.desc, plan.a, plan.b, plan.d, plan.d, pref, requested, results.data(), &found);
   cublasLtMatmulPreferenceDestroy(pref);
-  plan->supported = status == CUBLAS_STATUS_SUCCESS && found > 0 &&
-                    result.state == CUBLAS_STATUS_SUCCESS && result.workspaceSize <= workspace;
-  if (plan->supported) plan->algo = result.algo;
-  return plan;
+  std::vector<cublasLtMatmulAlgo_t> algos;
+  if (status != CUBLAS_STATUS_SUCCESS) return algos;
+  for (int i = 0; i < found; ++i) {
+    const cublasLtMatmulHeuristicResult_t& r = results[i];
+    if (r.state == CUBLAS_STATUS_SUCCESS && r.workspaceSize <= workspace) algos.push_back(r.algo);
+  }
+  return algos;
+}
+
+size_t Gemm::choose(const GemmCall& c, const Plan& plan,
+                    const std::vector<cublasLtMatmulAlgo_t>& algos) {
+  if (algos.size() < 2) return 0;  // untimed, or nothing to choose between
+  const int best = time_candidates(c, plan, algos);
+  if (best < 0) return 0;  // none could be timed: cuBLASLt's first
+  ++shapes_timed_;
+  if (best == 0) ++heuristic_kept_;
+  return static_cast<size_t>(best);
+}
+
+int Gemm::time_candidates(const GemmCall& c, const Plan& plan,
+                          const std::vector<cublasLtMatmulAlgo_t>& algos) {
+  // The real call follows and overwrites what the trials write (D, aux, the
+  // bias gradient), except a D it accumulates into (beta != 0): then the
+  // trials read D as C and write a stand-in of D's size (ldd x n), D untouched.
+  void* out = c.d;
+  const bool stand_in = c.beta != 0.0f;
+  const size_t out_bytes = size_t(c.ldd) * size_t(c.n) * element_bytes(c.d_type);
+  if (stand_in && cudaMalloc(&out, out_bytes) != cudaSuccess) {
+    cudaGetLastError();  // no room to time: keep cuBLASLt's first, the error cleared
+    return -1;
+  }
+  if (stand_in) ops_.cuda_device().count_workspace(out_bytes);
+  point_at(plan, c);
+  cudaEvent_t start = nullptr, stop = nullptr;
+  check(cudaEventCreate(&start), "cudaEventCreate");
+  check(cudaEventCreate(&stop), "cudaEventCreate");
+  int best = -1;
+  float best_ms = 0.0f;
+  for (size_t i = 0; i < algos.size(); ++i) {
+    const float ms = trial_ms(c, plan, algos[i], out, start, stop);
+    // Strictly faster only: a tie keeps the earlier, in cuBLASLt's order.
+    if (ms >= 0.0f && (best < 0 || ms < best_ms)) {
+      best = static_cast<int>(i);
+      best_ms = ms;
+    }
+  }
+  check(cudaEventDestroy(stop), "cudaEventDestroy");
+  check(cudaEventDestroy(start), "cudaEventDestroy");
+  if (stand_in) {
+    // Trials may still be running when a candidate failed after others queued.
+    check(cudaStreamSynchronize(ops_.stream()), "cudaStreamSynchronize");
+    check(cudaFree(out), "cudaFree (timed search's stand-in D)");
+    ops_.cuda_device().uncount_workspace(out_bytes);
+  }
+  return best;
+}
+
+float Gemm::trial_ms(const GemmCall& c, const Plan& plan, const cublasLtMatmulAlgo_t& algo,
+                     void* out, cudaEvent_t start, cudaEvent_t stop) {
+  const float alpha = 1.0f;
+  const auto run = [&] {
+    return cublasLtMatmul(lt_, plan.desc, &alpha, c.a, plan.a, c.b, plan.b, &c.beta, c.d, plan.d,
+                          out, plan.d, &algo, workspace_, workspace_bytes_,
+                          ops_.stream()) == CUBLAS_STATUS_SUCCESS;
+  };
+  // A candidate cuBLASLt refuses is skipped, its error cleared; it never fails the call.
+  const auto refused = [] {
+    cudaGetLastError();
+    return -1.0f;
+  };
+  if (!run()) return refused();  // warm-up, untimed (first launch, caches)
+  check(cudaEventRecord(start, ops_.stream()), "cudaEventRecord");
+  for (int r = 0; r < kTimedRuns; ++r) {
+    if (!run()) return refused();
+  }
+  check(cudaEventRecord(stop, ops_.stream()), "cudaEventRecord");
+  check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+  float ms = 0.0f;
+  check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+  return ms;
+}
+
+void Gemm::point_at(const Plan& plan, const GemmCall& c) {
+  // The pointers are the call's own; the plan only fixed their alignment.
+  if (c.bias) {
+    check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &c.bias,
+                                         sizeof c.bias),
+          "cublasLtMatmulDescSetAttribute");
+  }
+  if (c.aux) {
+    check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                         &c.aux, sizeof c.aux),
+          "cublasLtMatmulDescSetAttribute");
+  }
 }
 
 bool Gemm::fused(const GemmCall& c) {
@@ -176,17 +308,7 @@ bool Gemm::fused(const GemmCall& c) {
   if (c.m <= 1 || c.n <= 1 || c.k <= 1) return false;
   Plan* plan = plan_for(c);
   if (!plan->supported) return false;
-  // The pointers are the call's own; the plan only fixed their alignment.
-  if (c.bias) {
-    check(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &c.bias,
-                                         sizeof c.bias),
-          "cublasLtMatmulDescSetAttribute");
-  }
-  if (c.aux) {
-    check(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
-                                         &c.aux, sizeof c.aux),
-          "cublasLtMatmulDescSetAttribute");
-  }
+  point_at(*plan, c);
   const float alpha = 1.0f;
   check(cublasLtMatmul(lt_, plan->desc, &alpha, c.a, plan->a, c.b, plan->b, &c.beta, c.d, plan->d,
                        c.d, plan->d, &plan->algo, workspace_, workspace_bytes_, ops_.stream()),

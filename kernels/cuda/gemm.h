@@ -2,7 +2,9 @@
 // algorithms chosen once per shape and cached, and cuBLAS's cublasGemmEx
 // where cuBLASLt offers no algorithm (an epilogue it cannot fuse for these
 // types or alignments, or a degenerate shape); the caller then runs the
-// epilogue's work as separate kernels.
+// epilogue's work as separate kernels. set_timed_search (CudaOps, from
+// MPIFORMER_KERNELS gemm=timed) picks instead the fastest of cuBLASLt's
+// suggestions, timed once per shape on the call's own operands.
 //
 // Column-major, as cuBLAS sees memory: a row-major (R, C) buffer is a
 // column-major (C, R) matrix with leading dimension C. The backend's row-
@@ -16,6 +18,7 @@
 #include <cstdint>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "kernels/dtype.h"
 
@@ -64,9 +67,36 @@ class Gemm {
   // can, cublasGemmEx otherwise. Throws std::runtime_error on failure.
   void plain(const GemmCall& call);
 
+  // timed: each shape's algorithm is the fastest of cuBLASLt's first 8
+  // suggestions, timed when the shape first runs; otherwise (the default)
+  // its first suggestion. Off by default because the fastest can differ
+  // between runs and machines, and algorithms may sum in different orders:
+  // a timed choice gives up run-to-run bitwise equality. Changing it drops
+  // the plans made so far, so that every shape is planned again.
+  void set_timed_search(bool timed);
+  // Since construction: "timed 14 GEMM shapes; cuBLASLt's first choice was
+  // fastest in 9", or empty when nothing was timed.
+  std::string timed_search_summary() const;
+
  private:
   struct Plan;
   Plan* plan_for(const GemmCall& call);
+  // plan_for's parts: the descriptor and layouts; cuBLASLt's first
+  // `requested` suggestions that it can run in the workspace, in its order;
+  // the index of the one to keep.
+  void make_descriptors(const GemmCall& call, Plan& plan);
+  std::vector<cublasLtMatmulAlgo_t> heuristics(const GemmCall& call, const Plan& plan,
+                                               int requested);
+  size_t choose(const GemmCall& call, const Plan& plan,
+                const std::vector<cublasLtMatmulAlgo_t>& algos);
+  // The timed search: the index of the fastest of algos, or -1 when none
+  // could be timed; one candidate's milliseconds, negative if it failed.
+  int time_candidates(const GemmCall& call, const Plan& plan,
+                      const std::vector<cublasLtMatmulAlgo_t>& algos);
+  float trial_ms(const GemmCall& call, const Plan& plan, const cublasLtMatmulAlgo_t& algo,
+                 void* out, cudaEvent_t start, cudaEvent_t stop);
+  // Points the plan's descriptor at the call's bias and aux.
+  void point_at(const Plan& plan, const GemmCall& call);
 
   CudaOps& ops_;
   bool tf32_;
@@ -75,7 +105,10 @@ class Gemm {
   cublasHandle_t blas_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
-  std::unordered_map<std::string, Plan*> plans_;
+  std::unordered_map<std::string, Plan*> plans_;  // owned, by PlanKey (gemm.cu)
+  bool timed_ = false;
+  int shapes_timed_ = 0;    // shapes whose candidates were timed (more than one)
+  int heuristic_kept_ = 0;  // of those, the ones that kept cuBLASLt's first
 };
 
 }  // namespace cuda

@@ -3,12 +3,15 @@
 // residual add (and dropout) fused in front of it; backward one warp per
 // row, its gamma and beta gradients summed per warp, per block of rows and
 // then across blocks in a fixed order: no float atomics, the same sums
-// every run.
+// every run. MPIFORMER_KERNELS=layernorm=warp takes rows of up to 1024
+// elements to the warp-per-row kernels of layernorm_warp.cu instead.
 #include <algorithm>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/layernorm_warp.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/reduce.cuh"
+#include "kernels/layernorm_rows.h"
 
 namespace mpiformer {
 
@@ -190,6 +193,12 @@ __global__ void layernorm_param_grads_kernel(float* dgamma, float* dbeta, const 
 void CudaOps::layernorm_forward(Act out, float* mean, float* rstd, Act x, Act gamma, Act beta,
                                 int N, int C, float eps) {
   if (N == 0) return;
+  if (switches_.layernorm == KernelSwitches::LayerNorm::kWarp &&
+      cuda::layernorm_warp_takes(out.dtype, C, {out.data, x.data, gamma.data, beta.data})) {
+    cuda::layernorm_warp_forward(stream_, Act(), out, mean, rstd, x, Act(), Dropout{}, gamma, beta,
+                                 N, C, eps);
+    return;
+  }
   cuda::dispatch(out.dtype, [&](auto t) {
     using T = decltype(t);
     layernorm_forward_kernel<<<N, kThreads, 0, stream_>>>(typed<T>(out), mean, rstd, typed<T>(x),
@@ -202,6 +211,12 @@ void CudaOps::residual_layernorm_forward(Act sum, Act out, float* mean, float* r
                                          const Dropout& d, Act gamma, Act beta, int N, int C,
                                          float eps) {
   if (N == 0) return;
+  if (switches_.layernorm == KernelSwitches::LayerNorm::kWarp &&
+      cuda::layernorm_warp_takes(out.dtype, C,
+                                 {sum.data, out.data, s.data, y.data, gamma.data, beta.data})) {
+    cuda::layernorm_warp_forward(stream_, sum, out, mean, rstd, s, y, d, gamma, beta, N, C, eps);
+    return;
+  }
   cuda::dispatch(out.dtype, [&](auto t) {
     using T = decltype(t);
     residual_layernorm_kernel<<<N, kThreads, 0, stream_>>>(typed<T>(sum), typed<T>(out), mean, rstd,
@@ -215,6 +230,28 @@ void CudaOps::layernorm_backward(Act dx, float* dgamma, float* dbeta, Act dout, 
                                  const float* mean, const float* rstd, int N, int C,
                                  bool accumulate) {
   if (N == 0) return;
+  int blocks = 0;
+  float* partial = nullptr;
+  if (switches_.layernorm == KernelSwitches::LayerNorm::kWarp &&
+      cuda::layernorm_warp_takes(dx.dtype, C, {dx.data, dout.data, x.data, gamma.data})) {
+    blocks = layernorm_rows::backward_blocks(N);
+    partial = static_cast<float*>(
+        scratch(kColumnSums, sizeof(float) * 2 * static_cast<size_t>(blocks) * C));
+    cuda::layernorm_warp_backward(stream_, dx, partial, dout, x, gamma, mean, rstd, N, C,
+                                  accumulate);
+  } else {
+    partial = block_layernorm_backward(dx, dout, x, gamma, mean, rstd, N, C, accumulate, &blocks);
+  }
+  layernorm_param_grads_kernel<<<(2 * C + 31) / 32, dim3(32, 8), 0, stream_>>>(dgamma, dbeta,
+                                                                               partial, blocks, C);
+  cuda::check(cudaGetLastError(), "layernorm_backward (gamma, beta)");
+}
+
+// The present backward (a warp per row, two passes over it): dx, and the
+// blocks' partial sums it returns, *blocks of them.
+float* CudaOps::block_layernorm_backward(Act dx, Act dout, Act x, Act gamma, const float* mean,
+                                         const float* rstd, int N, int C, bool accumulate,
+                                         int* blocks_out) {
   // 8 warps of two rows each, fewer where their accumulators would pass
   // the 48 KiB of shared memory a block gets without asking.
   constexpr size_t kSharedBytes = size_t{48} << 10;
@@ -238,9 +275,8 @@ void CudaOps::layernorm_backward(Act dx, float* dgamma, float* dbeta, Act dout, 
         rows_per_block, accumulate);
   });
   cuda::check(cudaGetLastError(), "layernorm_backward");
-  layernorm_param_grads_kernel<<<(2 * C + 31) / 32, dim3(32, 8), 0, stream_>>>(dgamma, dbeta,
-                                                                               partial, blocks, C);
-  cuda::check(cudaGetLastError(), "layernorm_backward (gamma, beta)");
+  *blocks_out = blocks;
+  return partial;
 }
 
 }  // namespace mpiformer

@@ -30,6 +30,7 @@ CudaOps::CudaOps(std::unique_ptr<CudaDevice> device, bool tf32)
       stream_(gpu_->stream()),
       plain_attention_(cuda::plain_attention_from_environment()) {
   gemm_ = std::make_unique<cuda::Gemm>(*this, tf32);
+  set_kernel_switches(kernel_switches_from_environment());
   try {
     flash_ = cuda::FlashAttention::create(*this, &no_cudnn_reason_);
   } catch (const std::exception& e) {
@@ -45,6 +46,15 @@ CudaOps::~CudaOps() {
   gemm_.reset();
   for (void* p : scratch_)
     if (p) cudaFree(p);
+}
+
+void CudaOps::set_kernel_switches(const KernelSwitches& switches) {
+  switches_ = switches;
+  gemm_->set_timed_search(switches.gemm == KernelSwitches::Gemm::kTimed);
+}
+
+std::string CudaOps::gemm_search() const {
+  return gemm_->timed_search_summary();
 }
 
 void* CudaOps::scratch(Slot slot, size_t bytes) {

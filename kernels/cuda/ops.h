@@ -28,6 +28,7 @@
 #include <string>
 
 #include "kernels/cuda/device.h"
+#include "kernels/kernel_switches.h"
 #include "kernels/ops.h"
 
 namespace mpiformer {
@@ -71,9 +72,14 @@ class CudaOps final : public Ops {
   void set_attention_path(AttentionPath path) override;
   AttentionPath attention_path() const { return attention_path_; }
   std::string attention_kernels() const override;
+  std::string gemm_search() const override;
   AttentionCalls attention_calls() const override;
   AttentionPreparation prepare_attention(const std::vector<AttentionCase>& cases, DType dtype,
                                          bool backward) override;
+  // Each family's present path or its candidate (MPIFORMER_KERNELS, read
+  // once at construction; tests and timings set them per call).
+  void set_kernel_switches(const KernelSwitches& switches);
+  const KernelSwitches& kernel_switches() const { return switches_; }
   // Tests run both plain paths on one backend.
   void set_plain_attention(PlainAttention p) { plain_attention_ = p; }
   PlainAttention plain_attention() const { return plain_attention_; }
@@ -98,6 +104,7 @@ class CudaOps final : public Ops {
     kAttentionOffsets,    // plain attention: where each sequence's block (or tiles) start
     kAttentionQuery,      // cuDNN: q with the log-length factor folded in
     kAttentionQueryGrad,  // cuDNN: the gradient at that q
+    kAttentionStats,      // cuDNN's dense backward: the stats packed (B, H, S)
     kColumnSums,          // partial column sums (bias and layer-norm gradients)
     kBiasGrad,            // a GEMM epilogue's bias gradient before it is added
     kRowResults,          // cross entropy's and ZLPR's per-row results
@@ -121,6 +128,10 @@ class CudaOps final : public Ops {
                                 const Ragged& ks, const AttentionConfig& cfg);
   // A call cuDNN did not take: an error with --attention cudnn, else counted.
   void refused_by_cudnn(const char* what);
+  // layer norm's present backward (layernorm.cu): dx and the partial sums
+  // of dgamma and dbeta it returns, *blocks of them (N, C) rows.
+  float* block_layernorm_backward(Act dx, Act dout, Act x, Act gamma, const float* mean,
+                                  const float* rstd, int N, int C, bool accumulate, int* blocks);
   // Column sums of a (N, C) gradient added into fp32 sums (+=) in a fixed
   // order: bias gradients. dst: (C), src: (N, C) rows `stride` apart.
   void add_column_sums(float* dst, Act src, int N, int C, int stride);
@@ -130,6 +141,7 @@ class CudaOps final : public Ops {
   bool deterministic_ = true;        // cuDNN's attention backward without atomics
   AttentionPath attention_path_ = AttentionPath::kAuto;
   PlainAttention plain_attention_ = PlainAttention::kFlash;
+  KernelSwitches switches_;
   AttentionCalls attention_calls_;
   std::string no_cudnn_reason_;  // why flash_ is null
   std::unique_ptr<cuda::Gemm> gemm_;

@@ -8,6 +8,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/cpu/blas_kernels.h"
+#include "kernels/kernel_switches.h"
 #include "src/core/run_log.h"
 #include "src/parallel/data_parallel.h"
 
@@ -44,12 +45,15 @@ std::string changed_batching(const TrainConfig& cfg, const ConfigText& config_te
   return changed;
 }
 
-// On a GPU: which attention kernels run, and the cuDNN graphs built for the
-// run's batch shapes.
+// On a GPU: which attention kernels run, the cuDNN graphs built for the
+// run's batch shapes, and the candidate kernels MPIFORMER_KERNELS chose.
 void print_attention(const Ops& ops, const StartNotes& notes) {
   say(stdout, "  attention: %s\n", ops.attention_kernels().c_str());
   const std::string prepared = describe_preparation(notes.attention);
   if (!prepared.empty()) say(stdout, "  attention: %s\n", prepared.c_str());
+  const std::string switches = describe(kernel_switches_from_environment());
+  if (switches != describe(KernelSwitches{}))
+    say(stdout, "  kernels: %s (MPIFORMER_KERNELS)\n", switches.c_str());
 }
 
 // The first start line: the model, the data, the ranks and their device.

@@ -30,7 +30,7 @@ LINE = ('{{"model": "{model}", "device": "cpu", "ranks": {ranks}, "threads": 1, 
         '"blas_core": "Haswell"}}')
 # What only a GPU's line has (a CPU's line has the BLAS fields instead).
 GPU_ONLY = {"attention", "attention_calls_cudnn", "attention_calls_plain", "attention_fallbacks",
-            "attention_graphs"}
+            "attention_graphs", "kernel_switches", "gemm_search"}
 
 
 def bench_line(model="lm", ranks=1, speed=1000.0, wait=0.0, hidden=0.0, params=10176):

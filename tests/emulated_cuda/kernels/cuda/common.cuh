@@ -1,11 +1,11 @@
-// Stands in for kernels/cuda/common.cuh in flash_emulation_test, which
-// puts this directory first on its include path: the CUDA built-ins the
-// flash attention kernels use, emulated on the CPU, so that their device
-// code runs where no GPU is. A block's CUDA threads are std::threads;
-// __syncthreads is a barrier of the block, __shfl_xor_sync an exchange
-// through a buffer between two barriers of the warp. Shared memory is
-// filled with NaN before each block, so a read before a write shows.
-// fp32 and bf16 only.
+// Stands in for kernels/cuda/common.cuh in the emulation tests (flash
+// attention, warp layer norm, cross entropy), which put this directory
+// first on their include path: the CUDA built-ins their kernels use,
+// emulated on the CPU, so that the device code runs where no GPU is. A
+// block's CUDA threads are std::threads; __syncthreads is a barrier of the
+// block, __shfl_xor_sync an exchange through a buffer between two barriers
+// of the warp. Shared memory is filled with NaN before each block, so a
+// read before a write shows. fp32 and bf16 only.
 #pragma once
 
 #include <barrier>
@@ -15,6 +15,7 @@
 #include <cstring>
 #include <memory>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/dtype.h"
@@ -38,6 +39,9 @@ struct float4 {
 };
 struct uint2 {
   unsigned x, y;
+};
+struct alignas(16) uint4 {
+  unsigned x, y, z, w;
 };
 inline float4 make_float4(float x, float y, float z, float w) {
   return float4{x, y, z, w};
@@ -92,6 +96,23 @@ void launch(dim3 grid, int threads, float* shared, size_t shared_floats, Body bo
   for (std::thread& thread : pool) thread.join();
 }
 
+// A test's values as the kernels store them (T: float or __nv_bfloat16,
+// round to nearest even) and widened back.
+template <typename T>
+T stored(float x) {
+  if constexpr (std::is_same_v<T, float>)
+    return x;
+  else
+    return T{mpiformer::float_to_bf16(x)};
+}
+template <typename T>
+float widened(T x) {
+  if constexpr (std::is_same_v<T, float>)
+    return x;
+  else
+    return mpiformer::bf16_to_float(x.bits);
+}
+
 }  // namespace emulated
 
 #define threadIdx emulated::thread_index
@@ -113,6 +134,13 @@ inline float __shfl_xor_sync(unsigned mask, float x, int lanes) {
   emulated::warp_barriers[warp]->arrive_and_wait();
   return other;
 }
+inline int __shfl_xor_sync(unsigned mask, int x, int lanes) {
+  float bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  bits = __shfl_xor_sync(mask, bits, lanes);
+  std::memcpy(&x, &bits, sizeof x);
+  return x;
+}
 
 namespace mpiformer::cuda {
 
@@ -127,6 +155,25 @@ inline void store(float* p, size_t i, float v) {
 }
 inline void store(__nv_bfloat16* p, size_t i, float v) {
   p[i].bits = float_to_bf16(v);
+}
+
+// 16 bytes of T, element by element (the device loads them at once).
+template <typename T>
+constexpr int kVecSize = 16 / sizeof(T);
+template <typename T>
+inline void load_vec(const T* p, float* out) {
+  for (int k = 0; k < kVecSize<T>; ++k) out[k] = load(p, k);
+}
+template <typename T>
+inline void store_vec(T* p, const float* v) {
+  for (int k = 0; k < kVecSize<T>; ++k) store(p, k, v[k]);
+}
+inline bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+template <typename T>
+inline int vectorized_prefix(const T* p, int n) {
+  return aligned16(p) ? n / kVecSize<T> * kVecSize<T> : 0;
 }
 
 }  // namespace mpiformer::cuda

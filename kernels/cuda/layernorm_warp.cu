@@ -1,0 +1,65 @@
+// The warp-per-row layer norm's launches (kernels/cuda/layernorm_warp.h;
+// the kernels are layernorm_warp_kernels.cuh's).
+#include "kernels/cuda/layernorm_warp.h"
+#include "kernels/cuda/layernorm_warp_kernels.cuh"
+#include "kernels/cuda/ops.h"
+
+namespace mpiformer::cuda {
+
+namespace {
+
+namespace rows = layernorm_rows;
+using layernorm_warp::backward_kernel;
+using layernorm_warp::forward_kernel;
+using layernorm_warp::kThreads;
+using layernorm_warp::with_slots;
+
+int vector_elements(DType t) {
+  return 16 / static_cast<int>(dtype_bytes(t));
+}
+
+}  // namespace
+
+bool layernorm_warp_takes(DType dtype, int C, std::initializer_list<const void*> buffers) {
+  if (!rows::fits(C, vector_elements(dtype))) return false;
+  for (const void* p : buffers)
+    if (p && reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  return true;
+}
+
+void layernorm_warp_forward(cudaStream_t stream, Act sum, Act out, float* mean, float* rstd, Act s,
+                            Act y, const Dropout& d, Act gamma, Act beta, int N, int C, float eps) {
+  const unsigned blocks = (N + rows::kWarps - 1) / rows::kWarps;
+  dispatch(out.dtype, [&](auto t) {
+    using T = decltype(t);
+    with_slots(rows::lane_slots(C, kVecSize<T>), [&](auto slots) {
+      forward_kernel<T, decltype(slots)::value><<<blocks, kThreads, 0, stream>>>(
+          typed<T>(sum), typed<T>(out), mean, rstd, typed<T>(s), typed<T>(y), d, typed<T>(gamma),
+          typed<T>(beta), N, C, eps);
+    });
+  });
+  check(cudaGetLastError(),
+        y.data ? "residual_layernorm_forward (warp)" : "layernorm_forward (warp)");
+}
+
+void layernorm_warp_backward(cudaStream_t stream, Act dx, float* partial, Act dout, Act x,
+                             Act gamma, const float* mean, const float* rstd, int N, int C,
+                             bool accumulate) {
+  const size_t shared = sizeof(float) * rows::kWarps * 2 * static_cast<size_t>(C);
+  dispatch(dx.dtype, [&](auto t) {
+    using T = decltype(t);
+    with_slots(rows::lane_slots(C, kVecSize<T>), [&](auto slots) {
+      auto* kernel = backward_kernel<T, decltype(slots)::value>;
+      if (shared > (size_t{48} << 10))
+        check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   static_cast<int>(shared)),
+              "cudaFuncSetAttribute (layernorm_backward, warp)");
+      kernel<<<rows::backward_blocks(N), kThreads, shared, stream>>>(
+          typed<T>(dx), partial, typed<T>(dout), typed<T>(x), typed<T>(gamma), mean, rstd, N, C,
+          accumulate);
+    });
+  });
+  check(cudaGetLastError(), "layernorm_backward (warp)");
+}
+
+}  // namespace mpiformer::cuda

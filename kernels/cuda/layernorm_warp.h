@@ -1,0 +1,31 @@
+// The warp-per-row layer norm (MPIFORMER_KERNELS=layernorm=warp): each
+// row read once into registers with 16-byte loads, for rows of up to 1024
+// elements (kernels/layernorm_rows.h); layernorm.cu keeps the block-per-
+// row kernels for the rest and as the present path.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "kernels/ops.h"
+
+namespace mpiformer::cuda {
+
+// Whether the warp kernels take rows of C elements of `dtype` that start at
+// these buffers (every row 16-byte aligned).
+bool layernorm_warp_takes(DType dtype, int C, std::initializer_list<const void*> buffers);
+
+// out = LN(x) of each row; with y: sum = s + dropout(y), stored rounded,
+// and out = LN of the stored sum (the block kernels' contract); without y
+// (null) x is s and sum is not written.
+// sum, out, s, y: (N, C); mean, rstd: (N); gamma, beta: (C)
+void layernorm_warp_forward(cudaStream_t stream, Act sum, Act out, float* mean, float* rstd, Act s,
+                            Act y, const Dropout& d, Act gamma, Act beta, int N, int C, float eps);
+
+// dx (= or +=) of each row, and each block's sums of dgamma and dbeta in
+// `partial` (layernorm_rows::backward_blocks(N) blocks), for layernorm.cu's
+// fixed-order reduction. dx, dout, x: (N, C); partial: (blocks, 2, C)
+void layernorm_warp_backward(cudaStream_t stream, Act dx, float* partial, Act dout, Act x,
+                             Act gamma, const float* mean, const float* rstd, int N, int C,
+                             bool accumulate);
+
+}  // namespace mpiformer::cuda

@@ -1,0 +1,106 @@
+// MPIFORMER_KERNELS (kernels/kernel_switches.h).
+#include "kernels/kernel_switches.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <iterator>
+#include <stdexcept>
+
+namespace mpiformer {
+
+namespace {
+
+constexpr const char* kVariable = "MPIFORMER_KERNELS";
+
+// One family's two paths by name: present first, candidate second.
+struct Family {
+  const char* name;
+  const char* paths[2];
+};
+constexpr Family kFamilies[] = {
+    {"layernorm", {"block", "warp"}},
+    {"loss", {"reread", "staged"}},
+    {"gemm", {"heuristic", "timed"}},
+    {"attention", {"ragged", "dense"}},
+};
+
+// The index of path `p` in family `f`, or -1.
+int path_index(const Family& f, const std::string& p) {
+  for (int i = 0; i < 2; ++i)
+    if (p == f.paths[i]) return i;
+  return -1;
+}
+
+std::string choices() {
+  std::string text;
+  for (const Family& f : kFamilies)
+    text += std::string(text.empty() ? "" : ", ") + f.name + "=" + f.paths[0] + "|" + f.paths[1];
+  return text + ", or candidates";
+}
+
+[[noreturn]] void refuse(const std::string& text, const std::string& part) {
+  throw std::invalid_argument(std::string(kVariable) + " is '" + text + "': '" + part +
+                              "' is not a switch; expected a comma-separated list of " + choices());
+}
+
+// Sets family `f` (kFamilies' index) to path `p` (0 present, 1 candidate).
+void set(KernelSwitches& s, int f, int p) {
+  if (f == 0) s.layernorm = static_cast<KernelSwitches::LayerNorm>(p);
+  if (f == 1) s.loss = static_cast<KernelSwitches::Loss>(p);
+  if (f == 2) s.gemm = static_cast<KernelSwitches::Gemm>(p);
+  if (f == 3) s.attention = static_cast<KernelSwitches::Attention>(p);
+}
+
+int path_of(const KernelSwitches& s, int f) {
+  if (f == 0) return static_cast<int>(s.layernorm);
+  if (f == 1) return static_cast<int>(s.loss);
+  if (f == 2) return static_cast<int>(s.gemm);
+  return static_cast<int>(s.attention);
+}
+
+void apply(KernelSwitches& s, const std::string& text, const std::string& part) {
+  if (part == "candidates") {
+    for (int f = 0; f < static_cast<int>(std::size(kFamilies)); ++f) set(s, f, 1);
+    return;
+  }
+  const size_t eq = part.find('=');
+  if (eq == std::string::npos) refuse(text, part);
+  const std::string family = part.substr(0, eq), path = part.substr(eq + 1);
+  for (int f = 0; f < static_cast<int>(std::size(kFamilies)); ++f) {
+    if (family != kFamilies[f].name) continue;
+    const int p = path_index(kFamilies[f], path);
+    if (p < 0) refuse(text, part);
+    set(s, f, p);
+    return;
+  }
+  refuse(text, part);
+}
+
+}  // namespace
+
+KernelSwitches parse_kernel_switches(const std::string& text) {
+  KernelSwitches s;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    const std::string part = text.substr(start, comma - start);
+    if (!part.empty()) apply(s, text, part);
+    start = comma + 1;
+  }
+  return s;
+}
+
+KernelSwitches kernel_switches_from_environment() {
+  const char* text = std::getenv(kVariable);
+  return text ? parse_kernel_switches(text) : KernelSwitches{};
+}
+
+std::string describe(const KernelSwitches& switches) {
+  std::string text;
+  for (int f = 0; f < static_cast<int>(std::size(kFamilies)); ++f)
+    text += std::string(text.empty() ? "" : ",") + kFamilies[f].name + "=" +
+            kFamilies[f].paths[path_of(switches, f)];
+  return text;
+}
+
+}  // namespace mpiformer

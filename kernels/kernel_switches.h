@@ -1,0 +1,48 @@
+// The developers' switches between a GPU kernel family's present path and
+// a candidate that may replace it (MPIFORMER_KERNELS), so that one GPU run
+// measures both side by side (scripts/gpu-check limit) before a candidate
+// becomes the default. Each family keeps both paths, and both are tested
+// against the CPU reference (tests/cuda_ops_test.cpp).
+//
+//   MPIFORMER_KERNELS=layernorm=warp,loss=staged,gemm=timed,attention=dense
+//   MPIFORMER_KERNELS=candidates        every family on its candidate
+//
+// Unset or empty: every family on its present path. The CPU backend has
+// one path per op and ignores the variable.
+#pragma once
+
+#include <string>
+
+namespace mpiformer {
+
+struct KernelSwitches {
+  // Layer norm and its residual add: block, a block of 256 threads per row
+  // reading it three times (present); warp, a warp per row holding it in
+  // registers, 16-byte loads, one read (kernels/layernorm_rows.h).
+  enum class LayerNorm { kBlock, kWarp } layernorm = LayerNorm::kBlock;
+  // The fused cross entropy: reread, a second pass over the row (from L2
+  // when it is still there); staged, the row kept in shared memory between
+  // the passes, so it is read from memory once.
+  enum class Loss { kReread, kStaged } loss = Loss::kReread;
+  // cuBLASLt's algorithm per GEMM shape: heuristic, its first suggestion;
+  // timed, the fastest of its suggestions, timed once per shape (the run's
+  // bits then depend on what won: see docs/GPU.md).
+  enum class Gemm { kHeuristic, kTimed } gemm = Gemm::kHeuristic;
+  // cuDNN's attention on a batch of equal lengths: ragged, the packed
+  // layout with per-sequence offsets and a padding mask, as every batch;
+  // dense, the plain (b, s, h, d) layout without them.
+  enum class Attention { kRagged, kDense } attention = Attention::kRagged;
+};
+
+// The switches `text` names (the syntax above). Throws
+// std::invalid_argument naming the variable, the bad part and the choices.
+KernelSwitches parse_kernel_switches(const std::string& text);
+
+// MPIFORMER_KERNELS's switches (the present paths when it is unset).
+KernelSwitches kernel_switches_from_environment();
+
+// "layernorm=block,loss=reread,gemm=heuristic,attention=ragged": every
+// family, for start lines and bench's JSON.
+std::string describe(const KernelSwitches& switches);
+
+}  // namespace mpiformer

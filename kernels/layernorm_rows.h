@@ -1,0 +1,69 @@
+// The warp-per-row layer norm's layout (kernels/cuda/layernorm_warp.cu,
+// MPIFORMER_KERNELS=layernorm=warp), shared with its CPU twin
+// (tests/layernorm_rows_test.cpp): which columns each lane holds in
+// registers, which rows each warp takes, and the order of its sums.
+//
+// A row of C elements is C / vec vectors of 16 bytes (vec: 8 bf16 or fp16,
+// 4 fp32). Lane l holds vectors l, l + 32, l + 64, ...: one warp-wide load
+// reads 512 contiguous bytes. A lane's sums run over its vectors in order,
+// then the warp's lanes are added in a butterfly (xor 16, 8, 4, 2, 1), so
+// every lane ends with the same total and the order never depends on timing.
+#pragma once
+
+#include "kernels/dropout_mask.h"  // MPIFORMER_HOST_DEVICE
+
+namespace mpiformer::layernorm_rows {
+
+constexpr int kLanes = 32;
+// Floats one row array may take per lane (the backward holds five: x,
+// dout, gamma and the two gradient sums), so C <= 1024 in every type.
+constexpr int kLargestLaneFloats = 32;
+// Warps per block; in the backward each takes this many rows of its block.
+constexpr int kWarps = 8;
+constexpr int kBackwardRowsPerWarp = 4;
+constexpr int kBackwardRowsPerBlock = kWarps * kBackwardRowsPerWarp;
+
+MPIFORMER_HOST_DEVICE constexpr int row_vectors(int C, int vec) {
+  return C / vec;
+}
+// The most vectors a lane holds (the last lanes may hold one fewer).
+MPIFORMER_HOST_DEVICE constexpr int vectors_per_lane(int C, int vec) {
+  return (row_vectors(C, vec) + kLanes - 1) / kLanes;
+}
+// The vector index of lane `lane`'s i-th vector (valid below row_vectors).
+MPIFORMER_HOST_DEVICE constexpr int vector_of(int lane, int i) {
+  return lane + kLanes * i;
+}
+// Whether rows of C elements fit the warp kernel: whole vectors, held in
+// registers. (The caller also checks that every row starts 16-byte aligned.)
+MPIFORMER_HOST_DEVICE constexpr bool fits(int C, int vec) {
+  return C > 0 && C % vec == 0 && vectors_per_lane(C, vec) * vec <= kLargestLaneFloats;
+}
+// The kernel instance that holds a row: register slots for 1, 2, 3, 4, 6
+// or 8 vectors per lane, the fewest that hold vectors_per_lane.
+MPIFORMER_HOST_DEVICE constexpr int lane_slots(int C, int vec) {
+  const int n = vectors_per_lane(C, vec);
+  return n <= 4 ? n : n <= 6 ? 6 : 8;
+}
+
+// The rows of backward block `block` that warp `warp` takes: first, first +
+// kWarps, ... below end.
+MPIFORMER_HOST_DEVICE constexpr int backward_first_row(int block, int warp) {
+  return block * kBackwardRowsPerBlock + warp;
+}
+MPIFORMER_HOST_DEVICE constexpr int backward_blocks(int N) {
+  return (N + kBackwardRowsPerBlock - 1) / kBackwardRowsPerBlock;
+}
+
+// The butterfly's order on the host: lanes[] holds each lane's partial
+// sum; afterwards every entry holds the warp's total, added as
+// __shfl_xor_sync adds them on the device (x = x + other, offsets 16..1).
+inline void butterfly_sum(float* lanes) {
+  for (int offset = kLanes / 2; offset > 0; offset >>= 1) {
+    float next[kLanes];
+    for (int l = 0; l < kLanes; ++l) next[l] = lanes[l] + lanes[l ^ offset];
+    for (int l = 0; l < kLanes; ++l) lanes[l] = next[l];
+  }
+}
+
+}  // namespace mpiformer::layernorm_rows

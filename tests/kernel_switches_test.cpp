@@ -1,0 +1,67 @@
+// MPIFORMER_KERNELS (kernels/kernel_switches.h): the families' present
+// paths by default, each candidate by name, all of them at once, and a
+// refusal that names the variable, the bad part and the choices.
+#include "kernels/kernel_switches.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
+namespace mpiformer {
+namespace {
+
+constexpr const char* kPresent = "layernorm=block,loss=reread,gemm=heuristic,attention=ragged";
+
+TEST(KernelSwitches, PresentPathsUnlessNamed) {
+  EXPECT_EQ(describe(KernelSwitches{}), kPresent);
+  EXPECT_EQ(describe(parse_kernel_switches("")), kPresent);
+  EXPECT_EQ(describe(parse_kernel_switches("layernorm=warp")),
+            "layernorm=warp,loss=reread,gemm=heuristic,attention=ragged");
+  EXPECT_EQ(describe(parse_kernel_switches(",loss=staged,")),
+            "layernorm=block,loss=staged,gemm=heuristic,attention=ragged");
+  const KernelSwitches s = parse_kernel_switches("gemm=timed,layernorm=warp");
+  EXPECT_EQ(s.gemm, KernelSwitches::Gemm::kTimed);
+  EXPECT_EQ(s.layernorm, KernelSwitches::LayerNorm::kWarp);
+  EXPECT_EQ(s.loss, KernelSwitches::Loss::kReread);
+  EXPECT_EQ(s.attention, KernelSwitches::Attention::kRagged);
+  EXPECT_EQ(parse_kernel_switches("attention=dense").attention, KernelSwitches::Attention::kDense);
+}
+
+TEST(KernelSwitches, CandidatesTurnsEveryFamilyAndLaterPartsWin) {
+  EXPECT_EQ(describe(parse_kernel_switches("candidates")),
+            "layernorm=warp,loss=staged,gemm=timed,attention=dense");
+  EXPECT_EQ(describe(parse_kernel_switches("candidates,gemm=heuristic")),
+            "layernorm=warp,loss=staged,gemm=heuristic,attention=dense");
+  EXPECT_EQ(describe(parse_kernel_switches("loss=staged,loss=reread")), kPresent);
+}
+
+TEST(KernelSwitches, ARefusalNamesTheVariableThePartAndTheChoices) {
+  for (const std::string bad : {"layernorm=fast", "bogus", "attention=cudnn", "loss", "=warp"}) {
+    try {
+      parse_kernel_switches("loss=staged," + bad);
+      ADD_FAILURE() << bad << " was taken";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_EQ(
+          std::string(e.what()),
+          "MPIFORMER_KERNELS is 'loss=staged," + bad + "': '" + bad +
+              "' is not a switch; expected a comma-separated list of layernorm=block|warp, "
+              "loss=reread|staged, gemm=heuristic|timed, attention=ragged|dense, or candidates");
+    }
+  }
+}
+
+TEST(KernelSwitches, ReadFromTheEnvironment) {
+  ::unsetenv("MPIFORMER_KERNELS");
+  EXPECT_EQ(describe(kernel_switches_from_environment()), kPresent);
+  ::setenv("MPIFORMER_KERNELS", "loss=staged", 1);
+  EXPECT_EQ(describe(kernel_switches_from_environment()),
+            "layernorm=block,loss=staged,gemm=heuristic,attention=ragged");
+  ::setenv("MPIFORMER_KERNELS", "loss=fast", 1);
+  EXPECT_THROW(kernel_switches_from_environment(), std::invalid_argument);
+  ::unsetenv("MPIFORMER_KERNELS");
+}
+
+}  // namespace
+}  // namespace mpiformer

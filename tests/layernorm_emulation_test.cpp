@@ -1,0 +1,258 @@
+// The warp-per-row layer norm (kernels/cuda/layernorm_warp_kernels.cuh,
+// MPIFORMER_KERNELS=layernorm=warp) run on the CPU, where no GPU is:
+// tests/emulated_cuda comes first on this test's include path and stands in
+// for the CUDA built-ins (threads, barriers, warp shuffles). The kernels are
+// launched as layernorm_warp.cu launches them and checked against layer
+// norm in double precision: out, mean, rstd, the stored residual sum (bit
+// for bit), dx (= and +=), and the blocks' dgamma and dbeta partials.
+// Also the layout itself (kernels/layernorm_rows.h): every column held by
+// one lane, every row taken by one warp. fp16 and the CUDA intrinsics need
+// a GPU (cuda_ops_test).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "kernels/cuda/layernorm_warp_kernels.cuh"
+
+namespace mpiformer::cuda::layernorm_warp {
+// The backward's dynamic shared memory (a launch's, on a GPU).
+alignas(16) float warp_shared[1 << 15];
+}  // namespace mpiformer::cuda::layernorm_warp
+
+namespace mpiformer {
+namespace {
+
+namespace rows = layernorm_rows;
+namespace kernels = cuda::layernorm_warp;
+
+// ---- the layout -------------------------------------------------------------
+
+TEST(LayerNormRows, EveryColumnHeldByOneLaneWhereTheRowFits) {
+  for (int vec : {4, 8}) {
+    for (int C = vec; C <= 1100; C += vec) {
+      const bool fits = rows::fits(C, vec);
+      EXPECT_EQ(fits, (C / vec + 31) / 32 * vec <= 32) << "vec " << vec << ", C " << C;
+      if (!fits) continue;
+      const int slots = rows::lane_slots(C, vec);
+      ASSERT_GE(slots, rows::vectors_per_lane(C, vec));
+      std::vector<int> held(C, 0);
+      for (int lane = 0; lane < rows::kLanes; ++lane)
+        for (int i = 0; i < slots; ++i)
+          if (rows::vector_of(lane, i) < rows::row_vectors(C, vec))
+            for (int k = 0; k < vec; ++k) ++held[rows::vector_of(lane, i) * vec + k];
+      EXPECT_TRUE(std::all_of(held.begin(), held.end(), [](int n) { return n == 1; }))
+          << "vec " << vec << ", C " << C;
+    }
+  }
+  EXPECT_TRUE(rows::fits(1024, 4));
+  EXPECT_TRUE(rows::fits(1024, 8));
+  EXPECT_FALSE(rows::fits(1028, 4));
+  EXPECT_FALSE(rows::fits(100, 8));  // not whole vectors
+}
+
+TEST(LayerNormRows, EveryRowTakenByOneWarpOfTheBackward) {
+  for (int N : {1, 31, 32, 33, 70, 1000}) {
+    std::vector<int> taken(N, 0);
+    for (int block = 0; block < rows::backward_blocks(N); ++block)
+      for (int warp = 0; warp < rows::kWarps; ++warp) {
+        int row = rows::backward_first_row(block, warp);
+        for (int k = 0; k < rows::kBackwardRowsPerWarp && row < N; ++k, row += rows::kWarps)
+          ++taken[row];
+      }
+    EXPECT_TRUE(std::all_of(taken.begin(), taken.end(), [](int n) { return n == 1; })) << N;
+  }
+}
+
+// ---- the kernels, emulated -------------------------------------------------
+
+using emulated::stored;
+using emulated::widened;
+
+template <typename T>
+std::vector<T> random_stored(size_t n, float scale, std::mt19937& rng) {
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<T> x(n);
+  for (T& v : x) v = stored<T>(normal(rng));
+  return x;
+}
+
+// |got - want| <= rel * max |want| everywhere.
+void expect_close(const std::vector<double>& got, const std::vector<double>& want, double rel,
+                  const std::string& what) {
+  ASSERT_EQ(got.size(), want.size());
+  double largest = 0.0, worst = 0.0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    largest = std::max(largest, std::abs(want[i]));
+    worst = std::max(worst, std::abs(got[i] - want[i]));
+  }
+  EXPECT_LE(worst, rel * largest) << what;
+}
+
+template <typename T>
+std::vector<double> widened_all(const std::vector<T>& x) {
+  std::vector<double> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = widened(x[i]);
+  return out;
+}
+
+constexpr float kEps = 1e-5f;
+
+// What layernorm_warp.cu launches: the forward's grid of N / kWarps blocks.
+template <typename T>
+void forward(int N, int C, T* sum, T* out, float* mean, float* rstd, const T* s, const T* y,
+             const Dropout& d, const T* gamma, const T* beta) {
+  const unsigned blocks = (N + rows::kWarps - 1) / rows::kWarps;
+  kernels::with_slots(rows::lane_slots(C, cuda::kVecSize<T>), [&](auto slots) {
+    emulated::launch(dim3(blocks), kernels::kThreads, kernels::warp_shared, 0, [&] {
+      kernels::forward_kernel<T, decltype(slots)::value>(sum, out, mean, rstd, s, y, d, gamma, beta,
+                                                         N, C, kEps);
+    });
+  });
+}
+
+template <typename T>
+void backward(int N, int C, T* dx, float* partial, const T* dout, const T* x, const T* gamma,
+              const float* mean, const float* rstd, bool accumulate) {
+  kernels::with_slots(rows::lane_slots(C, cuda::kVecSize<T>), [&](auto slots) {
+    emulated::launch(dim3(rows::backward_blocks(N)), kernels::kThreads, kernels::warp_shared,
+                     static_cast<size_t>(rows::kWarps) * 2 * C, [&] {
+                       kernels::backward_kernel<T, decltype(slots)::value>(
+                           dx, partial, dout, x, gamma, mean, rstd, N, C, accumulate);
+                     });
+  });
+}
+
+// The layer norm of the rows of v in double: out, and each row's mean and
+// rstd.  v, out: (N, C)
+void reference_forward(const std::vector<double>& v, const std::vector<double>& gamma,
+                       const std::vector<double>& beta, int N, int C, std::vector<double>& out,
+                       std::vector<double>& mean, std::vector<double>& rstd) {
+  out.assign(v.size(), 0.0), mean.assign(N, 0.0), rstd.assign(N, 0.0);
+  for (int r = 0; r < N; ++r) {
+    const double* x = v.data() + static_cast<size_t>(r) * C;
+    double m = 0.0, var = 0.0;
+    for (int c = 0; c < C; ++c) m += x[c] / C;
+    for (int c = 0; c < C; ++c) var += (x[c] - m) * (x[c] - m) / C;
+    mean[r] = m, rstd[r] = 1.0 / std::sqrt(var + kEps);
+    for (int c = 0; c < C; ++c)
+      out[static_cast<size_t>(r) * C + c] = (x[c] - m) * rstd[r] * gamma[c] + beta[c];
+  }
+}
+
+struct Backward {
+  std::vector<double> dx, dgamma, dbeta;
+};
+
+// The backward in double from the kernel's mean and rstd (dx0 added when
+// accumulating).  x, dout, dx0: (N, C)
+Backward reference_backward(const std::vector<double>& x, const std::vector<double>& dout,
+                            const std::vector<double>& gamma, const std::vector<float>& mean,
+                            const std::vector<float>& rstd, const std::vector<double>& dx0, int N,
+                            int C) {
+  Backward b{dx0, std::vector<double>(C, 0.0), std::vector<double>(C, 0.0)};
+  for (int r = 0; r < N; ++r) {
+    const size_t base = static_cast<size_t>(r) * C;
+    double g_mean = 0.0, g_xhat_mean = 0.0;
+    for (int c = 0; c < C; ++c) {
+      const double xhat = (x[base + c] - mean[r]) * rstd[r];
+      g_mean += dout[base + c] * gamma[c] / C;
+      g_xhat_mean += dout[base + c] * gamma[c] * xhat / C;
+    }
+    for (int c = 0; c < C; ++c) {
+      const double xhat = (x[base + c] - mean[r]) * rstd[r];
+      b.dx[base + c] += rstd[r] * (dout[base + c] * gamma[c] - g_mean - xhat * g_xhat_mean);
+      b.dgamma[c] += dout[base + c] * xhat;
+      b.dbeta[c] += dout[base + c];
+    }
+  }
+  return b;
+}
+
+template <typename T>
+class LayerNormEmulation : public ::testing::Test {
+ protected:
+  // The rounding of T's outputs, on top of fp32's sums.
+  static double tolerance() { return std::is_same_v<T, float> ? 2e-5 : 1e-2; }
+
+  void check(int N, int C) {
+    SCOPED_TRACE("N " + std::to_string(N) + ", C " + std::to_string(C));
+    const size_t n = static_cast<size_t>(N) * C;
+    const std::vector<T> s = random_stored<T>(n, 3.0f, rng_), y = random_stored<T>(n, 1.0f, rng_);
+    const std::vector<T> gamma = random_stored<T>(C, 1.0f, rng_),
+                         beta = random_stored<T>(C, 1.0f, rng_);
+    std::vector<T> sum(n, stored<T>(7.0f)), out(n);
+    std::vector<float> mean(N), rstd(N);
+    std::vector<double> want, want_mean, want_rstd;
+
+    // The plain forward leaves `sum` alone.
+    forward(N, C, sum.data(), out.data(), mean.data(), rstd.data(), s.data(),
+            static_cast<const T*>(nullptr), Dropout{}, gamma.data(), beta.data());
+    reference_forward(widened_all(s), widened_all(gamma), widened_all(beta), N, C, want, want_mean,
+                      want_rstd);
+    expect_close(widened_all(out), want, tolerance(), "layernorm_forward out");
+    expect_close(std::vector<double>(mean.begin(), mean.end()), want_mean, 2e-5, "mean");
+    expect_close(std::vector<double>(rstd.begin(), rstd.end()), want_rstd, 2e-5, "rstd");
+    EXPECT_TRUE(std::all_of(sum.begin(), sum.end(), [](T v) { return widened(v) == 7.0f; }));
+
+    // With the residual: the sum stored rounded, bit for bit, and normalized as stored.
+    const Dropout d{0.2f, 5, 77};
+    forward(N, C, sum.data(), out.data(), mean.data(), rstd.data(), s.data(), y.data(), d,
+            gamma.data(), beta.data());
+    std::vector<T> want_sum(n);
+    for (size_t i = 0; i < n; ++i) {
+      const float kept = dropout_keep(d.seed, d.stream, i, d.p) ? widened(y[i]) * (1.0f / 0.8f) : 0;
+      want_sum[i] = stored<T>(widened(s[i]) + kept);
+    }
+    EXPECT_EQ(widened_all(sum), widened_all(want_sum)) << "residual sum";
+    reference_forward(widened_all(want_sum), widened_all(gamma), widened_all(beta), N, C, want,
+                      want_mean, want_rstd);
+    expect_close(widened_all(out), want, tolerance(), "residual_layernorm_forward out");
+    check_backward(N, C, sum, gamma, mean, rstd);
+  }
+
+  void check_backward(int N, int C, const std::vector<T>& x, const std::vector<T>& gamma,
+                      const std::vector<float>& mean, const std::vector<float>& rstd) {
+    const size_t n = static_cast<size_t>(N) * C;
+    for (bool accumulate : {false, true}) {
+      SCOPED_TRACE(accumulate ? "dx +=" : "dx =");
+      const std::vector<T> dout = random_stored<T>(n, 1.0f, rng_);
+      std::vector<T> dx = random_stored<T>(n, 1.0f, rng_);
+      const std::vector<double> dx0 = accumulate ? widened_all(dx) : std::vector<double>(n, 0.0);
+      std::vector<float> partial(static_cast<size_t>(rows::backward_blocks(N)) * 2 * C, NAN);
+      backward(N, C, dx.data(), partial.data(), dout.data(), x.data(), gamma.data(), mean.data(),
+               rstd.data(), accumulate);
+      const Backward want = reference_backward(widened_all(x), widened_all(dout),
+                                               widened_all(gamma), mean, rstd, dx0, N, C);
+      expect_close(widened_all(dx), want.dx, tolerance(), "dx");
+      std::vector<double> dgamma(C, 0.0), dbeta(C, 0.0);
+      for (int b = 0; b < rows::backward_blocks(N); ++b)
+        for (int c = 0; c < C; ++c) {
+          dgamma[c] += partial[static_cast<size_t>(b) * 2 * C + c];
+          dbeta[c] += partial[static_cast<size_t>(b) * 2 * C + C + c];
+        }
+      expect_close(dgamma, want.dgamma, 2e-5, "dgamma");
+      expect_close(dbeta, want.dbeta, 2e-5, "dbeta");
+    }
+  }
+
+  std::mt19937 rng_{5};
+};
+
+using Types = ::testing::Types<float, __nv_bfloat16>;
+TYPED_TEST_SUITE(LayerNormEmulation, Types);
+
+// 70 rows: a forward's last block of 6 rows, a backward's of 6. Lanes hold
+// 1 vector (fp32 C 96, bf16 C 64: some lanes none), 3 (bf16 768), 4 (bf16
+// 1024), 6 (fp32 768), 8 (fp32 1024).
+TYPED_TEST(LayerNormEmulation, AgainstDoublePrecision) {
+  const bool fp32 = std::is_same_v<TypeParam, float>;
+  for (int C : {fp32 ? 96 : 64, 768, 1024}) this->check(70, C);
+}
+
+}  // namespace
+}  // namespace mpiformer
