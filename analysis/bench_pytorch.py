@@ -7,6 +7,12 @@ the same fields.
     bench_pytorch.py --model lm --layers 4 --d-model 256 --heads 4 --d-ff 1024 \
         --vocab 8192 --batch 8 --seq 256 --threads 2
     bench_pytorch.py ... --device cuda --precision bf16 --compile   # a GPU, autocast, inductor
+    bench_pytorch.py --model lm ... --sdpa   # GPT-2-style blocks on scaled_dot_product_attention
+
+--sdpa (lm only, equal lengths: it takes no padding mask) writes the blocks
+out with F.scaled_dot_product_attention(is_causal=True), so PyTorch may pick
+its flash kernels; without it attention runs nn.TransformerEncoderLayer's
+with a causal and a padding mask. The JSON line says which ("attention").
 """
 import argparse
 import json
@@ -37,6 +43,47 @@ class LmModel(nn.Module):
         causal = torch.triu(torch.full((T, T), float("-inf"), device=ids.device), diagonal=1)
         x = self.norm(self.blocks(x, mask=causal, src_key_padding_mask=pad_mask))
         return F.linear(x, self.tokens.weight, self.bias)
+
+
+class SdpaBlock(nn.Module):
+    """A GPT-2 block: pre-LN, one qkv projection, causal SDPA, tanh GELU."""
+
+    def __init__(self, d_model, heads, d_ff):
+        super().__init__()
+        self.heads = heads
+        self.norm1 = nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.mlp = nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(approximate="tanh"),
+                                 nn.Linear(d_ff, d_model))
+
+    def forward(self, x):
+        B, T, d = x.shape
+        # (B, T, 3d) -> three of (B, H, T, D)
+        q, k, v = self.qkv(self.norm1(x)).view(B, T, 3, self.heads, d // self.heads).permute(
+            2, 0, 3, 1, 4).unbind(0)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(B, T, d))
+        return x + self.mlp(self.norm2(x))
+
+
+class SdpaLmModel(nn.Module):
+    """LmModel's shape on SdpaBlock: no padding mask, so equal lengths only."""
+
+    def __init__(self, a):
+        super().__init__()
+        self.tokens = nn.Embedding(a.vocab, a.d_model)
+        self.positions = nn.Embedding(max(a.seq, a.max_len), a.d_model)
+        self.blocks = nn.ModuleList(SdpaBlock(a.d_model, a.heads, a.d_ff) for _ in range(a.layers))
+        self.norm = nn.LayerNorm(a.d_model)
+        self.bias = nn.Parameter(torch.zeros(a.vocab))
+
+    def forward(self, ids):
+        x = self.tokens(ids) + self.positions(torch.arange(ids.shape[1], device=ids.device))
+        for block in self.blocks:
+            x = block(x)
+        return F.linear(self.norm(x), self.tokens.weight, self.bias)
 
 
 class Seq2seqModel(nn.Module):
@@ -71,7 +118,7 @@ def padded_batch(lengths, vocab, generator):
     return ids.masked_fill(pad, 0), pad
 
 
-def main():
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--model", choices=["lm", "seq2seq"], required=True)
     p.add_argument("--layers", type=int, default=4)
@@ -96,8 +143,23 @@ def main():
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                    help="bf16: autocast (fp32 master weights, as mpiformer)")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
-    a = p.parse_args()
+    p.add_argument("--sdpa", action="store_true",
+                   help="lm only, equal lengths: GPT-2 blocks on F.scaled_dot_product_attention")
+    a = p.parse_args(argv)
     a.src_seq = a.src_seq or a.seq
+    if a.sdpa and a.model != "lm":
+        p.error(f"--sdpa is for --model lm only (got --model {a.model})")
+    if a.sdpa and 0 < a.min_seq < a.seq:
+        p.error(f"--sdpa takes no padding mask, so every sequence needs --seq's length: "
+                f"--min-seq {a.min_seq} below --seq {a.seq} makes the lengths vary")
+    if a.sdpa and not hasattr(F, "scaled_dot_product_attention"):
+        p.error(f"--sdpa needs torch.nn.functional.scaled_dot_product_attention "
+                f"(PyTorch 2.0 or later; this is {torch.__version__})")
+    return a
+
+
+def main():
+    a = parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
     g = torch.Generator().manual_seed(a.seed)
@@ -108,10 +170,10 @@ def main():
         return torch.randint(a.min_seq, longest + 1, (a.batch,), generator=g).tolist()
 
     if a.model == "lm":
-        model = LmModel(a)
+        model = SdpaLmModel(a) if a.sdpa else LmModel(a)
         ids, pad = padded_batch(lengths(a.seq), a.vocab, g)
         targets = torch.randint(6, a.vocab, ids.shape, generator=g).masked_fill(pad, 0)
-        inputs = (ids, pad)
+        inputs = (ids,) if a.sdpa else (ids, pad)  # --sdpa: no padding (parse_args)
         real_tokens = int((~pad).sum())
     else:
         model = Seq2seqModel(a)
@@ -154,6 +216,7 @@ def main():
     name = f"pytorch-{a.device} {torch.__version__} {a.precision}" + (" compiled" if a.compile else "")
     print(json.dumps({
         "model": a.model, "device": name, "threads": a.threads,
+        "attention": "sdpa" if a.sdpa else "mask",
         "batch": a.batch, "seq": a.seq, "real_tokens": real_tokens * a.steps,  # the timed steps
         "tokens_per_s": round(real_tokens / step_s, 1), "step_ms": round(1000 * step_s, 2),
         "peak_mem_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,

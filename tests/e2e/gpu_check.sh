@@ -26,6 +26,7 @@ check "no stage: exit 2 ($rc) with the usage" test "$rc" -eq 2
 check "  the usage names the stages" grep -q "determinism" "$err"
 gpu_check --help
 check "--help: exit 0 ($rc)" test "$rc" -eq 0
+check "  it names the limit stage" grep -q "^    limit " "$out"
 gpu_check ops bogus
 refused "an unknown stage" 2 "unknown stage 'bogus'"
 gpu_check kjv
