@@ -1,6 +1,6 @@
 // The warp-per-row layer norm's layout (kernels/cuda/layernorm_warp.cu,
-// MPIFORMER_KERNELS=layernorm=warp), shared with its CPU twin
-// (tests/layernorm_rows_test.cpp): which columns each lane holds in
+// MPIFORMER_KERNELS=layernorm=warp), also checked on the CPU
+// (tests/layernorm_emulation_test.cpp): which columns each lane holds in
 // registers, which rows each warp takes, and the order of its sums.
 //
 // A row of C elements is C / vec vectors of 16 bytes (vec: 8 bf16 or fp16,
@@ -53,17 +53,6 @@ MPIFORMER_HOST_DEVICE constexpr int backward_first_row(int block, int warp) {
 }
 MPIFORMER_HOST_DEVICE constexpr int backward_blocks(int N) {
   return (N + kBackwardRowsPerBlock - 1) / kBackwardRowsPerBlock;
-}
-
-// The butterfly's order on the host: lanes[] holds each lane's partial
-// sum; afterwards every entry holds the warp's total, added as
-// __shfl_xor_sync adds them on the device (x = x + other, offsets 16..1).
-inline void butterfly_sum(float* lanes) {
-  for (int offset = kLanes / 2; offset > 0; offset >>= 1) {
-    float next[kLanes];
-    for (int l = 0; l < kLanes; ++l) next[l] = lanes[l] + lanes[l ^ offset];
-    for (int l = 0; l < kLanes; ++l) lanes[l] = next[l];
-  }
 }
 
 }  // namespace mpiformer::layernorm_rows

@@ -248,6 +248,9 @@ class Ops {
   // What the GEMMs' timed search chose (MPIFORMER_KERNELS=gemm=timed), for
   // bench's report; empty where nothing was timed.
   virtual std::string gemm_search() const { return ""; }
+  // The kernel switches the backend runs under (kernels/kernel_switches.h's
+  // describe), for start lines and bench; empty on the CPU, which has none.
+  virtual std::string kernel_choices() const { return ""; }
   // Prepares the attention kernels for every batch shape a run will make,
   // before its first step, so that no step waits for it: cuDNN builds a
   // graph per case (rounded shapes) and reserves the largest workspace of

@@ -43,15 +43,12 @@ __global__ void add_row_results_kernel(LossSums* sums, const RowResult* rows, in
   }
 }
 
-// The shared memory a staged row of V elements takes, or 0 where the GPU
-// cannot give a block that much (with room for the kernel's own 1 KiB).
-size_t staged_row_bytes(DType t, int V) {
+// The shared memory a staged row of V elements takes, or 0 where a block
+// cannot have that much of the `optin` bytes it may ask for (with room for
+// the kernel's own 1 KiB).
+size_t staged_row_bytes(DType t, int V, size_t optin) {
   const size_t bytes = (static_cast<size_t>(V) * dtype_bytes(t) + 15) / 16 * 16;
-  int device = 0, optin = 0;
-  cuda::check(cudaGetDevice(&device), "cudaGetDevice");
-  cuda::check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
-              "cudaDeviceGetAttribute (shared memory per block)");
-  return bytes + 1024 <= static_cast<size_t>(optin) ? bytes : 0;
+  return bytes + 1024 <= optin ? bytes : 0;
 }
 
 }  // namespace
@@ -62,8 +59,10 @@ void CudaOps::cross_entropy(Act logits, const int32_t* targets, int N, int V, fl
   if (N == 0) return;
   const double off_target = V > 1 ? static_cast<double>(smoothing) / (V - 1) : 0.0;
   auto* rows = static_cast<RowResult*>(scratch(kRowResults, sizeof(RowResult) * N));
-  const size_t staged = staged_row_bytes(logits.dtype, V);
-  const bool staging = switches_.loss == KernelSwitches::Loss::kStaged && staged > 0;
+  const size_t staged = switches_.loss == KernelSwitches::Loss::kStaged
+                            ? staged_row_bytes(logits.dtype, V, shared_per_block_optin_)
+                            : 0;
+  const bool staging = staged > 0;
   cuda::dispatch(logits.dtype, [&](auto t) {
     using T = decltype(t);
     auto* kernel = staging ? cross_entropy_staged_kernel<T> : cross_entropy_kernel<T>;

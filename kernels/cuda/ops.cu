@@ -31,6 +31,11 @@ CudaOps::CudaOps(std::unique_ptr<CudaDevice> device, bool tf32)
       plain_attention_(cuda::plain_attention_from_environment()) {
   gemm_ = std::make_unique<cuda::Gemm>(*this, tf32);
   set_kernel_switches(kernel_switches_from_environment());
+  int optin = 0;
+  cuda::check(
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, gpu_->ordinal()),
+      "cudaDeviceGetAttribute (shared memory per block)");
+  shared_per_block_optin_ = static_cast<size_t>(optin);
   try {
     flash_ = cuda::FlashAttention::create(*this, &no_cudnn_reason_);
   } catch (const std::exception& e) {

@@ -73,6 +73,7 @@ class CudaOps final : public Ops {
   AttentionPath attention_path() const { return attention_path_; }
   std::string attention_kernels() const override;
   std::string gemm_search() const override;
+  std::string kernel_choices() const override { return describe(switches_); }
   AttentionCalls attention_calls() const override;
   AttentionPreparation prepare_attention(const std::vector<AttentionCase>& cases, DType dtype,
                                          bool backward) override;
@@ -142,6 +143,7 @@ class CudaOps final : public Ops {
   AttentionPath attention_path_ = AttentionPath::kAuto;
   PlainAttention plain_attention_ = PlainAttention::kFlash;
   KernelSwitches switches_;
+  size_t shared_per_block_optin_ = 0;  // the most shared memory a block may ask for
   AttentionCalls attention_calls_;
   std::string no_cudnn_reason_;  // why flash_ is null
   std::unique_ptr<cuda::Gemm> gemm_;

@@ -24,7 +24,6 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/blas_kernels.h"
 #include "kernels/dropout_mask.h"
-#include "kernels/kernel_switches.h"
 #include "kernels/profiled_ops.h"
 #include "src/app/commands.h"
 #include "src/data/make_source.h"
@@ -441,7 +440,7 @@ std::string Bench::kernels_json() const {
          ", \"attention_calls_plain\": " + std::to_string(calls.plain) +
          ", \"attention_fallbacks\": " + std::to_string(calls.fallbacks) +
          ", \"attention_graphs\": " + std::to_string(calls.graphs) + ", \"kernel_switches\": \"" +
-         describe(kernel_switches_from_environment()) + "\"" +
+         backend_->kernel_choices() + "\"" +
          (backend_->gemm_search().empty()
               ? ""
               : ", \"gemm_search\": \"" + backend_->gemm_search() + "\"");

@@ -51,8 +51,8 @@ void print_attention(const Ops& ops, const StartNotes& notes) {
   say(stdout, "  attention: %s\n", ops.attention_kernels().c_str());
   const std::string prepared = describe_preparation(notes.attention);
   if (!prepared.empty()) say(stdout, "  attention: %s\n", prepared.c_str());
-  const std::string switches = describe(kernel_switches_from_environment());
-  if (switches != describe(KernelSwitches{}))
+  const std::string switches = ops.kernel_choices();
+  if (!switches.empty() && switches != describe(KernelSwitches{}))
     say(stdout, "  kernels: %s (MPIFORMER_KERNELS)\n", switches.c_str());
 }
 
