@@ -18,10 +18,9 @@ struct Family {
   const char* paths[2];
 };
 constexpr Family kFamilies[] = {
-    {"layernorm", {"block", "warp"}},
-    {"loss", {"reread", "staged"}},
-    {"gemm", {"heuristic", "timed"}},
-    {"attention", {"ragged", "dense"}},
+    {"layernorm", {"block", "warp"}},  {"loss", {"reread", "staged"}},
+    {"gemm", {"heuristic", "timed"}},  {"attention", {"ragged", "dense"}},
+    {"exact", {"buffered", "direct"}}, {"adamw", {"ranged", "vector"}},
 };
 
 // The index of path `p` in family `f`, or -1.
@@ -49,13 +48,17 @@ void set(KernelSwitches& s, int f, int p) {
   if (f == 1) s.loss = static_cast<KernelSwitches::Loss>(p);
   if (f == 2) s.gemm = static_cast<KernelSwitches::Gemm>(p);
   if (f == 3) s.attention = static_cast<KernelSwitches::Attention>(p);
+  if (f == 4) s.exact = static_cast<KernelSwitches::Exact>(p);
+  if (f == 5) s.adamw = static_cast<KernelSwitches::AdamW>(p);
 }
 
 int path_of(const KernelSwitches& s, int f) {
   if (f == 0) return static_cast<int>(s.layernorm);
   if (f == 1) return static_cast<int>(s.loss);
   if (f == 2) return static_cast<int>(s.gemm);
-  return static_cast<int>(s.attention);
+  if (f == 3) return static_cast<int>(s.attention);
+  if (f == 4) return static_cast<int>(s.exact);
+  return static_cast<int>(s.adamw);
 }
 
 void apply(KernelSwitches& s, const std::string& text, const std::string& part) {

@@ -4,11 +4,11 @@
 // becomes the default. Each family keeps both paths, and both are tested
 // against the CPU reference (tests/cuda_ops_test.cpp).
 //
-//   MPIFORMER_KERNELS=layernorm=warp,loss=staged,gemm=timed,attention=dense
+//   MPIFORMER_KERNELS=layernorm=warp,gemm=timed,exact=direct,adamw=vector
 //   MPIFORMER_KERNELS=candidates        every family on its candidate
 //
 // Unset or empty: every family on its present path. The CPU backend has
-// one path per op and ignores the variable.
+// one path per op and ignores the variable (its exact sum is direct).
 #pragma once
 
 #include <string>
@@ -32,6 +32,16 @@ struct KernelSwitches {
   // layout with per-sequence offsets and a padding mask, as every batch;
   // dense, the plain (b, s, h, d) layout without them.
   enum class Attention { kRagged, kDense } attention = Attention::kRagged;
+  // The exact gradient sum (src/parallel/gradient_reducer.h): buffered, its
+  // int64 buffer zeroed every step and each contribution added, then read
+  // back into the gradients; direct, the first contribution written rather
+  // than added, and one rank's single contribution rounded in place in the
+  // gradients without touching the buffer. The same bits either way.
+  enum class Exact { kBuffered, kDirect } exact = Exact::kBuffered;
+  // AdamW, a block per range: ranged, a float of each buffer per thread
+  // and step; vector, 16 bytes of each (kernels/cuda/adamw_kernels.cuh).
+  // The same bits either way.
+  enum class AdamW { kRanged, kVector } adamw = AdamW::kRanged;
 };
 
 // The switches `text` names (the syntax above). Throws
@@ -41,8 +51,9 @@ KernelSwitches parse_kernel_switches(const std::string& text);
 // MPIFORMER_KERNELS's switches (the present paths when it is unset).
 KernelSwitches kernel_switches_from_environment();
 
-// "layernorm=block,loss=reread,gemm=heuristic,attention=ragged": every
-// family, for start lines and bench's JSON.
+// "layernorm=block,loss=reread,gemm=heuristic,attention=ragged,
+// exact=buffered,adamw=ranged": every family, for start lines and bench's
+// JSON.
 std::string describe(const KernelSwitches& switches);
 
 }  // namespace mpiformer

@@ -52,6 +52,7 @@ class ObservedOps : public Ops {
   std::string attention_kernels() const override { return inner_.attention_kernels(); }
   std::string gemm_search() const override { return inner_.gemm_search(); }
   std::string kernel_choices() const override { return inner_.kernel_choices(); }
+  bool direct_exact_sum() const override { return inner_.direct_exact_sum(); }
   AttentionCalls attention_calls() const override { return inner_.attention_calls(); }
   AttentionPreparation prepare_attention(const std::vector<AttentionCase>& cases, DType dtype,
                                          bool backward) override {

@@ -220,12 +220,15 @@ MPIFORMER_OP(zlpr_loss, kLoss, logits.dtype,
 // fixed[i] += round(grads[i] * 2^fraction_bits) for every i with
 // |grads[i]| < 2^limit_bits; each other element (NaN too) adds 1 to
 // *out_of_range instead. Integer sums: any order gives the same result.
+// first: the step's first contribution, written rather than added (fixed[i]
+// = round(...), 0 for an element out of range), so fixed need not be zeroed.
 // fixed: backend (n) int64, grads: backend (n) fp32, out_of_range: backend (1)
-MPIFORMER_OP(fixed_point_accumulate, kOptimizer, DType::kF32,
-             ({{"n", n}, {"fraction bits", fraction_bits}, {"limit bits", limit_bits}}),
-             (int64_t * fixed, int64_t* out_of_range, const float* grads, size_t n,
-              int fraction_bits, int limit_bits),
-             (fixed, out_of_range, grads, n, fraction_bits, limit_bits))
+MPIFORMER_OP(
+    fixed_point_accumulate, kOptimizer, DType::kF32,
+    ({{"n", n}, {"fraction bits", fraction_bits}, {"limit bits", limit_bits}, {"first", first}}),
+    (int64_t * fixed, int64_t* out_of_range, const float* grads, size_t n, int fraction_bits,
+     int limit_bits, bool first = false),
+    (fixed, out_of_range, grads, n, fraction_bits, limit_bits, first))
 // out[i] = fixed[i] * 2^-fraction_bits, or NaN everywhere when
 // *out_of_range > 0.  out: backend (n) fp32, fixed: backend (n), out_of_range: backend (1)
 MPIFORMER_OP(fixed_point_to_float, kOptimizer, DType::kF32,
@@ -233,6 +236,21 @@ MPIFORMER_OP(fixed_point_to_float, kOptimizer, DType::kF32,
              (float* out, const int64_t* fixed, const int64_t* out_of_range, size_t n,
               int fraction_bits),
              (out, fixed, out_of_range, n, fraction_bits))
+// One rank's exact sum of one contribution, in place and without the
+// int64 buffer: grads[i] = round(grads[i] * 2^fraction_bits) *
+// 2^-fraction_bits for every i with |grads[i]| < 2^limit_bits, the bits
+// fixed_point_accumulate(first) then fixed_point_to_float give; each other
+// element is left as it is and adds 1 to *out_of_range (then
+// fixed_point_poison).  grads: backend (n) fp32, out_of_range: backend (1)
+MPIFORMER_OP(fixed_point_round, kOptimizer, DType::kF32,
+             ({{"n", n}, {"fraction bits", fraction_bits}, {"limit bits", limit_bits}}),
+             (float* grads, int64_t* out_of_range, size_t n, int fraction_bits, int limit_bits),
+             (grads, out_of_range, n, fraction_bits, limit_bits))
+// x[i] = NaN for every i when *out_of_range > 0 (else x stays): the rounded
+// sum's way of spoiling the step, as fixed_point_to_float's.
+// x: backend (n) fp32, out_of_range: backend (1)
+MPIFORMER_OP(fixed_point_poison, kOptimizer, DType::kF32, ({{"n", n}}),
+             (float* x, const int64_t* out_of_range, size_t n), (x, out_of_range, n))
 
 // ---- optimizer --------------------------------------------------------
 // *out = sum of x[i]^2, accumulated in double in an order that depends on

@@ -251,6 +251,11 @@ class Ops {
   // The kernel switches the backend runs under (kernels/kernel_switches.h's
   // describe), for start lines and bench; empty on the CPU, which has none.
   virtual std::string kernel_choices() const { return ""; }
+  // Whether the exact gradient sum writes its first contribution rather
+  // than adding it to a zeroed buffer, and rounds one rank's single
+  // contribution in place (src/parallel/gradient_reducer.h; the same bits
+  // either way). The CPU does; a GPU under MPIFORMER_KERNELS=exact=direct.
+  virtual bool direct_exact_sum() const { return true; }
   // Prepares the attention kernels for every batch shape a run will make,
   // before its first step, so that no step waits for it: cuDNN builds a
   // graph per case (rounded shapes) and reserves the largest workspace of

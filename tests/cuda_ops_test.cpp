@@ -703,7 +703,10 @@ TEST_P(CudaOpsTest, CrossEntropyAdamWAndNorm) {
   const FloatPair params = b_->floats(random(n)), grads = b_->floats(g), m = b_->floats(m0),
                   v = b_->floats(v0);
   const Pair compute = b_->acts(std::vector<float>(n), t());
-  const std::vector<AdamWRange> ranges = {{0, 1000, 0.01f}, {1000, 1300, 0.0f}, {1300, n, 0.1f}};
+  // Ends inside a float4 (adamw=vector's head and tail), one range shorter
+  // than a float4.
+  const std::vector<AdamWRange> ranges = {
+      {0, 1001, 0.01f}, {1001, 1003, 0.0f}, {1003, 1302, 0.0f}, {1302, n, 0.1f}};
   const Pair range_bytes =
       b_->acts(std::vector<float>(ranges.size() * sizeof(AdamWRange) / 4), DType::kF32);
   b_->gpu->device().copy_to_device(range_bytes.gpu.data, ranges.data(),
@@ -722,11 +725,12 @@ TEST_P(CudaOpsTest, CrossEntropyAdamWAndNorm) {
   cfg.inv_loss_scale = 0.5f, cfg.max_norm = 10.0f;  // the norm is ~264 / 2: clipped
   const Act compute_gpu = t() == DType::kF32 ? Act() : compute.gpu;
   const Act compute_cpu = t() == DType::kF32 ? Act() : compute.cpu;
+  const int R = static_cast<int>(ranges.size());
   b_->gpu->adamw_update(params.gpu, grads.gpu, m.gpu, v.gpu, compute_gpu, n,
-                        static_cast<AdamWRange*>(range_bytes.gpu.data), 3, cfg,
+                        static_cast<AdamWRange*>(range_bytes.gpu.data), R, cfg,
                         static_cast<double*>(norm.gpu.data));
   b_->cpu->adamw_update(params.cpu, grads.cpu, m.cpu, v.cpu, compute_cpu, n,
-                        static_cast<AdamWRange*>(range_bytes.cpu.data), 3, cfg,
+                        static_cast<AdamWRange*>(range_bytes.cpu.data), R, cfg,
                         static_cast<double*>(norm.cpu.data));
   compare(params, n, 1e-5, "adamw params");
   compare(m, n, 1e-5, "adamw m");
@@ -876,6 +880,56 @@ TEST(CudaFixedPoint, BitwiseTheCpuReference) {
   b.cpu->device().release(fixed_cpu);
 }
 
+// The direct exact sum's ops (MPIFORMER_KERNELS=exact=direct): the first
+// accumulation written over a buffer of leftovers, rounding in place and
+// the poison, bitwise the CPU's, with and without elements out of range.
+TEST(CudaFixedPoint, DirectWaysBitwiseTheCpuReference) {
+  if (!gpu_present()) GTEST_SKIP() << "no GPU";
+  Backends b;
+  const size_t n = 300007;
+  std::mt19937 rng(8);
+  std::normal_distribution<float> normal(0.0f, 1e-3f);
+  std::vector<int64_t> leftovers(n + 1, -777);
+  leftovers[0] = 0;
+  auto* fixed_gpu = static_cast<int64_t*>(b.gpu->device().allocate((n + 1) * sizeof(int64_t)));
+  auto* fixed_cpu = static_cast<int64_t*>(b.cpu->device().allocate((n + 1) * sizeof(int64_t)));
+  for (bool spoiled : {false, true}) {
+    SCOPED_TRACE(spoiled ? "an element out of range" : "all in range");
+    std::vector<float> g(n);
+    for (float& x : g) x = normal(rng);
+    g[5] = std::ldexp(3.0f, -41);  // ties: 1.5 and 2.5 units, both round to 2
+    g[6] = std::ldexp(5.0f, -41);
+    if (spoiled) g[n - 1] = std::nanf("");
+    const size_t bytes = (n + 1) * sizeof(int64_t);
+    b.gpu->device().copy_to_device(fixed_gpu, leftovers.data(), bytes);
+    b.cpu->device().copy_to_device(fixed_cpu, leftovers.data(), bytes);
+    const FloatPair grads = b.floats(g);
+    b.gpu->fixed_point_accumulate(fixed_gpu + 1, fixed_gpu, grads.gpu, n, 40, 20, true);
+    b.cpu->fixed_point_accumulate(fixed_cpu + 1, fixed_cpu, grads.cpu, n, 40, 20, true);
+    std::vector<int64_t> got(n + 1), want(n + 1);
+    b.gpu->device().copy_to_host(got.data(), fixed_gpu, bytes);
+    b.cpu->device().copy_to_host(want.data(), fixed_cpu, bytes);
+    EXPECT_TRUE(got == want) << "the first accumulation";
+    EXPECT_EQ(got[0], spoiled ? 1 : 0);
+
+    // Rounded in place, counted into a zeroed count, then poisoned.
+    b.gpu->device().copy_to_device(fixed_gpu, leftovers.data(), sizeof(int64_t));
+    b.cpu->device().copy_to_device(fixed_cpu, leftovers.data(), sizeof(int64_t));
+    b.gpu->fixed_point_round(grads.gpu, fixed_gpu, n, 40, 20);
+    b.cpu->fixed_point_round(grads.cpu, fixed_cpu, n, 40, 20);
+    b.gpu->fixed_point_poison(grads.gpu, fixed_gpu, n);
+    b.cpu->fixed_point_poison(grads.cpu, fixed_cpu, n);
+    std::vector<float> out_gpu(n), out_cpu(n);
+    b.gpu->device().copy_to_host(out_gpu.data(), grads.gpu, n * sizeof(float));
+    b.cpu->device().copy_to_host(out_cpu.data(), grads.cpu, n * sizeof(float));
+    EXPECT_EQ(std::memcmp(out_gpu.data(), out_cpu.data(), n * sizeof(float)), 0);
+    EXPECT_EQ(std::isnan(out_gpu[0]), spoiled);
+    EXPECT_EQ(out_gpu[5], std::ldexp(2.0f, -40));
+  }
+  b.gpu->device().release(fixed_gpu);
+  b.cpu->device().release(fixed_cpu);
+}
+
 // ---- kernel switches -------------------------------------------------------
 
 // The staged cross entropy (loss=staged) sums each row in the reread
@@ -927,6 +981,62 @@ TEST(CudaKernelSwitches, StagedCrossEntropyGivesTheRereadKernelsBits) {
       EXPECT_EQ(sums[0].correct, sums[1].correct);
     }
   }
+}
+
+// The vector AdamW (adamw=vector) updates each element as the ranged
+// kernel does: the same parameters, moments and compute copy, bit for bit,
+// on ranges that end inside a float4, and on buffers that are not 16-byte
+// aligned (a sharded optimizer's slice), which the ranged kernel takes.
+TEST(CudaKernelSwitches, VectorAdamWGivesTheRangedBits) {
+  if (!gpu_present()) GTEST_SKIP() << "no GPU visible";
+  std::unique_ptr<Ops> ops = make_cuda_ops(0);
+  auto* cuda = dynamic_cast<CudaOps*>(ops.get());
+  Device& dev = ops->device();
+  const size_t n = 100003;
+  std::mt19937 rng(12);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> start(4 * (n + 1));  // params, grads, m, v, one spare float each
+  for (float& x : start) x = normal(rng);
+  for (size_t i = 3 * (n + 1); i < start.size(); ++i) start[i] = std::abs(start[i]) * 0.01f;
+  const std::vector<AdamWRange> ranges = {{0, 5, 0.0f}, {5, 70001, 0.1f}, {70001, n, 0.01f}};
+  auto* device_ranges = static_cast<AdamWRange*>(dev.allocate(sizeof(AdamWRange) * 3));
+  dev.copy_to_device(device_ranges, ranges.data(), sizeof(AdamWRange) * 3);
+  auto* norm = static_cast<double*>(dev.allocate(sizeof(double)));
+  const double norm_sq = 1e4;  // clipped
+  dev.copy_to_device(norm, &norm_sq, sizeof norm_sq);
+  AdamWConfig cfg;
+  cfg.lr = 1e-3f, cfg.step = 5, cfg.max_norm = 1.0f;
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (size_t shift : {0, 1}) {  // 1: every buffer 4 bytes past 16-byte alignment
+      SCOPED_TRACE(std::string(to_string(t)) + (shift ? ", unaligned" : ", aligned"));
+      std::vector<float> after[2];
+      std::vector<unsigned char> copies[2];
+      for (int vector = 0; vector < 2; ++vector) {
+        KernelSwitches switches;
+        switches.adamw = vector ? KernelSwitches::AdamW::kVector : KernelSwitches::AdamW::kRanged;
+        cuda->set_kernel_switches(switches);
+        auto* buffers = static_cast<float*>(dev.allocate(sizeof(float) * start.size()));
+        dev.copy_to_device(buffers, start.data(), sizeof(float) * start.size());
+        float* b[4];
+        for (int k = 0; k < 4; ++k) b[k] = buffers + k * (n + 1) + shift;
+        const size_t copy_bytes = n * dtype_bytes(t);
+        void* compute = t == DType::kF32 ? nullptr : dev.allocate(copy_bytes);
+        ops->adamw_update(b[0], b[1], b[2], b[3], compute ? Act(compute, t) : Act(), n,
+                          device_ranges, 3, cfg, norm);
+        after[vector].resize(start.size());
+        dev.copy_to_host(after[vector].data(), buffers, sizeof(float) * start.size());
+        copies[vector].resize(compute ? copy_bytes : 0);
+        if (compute) dev.copy_to_host(copies[vector].data(), compute, copy_bytes);
+        dev.release(buffers);
+        dev.release(compute);
+      }
+      EXPECT_EQ(std::memcmp(after[0].data(), after[1].data(), sizeof(float) * start.size()), 0);
+      EXPECT_TRUE(copies[0] == copies[1]) << "the compute copies differ";
+      EXPECT_NE(after[0][shift + 7], start[shift + 7]) << "nothing was updated";
+    }
+  }
+  dev.release(device_ranges);
+  dev.release(norm);
 }
 
 // Milliseconds per call of `call` on `ops` (a warm-up first), timed over
@@ -1038,6 +1148,43 @@ TEST(KernelTiming, CrossEntropyRereadAgainstStaged) {
       "reread %.2f ms, staged %.2f ms (target 1.5 ms)\n",
       N, V, ms[0], moved / ms[0] * tb, ms[1], moved / ms[1] * tb, ms[1] / ms[0],
       ms[0] * 32768.0 / N, ms[1] * 32768.0 / N);
+}
+
+// AdamW over GPT-2 small's 124M parameters in ranges of kAdamWRangeFloats
+// (bf16 compute copy), ranged against vector: time per call and effective
+// bandwidth (params, grads, m, v read; params, m, v and the copy written).
+// A report, not an assertion.
+TEST(KernelTiming, AdamWRangedAgainstVector) {
+  if (!gpu_present()) GTEST_SKIP() << "no GPU visible";
+  constexpr size_t n = 124490065;
+  std::unique_ptr<Ops> ops = make_cuda_ops(0);
+  auto* cuda = dynamic_cast<CudaOps*>(ops.get());
+  TimingBuffers buffers(*ops);
+  float* b[4];
+  for (float*& x : b) x = static_cast<float*>(buffers.zeros(sizeof(float) * n));
+  const Act compute(buffers.zeros(2 * n), DType::kBF16);
+  std::vector<AdamWRange> ranges;
+  for (size_t begin = 0; begin < n; begin += kAdamWRangeFloats)
+    ranges.push_back({begin, std::min(n, begin + kAdamWRangeFloats), 0.1f});
+  auto* device_ranges = static_cast<AdamWRange*>(buffers.zeros(sizeof(AdamWRange) * ranges.size()));
+  ops->device().copy_to_device(device_ranges, ranges.data(), sizeof(AdamWRange) * ranges.size());
+  auto* norm = static_cast<double*>(buffers.zeros(sizeof(double)));
+  AdamWConfig cfg;
+  double ms[2];
+  for (int vector = 0; vector < 2; ++vector) {
+    KernelSwitches switches;
+    switches.adamw = vector ? KernelSwitches::AdamW::kVector : KernelSwitches::AdamW::kRanged;
+    cuda->set_kernel_switches(switches);
+    ms[vector] = milliseconds_per_call(*ops, 10, [&] {
+      ops->adamw_update(b[0], b[1], b[2], b[3], compute, n, device_ranges,
+                        static_cast<int>(ranges.size()), cfg, norm);
+    });
+  }
+  const double moved = (7.0 * 4 + 2) * n, tb = 1e-9;
+  std::printf(
+      "kernel timing: AdamW (%zu parameters, %zu ranges, bf16 copy): ranged %.3f ms (%.2f TB/s), "
+      "vector %.3f ms (%.2f TB/s), vector/ranged %.2f\n",
+      n, ranges.size(), ms[0], moved / ms[0] * tb, ms[1], moved / ms[1] * tb, ms[1] / ms[0]);
 }
 
 // cuDNN's attention on GPT-2 small's B32 batch (32 x 1024, 12 heads of 64,

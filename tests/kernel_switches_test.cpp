@@ -12,42 +12,49 @@
 namespace mpiformer {
 namespace {
 
-constexpr const char* kPresent = "layernorm=block,loss=reread,gemm=heuristic,attention=ragged";
+constexpr const char* kPresent =
+    "layernorm=block,loss=reread,gemm=heuristic,attention=ragged,exact=buffered,adamw=ranged";
 
 TEST(KernelSwitches, PresentPathsUnlessNamed) {
   EXPECT_EQ(describe(KernelSwitches{}), kPresent);
   EXPECT_EQ(describe(parse_kernel_switches("")), kPresent);
-  EXPECT_EQ(describe(parse_kernel_switches("layernorm=warp")),
-            "layernorm=warp,loss=reread,gemm=heuristic,attention=ragged");
-  EXPECT_EQ(describe(parse_kernel_switches(",loss=staged,")),
-            "layernorm=block,loss=staged,gemm=heuristic,attention=ragged");
+  EXPECT_EQ(
+      describe(parse_kernel_switches("layernorm=warp")),
+      "layernorm=warp,loss=reread,gemm=heuristic,attention=ragged,exact=buffered,adamw=ranged");
+  EXPECT_EQ(
+      describe(parse_kernel_switches(",loss=staged,")),
+      "layernorm=block,loss=staged,gemm=heuristic,attention=ragged,exact=buffered,adamw=ranged");
   const KernelSwitches s = parse_kernel_switches("gemm=timed,layernorm=warp");
   EXPECT_EQ(s.gemm, KernelSwitches::Gemm::kTimed);
   EXPECT_EQ(s.layernorm, KernelSwitches::LayerNorm::kWarp);
   EXPECT_EQ(s.loss, KernelSwitches::Loss::kReread);
   EXPECT_EQ(s.attention, KernelSwitches::Attention::kRagged);
+  EXPECT_EQ(s.exact, KernelSwitches::Exact::kBuffered);
   EXPECT_EQ(parse_kernel_switches("attention=dense").attention, KernelSwitches::Attention::kDense);
+  EXPECT_EQ(parse_kernel_switches("exact=direct").exact, KernelSwitches::Exact::kDirect);
+  EXPECT_EQ(parse_kernel_switches("adamw=vector").adamw, KernelSwitches::AdamW::kVector);
 }
 
 TEST(KernelSwitches, CandidatesTurnsEveryFamilyAndLaterPartsWin) {
   EXPECT_EQ(describe(parse_kernel_switches("candidates")),
-            "layernorm=warp,loss=staged,gemm=timed,attention=dense");
+            "layernorm=warp,loss=staged,gemm=timed,attention=dense,exact=direct,adamw=vector");
   EXPECT_EQ(describe(parse_kernel_switches("candidates,gemm=heuristic")),
-            "layernorm=warp,loss=staged,gemm=heuristic,attention=dense");
+            "layernorm=warp,loss=staged,gemm=heuristic,attention=dense,exact=direct,adamw=vector");
   EXPECT_EQ(describe(parse_kernel_switches("loss=staged,loss=reread")), kPresent);
 }
 
 TEST(KernelSwitches, ARefusalNamesTheVariableThePartAndTheChoices) {
-  for (const std::string bad : {"layernorm=fast", "bogus", "attention=cudnn", "loss", "=warp"}) {
+  for (const std::string bad :
+       {"layernorm=fast", "bogus", "attention=cudnn", "loss", "=warp", "exact=float"}) {
     try {
       parse_kernel_switches("loss=staged," + bad);
       ADD_FAILURE() << bad << " was taken";
     } catch (const std::invalid_argument& e) {
-      EXPECT_EQ(
-          std::string(e.what()),
-          "MPIFORMER_KERNELS is 'loss=staged," + bad + "': '" + bad +
-              "' is not a switch; expected a comma-separated list of layernorm=block|warp, "
-              "loss=reread|staged, gemm=heuristic|timed, attention=ragged|dense, or candidates");
+      EXPECT_EQ(std::string(e.what()),
+                "MPIFORMER_KERNELS is 'loss=staged," + bad + "': '" + bad +
+                    "' is not a switch; expected a comma-separated list of layernorm=block|warp, "
+                    "loss=reread|staged, gemm=heuristic|timed, attention=ragged|dense, "
+                    "exact=buffered|direct, adamw=ranged|vector, or candidates");
     }
   }
 }
@@ -56,8 +63,9 @@ TEST(KernelSwitches, ReadFromTheEnvironment) {
   ::unsetenv("MPIFORMER_KERNELS");
   EXPECT_EQ(describe(kernel_switches_from_environment()), kPresent);
   ::setenv("MPIFORMER_KERNELS", "loss=staged", 1);
-  EXPECT_EQ(describe(kernel_switches_from_environment()),
-            "layernorm=block,loss=staged,gemm=heuristic,attention=ragged");
+  EXPECT_EQ(
+      describe(kernel_switches_from_environment()),
+      "layernorm=block,loss=staged,gemm=heuristic,attention=ragged,exact=buffered,adamw=ranged");
   ::setenv("MPIFORMER_KERNELS", "loss=fast", 1);
   EXPECT_THROW(kernel_switches_from_environment(), std::invalid_argument);
   ::unsetenv("MPIFORMER_KERNELS");

@@ -1312,6 +1312,52 @@ TEST_F(OpsTest, FixedPointAccumulateAndConvertBack) {
   EXPECT_TRUE(std::all_of(back.begin(), back.end(), [](float x) { return std::isnan(x); }));
 }
 
+// The direct exact sum's ops: an accumulation marked first writes over
+// whatever the buffer held; rounding in place gives, element for element,
+// the bits of that accumulation read back, leaving an element out of range
+// as it was and counting it; the poison is NaN everywhere once one was
+// counted, and nothing otherwise.
+TEST_F(OpsTest, FixedPointFirstAccumulationAndRoundingInPlace) {
+  const size_t n = 70001;
+  Vec g = random_vec(n, 92, -1e-3f, 1e-3f);
+  g[1] = std::ldexp(3.0f, -41);  // ties round to even
+  g[2] = std::ldexp(5.0f, -41);
+  g[3] = std::ldexp(1.0f, -60);  // below half a unit: 0
+  g[4] = std::nextafter(std::ldexp(1.0f, 20), 0.0f);
+  std::vector<int64_t> fixed(n + 1, 12345);
+  fixed[0] = 0;
+  ops->fixed_point_accumulate(fixed.data() + 1, fixed.data(), g.data(), n, 40, 20, true);
+  EXPECT_EQ(fixed[0], 0);
+  Vec back(n);
+  ops->fixed_point_to_float(back.data(), fixed.data() + 1, fixed.data(), n, 40);
+  Vec rounded = g;
+  int64_t count = 0;
+  ops->fixed_point_round(rounded.data(), &count, n, 40, 20);
+  EXPECT_EQ(count, 0);
+  EXPECT_EQ(std::memcmp(rounded.data(), back.data(), n * sizeof(float)), 0);
+  EXPECT_EQ(rounded[1], std::ldexp(2.0f, -40));
+  EXPECT_EQ(rounded[2], std::ldexp(2.0f, -40));
+  EXPECT_EQ(rounded[3], 0.0f);
+  EXPECT_EQ(rounded[4], g[4]);
+  EXPECT_NE(std::memcmp(rounded.data(), g.data(), n * sizeof(float)), 0) << "nothing rounded";
+  ops->fixed_point_poison(rounded.data(), &count, n);
+  EXPECT_EQ(std::memcmp(rounded.data(), back.data(), n * sizeof(float)), 0);
+
+  Vec bad = g;
+  bad[10] = std::ldexp(1.0f, 20);
+  bad[11] = std::nanf("");
+  bad[12] = -INFINITY;
+  ops->fixed_point_accumulate(fixed.data() + 1, fixed.data(), bad.data(), n, 40, 20, true);
+  EXPECT_EQ(fixed[0], 3);
+  EXPECT_EQ(fixed[11], 0);  // written, though out of range
+  ops->fixed_point_round(bad.data(), &count, n, 40, 20);
+  EXPECT_EQ(count, 3);
+  EXPECT_EQ(bad[10], std::ldexp(1.0f, 20));  // left as it was
+  EXPECT_EQ(bad[0], back[0]);
+  ops->fixed_point_poison(bad.data(), &count, n);
+  EXPECT_TRUE(std::all_of(bad.begin(), bad.end(), [](float x) { return std::isnan(x); }));
+}
+
 TEST_F(OpsTest, AdamWMatchesScalarReference) {
   const size_t n = 40000;
   Vec params = random_vec(n, 52), m(n), v(n);

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <map>
 #include <memory>
 #include <random>
 #include <stdexcept>
@@ -328,6 +330,102 @@ TEST(GradientReducer, TheExactSumTakesGradientsThatCarryTheLossScale) {
       EXPECT_EQ(grads[0], 0.0f);
     } else {
       EXPECT_TRUE(std::all_of(grads, grads + n, [](float g) { return std::isnan(g); }));
+    }
+  }
+}
+
+// Counts the exact sum's calls by op name, " first" added to an
+// accumulation that wrote the step's first contribution.
+class CountingOps final : public ObservedOps {
+ public:
+  using ObservedOps::ObservedOps;
+  std::map<std::string, int> calls;
+
+ protected:
+  void begin(const OpCall& call) override {
+    std::string name = call.name;
+    if (name.rfind("fixed_point_", 0) != 0) return;
+    for (const OpCall::Size& size : call.sizes)
+      if (std::string(size.name) == "first" && size.value) name += " first";
+    ++calls[name];
+  }
+};
+
+// One way to sum a step: the transport, the micro-batches, host staging,
+// the loss scale the gradients carry (infinite: spoiled) and a gradient
+// scale that puts elements out of range.
+struct ExactStep {
+  bool one_rank;
+  int micro_batches;
+  HostStaging staging;
+  float loss_scale;
+  float grad_scale;
+};
+
+// The step's summed gradient and the exact sum's calls, direct or buffered.
+std::vector<float> exact_step(const ExactStep& c, bool direct, std::map<std::string, int>* calls) {
+  std::unique_ptr<Ops> cpu = make_cpu_ops(1);
+  CountingOps ops(*cpu);
+  const ModelConfig m = tiny(ModelKind::kLm);
+  Model model(ops, m, ModelCapacity{64, m.max_len});
+  model.init_parameters(5);
+  ParameterSet& params = model.parameters();
+  LocalTransport local;
+  RecordingTransport recording;
+  ReduceTransport& transport = c.one_rank ? static_cast<ReduceTransport&>(local) : recording;
+  GradientReducer reducer(params, params.grads(), 600, transport, true, GradSum::kExact, c.staging);
+  reducer.set_direct_exact_sum(direct);
+  for (int step = 0; step < 2; ++step) {  // the second step sees the first's leftovers
+    params.zero_grads();
+    reducer.begin_step(c.loss_scale);
+    for (int k = 0; k < c.micro_batches; ++k) {
+      if (k > 0 && reducer.absorb_micro_batch()) params.zero_grads();
+      const bool last = k + 1 == c.micro_batches;
+      model.forward_backward(random_batch(m, {5, 9, 3}, {4, 7, 6}, 11 + k + 7 * step), 0.1f,
+                             c.grad_scale, PassId{1, step, k}, last ? &reducer : nullptr);
+    }
+    reducer.finish();
+  }
+  *calls = ops.calls;
+  return std::vector<float>(params.grads(), params.grads() + params.count());
+}
+
+// The direct exact sum gives the buffered one's bits: one rank's single
+// micro-batch rounded in place (no accumulation), the first of several
+// micro-batches written rather than added, other transports and host
+// staging (written, not rounded), gradients that carry a loss scale, and
+// steps spoiled by an element out of range or a non-finite scale.
+TEST(GradientReducer, TheDirectExactSumGivesTheBufferedBits) {
+  const ExactStep cases[] = {
+      {true, 1, HostStaging::kAuto, 1.0f, 0.01f},     {true, 3, HostStaging::kAuto, 1.0f, 0.01f},
+      {true, 1, HostStaging::kAlways, 1.0f, 0.01f},   {false, 1, HostStaging::kAuto, 1.0f, 0.01f},
+      {false, 2, HostStaging::kAuto, 1.0f, 0.01f},    {true, 1, HostStaging::kAuto, 3000.0f, 30.0f},
+      {true, 1, HostStaging::kAuto, INFINITY, 0.01f}, {true, 1, HostStaging::kAuto, 1.0f, 1e9f},
+      {false, 1, HostStaging::kAuto, 1.0f, 1e9f}};
+  for (const ExactStep& c : cases) {
+    SCOPED_TRACE("one rank " + std::to_string(c.one_rank) + ", micro-batches " +
+                 std::to_string(c.micro_batches) + ", staged " +
+                 std::to_string(c.staging == HostStaging::kAlways) + ", loss scale " +
+                 std::to_string(c.loss_scale) + ", gradient scale " + std::to_string(c.grad_scale));
+    std::map<std::string, int> direct_calls, buffered_calls;
+    const std::vector<float> direct = exact_step(c, true, &direct_calls);
+    const std::vector<float> buffered = exact_step(c, false, &buffered_calls);
+    EXPECT_EQ(std::memcmp(direct.data(), buffered.data(), direct.size() * sizeof(float)), 0);
+    const bool spoiled = !std::isfinite(c.loss_scale) || c.grad_scale > 1e6f;
+    EXPECT_EQ(std::isnan(direct[0]), spoiled);
+
+    // Two steps each: the buffered way adds into zeros and reads back;
+    // the direct way writes the first contribution, or rounds in place.
+    const bool rounds = c.one_rank && c.micro_batches == 1 && c.staging == HostStaging::kAuto;
+    EXPECT_EQ(buffered_calls.count("fixed_point_accumulate first"), 0u);
+    EXPECT_EQ(buffered_calls["fixed_point_to_float"], 2);
+    EXPECT_EQ(direct_calls["fixed_point_round"] > 0, rounds);
+    EXPECT_EQ(direct_calls["fixed_point_poison"], rounds ? 2 : 0);
+    EXPECT_EQ(direct_calls["fixed_point_to_float"], rounds ? 0 : 2);
+    EXPECT_EQ(direct_calls["fixed_point_accumulate"] + direct_calls["fixed_point_accumulate first"],
+              rounds ? 0 : buffered_calls["fixed_point_accumulate"]);
+    if (c.micro_batches > 1) {
+      EXPECT_EQ(direct_calls["fixed_point_accumulate first"], 2);
     }
   }
 }

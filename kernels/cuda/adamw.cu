@@ -1,9 +1,13 @@
 // The squared gradient norm, and AdamW over every range of the flat buffers
-// in one launch with the clip decided on the device. The norm is reduced in
+// in one launch with the clip decided on the device (the kernels:
+// adamw_kernels.cuh). The norm is reduced in
 // a fixed order in device memory: no host copy, and the same result every
 // run.
 #include <cmath>
+#include <cstdint>
+#include <type_traits>
 
+#include "kernels/cuda/adamw_kernels.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/reduce.cuh"
@@ -49,34 +53,6 @@ __global__ void sum_doubles_kernel(double* out, const double* x, size_t n) {
   if (threadIdx.x == 0) *out = sum;
 }
 
-struct AdamWStep {
-  float lr, beta1, beta2, eps, inv_bias1, inv_bias2, inv_loss_scale, max_norm;
-};
-
-// One block per range of the flat buffers (ranges are short: see AdamW).
-// Gradients are unscaled and clipped by a factor taken from the norm on the
-// device. compute (null in fp32 runs) gets the updated weights rounded.
-// params, grads, m, v, compute: (n); ranges: (R); grad_norm_sq: (1)
-template <typename T>
-__global__ void adamw_kernel(float* params, const float* grads, float* m, float* v, T* compute,
-                             const AdamWRange* ranges, AdamWStep s, const double* grad_norm_sq) {
-  const AdamWRange range = ranges[blockIdx.x];
-  const double norm = sqrt(*grad_norm_sq) * s.inv_loss_scale;
-  const float grad_scale = clip_factor(norm, s.max_norm) * s.inv_loss_scale;
-  for (size_t i = range.begin + threadIdx.x; i < range.end; i += blockDim.x) {
-    const float g = grads[i] * grad_scale;
-    const float m_i = s.beta1 * m[i] + (1.0f - s.beta1) * g;
-    const float v_i = s.beta2 * v[i] + (1.0f - s.beta2) * g * g;
-    m[i] = m_i;
-    v[i] = v_i;
-    const float m_hat = m_i * s.inv_bias1, v_hat = v_i * s.inv_bias2;
-    const float p =
-        params[i] - s.lr * (m_hat / (sqrtf(v_hat) + s.eps) + range.weight_decay * params[i]);
-    params[i] = p;
-    if (compute) store(compute, i, p);
-  }
-}
-
 }  // namespace
 
 void CudaOps::sum_squares(double* out, const float* x, size_t n) {
@@ -108,25 +84,32 @@ void CudaOps::adamw_update(float* params, const float* grads, float* m, float* v
                            const AdamWConfig& cfg, const double* grad_norm_sq) {
   if (n == 0 || range_count == 0) return;
   const double t = static_cast<double>(cfg.step > 1 ? cfg.step : 1);
-  const AdamWStep s{cfg.lr,
-                    cfg.beta1,
-                    cfg.beta2,
-                    cfg.eps,
-                    static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(cfg.beta1), t))),
-                    static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(cfg.beta2), t))),
-                    cfg.inv_loss_scale,
-                    cfg.max_norm};
+  const cuda::adamw::Step s{
+      cfg.lr,
+      cfg.beta1,
+      cfg.beta2,
+      cfg.eps,
+      static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(cfg.beta1), t))),
+      static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(cfg.beta2), t))),
+      cfg.inv_loss_scale,
+      cfg.max_norm};
   const unsigned grid = static_cast<unsigned>(range_count);
-  if (!compute) {
-    adamw_kernel<float>
-        <<<grid, kThreads, 0, stream_>>>(params, grads, m, v, nullptr, ranges, s, grad_norm_sq);
-  } else {
-    cuda::dispatch(compute.dtype, [&](auto tag) {
-      using T = decltype(tag);
-      adamw_kernel<<<grid, kThreads, 0, stream_>>>(params, grads, m, v, typed<T>(compute), ranges,
-                                                   s, grad_norm_sq);
-    });
-  }
+  // The vector kernel reads element i of each buffer as part of a float4
+  // when i is a multiple of 4: every buffer 16-byte aligned (a sharded
+  // optimizer's slice may not be).
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool vector = switches_.adamw == KernelSwitches::AdamW::kVector && aligned(params) &&
+                      aligned(grads) && aligned(m) && aligned(v);
+  auto launch = [&](auto* compute_data) {
+    using T = std::remove_pointer_t<decltype(compute_data)>;
+    auto kernel = vector ? cuda::adamw::vector_kernel<T> : cuda::adamw::ranged_kernel<T>;
+    kernel<<<grid, kThreads, 0, stream_>>>(params, grads, m, v, compute_data, ranges, s,
+                                           grad_norm_sq);
+  };
+  if (!compute)
+    launch(static_cast<float*>(nullptr));
+  else
+    cuda::dispatch(compute.dtype, [&](auto tag) { launch(typed<decltype(tag)>(compute)); });
   cuda::check(cudaGetLastError(), "adamw_update");
 }
 

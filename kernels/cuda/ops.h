@@ -74,6 +74,9 @@ class CudaOps final : public Ops {
   std::string attention_kernels() const override;
   std::string gemm_search() const override;
   std::string kernel_choices() const override { return describe(switches_); }
+  bool direct_exact_sum() const override {
+    return switches_.exact == KernelSwitches::Exact::kDirect;
+  }
   AttentionCalls attention_calls() const override;
   AttentionPreparation prepare_attention(const std::vector<AttentionCase>& cases, DType dtype,
                                          bool backward) override;

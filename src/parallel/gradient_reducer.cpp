@@ -61,6 +61,7 @@ GradientReducer::GradientReducer(const ParameterSet& params, float* grads, size_
       buckets_(plan_buckets(params.info(), bucket_floats)),
       transport_(transport),
       overlap_(overlap),
+      direct_(ops_.direct_exact_sum()),
       start_time_(buckets_.size()),
       done_time_(buckets_.size()),
       done_(buckets_.size(), false) {
@@ -125,9 +126,12 @@ void GradientReducer::begin_step(float loss_scale) {
   sent_ = 0;
   lowest_final_ = buckets_.empty() ? 0 : buckets_.front().end;
   std::fill(done_.begin(), done_.end(), false);
+  absorbed_ = false;
   scale_exponent_ = exact_scale_exponent(loss_scale);
   if (fixed_) {
-    ops_.device().fill_zero(fixed_, (count_ + 1) * sizeof(int64_t));
+    // Direct: the first contribution writes every element, so only the
+    // out-of-range count needs its zero.
+    ops_.device().fill_zero(fixed_, (direct_ ? 1 : count_ + 1) * sizeof(int64_t));
     if (!std::isfinite(loss_scale)) {  // counted out of range: the sum is NaN everywhere
       const int64_t out_of_range = 1;
       ops_.device().upload(fixed_, &out_of_range, sizeof out_of_range);
@@ -139,12 +143,22 @@ void GradientReducer::absorb(size_t begin, size_t end) {
   // Queued behind the backward ops that wrote these gradients.
   ops_.fixed_point_accumulate(fixed_ + 1 + begin, fixed_, grads_ + begin, end - begin,
                               kExactFractionBits - scale_exponent_,
-                              kExactLimitBits + scale_exponent_);
+                              kExactLimitBits + scale_exponent_, direct_ && !absorbed_);
+}
+
+bool GradientReducer::rounds_in_place() const {
+  return direct_ && transport_.one_rank() && !staged_ && !absorbed_;
+}
+
+void GradientReducer::round_in_place(size_t begin, size_t end) {
+  ops_.fixed_point_round(grads_ + begin, fixed_, end - begin, kExactFractionBits - scale_exponent_,
+                         kExactLimitBits + scale_exponent_);
 }
 
 bool GradientReducer::absorb_micro_batch() {
   if (sum_ != GradSum::kExact) return false;
   if (!buckets_.empty()) absorb(0, buckets_.front().end);
+  absorbed_ = true;
   return true;
 }
 
@@ -162,8 +176,12 @@ void GradientReducer::bucket_span(int i, size_t* first, size_t* n) const {
 
 void GradientReducer::start_next() {
   const GradientBucket& b = buckets_[started_];
-  // The exact sum takes this bucket's part of the last micro-batch.
-  if (sum_ == GradSum::kExact) absorb(b.begin, b.end);
+  // The exact sum takes this bucket's part of the last micro-batch (one
+  // rank's only contribution: rounded where it lies).
+  if (sum_ == GradSum::kExact && rounds_in_place())
+    round_in_place(b.begin, b.end);
+  else if (sum_ == GradSum::kExact)
+    absorb(b.begin, b.end);
   start_time_[started_] = Clock::now();
   if (staged_) {
     size_t first = 0, n = 0;
@@ -261,7 +279,9 @@ void GradientReducer::leave_sum_in_grads() {
   const size_t lo = std::min(own_begin_, n), hi = std::min(own_end_, n);
   // Queued, not waited for: the host buffers change again only after the
   // next step's copies to the host, which are queued behind these.
-  if (sum_ == GradSum::kExact && n > 0) {
+  if (sum_ == GradSum::kExact && n > 0 && rounds_in_place()) {
+    ops_.fixed_point_poison(grads_ + lo, fixed_, hi - lo);
+  } else if (sum_ == GradSum::kExact && n > 0) {
     exact_sum_to_grads(lo, hi);
   } else if (staged_ && hi > lo) {
     ops_.device().copy_to_device_async(grads_ + lo, host_grads_ + lo, (hi - lo) * sizeof(float));

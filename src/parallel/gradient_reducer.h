@@ -123,6 +123,12 @@ class GradientReducer : public GradientListener {
   ReduceTransport& transport() { return transport_; }
   GradSum sum() const { return sum_; }
   size_t bytes_per_step() const;
+  // The exact sum direct (Ops::direct_exact_sum, which sets it): the step's
+  // first contribution is written into the fixed-point buffer rather than
+  // added to zeros, and one rank's single contribution is rounded in place
+  // in the gradients without the buffer. Tests compare it with the
+  // buffered way, which gives the same bits. Between steps.
+  void set_direct_exact_sum(bool direct) { direct_ = direct; }
 
   // At the start of a step, before any backward pass. loss_scale: what the
   // step's gradients carry (fp16's S); with the exact sum a non-finite one
@@ -155,8 +161,14 @@ class GradientReducer : public GradientListener {
   void send(int i);
   // The slot of the exact sum's out-of-range count when sharded.
   int count_slot() const { return static_cast<int>(buckets_.size()); }
-  // Exact sum: fixed_[1 + i] += grads[i] in fixed point for i in [begin, end).
+  // Exact sum: fixed_[1 + i] += grads[i] in fixed point for i in [begin,
+  // end) (=, the step's first contribution, when direct).
   void absorb(size_t begin, size_t end);
+  // Direct exact sum of one rank and one micro-batch: the sum is that
+  // contribution, so grads_ is rounded to the fixed point where it lies
+  // and fixed_ keeps only the out-of-range count.
+  bool rounds_in_place() const;
+  void round_in_place(size_t begin, size_t end);
   // finish(), in order: starts the buckets not started yet and waits for
   // every sum (sharded exact sum: the out-of-range count too);
   void start_rest_and_wait();
@@ -190,6 +202,8 @@ class GradientReducer : public GradientListener {
   size_t own_begin_ = 0, own_end_ = 0;
   ReduceTransport& transport_;
   bool overlap_;
+  bool direct_;            // set_direct_exact_sum
+  bool absorbed_ = false;  // an earlier micro-batch of this step is in fixed_
   bool active_ = false;
   size_t lowest_final_ = 0;  // last offset reported in this pass
   int started_ = 0;          // buckets [0, started_) are final (copying, in flight or done)

@@ -21,6 +21,8 @@ class ReduceTransport {
   // Whether start() takes the backend's memory (a GPU's with NCCL); false:
   // host memory.
   virtual bool takes_device_memory() const { return false; }
+  // Whether this rank is the only one: the sum over ranks is the identity.
+  virtual bool one_rank() const { return false; }
 
   // Starts the in-place SUM over all ranks of x[0, n) in `slot` (one slot
   // per gradient bucket, reused every step). Every rank starts the same
@@ -70,6 +72,7 @@ class LocalTransport : public ReduceTransport {
  public:
   std::string name() const override { return "local"; }
   bool takes_device_memory() const override { return true; }  // touches nothing
+  bool one_rank() const override { return true; }
   void start(int, float*, size_t) override {}
   void start(int, int64_t*, size_t) override {}
   void start_reduce_to_owners(int, float*, size_t, size_t, const std::vector<size_t>&) override {}
