@@ -10,9 +10,11 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/backend.h"
+#include "src/model/blocks.h"
 #include "tests/test_batches.h"
 
 namespace mpiformer {
@@ -118,6 +120,45 @@ TEST(ModelGradient, WithDropoutMasksReplayed) {
   ModelConfig m = tiny(ModelKind::kSeq2seq);
   m.dropout = 0.2f;
   check_gradients(m, random_batch(m, {5, 3}, {4, 6}, 6), 0.1f);
+}
+
+// The sub-layers' scratch, which the head's logits share: each buffer
+// 256-byte aligned from the base, none overlapping the next, all inside
+// bytes(); no cross-attention buffer without an encoder.
+TEST(BlockScratch, BuffersAreAlignedApartAndInsideTheirBytes) {
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    for (int memory_rows : {0, 5}) {
+      SCOPED_TRACE(std::string(to_string(t)) + ", memory rows " + std::to_string(memory_rows));
+      const int rows = 7, C = 13, F = 29;
+      const size_t bytes = BlockScratch::bytes(t, rows, memory_rows, C, F);
+      std::vector<unsigned char> region(bytes + 256);
+      unsigned char* base = region.data();
+      BlockScratch s;
+      s.init(base, t, rows, memory_rows, C, F);
+      const std::vector<std::pair<Act, size_t>> buffers = {
+          {s.y, rows * C},
+          {s.dy, rows * C},
+          {s.du, rows * C},
+          {s.datt, rows * C},
+          {s.dqkv, rows * 3 * C},
+          {s.dff, rows * F},
+          {s.dkv, static_cast<size_t>(memory_rows) * 2 * C}};
+      size_t end = 0;
+      for (const auto& [buffer, elements] : buffers) {
+        if (elements == 0) {
+          EXPECT_EQ(buffer.data, nullptr);
+          continue;
+        }
+        const size_t start = static_cast<size_t>(static_cast<unsigned char*>(buffer.data) - base);
+        EXPECT_EQ(start % 256, 0u);
+        EXPECT_GE(start, end);
+        EXPECT_EQ(buffer.dtype, t);
+        end = start + elements * dtype_bytes(t);
+      }
+      EXPECT_LE(end, bytes);
+      EXPECT_GT(end + 256, bytes);
+    }
+  }
 }
 
 TEST(Model, MicroBatchesAddUpToTheWholeBatch) {

@@ -1,6 +1,7 @@
 #include "src/model/blocks.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <utility>
 
@@ -74,15 +75,42 @@ void LayerNorm::backward(BlockContext& ctx, Act dx, Act dout, Act x, int N, bool
 
 // ---- scratch --------------------------------------------------------------
 
-void BlockScratch::init(ActivationArena& arena, int rows, int memory_rows, int C, int F) {
-  const size_t n = rows;
-  y = arena.acts(n * C);
-  dy = arena.acts(n * C);
-  du = arena.acts(n * C);
-  datt = arena.acts(n * C);
-  dqkv = arena.acts(n * 3 * C);
-  dff = arena.acts(n * F);
-  if (memory_rows > 0) dkv = arena.acts(static_cast<size_t>(memory_rows) * 2 * C);
+namespace {
+
+// Each scratch buffer's elements, in the order BlockScratch lays them out.
+std::array<size_t, 7> scratch_elements(int rows, int memory_rows, int C, int F) {
+  const size_t n = static_cast<size_t>(rows), c = static_cast<size_t>(C);
+  return {n * c,
+          n * c,
+          n * c,
+          n * c,
+          n * 3 * c,
+          n * static_cast<size_t>(F),
+          static_cast<size_t>(memory_rows) * 2 * c};
+}
+
+size_t aligned256(size_t bytes) {
+  return (bytes + 255) / 256 * 256;
+}
+
+}  // namespace
+
+size_t BlockScratch::bytes(DType dtype, int rows, int memory_rows, int C, int F) {
+  size_t total = 0;
+  for (size_t elements : scratch_elements(rows, memory_rows, C, F))
+    total += aligned256(elements * dtype_bytes(dtype));
+  return total;
+}
+
+void BlockScratch::init(void* base, DType dtype, int rows, int memory_rows, int C, int F) {
+  Act* buffers[] = {&y, &dy, &du, &datt, &dqkv, &dff, &dkv};
+  const std::array<size_t, 7> elements = scratch_elements(rows, memory_rows, C, F);
+  size_t offset = 0;
+  for (size_t i = 0; i < elements.size(); ++i) {
+    *buffers[i] = Act(static_cast<unsigned char*>(base) + offset, dtype);
+    offset += aligned256(elements[i] * dtype_bytes(dtype));
+  }
+  if (memory_rows == 0) dkv = Act();  // no encoder
 }
 
 // ---- sub-layer ------------------------------------------------------------

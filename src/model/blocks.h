@@ -75,7 +75,8 @@ struct LayerNorm {
 };
 
 // Scratch gradients shared by all sub-layers of a model (backward runs one
-// sub-layer at a time).
+// sub-layer at a time). Nothing in them outlives a sub-layer's call, so the
+// model lays other short-lived buffers over them (its head's logits).
 struct BlockScratch {
   Act y;     // (N, C) sub-layer output before the residual
   Act dy;    // (N, C)
@@ -84,7 +85,11 @@ struct BlockScratch {
   Act dqkv;  // (N, 3C)
   Act dff;   // (N, F)
   Act dkv;   // (Nk, 2C) cross-attention keys and values
-  void init(ActivationArena& arena, int rows, int memory_rows, int C, int F);
+  // The bytes init lays out for these sizes in `dtype`.
+  static size_t bytes(DType dtype, int rows, int memory_rows, int C, int F);
+  // The buffers laid one after another from `base` (bytes(...) of memory),
+  // each 256-byte aligned, as cuBLASLt assumes of its operands.
+  void init(void* base, DType dtype, int rows, int memory_rows, int C, int F);
 };
 
 // A sub-layer f inside its residual connection:

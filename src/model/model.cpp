@@ -63,17 +63,26 @@ void Model::Impl::build() {
     if (config.output_bias) output_bias = params.add("output.bias", {V}, false, Init::kZeros);
   }
 
-  scratch.init(arena, N, has_encoder ? N : 0, C, config.d_ff);
   dstream = arena.acts(static_cast<size_t>(N) * C);
   spare = arena.acts(static_cast<size_t>(N) * C);
+  size_t logits_bytes = 0;
   if (!classify) {
     // The vocabulary projection runs in row chunks so logits never need
     // (N, V) elements: as many as the backend likes at a time.
     logits_stride = (V + 63) / 64 * 64;
     const size_t chunk = ops.device().logits_chunk_elements() / static_cast<size_t>(logits_stride);
     chunk_rows = static_cast<int>(std::clamp<size_t>(chunk, 16, std::max(N, 16)));
-    logits = arena.acts(static_cast<size_t>(chunk_rows) * logits_stride);
+    logits_bytes = static_cast<size_t>(chunk_rows) * logits_stride * dtype_bytes(compute_dtype);
   }
+  // The head's logits lie over the sub-layers' scratch: the head runs after
+  // the forward, which leaves nothing there, and its chunks are done (the
+  // gradient taken, or decoding's rows copied out) before the stack's
+  // backward or the next step's forward writes there again.
+  const int memory_rows = has_encoder ? N : 0;
+  void* shared = arena.bytes(
+      std::max(logits_bytes, BlockScratch::bytes(compute_dtype, N, memory_rows, C, config.d_ff)));
+  scratch.init(shared, compute_dtype, N, memory_rows, C, config.d_ff);
+  if (!classify) logits = Act(shared, compute_dtype);
   train_sums = static_cast<LossSums*>(arena.bytes(sizeof(LossSums)));
   eval_sums = static_cast<LossSums*>(arena.bytes(sizeof(LossSums)));
   // Two micro-batches of uploads in flight: both sides and the targets

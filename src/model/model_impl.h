@@ -66,7 +66,7 @@ struct Model::Impl {
   Act dstream;    // (N, C) gradient of the stream being back-propagated
   Act spare;      // (N, C)
   Act dmemory;    // (Nk, C) gradient of the encoder output
-  Act logits;     // (chunk_rows, V) rows logits_stride apart
+  Act logits;     // (chunk_rows, V) rows logits_stride apart, over scratch
   int chunk_rows = 0;
   int logits_stride = 0;  // V rounded up: aligned rows for the GEMMs
   // Loss sums accumulated on the backend: training and evaluation.
