@@ -924,7 +924,9 @@ TEST(CudaFixedPoint, DirectWaysBitwiseTheCpuReference) {
     b.cpu->device().copy_to_host(out_cpu.data(), grads.cpu, n * sizeof(float));
     EXPECT_EQ(std::memcmp(out_gpu.data(), out_cpu.data(), n * sizeof(float)), 0);
     EXPECT_EQ(std::isnan(out_gpu[0]), spoiled);
-    EXPECT_EQ(out_gpu[5], std::ldexp(2.0f, -40));
+    if (!spoiled) {
+      EXPECT_EQ(out_gpu[5], std::ldexp(2.0f, -40));
+    }
   }
   b.gpu->device().release(fixed_gpu);
   b.cpu->device().release(fixed_cpu);

@@ -1,8 +1,7 @@
 // The squared gradient norm, and AdamW over every range of the flat buffers
-// in one launch with the clip decided on the device (the kernels:
-// adamw_kernels.cuh). The norm is reduced in
-// a fixed order in device memory: no host copy, and the same result every
-// run.
+// in one launch with the clip decided on the device (its kernels:
+// adamw_kernels.cuh). The norm is reduced in a fixed order in device
+// memory: no host copy, and the same result every run.
 #include <cmath>
 #include <cstdint>
 #include <type_traits>

@@ -1,7 +1,7 @@
 // AdamW's device code (launched by adamw.cu; run on the CPU by
 // tests/adamw_emulation_test.cpp, where tests/emulated_cuda stands in for
 // the CUDA built-ins). One block per range of the flat buffers; both
-// kernels update an element with adamw_element, so they give the same bits:
+// kernels update an element with element(), so they give the same bits:
 // ranged (the present path) reads one float of each buffer per thread and
 // step of its loop; vector (MPIFORMER_KERNELS=adamw=vector) reads 16 bytes
 // of each, four elements, keeping four times the bytes in flight.

@@ -123,10 +123,10 @@ class GradientReducer : public GradientListener {
   ReduceTransport& transport() { return transport_; }
   GradSum sum() const { return sum_; }
   size_t bytes_per_step() const;
-  // The exact sum direct (Ops::direct_exact_sum, which sets it): the step's
-  // first contribution is written into the fixed-point buffer rather than
-  // added to zeros, and one rank's single contribution is rounded in place
-  // in the gradients without the buffer. Tests compare it with the
+  // Whether the exact sum is direct (at first Ops::direct_exact_sum): the
+  // step's first contribution is written into the fixed-point buffer rather
+  // than added to zeros, and one rank's single contribution is rounded in
+  // place in the gradients without the buffer. Tests compare it with the
   // buffered way, which gives the same bits. Between steps.
   void set_direct_exact_sum(bool direct) { direct_ = direct; }
 
