@@ -6,7 +6,9 @@
 # device command ($OUT set) gets the summary and every log back. And the
 # decode stage on a stand-in bundle that runs this build on the CPU: its
 # training, decoding and comparisons go through (the "GPU" is the CPU, so
-# every line agrees); and the devices stage there, which finds no GPU.
+# every line agrees); the devices stage there, which finds no GPU; and the
+# limit stage on a stand-in that shrinks its GPT-2 shapes, every bench line
+# read back into the summary.
 source "$(dirname "$0")/common.sh"
 root=$(cd "$(dirname "$0")/../.." && pwd)
 work=$2
@@ -121,4 +123,71 @@ check "  the decoding rates side by side" \
   grep -q "^devices: decoding 8 prompts x 16 tokens, lm 2 64 4 512 (layers d-model heads vocab): mpiformer fp32 [0-9]* tok/s (model calls [0-9.]* s, choice of tokens [0-9.]* s, [0-9.]* rows a step); mpiformer bf16 [0-9]* tok/s (.*); mpiformer bf16-pageable [0-9]* tok/s (.*); transformers fp32 [0-9]* tok/s, bf16 [0-9]* tok/s; bf16 against transformers bf16: [0-9]*\.[0-9][0-9]x (target 2x: \(met\|not met\))" "$summary"
 check "  eval on the GPU left out without shards" \
   grep -q "^devices: eval on the GPU left out (no shards given)" "$summary"
+
+# limit on a stand-in bundle that runs this build on the CPU with the GPT-2
+# shapes shrunk (and a PyTorch that drops --compile and --sdpa, which an old
+# torch lacks): every setting's bench line is read back, each switch set
+# beside the present paths, the targets and PyTorch's baseline reported.
+limit_tree=$work/limit-tree
+mkdir -p "$limit_tree/scripts" "$limit_tree/device-bundle"
+cp "$root/scripts/gpu-check" "$limit_tree/scripts/"
+ln -s "$root/analysis" "$limit_tree/analysis"
+shrink='prev=""; args=()
+for a in "$@"; do
+  case $prev in
+    --layers) a=1 ;; --d-model) a=32 ;; --heads) a=2 ;; --d-ff) a=64 ;; --vocab) a=256 ;;
+    --max-len|--seq) a=32 ;; --batch) a=$((a / 8 > 0 ? a / 8 : 1)) ;; --attention) a=auto ;;
+    --device) a=cpu ;; --precision) a=${STANDIN_PRECISION:-$a} ;;
+  esac
+  prev=$a
+  [[ $a == --compile || $a == --sdpa ]] || args+=("$a")
+done'
+cat >"$limit_tree/device-bundle/run" <<SH
+#!/usr/bin/env bash
+# The build's mpiformer, GPT-2 shrunk, on the CPU; the op test a stand-in.
+if [[ \$1 == tests/cuda_ops_test ]]; then
+  echo "kernel timing: adamw ranged 1.000 ms, vector 0.500 ms"
+  echo "[  PASSED  ] 2 tests."
+  exit 0
+fi
+shift
+$shrink
+exec "$1" "\${args[@]}"
+SH
+cat >"$work/limit-python" <<SH
+#!/usr/bin/env bash
+STANDIN_PRECISION=fp32
+$shrink
+exec "$venv_python" "\${args[@]}"
+SH
+chmod +x "$limit_tree/device-bundle/run" "$work/limit-python"
+rc=0
+PYTHON=$work/limit-python GPU_CHECK_SECONDS=300 "$limit_tree/scripts/gpu-check" limit \
+  >"$out" 2>"$err" || rc=$?
+summary=$limit_tree/gpu-check-out/summary.txt
+check "limit on a CPU stand-in: exit 0 ($rc)" test "$rc" -eq 0
+check "  no stage failure" bash -c "! grep -q 'failed; again' '$summary'"
+check "  the micro-timings reported" \
+  grep -q "^limit: kernel timing: adamw ranged 1.000 ms, vector 0.500 ms" "$summary"
+number='[0-9][0-9.]*'
+for setting in present layernorm=warp loss=staged gemm=timed attention=dense adamw=vector \
+  candidates deterministic=false; do
+  check "  B32 under $setting, with its target and profile" \
+    grep -q "^limit: gpt2 B32 $setting: $number tok/s, mfu $number, step $number ms, .*(target tokens_per_s >= 600000: \(met\|not met\)); ms per step: gemm $number, attention $number, layernorm $number, .*optimizer $number$" "$summary"
+done
+for family in layernorm loss gemm attention adamw; do
+  check "  the $family switch against the present path" \
+    grep -q "^limit: $family=[a-z]* against present, gpt2 B32: [a-z]* $number -> $number ms per step (new/old $number); tok/s $number -> $number (new/old $number)$" "$summary"
+done
+check "  the loss family beside its target" \
+  grep -q "^limit: loss family at gpt2 B32 (target <= 1.5 ms per step); present $number ms (\(met\|not met\)); loss=staged $number ms" "$summary"
+for name in "gpt2 B8 candidates" "gpt2 B64 candidates" "gpt2-medium B16 candidates" \
+  "gpt2 B8 --grad-sum exact exact=direct"; do
+  check "  $name" grep -q "^limit: $name: $number tok/s" "$summary"
+done
+check "  the exact sum's two paths side by side" \
+  grep -q "^limit: exact=direct against present, gpt2 B8 --grad-sum exact: optimizer $number -> $number ms" "$summary"
+check "  PyTorch's baseline at B8 and B32 beside ours" \
+  test "$(grep -c "^limit: pytorch bf16 compiled --sdpa gpt2 B\(8\|32\): $number tok/s .*; mpiformer present/pytorch $number$" "$summary")" -eq 2
+
 exit_on_failures
