@@ -377,7 +377,7 @@ std::vector<float> exact_step(const ExactStep& c, bool direct, std::map<std::str
   reducer.set_direct_exact_sum(direct);
   for (int step = 0; step < 2; ++step) {  // the second step sees the first's leftovers
     params.zero_grads();
-    reducer.begin_step(c.loss_scale);
+    reducer.begin_step(c.loss_scale, c.micro_batches);
     for (int k = 0; k < c.micro_batches; ++k) {
       if (k > 0 && reducer.absorb_micro_batch()) params.zero_grads();
       const bool last = k + 1 == c.micro_batches;
@@ -428,6 +428,37 @@ TEST(GradientReducer, TheDirectExactSumGivesTheBufferedBits) {
       EXPECT_EQ(direct_calls["fixed_point_accumulate first"], 2);
     }
   }
+}
+
+// One rank's direct exact sum of a single micro-batch keeps no fixed-point
+// buffer, only the out-of-range count; a step of several micro-batches
+// makes the buffer at its start, once, and one that absorbs more than it
+// announced is refused.
+TEST(GradientReducer, OneRanksSingleMicroBatchNeedsNoFixedPointBuffer) {
+  Tiny t(tiny(ModelKind::kLm));
+  ParameterSet& params = t.model->parameters();
+  const size_t buffer = (params.count() + 1) * sizeof(int64_t);
+  Device& device = params.ops().device();
+  LocalTransport local;
+  const size_t before = device.peak_allocated_bytes();
+  GradientReducer reducer(params, params.grads(), 600, local, true, GradSum::kExact);
+  reducer.begin_step(1.0f, 1);
+  reducer.finish();
+  const size_t single = device.peak_allocated_bytes();
+  EXPECT_LT(single - before, size_t{1024}) << "one micro-batch: the count alone";
+
+  reducer.begin_step(1.0f, 1);
+  EXPECT_THROW(reducer.absorb_micro_batch(), std::logic_error);
+  reducer.finish();
+  reducer.begin_step(1.0f, 2);
+  EXPECT_GE(device.peak_allocated_bytes() - before, buffer) << "two: the whole buffer";
+  reducer.absorb_micro_batch();
+  reducer.finish();
+  const size_t whole = device.peak_allocated_bytes();
+  reducer.begin_step(1.0f, 1);  // kept, not made again
+  reducer.finish();
+  EXPECT_EQ(device.peak_allocated_bytes(), whole);
+  EXPECT_THROW(reducer.begin_step(1.0f, 0), std::logic_error);
 }
 
 TEST(GradientReducer, TheFixedPointShiftsByTheLeastExponentThatHoldsTheScale) {

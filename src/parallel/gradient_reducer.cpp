@@ -69,7 +69,9 @@ GradientReducer::GradientReducer(const ParameterSet& params, float* grads, size_
   staged_ = staging == HostStaging::kAlways ||
             (!transport_.takes_device_memory() && !ops_.device().host_accessible());
   if (sum_ == GradSum::kExact) {
-    fixed_ = static_cast<int64_t*>(ops_.device().allocate((count_ + 1) * sizeof(int64_t)));
+    // One rank's single micro-batch rounds in place and needs only the
+    // count; begin_step makes the whole buffer when a step needs it.
+    allocate_fixed(!(direct_ && transport_.one_rank() && !staged_));
     if (staged_)
       host_fixed_ =
           static_cast<int64_t*>(ops_.device().allocate_host((count_ + 1) * sizeof(int64_t)));
@@ -98,6 +100,13 @@ GradientReducer::~GradientReducer() {
   ops_.device().release_host(host_grads_);
 }
 
+void GradientReducer::allocate_fixed(bool whole) {
+  ops_.device().release(fixed_);
+  fixed_whole_ = whole;
+  fixed_ =
+      static_cast<int64_t*>(ops_.device().allocate((whole ? count_ + 1 : 1) * sizeof(int64_t)));
+}
+
 void GradientReducer::set_owners(std::vector<size_t> bounds, int rank) {
   if (active_) throw std::logic_error("GradientReducer: set_owners during a step");
   if (rank < 0 || static_cast<size_t>(rank) + 1 >= bounds.size() || bounds.back() != count_)
@@ -119,15 +128,21 @@ int exact_scale_exponent(float loss_scale) {
   return std::clamp(e, -kExactMaxScaleExponent, kExactMaxScaleExponent);
 }
 
-void GradientReducer::begin_step(float loss_scale) {
+void GradientReducer::begin_step(float loss_scale, int micro_batches) {
   if (active_) throw std::logic_error("GradientReducer: begin_step twice without finish");
+  if (micro_batches < 1)
+    throw std::logic_error("GradientReducer: a step of " + std::to_string(micro_batches) +
+                           " micro-batches");
   active_ = true;
+  micro_batches_ = micro_batches;
   started_ = 0;
   sent_ = 0;
   lowest_final_ = buckets_.empty() ? 0 : buckets_.front().end;
   std::fill(done_.begin(), done_.end(), false);
   absorbed_ = false;
   scale_exponent_ = exact_scale_exponent(loss_scale);
+  if (fixed_ && !fixed_whole_ && !(rounds_in_place() && micro_batches == 1))
+    allocate_fixed(true);  // once, between steps
   if (fixed_) {
     // Direct: the first contribution writes every element, so only the
     // out-of-range count needs its zero.
@@ -157,6 +172,9 @@ void GradientReducer::round_in_place(size_t begin, size_t end) {
 
 bool GradientReducer::absorb_micro_batch() {
   if (sum_ != GradSum::kExact) return false;
+  if (!fixed_whole_)
+    throw std::logic_error("GradientReducer: more micro-batches than begin_step's " +
+                           std::to_string(micro_batches_));
   if (!buckets_.empty()) absorb(0, buckets_.front().end);
   absorbed_ = true;
   return true;

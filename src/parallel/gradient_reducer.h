@@ -134,7 +134,10 @@ class GradientReducer : public GradientListener {
   // step's gradients carry (fp16's S); with the exact sum a non-finite one
   // makes the step's gradient NaN on every rank, as an overflow would, even
   // where this rank's gradients are finite (no data this step).
-  void begin_step(float loss_scale = 1.0f);
+  // micro_batches: the backward passes of the step (absorb_micro_batch
+  // between them). One rank's direct exact sum of one micro-batch needs no
+  // fixed-point buffer; the first step of more allocates it, once.
+  void begin_step(float loss_scale = 1.0f, int micro_batches = 1);
   // Between micro-batches: with the exact sum, takes the gradient of the
   // micro-batch just done into the fixed-point sum; the caller then zeroes
   // the gradients. Returns whether it did (float: gradients accumulate in
@@ -161,6 +164,8 @@ class GradientReducer : public GradientListener {
   void send(int i);
   // The slot of the exact sum's out-of-range count when sharded.
   int count_slot() const { return static_cast<int>(buckets_.size()); }
+  // Exact sum: fixed_, the whole (1 + count) buffer or its count alone.
+  void allocate_fixed(bool whole);
   // Exact sum: fixed_[1 + i] += grads[i] in fixed point for i in [begin,
   // end) (=, the step's first contribution, when direct).
   void absorb(size_t begin, size_t end);
@@ -188,8 +193,11 @@ class GradientReducer : public GradientListener {
   size_t count_;  // parameters
   // Exact sum: backend memory (1 + count); element 0 counts elements out
   // of range and travels with the bucket that starts last (the one at
-  // offset 0). Null with the float sum.
+  // offset 0). Null with the float sum; the count alone where one rank's
+  // single micro-batch rounds in place (fixed_whole_ false).
   int64_t* fixed_ = nullptr;
+  bool fixed_whole_ = false;
+  int micro_batches_ = 1;   // of the step (begin_step)
   int scale_exponent_ = 0;  // exact_scale_exponent of the step's loss scale
   // Host staging: pinned copies of what the transport sends.
   bool staged_ = false;

@@ -37,7 +37,7 @@ StepGradients step_gradients(Model& model, const std::vector<Batch>& micro, uint
   //    params.grads().
   ParameterSet& params = model.parameters();
   params.zero_grads();
-  if (reducer) reducer->begin_step(loss_scale);
+  if (reducer) reducer->begin_step(loss_scale, K);
   for (int k = 0; k < K; ++k) {
     // The exact sum takes each micro-batch's gradient on its own.
     if (k > 0 && reducer && reducer->absorb_micro_batch()) params.zero_grads();
