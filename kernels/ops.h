@@ -248,6 +248,10 @@ class Ops {
   // What the GEMMs' timed search chose (MPIFORMER_KERNELS=gemm=timed), for
   // bench's report; empty where nothing was timed.
   virtual std::string gemm_search() const { return ""; }
+  // The GEMM shapes whose fused epilogue (bias, GELU, bias gradient) the
+  // GPU's library refused, so that its work ran as separate kernels, for
+  // bench's report; empty where every one fused.
+  virtual std::string gemm_unfused() const { return ""; }
   // The kernel switches the backend runs under (kernels/kernel_switches.h's
   // describe), for start lines and bench; empty on the CPU, which has none.
   virtual std::string kernel_choices() const { return ""; }

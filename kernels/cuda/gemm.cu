@@ -17,6 +17,24 @@ namespace cuda {
 
 namespace {
 
+// The epilogues matmul.cu asks for, by name.
+const char* epilogue_name(cublasLtEpilogue_t epilogue) {
+  switch (epilogue) {
+    case CUBLASLT_EPILOGUE_BIAS:
+      return "BIAS";
+    case CUBLASLT_EPILOGUE_GELU_AUX:
+      return "GELU_AUX";
+    case CUBLASLT_EPILOGUE_GELU_AUX_BIAS:
+      return "GELU_AUX_BIAS";
+    case CUBLASLT_EPILOGUE_DGELU:
+      return "DGELU";
+    case CUBLASLT_EPILOGUE_BGRADB:
+      return "BGRADB";
+    default:
+      return "epilogue";
+  }
+}
+
 // Hopper's kernels want up to 32 MiB (NVIDIA's recommendation for sm_90).
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 
@@ -98,6 +116,18 @@ Gemm::~Gemm() {
   if (workspace_) cudaFree(workspace_);
   if (blas_) cublasDestroy(blas_);
   if (lt_) cublasLtDestroy(lt_);
+}
+
+std::string Gemm::unfused_summary() const {
+  if (unfused_.empty()) return "";
+  std::string text =
+      std::to_string(unfused_.size()) + (unfused_.size() == 1 ? " shape" : " shapes");
+  const char* separator = ": ";
+  for (const std::string& shape : unfused_) {
+    text += separator + shape;
+    separator = ", ";
+  }
+  return text;
 }
 
 void Gemm::set_timed_search(bool timed) {
@@ -305,9 +335,14 @@ void Gemm::point_at(const Plan& plan, const GemmCall& c) {
 bool Gemm::fused(const GemmCall& c) {
   if (c.epilogue != CUBLASLT_EPILOGUE_DEFAULT && !epilogues_) return false;
   // Degenerate shapes go to cublasGemmEx (cuBLASLt's heuristics refuse some).
-  if (c.m <= 1 || c.n <= 1 || c.k <= 1) return false;
-  Plan* plan = plan_for(c);
-  if (!plan->supported) return false;
+  const bool degenerate = c.m <= 1 || c.n <= 1 || c.k <= 1;
+  Plan* plan = degenerate ? nullptr : plan_for(c);
+  if (!plan || !plan->supported) {
+    if (c.epilogue != CUBLASLT_EPILOGUE_DEFAULT)
+      unfused_.insert(std::string(epilogue_name(c.epilogue)) + " m " + std::to_string(c.m) + " n " +
+                      std::to_string(c.n) + " k " + std::to_string(c.k));
+    return false;
+  }
   point_at(*plan, c);
   const float alpha = 1.0f;
   check(cublasLtMatmul(lt_, plan->desc, &alpha, c.a, plan->a, c.b, plan->b, &c.beta, c.d, plan->d,

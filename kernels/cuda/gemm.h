@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -77,6 +78,10 @@ class Gemm {
   // Since construction: "timed 14 GEMM shapes; cuBLASLt's first choice was
   // fastest in 9", or empty when nothing was timed.
   std::string timed_search_summary() const;
+  // Since construction, the shapes whose epilogue cuBLASLt refused (not
+  // counting MPIFORMER_CUBLASLT_EPILOGUES=0): "2 shapes: BGRADB m 768 n 1
+  // k 10672, ...", or empty when every epilogue fused.
+  std::string unfused_summary() const;
 
  private:
   struct Plan;
@@ -107,8 +112,9 @@ class Gemm {
   size_t workspace_bytes_ = 0;
   std::unordered_map<std::string, Plan*> plans_;  // owned, by PlanKey (gemm.cu)
   bool timed_ = false;
-  int shapes_timed_ = 0;    // shapes whose candidates were timed (more than one)
-  int heuristic_kept_ = 0;  // of those, the ones that kept cuBLASLt's first
+  std::set<std::string> unfused_;  // "EPILOGUE m M n N k K" (unfused_summary)
+  int shapes_timed_ = 0;           // shapes whose candidates were timed (more than one)
+  int heuristic_kept_ = 0;         // of those, the ones that kept cuBLASLt's first
 };
 
 }  // namespace cuda

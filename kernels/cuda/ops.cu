@@ -62,6 +62,10 @@ std::string CudaOps::gemm_search() const {
   return gemm_->timed_search_summary();
 }
 
+std::string CudaOps::gemm_unfused() const {
+  return gemm_->unfused_summary();
+}
+
 void* CudaOps::scratch(Slot slot, size_t bytes) {
   if (scratch_bytes_[slot] < bytes) {
     if (scratch_[slot]) {

@@ -73,6 +73,7 @@ class CudaOps final : public Ops {
   AttentionPath attention_path() const { return attention_path_; }
   std::string attention_kernels() const override;
   std::string gemm_search() const override;
+  std::string gemm_unfused() const override;
   std::string kernel_choices() const override { return describe(switches_); }
   bool direct_exact_sum() const override {
     return switches_.exact == KernelSwitches::Exact::kDirect;

@@ -443,7 +443,10 @@ std::string Bench::kernels_json() const {
          backend_->kernel_choices() + "\"" +
          (backend_->gemm_search().empty()
               ? ""
-              : ", \"gemm_search\": \"" + backend_->gemm_search() + "\"");
+              : ", \"gemm_search\": \"" + backend_->gemm_search() + "\"") +
+         (backend_->gemm_unfused().empty()
+              ? ""
+              : ", \"gemm_unfused\": \"" + backend_->gemm_unfused() + "\"");
 }
 
 void Bench::report() {
