@@ -186,12 +186,65 @@ void count_ids(const Shard& shard, size_t i, bool seq2seq, LoadStats* stats) {
 
 }  // namespace
 
+namespace {
+
+// The rows a sequence gains: lm and seq2seq add BOS or EOS to each side, a
+// text classifier its CLS token with --pool cls; mlm adds nothing, an
+// image's rows are whole.
+int64_t marker_rows(const ModelConfig& m) {
+  if (m.kind == ModelKind::kMlm || m.images()) return 0;
+  if (m.kind == ModelKind::kClassify) return m.pool == PoolKind::kCls ? 1 : 0;
+  return 1;
+}
+
+// How much of each side of a sequence (target and source rows, before the
+// markers) fits --max-len, and whether each side keeps its end.
+void keep_lengths(const ModelConfig& m, int64_t target, int64_t source, Example* e) {
+  const int64_t L = m.max_len, marker = marker_rows(m);
+  const bool classify = m.kind == ModelKind::kClassify;
+  if (target + marker <= L) {
+    e->target_kept = static_cast<int32_t>(target);
+    if (m.kind != ModelKind::kMlm && !classify) e->flags |= Example::kTargetEnds;
+  } else {
+    e->target_kept = static_cast<int32_t>(L - (classify ? marker : 0));
+  }
+  if (m.kind != ModelKind::kSeq2seq) return;
+  if (source + 1 <= L) {
+    e->source_kept = static_cast<int32_t>(source);
+    e->flags |= Example::kSourceEnds;
+  } else {
+    e->source_kept = static_cast<int32_t>(L);
+  }
+}
+
+}  // namespace
+
+bool ShardSource::example_of(const Shard& shard, size_t i, Example* e, LoadStats* stats) const {
+  const bool seq2seq = model_.kind == ModelKind::kSeq2seq;
+  const bool classify = model_.kind == ModelKind::kClassify;
+  const int64_t target =
+      model_.images() ? model_.image_rows() : static_cast<int64_t>(shard.target.length(i));
+  const int64_t source = seq2seq ? static_cast<int64_t>(shard.source.length(i)) : 0;
+  // mlm predicts its tokens, and a mean is of at least one row.
+  if ((model_.kind == ModelKind::kMlm || (classify && model_.pool != PoolKind::kCls)) &&
+      target == 0) {
+    ++stats->empty;
+    return false;
+  }
+  const int64_t L = model_.max_len;
+  const bool too_long = target + marker_rows(model_) > L || (seq2seq && source + 1 > L);
+  if (too_long && too_long_ == TooLong::kSkip) {
+    ++stats->skipped;
+    return false;
+  }
+  stats->truncated += too_long;
+  e->sequence = i;
+  keep_lengths(model_, target, source, e);
+  return true;
+}
+
 void ShardSource::load_split(const std::vector<std::string>& files, Split* split) const {
   const bool seq2seq = model_.kind == ModelKind::kSeq2seq;
-  const bool mlm = model_.kind == ModelKind::kMlm;
-  const bool classify = model_.kind == ModelKind::kClassify;
-  const bool cls = classify && model_.pool == PoolKind::kCls;
-  const int64_t L = model_.max_len;
   LoadStats& stats = split->stats;
   split->files = files;
   for (const std::string& file : files) {
@@ -205,41 +258,9 @@ void ShardSource::load_split(const std::vector<std::string>& files, Split* split
     }
     ++stats.shards;
     for (size_t i = 0; i < count; ++i) {
-      const int64_t target =
-          model_.images() ? model_.image_rows() : static_cast<int64_t>(shard.target.length(i));
-      const int64_t source = seq2seq ? static_cast<int64_t>(shard.source.length(i)) : 0;
-      // mlm predicts its tokens, and a mean is of at least one row.
-      if ((mlm || (classify && !cls)) && target == 0) {
-        ++stats.empty;
-        continue;
-      }
-      // lm and seq2seq add BOS or EOS to each side, a text classifier its
-      // CLS token with --pool cls; mlm adds nothing, an image's rows are whole.
-      const int64_t marker = mlm || model_.images() ? 0 : classify ? (cls ? 1 : 0) : 1;
-      const bool too_long = target + marker > L || (seq2seq && source + 1 > L);
-      if (too_long && too_long_ == TooLong::kSkip) {
-        ++stats.skipped;
-        continue;
-      }
-      stats.truncated += too_long;
-
       Example e;
       e.shard = static_cast<uint32_t>(split->shards.size() - 1);
-      e.sequence = i;
-      if (target + marker <= L) {
-        e.target_kept = static_cast<int32_t>(target);
-        if (!mlm && !classify) e.flags |= Example::kTargetEnds;
-      } else {
-        e.target_kept = static_cast<int32_t>(L - (classify ? marker : 0));
-      }
-      if (seq2seq) {
-        if (source + 1 <= L) {
-          e.source_kept = static_cast<int32_t>(source);
-          e.flags |= Example::kSourceEnds;
-        } else {
-          e.source_kept = static_cast<int32_t>(L);
-        }
-      }
+      if (!example_of(shard, i, &e, &stats)) continue;
       if (split->examples.size() >= std::numeric_limits<uint32_t>::max()) {
         throw std::runtime_error(
             "--data: more than 2^32 - 1 sequences on one rank; use --sharding file");

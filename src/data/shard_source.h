@@ -124,6 +124,10 @@ class ShardSource : public BatchSource {
   [[noreturn]] void refuse_nothing_fits(const Split& split, const std::string& what,
                                         TooLong asked) const;
   void load_split(const std::vector<std::string>& files, Split* split) const;
+  // load_split's part for sequence i of a shard: false when it is left out
+  // (empty where that cannot train, or too long under --too-long skip,
+  // counted in *stats); otherwise *e says how much of each side is kept.
+  bool example_of(const Shard& shard, size_t i, Example* e, LoadStats* stats) const;
   void plan_split(Split* split);
   double padding_efficiency(const Split& split, const EpochPlan& plan) const;
 

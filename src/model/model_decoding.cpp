@@ -81,11 +81,8 @@ KeyLists Model::Impl::upload_lists(const std::vector<int32_t>& starts,
   return lists;
 }
 
-// logits: host (step.logit_rows.size(), V)
-void Model::Impl::decode_step(const DecodeStep& step, float* out) {
-  const int R = step.rows(), C = config.d_model, V = config.vocab;
-  if (capacity.cache_rows <= 0) throw std::logic_error("decode_step: no key/value cache");
-  if (R == 0) return;
+void Model::Impl::check_decode_step(const DecodeStep& step) const {
+  const int R = step.rows(), V = config.vocab;
   if (R > capacity.max_tokens || static_cast<int>(step.positions.size()) != R ||
       static_cast<int>(step.cache_rows.size()) != R)
     throw std::runtime_error("decode_step: " + std::to_string(R) + " rows exceed the capacity (" +
@@ -102,6 +99,14 @@ void Model::Impl::decode_step(const DecodeStep& step, float* out) {
                                " at position " + std::to_string(step.positions[r]) +
                                " outside the vocabulary or the positions table");
   }
+}
+
+// logits: host (step.logit_rows.size(), V)
+void Model::Impl::decode_step(const DecodeStep& step, float* out) {
+  const int R = step.rows();
+  if (capacity.cache_rows <= 0) throw std::logic_error("decode_step: no key/value cache");
+  if (R == 0) return;
+  check_decode_step(step);
   const BatchInvariant invariant(ops);
   ctx.training = false;
   ops.device().upload(dec_seq.ids, step.tokens.data(), R * sizeof(int32_t));
@@ -116,6 +121,11 @@ void Model::Impl::decode_step(const DecodeStep& step, float* out) {
   }
   const Act h = main.decode_forward(ctx, scratch, dec_seq.ids, dec_seq.positions, R,
                                     step_cache_rows, self, cross);  // (R, C)
+  decode_logits(h, step.logit_rows, R, out);
+}
+
+void Model::Impl::decode_logits(Act h, const std::vector<int32_t>& wanted, int R, float* out) {
+  const int C = config.d_model, V = config.vocab;
   // The vocabulary projection of each run of wanted rows, chunk by chunk.
   // fp32 rows are written dense and copied straight into `out`; others
   // are staged and widened.
@@ -125,7 +135,6 @@ void Model::Impl::decode_step(const DecodeStep& step, float* out) {
   if (!logits_staging) logits_staging = std::make_unique<HostBuffer>(ops.device());
   auto* stored = static_cast<unsigned char*>(
       dense ? nullptr : logits_staging->reserve(static_cast<size_t>(chunk_rows) * row_bytes));
-  const std::vector<int32_t>& wanted = step.logit_rows;
   for (size_t w = 0; w < wanted.size();) {
     if (wanted[w] < 0 || wanted[w] >= R || (w > 0 && wanted[w] <= wanted[w - 1]))
       throw std::runtime_error("decode_step: logit rows must ascend within the step");

@@ -146,6 +146,12 @@ struct Model::Impl {
 
   // logits: host (step.logit_rows.size(), V)
   void decode_step(const DecodeStep& step, float* out);
+  // decode_step's parts: its rows, tokens and positions checked against
+  // the capacity, the vocabulary and the cache;
+  void check_decode_step(const DecodeStep& step) const;
+  // the logits of the wanted rows (ascending) of h, run by run of
+  // consecutive rows, into out. h: backend (R, C), out: host (wanted, V)
+  void decode_logits(Act h, const std::vector<int32_t>& wanted, int R, float* out);
 
   // ---- classify ----
 
