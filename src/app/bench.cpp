@@ -112,17 +112,21 @@ size_t peak_rss_bytes() {
   return static_cast<size_t>(usage.ru_maxrss) * 1024;
 }
 
-// `, "profile_ms": {"gemm": 1.234, ...}` (per step), or "" without --profile.
-std::string profile_json(const std::vector<double>& ms) {
+// `, "profile_ms": {"gemm": 1.234, ..., "other": 0.5}` (per step; other:
+// the step's time outside every op), or "" without --profile.
+std::string profile_json(const std::vector<double>& ms, double step_ms) {
   if (ms.empty()) return "";
   std::string out = ", \"profile_ms\": {";
   char buf[64];
+  double ops_ms = 0.0;
   for (int f = 0; f < static_cast<int>(OpFamily::kCount); ++f) {
     std::snprintf(buf, sizeof buf, "%s\"%s\": %.3f", f ? ", " : "",
                   to_string(static_cast<OpFamily>(f)), ms[f]);
     out += buf;
+    ops_ms += ms[f];
   }
-  return out + "}";
+  std::snprintf(buf, sizeof buf, ", \"other\": %.3f}", step_ms - ops_ms);
+  return out + buf;
 }
 
 // A table of the step's time by op family on stderr (stdout keeps its one
@@ -499,7 +503,7 @@ void Bench::report() {
       1000.0 * reduce_sums[0] / (W * cfg_.steps), 1000.0 * reduce_sums[1] / (W * cfg_.steps),
       reduce_sums[1] > 0 ? reduce_sums[2] / reduce_sums[1] : 0.0,
       reducer_ ? reducer_->transport().name().c_str() : "none", kernels.c_str(),
-      profile_json(profile_ms).c_str());
+      profile_json(profile_ms, 1000.0 * step_s).c_str());
   std::fflush(stdout);
   if (profiled_) print_profile(profile_ms, top_calls, cfg_.steps, 1000.0 * step_s);
 }
