@@ -184,10 +184,6 @@ void count_ids(const Shard& shard, size_t i, bool seq2seq, LoadStats* stats) {
   if (seq2seq) count(shard.source);
 }
 
-}  // namespace
-
-namespace {
-
 // The rows a sequence gains: lm and seq2seq add BOS or EOS to each side, a
 // text classifier its CLS token with --pool cls; mlm adds nothing, an
 // image's rows are whole.
