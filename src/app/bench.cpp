@@ -112,20 +112,26 @@ size_t peak_rss_bytes() {
   return static_cast<size_t>(usage.ru_maxrss) * 1024;
 }
 
+// The step's milliseconds outside every op family's (host work, waits,
+// the all-reduce, the device idle between launches).
+double outside_ops_ms(const std::vector<double>& ms, double step_ms) {
+  double ops_ms = 0.0;
+  for (double m : ms) ops_ms += m;
+  return step_ms - ops_ms;
+}
+
 // `, "profile_ms": {"gemm": 1.234, ..., "other": 0.5}` (per step; other:
-// the step's time outside every op), or "" without --profile.
+// outside_ops_ms), or "" without --profile.
 std::string profile_json(const std::vector<double>& ms, double step_ms) {
   if (ms.empty()) return "";
   std::string out = ", \"profile_ms\": {";
   char buf[64];
-  double ops_ms = 0.0;
   for (int f = 0; f < static_cast<int>(OpFamily::kCount); ++f) {
     std::snprintf(buf, sizeof buf, "%s\"%s\": %.3f", f ? ", " : "",
                   to_string(static_cast<OpFamily>(f)), ms[f]);
     out += buf;
-    ops_ms += ms[f];
   }
-  std::snprintf(buf, sizeof buf, ", \"other\": %.3f}", step_ms - ops_ms);
+  std::snprintf(buf, sizeof buf, ", \"other\": %.3f}", outside_ops_ms(ms, step_ms));
   return out + buf;
 }
 
@@ -133,15 +139,14 @@ std::string profile_json(const std::vector<double>& ms, double step_ms) {
 // JSON line).
 void print_profile(const std::vector<double>& ms, const std::vector<ProfiledOps::CallTotal>& calls,
                    int steps, double step_ms) {
-  double ops_ms = 0.0;
-  for (double m : ms) ops_ms += m;
+  const double other_ms = outside_ops_ms(ms, step_ms);
   std::fprintf(stderr, "time per step by op family (device time, %.2f ms per step):\n", step_ms);
   for (int f = 0; f < static_cast<int>(OpFamily::kCount); ++f) {
     std::fprintf(stderr, "  %-12s %9.3f ms  %5.1f%%\n", to_string(static_cast<OpFamily>(f)), ms[f],
                  step_ms > 0 ? 100.0 * ms[f] / step_ms : 0.0);
   }
   std::fprintf(stderr, "  %-12s %9.3f ms  %5.1f%%  (host work, waits, all-reduce)\n", "other",
-               step_ms - ops_ms, step_ms > 0 ? 100.0 * (step_ms - ops_ms) / step_ms : 0.0);
+               other_ms, step_ms > 0 ? 100.0 * other_ms / step_ms : 0.0);
   // Where a family's time goes: its costliest calls by sizes.
   constexpr size_t kTopCalls = 16;
   std::fprintf(stderr, "costliest op calls (per step: ms, calls, share):\n");

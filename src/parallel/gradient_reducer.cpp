@@ -71,7 +71,7 @@ GradientReducer::GradientReducer(const ParameterSet& params, float* grads, size_
   if (sum_ == GradSum::kExact) {
     // One rank's single micro-batch rounds in place and needs only the
     // count; begin_step makes the whole buffer when a step needs it.
-    allocate_fixed(!(direct_ && transport_.one_rank() && !staged_));
+    allocate_fixed(!rounds_in_place());
     if (staged_)
       host_fixed_ =
           static_cast<int64_t*>(ops_.device().allocate_host((count_ + 1) * sizeof(int64_t)));
@@ -134,7 +134,6 @@ void GradientReducer::begin_step(float loss_scale, int micro_batches) {
     throw std::logic_error("GradientReducer: a step of " + std::to_string(micro_batches) +
                            " micro-batches");
   active_ = true;
-  micro_batches_ = micro_batches;
   started_ = 0;
   sent_ = 0;
   lowest_final_ = buckets_.empty() ? 0 : buckets_.front().end;
@@ -173,8 +172,7 @@ void GradientReducer::round_in_place(size_t begin, size_t end) {
 bool GradientReducer::absorb_micro_batch() {
   if (sum_ != GradSum::kExact) return false;
   if (!fixed_whole_)
-    throw std::logic_error("GradientReducer: more micro-batches than begin_step's " +
-                           std::to_string(micro_batches_));
+    throw std::logic_error("GradientReducer: absorb_micro_batch in a step of one micro-batch");
   if (!buckets_.empty()) absorb(0, buckets_.front().end);
   absorbed_ = true;
   return true;

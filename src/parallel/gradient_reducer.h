@@ -197,7 +197,6 @@ class GradientReducer : public GradientListener {
   // single micro-batch rounds in place (fixed_whole_ false).
   int64_t* fixed_ = nullptr;
   bool fixed_whole_ = false;
-  int micro_batches_ = 1;   // of the step (begin_step)
   int scale_exponent_ = 0;  // exact_scale_exponent of the step's loss scale
   // Host staging: pinned copies of what the transport sends.
   bool staged_ = false;
