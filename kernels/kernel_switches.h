@@ -25,8 +25,10 @@ struct KernelSwitches {
   // the passes, so it is read from memory once.
   enum class Loss { kReread, kStaged } loss = Loss::kReread;
   // cuBLASLt's algorithm per GEMM shape: heuristic, its first suggestion;
-  // timed, the fastest of its suggestions, timed once per shape (the run's
-  // bits then depend on what won: see docs/GPU.md).
+  // timed, the fastest of its suggestions, timed once per shape: among
+  // those that give the first suggestion's bits (the same bits either
+  // way), or with --deterministic false among all (the bits then depend on
+  // what won). See kernels/gemm_search.h.
   enum class Gemm { kHeuristic, kTimed } gemm = Gemm::kHeuristic;
   // cuDNN's attention on a batch of equal lengths: ragged, the packed
   // layout with per-sequence offsets and a padding mask, as every batch;

@@ -34,7 +34,9 @@
 
 #include "kernels/backend.h"
 #include "kernels/cuda/attention_cudnn.h"
+#include "kernels/cuda/gemm.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/gemm_search.h"
 #include "kernels/kernel_switches.h"
 #include "kernels/ops.h"
 #include "src/model/model.h"
@@ -1039,6 +1041,154 @@ TEST(CudaKernelSwitches, VectorAdamWGivesTheRangedBits) {
   }
   dev.release(device_ranges);
   dev.release(norm);
+}
+
+// The device's digest (kernels/cuda/digest_kernels.cuh) adds what the CPU's
+// sums (kernels/gemm_search.h), on sizes that leave a partial block and
+// more units than the grid's threads.
+TEST(CudaKernelSwitches, DeviceDigestAddsTheCpusDigest) {
+  if (!gpu_present()) GTEST_SKIP() << "no GPU visible";
+  std::unique_ptr<Ops> ops = make_cuda_ops(0);
+  auto* cuda = dynamic_cast<CudaOps*>(ops.get());
+  Device& dev = ops->device();
+  std::mt19937 rng(14);
+  for (size_t bytes : {size_t{2}, size_t{1002}, size_t{6} << 20}) {
+    std::vector<unsigned char> data(bytes);
+    for (unsigned char& b : data) b = static_cast<unsigned char>(rng());
+    void* device_data = dev.allocate(bytes);
+    auto* total = static_cast<unsigned long long*>(dev.allocate(sizeof(unsigned long long)));
+    dev.copy_to_device(device_data, data.data(), bytes);
+    const unsigned long long start = 99;
+    dev.copy_to_device(total, &start, sizeof start);
+    cuda::add_bits_digest(device_data, bytes, gemm_search::kOutputStride, total, cuda->stream());
+    unsigned long long got = 0;
+    dev.copy_to_host(&got, total, sizeof got);
+    EXPECT_EQ(got, start + gemm_search::bits_digest(data.data(), bytes, gemm_search::kOutputStride))
+        << bytes << " bytes";
+    dev.release(device_data);
+    dev.release(total);
+  }
+}
+
+// Bytes of n random values of type t.
+std::vector<unsigned char> random_stored(std::mt19937& rng, DType t, size_t n, float scale) {
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> x(n);
+  for (float& v : x) v = normal(rng);
+  std::vector<unsigned char> stored(n * dtype_bytes(t));
+  narrow(stored.data(), t, x.data(), n);
+  return stored;
+}
+
+// A linear layer's forward and backward on `ops` from the given inputs, the
+// GEMMs as a model runs them: the forward with its bias (and GELU, where
+// gelu), the backward's dx (through a GELU, where gelu), dweight (+=) and
+// the bias gradient. Returns every output's bytes, one after another.
+struct LayerInputs {
+  DType t;
+  int N, IC, OC, stride;  // stride: the rows of out and dout (0: OC)
+  bool gelu;
+  std::vector<unsigned char> x, w, bias, dout, pre_in;  // pre_in: (N, IC), x's pre-activation
+  std::vector<float> dweight;                           // its start (the backward adds to it)
+};
+LayerInputs random_layer(std::mt19937& rng, DType t, int N, int IC, int OC, int stride, bool gelu,
+                         float dweight_start) {
+  LayerInputs in{t, N, IC, OC, stride, gelu, {}, {}, {}, {}, {}, {}};
+  in.x = random_stored(rng, t, size_t(N) * IC, 1.0f);
+  in.w = random_stored(rng, t, size_t(OC) * IC, 0.05f);
+  in.bias = random_stored(rng, t, OC, 0.1f);
+  in.dout = random_stored(rng, t, size_t(N) * (stride ? stride : OC), 0.01f);
+  in.pre_in = random_stored(rng, t, size_t(N) * IC, 1.0f);
+  in.dweight.assign(size_t(OC) * IC, dweight_start);
+  return in;
+}
+std::vector<unsigned char> layer_outputs(Ops& ops, const LayerInputs& in) {
+  Device& dev = ops.device();
+  std::vector<void*> owned;
+  const auto upload = [&](const void* data, size_t bytes) {
+    owned.push_back(dev.allocate(bytes));
+    if (data) dev.copy_to_device(owned.back(), data, bytes);
+    return owned.back();
+  };
+  const size_t e = dtype_bytes(in.t), ld = in.stride ? in.stride : in.OC;
+  const size_t out_bytes = in.N * ld * e, pre_bytes = in.N * size_t(in.OC) * e,
+               dx_bytes = in.N * size_t(in.IC) * e;
+  const Act out(upload(nullptr, out_bytes), in.t), pre(upload(nullptr, pre_bytes), in.t),
+      dx(upload(nullptr, dx_bytes), in.t);
+  const Act x(upload(in.x.data(), in.x.size()), in.t), w(upload(in.w.data(), in.w.size()), in.t),
+      bias(upload(in.bias.data(), in.bias.size()), in.t),
+      dout(upload(in.dout.data(), in.dout.size()), in.t),
+      pre_in(upload(in.pre_in.data(), in.pre_in.size()), in.t);
+  auto* dweight = static_cast<float*>(upload(in.dweight.data(), sizeof(float) * in.dweight.size()));
+  auto* dbias = static_cast<float*>(upload(nullptr, sizeof(float) * in.OC));
+  dev.copy_to_device(dbias, std::vector<float>(in.OC).data(), sizeof(float) * in.OC);
+  const FusedActivation forward_act =
+      in.gelu ? FusedActivation{Activation::kGelu, pre} : FusedActivation{};
+  const FusedActivation backward_act =
+      in.gelu ? FusedActivation{Activation::kGelu, pre_in} : FusedActivation{};
+  ops.matmul_forward(out, x, w, bias, in.N, in.IC, in.OC, forward_act, in.stride);
+  ops.matmul_backward(dx, dweight, dbias, dout, x, w, in.N, in.IC, in.OC, false, backward_act,
+                      in.stride);
+  std::vector<unsigned char> bytes;
+  const auto download = [&](const void* p, size_t n) {
+    bytes.resize(bytes.size() + n);
+    dev.copy_to_host(bytes.data() + bytes.size() - n, p, n);
+  };
+  // The rows' padding (stride > OC) is never written: only OC of each row.
+  for (int r = 0; r < in.N; ++r)
+    download(static_cast<const unsigned char*>(out.data) + r * ld * e, in.OC * e);
+  if (in.gelu) download(pre.data, pre_bytes);
+  download(dx.data, dx_bytes);
+  download(dweight, sizeof(float) * in.dweight.size());
+  download(dbias, sizeof(float) * in.OC);
+  for (void* p : owned) dev.release(p);
+  return bytes;
+}
+
+// The GEMMs' timed search (gemm=timed) in a deterministic run keeps the
+// bits of cuBLASLt's first suggestion, bit for bit, on GPT-2's MLP widths
+// (GELU and its gradient fused) and on an LM head's padded rows; with
+// --deterministic false any suggestion may win, reported as such.
+TEST(CudaKernelSwitches, TimedGemmSearchKeepsTheFirstChoicesBits) {
+  if (!gpu_present()) GTEST_SKIP() << "no GPU visible";
+  std::unique_ptr<Ops> ops = make_cuda_ops(0);
+  auto* cuda = dynamic_cast<CudaOps*>(ops.get());
+  std::mt19937 rng(15);
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    for (const auto& [N, IC, OC, stride, gelu] :
+         {std::tuple{4096, 768, 3072, 0, true}, std::tuple{2000, 768, 50257, 50304, false}}) {
+      SCOPED_TRACE(std::string(to_string(t)) + ", OC " + std::to_string(OC));
+      const LayerInputs in = random_layer(rng, t, N, IC, OC, stride, gelu, 0.25f);
+      std::vector<unsigned char> got[2];
+      for (int timed = 0; timed < 2; ++timed) {
+        KernelSwitches switches;
+        switches.gemm = timed ? KernelSwitches::Gemm::kTimed : KernelSwitches::Gemm::kHeuristic;
+        cuda->set_kernel_switches(switches);
+        got[timed] = layer_outputs(*ops, in);
+      }
+      EXPECT_TRUE(got[0] == got[1]) << "the timed search changed the bits";
+    }
+  }
+  const std::string kept = ops->gemm_search();
+  EXPECT_NE(kept.find("keeping the bits"), std::string::npos) << kept;
+  std::printf("GEMM search, deterministic: %s\n", kept.c_str());
+
+  // Any bits: the search runs (and the layer still computes, within rounding).
+  ops->set_deterministic(false);
+  const LayerInputs in = random_layer(rng, DType::kBF16, 4096, 768, 3072, 0, true, 0.0f);
+  const std::vector<unsigned char> any = layer_outputs(*ops, in);
+  EXPECT_NE(ops->gemm_search().find("any bits"), std::string::npos) << ops->gemm_search();
+  KernelSwitches heuristic;
+  cuda->set_kernel_switches(heuristic);
+  const std::vector<unsigned char> first = layer_outputs(*ops, in);
+  // The dweight block (fp32, after the bf16 outputs) within fp32 rounding of a long sum.
+  const size_t e = 2, n = size_t(in.N) * in.OC * e * 2 + size_t(in.N) * in.IC * e;
+  const size_t floats = size_t(in.OC) * in.IC;
+  std::vector<float> a(floats), b(floats);
+  std::memcpy(a.data(), any.data() + n, sizeof(float) * floats);
+  std::memcpy(b.data(), first.data() + n, sizeof(float) * floats);
+  expect_close(a, b, 1e-4, "dweight, any bits against the first choice");
+  ops->set_deterministic(true);
 }
 
 // Milliseconds per call of `call` on `ops` (a warm-up first), timed over

@@ -8,8 +8,10 @@
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/digest_kernels.cuh"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/gemm_search.h"
 
 namespace mpiformer {
 
@@ -39,10 +41,9 @@ const char* epilogue_name(cublasLtEpilogue_t epilogue) {
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 
 // The timed search (set_timed_search): cuBLASLt's suggestions asked for,
-// and each one's timed runs after an untimed warm-up. Off by default: the
-// fastest can differ between runs and machines, and algorithms may sum in
-// different orders, so a timed choice gives up run-to-run bitwise equality.
-constexpr int kCandidates = 8;
+// and each one's timed runs after an untimed warm-up (whose outputs'
+// digest, in deterministic runs, must match the first suggestion's).
+constexpr int kCandidates = 16;
 constexpr int kTimedRuns = 3;
 
 // The largest power of two up to 256 that divides the address: what
@@ -59,7 +60,22 @@ size_t element_bytes(cudaDataType_t t) {
   return t == CUDA_R_32F ? 4 : 2;
 }
 
+// The elements a column-major rows x cols matrix with leading dimension ld
+// spans, from its first to its last.
+size_t span(int ld, int rows, int cols) {
+  return cols > 0 ? size_t(ld) * size_t(cols - 1) + size_t(rows) : 0;
+}
+
 }  // namespace
+
+void add_bits_digest(const void* data, size_t bytes, uint64_t first_index,
+                     unsigned long long* total, cudaStream_t stream) {
+  const size_t units = bytes / 2;
+  if (units == 0) return;
+  bits_digest_kernel<<<digest_blocks(units), kDigestThreads, 0, stream>>>(
+      static_cast<const uint16_t*>(data), units, first_index, total);
+  check(cudaGetLastError(), "bits_digest_kernel");
+}
 
 cudaDataType_t cuda_type(DType t) {
   switch (t) {
@@ -113,6 +129,7 @@ Gemm::Gemm(CudaOps& ops, bool tf32) : ops_(ops), tf32_(tf32) {
 
 Gemm::~Gemm() {
   for (auto& [key, plan] : plans_) delete plan;
+  if (digest_total_) cudaFree(digest_total_);
   if (workspace_) cudaFree(workspace_);
   if (blas_) cublasDestroy(blas_);
   if (lt_) cublasLtDestroy(lt_);
@@ -133,6 +150,16 @@ std::string Gemm::unfused_summary() const {
 void Gemm::set_timed_search(bool timed) {
   if (timed == timed_) return;
   timed_ = timed;
+  drop_plans();
+}
+
+void Gemm::set_deterministic(bool deterministic) {
+  if (deterministic == same_bits_) return;
+  same_bits_ = deterministic;
+  if (timed_) drop_plans();
+}
+
+void Gemm::drop_plans() {
   // The plans made the other way keep their algorithms: plan every shape again.
   for (auto& [key, plan] : plans_) delete plan;
   plans_.clear();
@@ -140,9 +167,15 @@ void Gemm::set_timed_search(bool timed) {
 
 std::string Gemm::timed_search_summary() const {
   if (shapes_timed_ == 0) return "";
-  return "timed " + std::to_string(shapes_timed_) + " GEMM shape" +
-         (shapes_timed_ == 1 ? "" : "s") + "; cuBLASLt's first choice was fastest in " +
-         std::to_string(heuristic_kept_);
+  std::string text =
+      "timed " + std::to_string(shapes_timed_) + " GEMM shape" + (shapes_timed_ == 1 ? "" : "s");
+  if (same_bits_) {
+    text += " keeping the bits of cuBLASLt's first choice (" + std::to_string(other_bits_) +
+            " of " + std::to_string(suggestions_) + " suggestions set aside for other bits)";
+  } else {
+    text += ", any bits";
+  }
+  return text + "; its first choice was fastest in " + std::to_string(heuristic_kept_);
 }
 
 Gemm::Plan* Gemm::plan_for(const GemmCall& c) {
@@ -272,16 +305,19 @@ int Gemm::time_candidates(const GemmCall& c, const Plan& plan,
   cudaEvent_t start = nullptr, stop = nullptr;
   check(cudaEventCreate(&start), "cudaEventCreate");
   check(cudaEventCreate(&stop), "cudaEventCreate");
-  int best = -1;
-  float best_ms = 0.0f;
+  std::vector<gemm_search::Trial> trials;
   for (size_t i = 0; i < algos.size(); ++i) {
-    const float ms = trial_ms(c, plan, algos[i], out, start, stop);
-    // Strictly faster only: a tie keeps the earlier, in cuBLASLt's order.
-    if (ms >= 0.0f && (best < 0 || ms < best_ms)) {
-      best = static_cast<int>(i);
-      best_ms = ms;
-    }
+    gemm_search::Trial trial;
+    trial.ran = trial_run(c, plan, algos[i], out);  // the warm-up, untimed (first launch, caches)
+    if (trial.ran && same_bits_) trial.digest = outputs_digest(c, out);
+    trials.push_back(trial);
+    if (same_bits_ && !trials[0].ran) break;  // no bits to keep: cuBLASLt's first stays
+    if (same_bits_ && gemm_search::other_bits(trials, i))
+      ++other_bits_;  // set aside, untimed
+    else if (trial.ran)
+      trials[i].ms = trial_ms(c, plan, algos[i], out, start, stop);
   }
+  suggestions_ += static_cast<int>(trials.size());
   check(cudaEventDestroy(stop), "cudaEventDestroy");
   check(cudaEventDestroy(start), "cudaEventDestroy");
   if (stand_in) {
@@ -290,32 +326,53 @@ int Gemm::time_candidates(const GemmCall& c, const Plan& plan,
     check(cudaFree(out), "cudaFree (timed search's stand-in D)");
     ops_.cuda_device().uncount_workspace(out_bytes);
   }
-  return best;
+  return gemm_search::winner(trials, same_bits_);
+}
+
+bool Gemm::trial_run(const GemmCall& c, const Plan& plan, const cublasLtMatmulAlgo_t& algo,
+                     void* out) {
+  const float alpha = 1.0f;
+  if (cublasLtMatmul(lt_, plan.desc, &alpha, c.a, plan.a, c.b, plan.b, &c.beta, c.d, plan.d, out,
+                     plan.d, &algo, workspace_, workspace_bytes_,
+                     ops_.stream()) == CUBLAS_STATUS_SUCCESS)
+    return true;
+  cudaGetLastError();  // a candidate cuBLASLt refuses is skipped; it never fails the call
+  return false;
 }
 
 float Gemm::trial_ms(const GemmCall& c, const Plan& plan, const cublasLtMatmulAlgo_t& algo,
                      void* out, cudaEvent_t start, cudaEvent_t stop) {
-  const float alpha = 1.0f;
-  const auto run = [&] {
-    return cublasLtMatmul(lt_, plan.desc, &alpha, c.a, plan.a, c.b, plan.b, &c.beta, c.d, plan.d,
-                          out, plan.d, &algo, workspace_, workspace_bytes_,
-                          ops_.stream()) == CUBLAS_STATUS_SUCCESS;
-  };
-  // A candidate cuBLASLt refuses is skipped, its error cleared; it never fails the call.
-  const auto refused = [] {
-    cudaGetLastError();
-    return -1.0f;
-  };
-  if (!run()) return refused();  // warm-up, untimed (first launch, caches)
   check(cudaEventRecord(start, ops_.stream()), "cudaEventRecord");
   for (int r = 0; r < kTimedRuns; ++r) {
-    if (!run()) return refused();
+    if (!trial_run(c, plan, algo, out)) return -1.0f;
   }
   check(cudaEventRecord(stop, ops_.stream()), "cudaEventRecord");
   check(cudaEventSynchronize(stop), "cudaEventSynchronize");
   float ms = 0.0f;
   check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
   return ms;
+}
+
+uint64_t Gemm::outputs_digest(const GemmCall& c, const void* out) {
+  if (!digest_total_) {
+    check(cudaMalloc(&digest_total_, sizeof *digest_total_), "cudaMalloc (GEMM search digest)");
+  }
+  const cudaStream_t stream = ops_.stream();
+  check(cudaMemsetAsync(digest_total_, 0, sizeof *digest_total_, stream), "cudaMemsetAsync");
+  const size_t bytes = element_bytes(c.d_type);
+  add_bits_digest(out, span(c.ldd, c.m, c.n) * bytes, 0, digest_total_, stream);
+  // The other outputs an epilogue writes: the bias gradient (n elements of
+  // D's type, summed over k: its order may differ too) and GELU's input.
+  if (c.epilogue == CUBLASLT_EPILOGUE_BGRADB)
+    add_bits_digest(c.bias, size_t(c.n) * bytes, gemm_search::kOutputStride, digest_total_, stream);
+  if (c.epilogue == CUBLASLT_EPILOGUE_GELU_AUX || c.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS)
+    add_bits_digest(c.aux, span(c.aux_ld, c.m, c.n) * bytes, 2 * gemm_search::kOutputStride,
+                    digest_total_, stream);
+  unsigned long long total = 0;
+  check(cudaMemcpyAsync(&total, digest_total_, sizeof total, cudaMemcpyDeviceToHost, stream),
+        "cudaMemcpyAsync (GEMM search digest)");
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  return total;
 }
 
 void Gemm::point_at(const Plan& plan, const GemmCall& c) {

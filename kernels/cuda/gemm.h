@@ -4,7 +4,9 @@
 // types or alignments, or a degenerate shape); the caller then runs the
 // epilogue's work as separate kernels. set_timed_search (CudaOps, from
 // MPIFORMER_KERNELS gemm=timed) picks instead the fastest of cuBLASLt's
-// suggestions, timed once per shape on the call's own operands.
+// suggestions, timed once per shape on the call's own operands; in
+// deterministic runs only among those that give its first suggestion's
+// bits (kernels/gemm_search.h).
 //
 // Column-major, as cuBLAS sees memory: a row-major (R, C) buffer is a
 // column-major (C, R) matrix with leading dimension C. The backend's row-
@@ -31,6 +33,11 @@ namespace cuda {
 
 // The CUDA element type of t.
 cudaDataType_t cuda_type(DType t);
+
+// *total += the digest (kernels/gemm_search.h) of `bytes` (even) at `data`
+// on the device, its 16-bit units numbered from first_index; on `stream`.
+void add_bits_digest(const void* data, size_t bytes, uint64_t first_index,
+                     unsigned long long* total, cudaStream_t stream);
 
 // D (m x n, ld ldd) = op(A) op(B) + beta * D, A (ld lda) and B (ld ldb) in
 // ab_type, D in d_type, fp32 accumulation; with an epilogue, also bias
@@ -68,15 +75,23 @@ class Gemm {
   // can, cublasGemmEx otherwise. Throws std::runtime_error on failure.
   void plain(const GemmCall& call);
 
-  // timed: each shape's algorithm is the fastest of cuBLASLt's first 8
+  // timed: each shape's algorithm is the fastest of cuBLASLt's first 16
   // suggestions, timed when the shape first runs; otherwise (the default)
-  // its first suggestion. Off by default because the fastest can differ
-  // between runs and machines, and algorithms may sum in different orders:
-  // a timed choice gives up run-to-run bitwise equality. Changing it drops
-  // the plans made so far, so that every shape is planned again.
+  // its first suggestion. Changing it drops the plans made so far, so that
+  // every shape is planned again.
   void set_timed_search(bool timed);
-  // Since construction: "timed 14 GEMM shapes; cuBLASLt's first choice was
-  // fastest in 9", or empty when nothing was timed.
+  // deterministic (the default): the timed search keeps the bits of
+  // cuBLASLt's first suggestion, setting aside untimed every suggestion
+  // whose outputs on the shape's first call differ from its (another order
+  // of summing), so the bits never depend on which one won. false: any
+  // suggestion may win, and since the fastest can differ between runs,
+  // ranks and machines, so may the bits. Changing it under the timed
+  // search drops the plans made so far.
+  void set_deterministic(bool deterministic);
+  // Since construction: "timed 14 GEMM shapes keeping the bits of
+  // cuBLASLt's first choice (31 of 190 suggestions set aside for other
+  // bits); its first choice was fastest in 9" (", any bits" where they
+  // need not match), or empty when nothing was timed.
   std::string timed_search_summary() const;
   // Since construction, the shapes whose epilogue cuBLASLt refused (not
   // counting MPIFORMER_CUBLASLT_EPILOGUES=0): "2 shapes: BGRADB m 768 n 1
@@ -94,12 +109,19 @@ class Gemm {
                                                int requested);
   size_t choose(const GemmCall& call, const Plan& plan,
                 const std::vector<cublasLtMatmulAlgo_t>& algos);
-  // The timed search: the index of the fastest of algos, or -1 when none
-  // could be timed; one candidate's milliseconds, negative if it failed.
+  // The timed search: the index of the winner of algos (gemm_search::winner),
+  // or -1 when none qualified. Its parts: one run of a candidate writing D
+  // to `out` (false, the error cleared, if cuBLASLt refused it); its
+  // milliseconds over the timed runs, negative if one failed; the digest
+  // of what a run wrote (D to `out`, the bias gradient, GELU's input).
   int time_candidates(const GemmCall& call, const Plan& plan,
                       const std::vector<cublasLtMatmulAlgo_t>& algos);
+  bool trial_run(const GemmCall& call, const Plan& plan, const cublasLtMatmulAlgo_t& algo,
+                 void* out);
   float trial_ms(const GemmCall& call, const Plan& plan, const cublasLtMatmulAlgo_t& algo,
                  void* out, cudaEvent_t start, cudaEvent_t stop);
+  uint64_t outputs_digest(const GemmCall& call, const void* out);
+  void drop_plans();
   // Points the plan's descriptor at the call's bias and aux.
   void point_at(const Plan& plan, const GemmCall& call);
 
@@ -112,9 +134,13 @@ class Gemm {
   size_t workspace_bytes_ = 0;
   std::unordered_map<std::string, Plan*> plans_;  // owned, by PlanKey (gemm.cu)
   bool timed_ = false;
-  std::set<std::string> unfused_;  // "EPILOGUE m M n N k K" (unfused_summary)
-  int shapes_timed_ = 0;           // shapes whose candidates were timed (more than one)
-  int heuristic_kept_ = 0;         // of those, the ones that kept cuBLASLt's first
+  bool same_bits_ = true;                       // set_deterministic
+  unsigned long long* digest_total_ = nullptr;  // device, made on the first digest
+  std::set<std::string> unfused_;               // "EPILOGUE m M n N k K" (unfused_summary)
+  int shapes_timed_ = 0;    // shapes whose candidates were timed (more than one)
+  int heuristic_kept_ = 0;  // of those, the ones that kept cuBLASLt's first
+  int suggestions_ = 0;     // the suggestions those shapes tried
+  int other_bits_ = 0;      // of those, the ones set aside for other bits
 };
 
 }  // namespace cuda

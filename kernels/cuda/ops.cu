@@ -58,6 +58,11 @@ void CudaOps::set_kernel_switches(const KernelSwitches& switches) {
   gemm_->set_timed_search(switches.gemm == KernelSwitches::Gemm::kTimed);
 }
 
+void CudaOps::set_deterministic(bool deterministic) {
+  deterministic_ = deterministic;
+  gemm_->set_deterministic(deterministic);
+}
+
 std::string CudaOps::gemm_search() const {
   return gemm_->timed_search_summary();
 }

@@ -67,7 +67,8 @@ class CudaOps final : public Ops {
   CudaDevice& cuda_device() const { return *gpu_; }
   cudaStream_t stream() const { return stream_; }
 
-  void set_deterministic(bool deterministic) override { deterministic_ = deterministic; }
+  // Also the GEMMs' timed search's (cuda::Gemm::set_deterministic).
+  void set_deterministic(bool deterministic) override;
   bool deterministic() const { return deterministic_; }
   void set_attention_path(AttentionPath path) override;
   AttentionPath attention_path() const { return attention_path_; }
@@ -143,7 +144,8 @@ class CudaOps final : public Ops {
 
   std::unique_ptr<CudaDevice> gpu_;  // first: the members below release into it
   cudaStream_t stream_ = nullptr;    // gpu_'s
-  bool deterministic_ = true;        // cuDNN's attention backward without atomics
+  bool deterministic_ =
+      true;  // cuDNN's attention backward without atomics; the GEMM search keeps bits
   AttentionPath attention_path_ = AttentionPath::kAuto;
   PlainAttention plain_attention_ = PlainAttention::kFlash;
   KernelSwitches switches_;

@@ -284,7 +284,8 @@ void add_reducer_flags(FlagTable& t, float* bucket_mb, bool* overlap, GradSum* g
                "mpi (host buffers), auto (nccl when every rank has its own GPU)");
   t.add("deterministic", deterministic, "true|false",
         "GPU: only algorithms whose sums do not depend on timing (false: cuDNN's faster "
-        "attention backward, whose bits change from run to run)");
+        "attention backward, whose bits change from run to run, and any GEMM algorithm a "
+        "timed search picks)");
 }
 
 void validate_transport(DeviceKind device, Transport transport) {

@@ -173,7 +173,7 @@ check "  the micro-timings reported" \
   grep -q "^limit: kernel timing: adamw ranged 1.000 ms, vector 0.500 ms" "$summary"
 number='[0-9][0-9.]*'
 for setting in present layernorm=warp loss=staged gemm=timed attention=dense adamw=vector \
-  candidates deterministic=false; do
+  candidates deterministic=false gemm=timed,deterministic=false; do
   check "  B32 under $setting, with its target and profile" \
     grep -q "^limit: gpt2 B32 $setting: $number tok/s, mfu $number, step $number ms, .*; GEMM epilogues run unfused: 1 shape: BGRADB m 32 n 1 k 64 (target tokens_per_s >= 600000: \(met\|not met\)); ms per step: gemm $number, attention $number, layernorm $number, .*optimizer $number, other -*$number$" "$summary"
 done
@@ -181,6 +181,8 @@ for family in layernorm loss gemm attention adamw; do
   check "  the $family switch against the present path" \
     grep -q "^limit: $family=[a-z]* against present, gpt2 B32: [a-z]* $number -> $number ms per step (new/old $number); tok/s $number -> $number (new/old $number)$" "$summary"
 done
+check "  the GEMMs' search free of the bits against the present paths free of them" \
+  grep -q "^limit: gemm=timed against present, both --deterministic false (any bits), gpt2 B32: gemm $number -> $number ms per step" "$summary"
 check "  the loss family beside its target" \
   grep -q "^limit: loss family at gpt2 B32 (target <= 1.5 ms per step); present $number ms (\(met\|not met\)); loss=staged $number ms" "$summary"
 for name in "gpt2 B8 candidates" "gpt2 B64 candidates" "gpt2-medium B16 candidates" \

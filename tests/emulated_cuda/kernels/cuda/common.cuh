@@ -1,13 +1,15 @@
 // Stands in for kernels/cuda/common.cuh in the emulation tests (flash
-// attention, warp layer norm, cross entropy), which put this directory
-// first on their include path: the CUDA built-ins their kernels use,
-// emulated on the CPU, so that the device code runs where no GPU is. A
-// block's CUDA threads are std::threads; __syncthreads is a barrier of the
-// block, __shfl_xor_sync an exchange through a buffer between two barriers
-// of the warp. Shared memory is filled with NaN before each block, so a
-// read before a write shows. fp32 and bf16 only.
+// attention, warp layer norm, cross entropy, the GEMM search's digest),
+// which put this directory first on their include path: the CUDA built-ins
+// their kernels use, emulated on the CPU, so that the device code runs
+// where no GPU is. A block's CUDA threads are std::threads; __syncthreads
+// is a barrier of the block, __shfl_xor_sync an exchange through a buffer
+// between two barriers of the warp, atomicAdd an atomic add. Shared memory
+// is filled with NaN before each block, so a read before a write shows.
+// fp32 and bf16 only.
 #pragma once
 
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -134,6 +136,11 @@ inline float __shfl_xor_sync(unsigned mask, float x, int lanes) {
   emulated::warp_barriers[warp]->arrive_and_wait();
   return other;
 }
+// 64-bit atomic add, as the digest kernel uses it (kernels/cuda/digest_kernels.cuh).
+inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
+  return std::atomic_ref<unsigned long long>(*p).fetch_add(v);
+}
+
 inline int __shfl_xor_sync(unsigned mask, int x, int lanes) {
   float bits;
   std::memcpy(&bits, &x, sizeof bits);

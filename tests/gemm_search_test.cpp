@@ -1,0 +1,118 @@
+// The GEMMs' timed search without a GPU (kernels/gemm_search.h): the digest
+// that tells a suggestion's bits from the first one's, its device kernel
+// (kernels/cuda/digest_kernels.cuh) run under emulation against the CPU's
+// sum, and which trial wins, with and without the same bits required.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "kernels/cuda/digest_kernels.cuh"
+
+namespace mpiformer {
+namespace {
+
+namespace search = gemm_search;
+
+std::vector<uint16_t> random_units(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<uint16_t> units(n);
+  for (uint16_t& u : units) u = static_cast<uint16_t>(rng());
+  return units;
+}
+
+uint64_t digest(const std::vector<uint16_t>& units, uint64_t first = 0) {
+  return search::bits_digest(units.data(), units.size() * sizeof(uint16_t), first);
+}
+
+// ---- the digest ---------------------------------------------------------------
+
+TEST(GemmSearchDigest, AnyChangedOrMovedUnitChangesIt) {
+  const std::vector<uint16_t> units = random_units(4099, 1);
+  const uint64_t d = digest(units);
+  EXPECT_EQ(digest(units), d);
+  for (size_t i : {size_t{0}, size_t{1}, size_t{2048}, size_t{4098}}) {
+    for (int bit = 0; bit < 16; ++bit) {
+      std::vector<uint16_t> flipped = units;
+      flipped[i] ^= static_cast<uint16_t>(1u << bit);
+      EXPECT_NE(digest(flipped), d) << "unit " << i << ", bit " << bit;
+    }
+  }
+  std::vector<uint16_t> swapped = units;
+  std::swap(swapped[5], swapped[6]);
+  ASSERT_NE(swapped[5], swapped[6]);
+  EXPECT_NE(digest(swapped), d) << "two units swapped";
+  // The same bits in another output (numbered from kOutputStride) count differently.
+  EXPECT_NE(digest(units, search::kOutputStride), d);
+  // Zeros are not nothing: a longer run of zeros has another digest.
+  EXPECT_NE(digest(std::vector<uint16_t>(10)), digest(std::vector<uint16_t>(11)));
+}
+
+TEST(GemmSearchDigest, FloatsAreDigestedAsTheirTwoHalves) {
+  const std::vector<float> x = {1.5f, -2.25f, 3.0e-8f};
+  std::vector<uint16_t> halves(2 * x.size());
+  std::memcpy(halves.data(), x.data(), sizeof(float) * x.size());
+  EXPECT_EQ(search::bits_digest(x.data(), sizeof(float) * x.size()), digest(halves));
+  std::vector<float> y = x;
+  y[2] = std::nextafter(y[2], 1.0f);  // one unit in the last place
+  EXPECT_NE(search::bits_digest(y.data(), sizeof(float) * y.size()), digest(halves));
+}
+
+// The kernel as gemm.cu launches it, a block at a time on 256 std::threads,
+// adds what the CPU sums: every unit once, whatever the grid, and into a
+// total that already holds another output's digest.
+TEST(GemmSearchDigest, TheKernelAddsTheCpusDigest) {
+  for (size_t n : {size_t{1}, size_t{255}, size_t{257}, size_t{70001},
+                   size_t{cuda::kDigestThreads} * cuda::kDigestMaxBlocks + 3}) {
+    const std::vector<uint16_t> units = random_units(n, static_cast<uint32_t>(n));
+    const uint64_t first = 7 * search::kOutputStride;
+    unsigned long long total = 12345;
+    const int blocks = cuda::digest_blocks(n);
+    EXPECT_LE(blocks, cuda::kDigestMaxBlocks);
+    emulated::launch(dim3(blocks), cuda::kDigestThreads, nullptr, 0, [&] {
+      cuda::bits_digest_kernel(units.data(), units.size(), first, &total);
+    });
+    EXPECT_EQ(total, 12345 + digest(units, first)) << n << " units";
+  }
+}
+
+// ---- the winner -----------------------------------------------------------------
+
+search::Trial trial(uint64_t digest, float ms) {
+  return search::Trial{true, digest, ms};
+}
+search::Trial refused() {
+  return search::Trial{};
+}
+
+TEST(GemmSearchWinner, TheFastestWithTheFirstsBitsWhenTheyMustMatch) {
+  // The fastest (index 2) sums in another order: set aside where bits must match.
+  const std::vector<search::Trial> trials = {trial(9, 1.0f), trial(9, 0.8f), trial(4, 0.5f),
+                                             trial(9, 0.9f)};
+  EXPECT_EQ(search::winner(trials, true), 1);
+  EXPECT_EQ(search::winner(trials, false), 2);
+  EXPECT_FALSE(search::other_bits(trials, 1));
+  EXPECT_TRUE(search::other_bits(trials, 2));
+}
+
+TEST(GemmSearchWinner, TiesRefusalsAndUntimedTrials) {
+  // A tie keeps the earlier, in cuBLASLt's order.
+  EXPECT_EQ(search::winner({trial(1, 0.5f), trial(1, 0.5f)}, true), 0);
+  // A refused suggestion never wins; an untimed one (ms < 0) neither.
+  EXPECT_EQ(search::winner({trial(1, 0.5f), refused(), trial(1, -1.0f)}, true), 0);
+  EXPECT_FALSE(search::other_bits({trial(1, 0.5f), refused()}, 1));
+  // The first refused: no bits to keep, so no winner where they must match;
+  // otherwise the fastest of the rest.
+  EXPECT_EQ(search::winner({refused(), trial(1, 0.7f), trial(2, 0.6f)}, true), -1);
+  EXPECT_EQ(search::winner({refused(), trial(1, 0.7f), trial(2, 0.6f)}, false), 2);
+  EXPECT_EQ(search::winner({}, true), -1);
+  EXPECT_EQ(search::winner({}, false), -1);
+  EXPECT_EQ(search::winner({refused(), refused()}, false), -1);
+}
+
+}  // namespace
+}  // namespace mpiformer
