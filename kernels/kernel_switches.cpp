@@ -21,6 +21,7 @@ constexpr Family kFamilies[] = {
     {"layernorm", {"block", "warp"}},  {"loss", {"reread", "staged"}},
     {"gemm", {"heuristic", "timed"}},  {"attention", {"ragged", "dense"}},
     {"exact", {"buffered", "direct"}}, {"adamw", {"ranged", "vector"}},
+    {"dweight", {"whole", "split"}},
 };
 
 // The index of path `p` in family `f`, or -1.
@@ -50,6 +51,7 @@ void set(KernelSwitches& s, int f, int p) {
   if (f == 3) s.attention = static_cast<KernelSwitches::Attention>(p);
   if (f == 4) s.exact = static_cast<KernelSwitches::Exact>(p);
   if (f == 5) s.adamw = static_cast<KernelSwitches::AdamW>(p);
+  if (f == 6) s.dweight = static_cast<KernelSwitches::DWeight>(p);
 }
 
 int path_of(const KernelSwitches& s, int f) {
@@ -58,7 +60,8 @@ int path_of(const KernelSwitches& s, int f) {
   if (f == 2) return static_cast<int>(s.gemm);
   if (f == 3) return static_cast<int>(s.attention);
   if (f == 4) return static_cast<int>(s.exact);
-  return static_cast<int>(s.adamw);
+  if (f == 5) return static_cast<int>(s.adamw);
+  return static_cast<int>(s.dweight);
 }
 
 void apply(KernelSwitches& s, const std::string& text, const std::string& part) {

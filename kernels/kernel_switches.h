@@ -4,7 +4,7 @@
 // becomes the default. Each family keeps both paths, and both are tested
 // against the CPU reference (tests/cuda_ops_test.cpp).
 //
-//   MPIFORMER_KERNELS=layernorm=warp,gemm=timed,exact=direct,adamw=vector
+//   MPIFORMER_KERNELS=layernorm=warp,gemm=timed,exact=direct,dweight=split
 //   MPIFORMER_KERNELS=candidates        every family on its candidate
 //
 // Unset or empty: every family on its present path. The CPU backend has
@@ -44,6 +44,12 @@ struct KernelSwitches {
   // and step; vector, 16 bytes of each (kernels/cuda/adamw_kernels.cuh).
   // The same bits either way.
   enum class AdamW { kRanged, kVector } adamw = AdamW::kRanged;
+  // The weight gradient's GEMM (dW += x^T dout over a micro-batch's
+  // tokens): whole, one GEMM with the bias gradient fused; split, where
+  // few output tiles would leave SMs idle, a batch of GEMMs over token
+  // ranges whose sums are then added in order (kernels/dweight_split.h),
+  // the bias gradient by column sums. Other bits, as deterministic.
+  enum class DWeight { kWhole, kSplit } dweight = DWeight::kWhole;
 };
 
 // The switches `text` names (the syntax above). Throws
@@ -54,8 +60,8 @@ KernelSwitches parse_kernel_switches(const std::string& text);
 KernelSwitches kernel_switches_from_environment();
 
 // "layernorm=block,loss=reread,gemm=heuristic,attention=ragged,
-// exact=buffered,adamw=ranged": every family, for start lines and bench's
-// JSON.
+// exact=buffered,adamw=ranged,dweight=whole": every family, for start
+// lines and bench's JSON.
 std::string describe(const KernelSwitches& switches);
 
 }  // namespace mpiformer

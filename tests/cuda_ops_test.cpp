@@ -1191,6 +1191,59 @@ TEST(CudaKernelSwitches, TimedGemmSearchKeepsTheFirstChoicesBits) {
   ops->set_deterministic(true);
 }
 
+// The weight gradient split along the tokens (dweight=split) against the
+// whole GEMM: dweight and dbias within fp32 rounding of another order of
+// summing, dx untouched (the same bits), and the same bits run to run; on
+// shapes that split into 4 parts, with a tail of tokens, and wider.
+TEST(CudaKernelSwitches, SplitWeightGradientAgreesWithTheWholeGemm) {
+  if (!gpu_present()) GTEST_SKIP() << "no GPU visible";
+  std::unique_ptr<Ops> ops = make_cuda_ops(0);
+  auto* cuda = dynamic_cast<CudaOps*>(ops.get());
+  Device& dev = ops->device();
+  std::mt19937 rng(16);
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    for (const auto& [N, IC, OC] :
+         {std::tuple{8192, 768, 768}, std::tuple{8197, 768, 768}, std::tuple{8192, 768, 3072}}) {
+      SCOPED_TRACE(std::string(to_string(t)) + ", N " + std::to_string(N) + ", OC " +
+                   std::to_string(OC));
+      const LayerInputs in = random_layer(rng, t, N, IC, OC, 0, false, 0.25f);
+      const size_t weights = size_t(OC) * IC;
+      std::vector<unsigned char> dx[3];
+      std::vector<float> dweight[3], dbias[3];
+      for (int run = 0; run < 3; ++run) {  // whole, split, split again
+        KernelSwitches switches;
+        switches.dweight = run ? KernelSwitches::DWeight::kSplit : KernelSwitches::DWeight::kWhole;
+        cuda->set_kernel_switches(switches);
+        std::vector<void*> owned;
+        const auto upload = [&](const void* data, size_t bytes) {
+          owned.push_back(dev.allocate(bytes));
+          dev.copy_to_device(owned.back(), data, bytes);
+          return owned.back();
+        };
+        const Act x(upload(in.x.data(), in.x.size()), t), w(upload(in.w.data(), in.w.size()), t),
+            dout(upload(in.dout.data(), in.dout.size()), t),
+            dx_gpu(upload(in.x.data(), in.x.size()), t);
+        auto* dw = static_cast<float*>(upload(in.dweight.data(), sizeof(float) * weights));
+        const std::vector<float> bias_start(OC, -0.5f);
+        auto* db = static_cast<float*>(upload(bias_start.data(), sizeof(float) * OC));
+        ops->matmul_backward(dx_gpu, dw, db, dout, x, w, N, IC, OC, false);
+        dx[run].resize(in.x.size());
+        dev.copy_to_host(dx[run].data(), dx_gpu.data, in.x.size());
+        dweight[run].resize(weights);
+        dev.copy_to_host(dweight[run].data(), dw, sizeof(float) * weights);
+        dbias[run].resize(OC);
+        dev.copy_to_host(dbias[run].data(), db, sizeof(float) * OC);
+        for (void* p : owned) dev.release(p);
+      }
+      EXPECT_TRUE(dx[0] == dx[1]) << "dx changed";
+      expect_close(dweight[1], dweight[0], 1e-5, "dweight, split against whole");
+      expect_close(dbias[1], dbias[0], 1e-5, "dbias, split against whole");
+      EXPECT_TRUE(dweight[1] == dweight[2] && dbias[1] == dbias[2]) << "split, run to run";
+      EXPECT_NE(dweight[1][7], 0.25f) << "nothing was added";
+    }
+  }
+}
+
 // Milliseconds per call of `call` on `ops` (a warm-up first), timed over
 // `reps` calls between two synchronizations.
 template <typename Call>

@@ -73,9 +73,8 @@ TEST(GemmSearchDigest, TheKernelAddsTheCpusDigest) {
     unsigned long long total = 12345;
     const int blocks = cuda::digest_blocks(n);
     EXPECT_LE(blocks, cuda::kDigestMaxBlocks);
-    emulated::launch(dim3(blocks), cuda::kDigestThreads, nullptr, 0, [&] {
-      cuda::bits_digest_kernel(units.data(), units.size(), first, &total);
-    });
+    emulated::launch(dim3(blocks), cuda::kDigestThreads, nullptr, 0,
+                     [&] { cuda::bits_digest_kernel(units.data(), units.size(), first, &total); });
     EXPECT_EQ(total, 12345 + digest(units, first)) << n << " units";
   }
 }

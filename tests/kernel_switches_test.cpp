@@ -13,17 +13,18 @@ namespace mpiformer {
 namespace {
 
 constexpr const char* kPresent =
-    "layernorm=block,loss=reread,gemm=heuristic,attention=ragged,exact=buffered,adamw=ranged";
+    "layernorm=block,loss=reread,gemm=heuristic,attention=ragged,exact=buffered,adamw=ranged,"
+    "dweight=whole";
 
 TEST(KernelSwitches, PresentPathsUnlessNamed) {
   EXPECT_EQ(describe(KernelSwitches{}), kPresent);
   EXPECT_EQ(describe(parse_kernel_switches("")), kPresent);
-  EXPECT_EQ(
-      describe(parse_kernel_switches("layernorm=warp")),
-      "layernorm=warp,loss=reread,gemm=heuristic,attention=ragged,exact=buffered,adamw=ranged");
-  EXPECT_EQ(
-      describe(parse_kernel_switches(",loss=staged,")),
-      "layernorm=block,loss=staged,gemm=heuristic,attention=ragged,exact=buffered,adamw=ranged");
+  EXPECT_EQ(describe(parse_kernel_switches("layernorm=warp")),
+            "layernorm=warp,loss=reread,gemm=heuristic,attention=ragged,exact=buffered,"
+            "adamw=ranged,dweight=whole");
+  EXPECT_EQ(describe(parse_kernel_switches(",loss=staged,")),
+            "layernorm=block,loss=staged,gemm=heuristic,attention=ragged,exact=buffered,"
+            "adamw=ranged,dweight=whole");
   const KernelSwitches s = parse_kernel_switches("gemm=timed,layernorm=warp");
   EXPECT_EQ(s.gemm, KernelSwitches::Gemm::kTimed);
   EXPECT_EQ(s.layernorm, KernelSwitches::LayerNorm::kWarp);
@@ -33,13 +34,17 @@ TEST(KernelSwitches, PresentPathsUnlessNamed) {
   EXPECT_EQ(parse_kernel_switches("attention=dense").attention, KernelSwitches::Attention::kDense);
   EXPECT_EQ(parse_kernel_switches("exact=direct").exact, KernelSwitches::Exact::kDirect);
   EXPECT_EQ(parse_kernel_switches("adamw=vector").adamw, KernelSwitches::AdamW::kVector);
+  EXPECT_EQ(parse_kernel_switches("dweight=split").dweight, KernelSwitches::DWeight::kSplit);
+  EXPECT_EQ(s.dweight, KernelSwitches::DWeight::kWhole);
 }
 
 TEST(KernelSwitches, CandidatesTurnsEveryFamilyAndLaterPartsWin) {
   EXPECT_EQ(describe(parse_kernel_switches("candidates")),
-            "layernorm=warp,loss=staged,gemm=timed,attention=dense,exact=direct,adamw=vector");
+            "layernorm=warp,loss=staged,gemm=timed,attention=dense,exact=direct,adamw=vector,"
+            "dweight=split");
   EXPECT_EQ(describe(parse_kernel_switches("candidates,gemm=heuristic")),
-            "layernorm=warp,loss=staged,gemm=heuristic,attention=dense,exact=direct,adamw=vector");
+            "layernorm=warp,loss=staged,gemm=heuristic,attention=dense,exact=direct,adamw=vector,"
+            "dweight=split");
   EXPECT_EQ(describe(parse_kernel_switches("loss=staged,loss=reread")), kPresent);
 }
 
@@ -54,7 +59,8 @@ TEST(KernelSwitches, ARefusalNamesTheVariableThePartAndTheChoices) {
                 "MPIFORMER_KERNELS is 'loss=staged," + bad + "': '" + bad +
                     "' is not a switch; expected a comma-separated list of layernorm=block|warp, "
                     "loss=reread|staged, gemm=heuristic|timed, attention=ragged|dense, "
-                    "exact=buffered|direct, adamw=ranged|vector, or candidates");
+                    "exact=buffered|direct, adamw=ranged|vector, dweight=whole|split, or "
+                    "candidates");
     }
   }
 }
@@ -63,9 +69,9 @@ TEST(KernelSwitches, ReadFromTheEnvironment) {
   ::unsetenv("MPIFORMER_KERNELS");
   EXPECT_EQ(describe(kernel_switches_from_environment()), kPresent);
   ::setenv("MPIFORMER_KERNELS", "loss=staged", 1);
-  EXPECT_EQ(
-      describe(kernel_switches_from_environment()),
-      "layernorm=block,loss=staged,gemm=heuristic,attention=ragged,exact=buffered,adamw=ranged");
+  EXPECT_EQ(describe(kernel_switches_from_environment()),
+            "layernorm=block,loss=staged,gemm=heuristic,attention=ragged,exact=buffered,"
+            "adamw=ranged,dweight=whole");
   ::setenv("MPIFORMER_KERNELS", "loss=fast", 1);
   EXPECT_THROW(kernel_switches_from_environment(), std::invalid_argument);
   ::unsetenv("MPIFORMER_KERNELS");

@@ -66,6 +66,23 @@ size_t span(int ld, int rows, int cols) {
   return cols > 0 ? size_t(ld) * size_t(cols - 1) + size_t(rows) : 0;
 }
 
+// The elements D spans, every matrix of a batch.
+size_t d_span(const GemmCall& c) {
+  return size_t(c.stride_d) * size_t(c.batch - 1) + span(c.ldd, c.m, c.n);
+}
+
+// A layout as `batch` matrices `stride` elements apart.
+void set_batch(cublasLtMatrixLayout_t layout, int batch, int stride) {
+  const int32_t count = batch;
+  const int64_t offset = stride;
+  check(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+                                         sizeof count),
+        "cublasLtMatrixLayoutSetAttribute");
+  check(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                         &offset, sizeof offset),
+        "cublasLtMatrixLayoutSetAttribute");
+}
+
 }  // namespace
 
 void add_bits_digest(const void* data, size_t bytes, uint64_t first_index,
@@ -92,6 +109,7 @@ cudaDataType_t cuda_type(DType t) {
 // What decides the algorithm: everything but the pointers themselves.
 struct PlanKey {
   int trans_a, trans_b, m, n, k, lda, ldb, ldd, ab_type, d_type, epilogue, aux_ld;
+  int batch, stride_a, stride_b, stride_d;
   int align_a, align_b, align_d, align_bias, align_aux;
   std::string text() const {
     return std::string(reinterpret_cast<const char*>(this), sizeof *this);
@@ -191,6 +209,10 @@ Gemm::Plan* Gemm::plan_for(const GemmCall& c) {
                     static_cast<int>(c.d_type),
                     static_cast<int>(c.epilogue),
                     c.aux_ld,
+                    c.batch,
+                    c.stride_a,
+                    c.stride_b,
+                    c.stride_d,
                     alignment_of(c.a),
                     alignment_of(c.b),
                     alignment_of(c.d),
@@ -243,6 +265,11 @@ void Gemm::make_descriptors(const GemmCall& c, Plan& plan) {
         "cublasLtMatrixLayoutCreate");
   check(cublasLtMatrixLayoutCreate(&plan.d, c.d_type, c.m, c.n, c.ldd),
         "cublasLtMatrixLayoutCreate");
+  if (c.batch > 1) {
+    set_batch(plan.a, c.batch, c.stride_a);
+    set_batch(plan.b, c.batch, c.stride_b);
+    set_batch(plan.d, c.batch, c.stride_d);
+  }
 }
 
 std::vector<cublasLtMatmulAlgo_t> Gemm::heuristics(const GemmCall& c, const Plan& plan,
@@ -295,7 +322,7 @@ int Gemm::time_candidates(const GemmCall& c, const Plan& plan,
   // trials read D as C and write a stand-in of D's size (ldd x n), D untouched.
   void* out = c.d;
   const bool stand_in = c.beta != 0.0f;
-  const size_t out_bytes = size_t(c.ldd) * size_t(c.n) * element_bytes(c.d_type);
+  const size_t out_bytes = d_span(c) * element_bytes(c.d_type);
   if (stand_in && cudaMalloc(&out, out_bytes) != cudaSuccess) {
     cudaGetLastError();  // no room to time: keep cuBLASLt's first, the error cleared
     return -1;
@@ -360,7 +387,7 @@ uint64_t Gemm::outputs_digest(const GemmCall& c, const void* out) {
   const cudaStream_t stream = ops_.stream();
   check(cudaMemsetAsync(digest_total_, 0, sizeof *digest_total_, stream), "cudaMemsetAsync");
   const size_t bytes = element_bytes(c.d_type);
-  add_bits_digest(out, span(c.ldd, c.m, c.n) * bytes, 0, digest_total_, stream);
+  add_bits_digest(out, d_span(c) * bytes, 0, digest_total_, stream);
   // The other outputs an epilogue writes: the bias gradient (n elements of
   // D's type, summed over k: its order may differ too) and GELU's input.
   if (c.epilogue == CUBLASLT_EPILOGUE_BGRADB)
@@ -409,6 +436,8 @@ bool Gemm::fused(const GemmCall& c) {
 }
 
 void Gemm::plain(const GemmCall& call) {
+  if (call.batch > 1)
+    throw std::logic_error("Gemm::plain: a batch of GEMMs (only fused takes one)");
   GemmCall c = call;
   c.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   c.bias = nullptr;

@@ -42,6 +42,8 @@ void add_bits_digest(const void* data, size_t bytes, uint64_t first_index,
 // D (m x n, ld ldd) = op(A) op(B) + beta * D, A (ld lda) and B (ld ldb) in
 // ab_type, D in d_type, fp32 accumulation; with an epilogue, also bias
 // (m or n elements, see cuBLASLt), aux (ld aux_ld) as cuBLASLt defines them.
+// batch > 1: that many such GEMMs, each matrix `stride_*` elements past the
+// one before (cuBLASLt alone, without an epilogue).
 struct GemmCall {
   bool trans_a = false, trans_b = false;
   int m = 0, n = 0, k = 0;
@@ -58,6 +60,8 @@ struct GemmCall {
   const void* bias = nullptr;  // BIAS / GELU_AUX_BIAS: input; BGRADB: output
   void* aux = nullptr;         // GELU_AUX*: output; DGELU: input
   int aux_ld = 0;
+  int batch = 1;
+  int stride_a = 0, stride_b = 0, stride_d = 0;
 };
 
 class Gemm {
@@ -72,7 +76,8 @@ class Gemm {
   // when cuBLASLt has no algorithm for it (the caller falls back).
   bool fused(const GemmCall& call);
   // Runs the call's GEMM alone (the epilogue is ignored): cuBLASLt when it
-  // can, cublasGemmEx otherwise. Throws std::runtime_error on failure.
+  // can, cublasGemmEx otherwise. Throws std::runtime_error on failure, and
+  // std::logic_error for a batch (fused alone takes one).
   void plain(const GemmCall& call);
 
   // timed: each shape's algorithm is the fastest of cuBLASLt's first 16

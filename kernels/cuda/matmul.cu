@@ -9,6 +9,7 @@
 //   dW^T  (IC x OC) += x^T dout: A = x,             B = dout^T, m IC, n OC, k N
 // and the bias gradient of the dW GEMM (BGRADB) sums B over k: over tokens.
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/dweight_split_kernels.cuh"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/reduce.cuh"
@@ -206,16 +207,34 @@ void CudaOps::matmul_backward(Act dx, float* dweight, float* dbias, Act dout, Ac
     }
   }
   if (OC == 0 || IC == 0) return;
-  // dW^T (IC x OC) += x^T dout, fp32, with the bias gradient (a sum over
-  // tokens of dout) from the same pass when cuBLASLt can fuse it.
+  weight_gradient(dweight, dbias, dout, x, N, IC, OC, ldd);
+}
+
+namespace {
+
+// dW^T (IC x OC) = x^T dout over N tokens into d (fp32), as cuBLASLt sees it.
+cuda::GemmCall weight_gradient_call(Act dout, Act x, int N, int IC, int OC, int ldd, float* d) {
   cuda::GemmCall call;
   call.trans_b = true;
   call.m = IC, call.n = OC, call.k = N;
   call.a = x.data, call.lda = IC;
   call.b = dout.data, call.ldb = ldd;
-  call.d = dweight, call.ldd = IC;
-  call.ab_type = type;
+  call.d = d, call.ldd = IC;
+  call.ab_type = cuda::cuda_type(dout.dtype);
   call.d_type = CUDA_R_32F;
+  return call;
+}
+
+}  // namespace
+
+void CudaOps::weight_gradient(float* dweight, float* dbias, Act dout, Act x, int N, int IC, int OC,
+                              int ldd) {
+  if (switches_.dweight == KernelSwitches::DWeight::kSplit &&
+      split_weight_gradient(dweight, dbias, dout, x, N, IC, OC, ldd))
+    return;
+  // dW^T (IC x OC) += x^T dout, fp32, with the bias gradient (a sum over
+  // tokens of dout) from the same pass when cuBLASLt can fuse it.
+  cuda::GemmCall call = weight_gradient_call(dout, x, N, IC, OC, ldd, dweight);
   call.beta = 1.0f;
   if (dbias) {
     // BGRADB writes (=) the bias gradient: to scratch, then added.
@@ -230,6 +249,37 @@ void CudaOps::matmul_backward(Act dx, float* dweight, float* dbias, Act dout, Ac
   }
   gemm_->plain(call);
   if (dbias) add_column_sums(dbias, dout, N, OC, ldd);
+}
+
+bool CudaOps::split_weight_gradient(float* dweight, float* dbias, Act dout, Act x, int N, int IC,
+                                    int OC, int ldd) {
+  const dweight_split::Split split = dweight_split::split_for(N, IC, OC, ldd);
+  if (split.parts == 1) return false;
+  const size_t count = static_cast<size_t>(IC) * OC;
+  auto* partial =
+      static_cast<float*>(scratch(kWeightGradParts, sizeof(float) * count * split.parts));
+  // Part p: partial[p]^T (IC x OC) = x^T dout over tokens [p * rows, (p + 1) * rows).
+  cuda::GemmCall call = weight_gradient_call(dout, x, split.rows, IC, OC, ldd, partial);
+  call.batch = split.parts;
+  call.stride_a = split.rows * IC, call.stride_b = split.rows * ldd;
+  call.stride_d = static_cast<int>(count);
+  if (!gemm_->fused(call)) return false;
+  if (const int rest = N - split.parts * split.rows; rest > 0) {
+    // The last tokens, fewer than the parts, into part 0 after its own.
+    const size_t first = static_cast<size_t>(split.parts) * split.rows;
+    cuda::GemmCall tail = call;
+    tail.batch = 1, tail.stride_a = tail.stride_b = tail.stride_d = 0;
+    tail.k = rest;
+    tail.a = (x + first * IC).data;
+    tail.b = (dout + first * ldd).data;
+    tail.beta = 1.0f;
+    gemm_->plain(tail);
+  }
+  cuda::add_dweight_parts_kernel<<<cuda::blocks_for(count), kThreads, 0, stream_>>>(
+      dweight, partial, count, split.parts);
+  cuda::check(cudaGetLastError(), "matmul_backward (dW parts)");
+  if (dbias) add_column_sums(dbias, dout, N, OC, ldd);
+  return true;
 }
 
 }  // namespace mpiformer

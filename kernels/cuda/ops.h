@@ -113,6 +113,7 @@ class CudaOps final : public Ops {
     kAttentionStats,      // cuDNN's dense backward: the stats packed (B, H, S)
     kColumnSums,          // partial column sums (bias and layer-norm gradients)
     kBiasGrad,            // a GEMM epilogue's bias gradient before it is added
+    kWeightGradParts,     // dweight=split: each token range's dW before they are added
     kRowResults,          // cross entropy's and ZLPR's per-row results
     kReduce,              // block partial sums
     kSlots
@@ -141,6 +142,17 @@ class CudaOps final : public Ops {
   // Column sums of a (N, C) gradient added into fp32 sums (+=) in a fixed
   // order: bias gradients. dst: (C), src: (N, C) rows `stride` apart.
   void add_column_sums(float* dst, Act src, int N, int C, int stride);
+  // matmul_backward's dW (+=) and dbias (+=): one GEMM with the bias
+  // gradient fused where cuBLASLt can, or split (below).
+  void weight_gradient(float* dweight, float* dbias, Act dout, Act x, int N, int IC, int OC,
+                       int ldd);
+  // matmul_backward's dW (+=) and dbias (+=) under dweight=split
+  // (kernels/dweight_split.h): the GEMM as a batch over token ranges, then
+  // their sums added in order; the bias gradient by column sums. False,
+  // having done nothing, where the shape takes no split or cuBLASLt has no
+  // batched algorithm for it.
+  bool split_weight_gradient(float* dweight, float* dbias, Act dout, Act x, int N, int IC, int OC,
+                             int ldd);
 
   std::unique_ptr<CudaDevice> gpu_;  // first: the members below release into it
   cudaStream_t stream_ = nullptr;    // gpu_'s

@@ -173,11 +173,11 @@ check "  the micro-timings reported" \
   grep -q "^limit: kernel timing: adamw ranged 1.000 ms, vector 0.500 ms" "$summary"
 number='[0-9][0-9.]*'
 for setting in present layernorm=warp loss=staged gemm=timed attention=dense adamw=vector \
-  candidates deterministic=false gemm=timed,deterministic=false; do
+  dweight=split candidates deterministic=false gemm=timed,deterministic=false; do
   check "  B32 under $setting, with its target and profile" \
     grep -q "^limit: gpt2 B32 $setting: $number tok/s, mfu $number, step $number ms, .*; GEMM epilogues run unfused: 1 shape: BGRADB m 32 n 1 k 64 (target tokens_per_s >= 600000: \(met\|not met\)); ms per step: gemm $number, attention $number, layernorm $number, .*optimizer $number, other -*$number$" "$summary"
 done
-for family in layernorm loss gemm attention adamw; do
+for family in layernorm loss gemm attention adamw dweight; do
   check "  the $family switch against the present path" \
     grep -q "^limit: $family=[a-z]* against present, gpt2 B32: [a-z]* $number -> $number ms per step (new/old $number); tok/s $number -> $number (new/old $number)$" "$summary"
 done
