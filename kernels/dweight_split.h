@@ -7,9 +7,10 @@
 // GPT-2 step, into few output tiles: 768 x 768 is 36 tiles of 128 x 128
 // for 132 SMs, so one GEMM leaves most of the GPU idle. Split, `parts`
 // GEMMs of `rows` tokens each run as one batch into fp32 partial sums,
-// which a kernel then adds, part 0 first, into dW. The split depends on
-// the shape alone, never on the GPU or on timing: the same micro-batch
-// gives the same bits on any rank and in any run.
+// each part's bias gradient fused, which a kernel then adds, part 0
+// first, into dW (and dbias). The split depends on the shape alone, never
+// on the GPU or on timing: the same micro-batch gives the same bits on any
+// rank and in any run.
 #pragma once
 
 #include <climits>

@@ -47,8 +47,8 @@ struct KernelSwitches {
   // The weight gradient's GEMM (dW += x^T dout over a micro-batch's
   // tokens): whole, one GEMM with the bias gradient fused; split, where
   // few output tiles would leave SMs idle, a batch of GEMMs over token
-  // ranges whose sums are then added in order (kernels/dweight_split.h),
-  // the bias gradient by column sums. Other bits, as deterministic.
+  // ranges, each with its bias gradient, whose sums are then added in
+  // order (kernels/dweight_split.h). Other bits, as deterministic.
   enum class DWeight { kWhole, kSplit } dweight = DWeight::kWhole;
 };
 

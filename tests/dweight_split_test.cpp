@@ -94,7 +94,7 @@ TEST(DWeightSplit, TheKernelAddsEachElementsParts) {
     for (size_t i = 0; i < count; ++i)
       want[i] = split::add_parts(dweight[i], partial.data(), count, parts, i);
     emulated::launch(dim3(3), 256, nullptr, 0, [&] {
-      cuda::add_dweight_parts_kernel(dweight.data(), partial.data(), count, parts);
+      cuda::add_split_parts_kernel(dweight.data(), partial.data(), count, parts);
     });
     EXPECT_EQ(dweight, want) << parts << " parts";
   }

@@ -60,10 +60,32 @@ size_t element_bytes(cudaDataType_t t) {
   return t == CUDA_R_32F ? 4 : 2;
 }
 
+// What cuBLASLt may assume of every matrix of a batch `stride` elements of
+// `bytes` each apart: the base pointer's alignment, and the stride's.
+int alignment_of(const void* p, int batch, int stride, size_t bytes) {
+  const int base = alignment_of(p);
+  if (batch <= 1) return base;
+  const size_t stride_bytes = size_t(stride) * bytes;
+  int a = base;
+  while (a > 1 && stride_bytes % a != 0) a /= 2;
+  return a;
+}
+
 // The elements a column-major rows x cols matrix with leading dimension ld
 // spans, from its first to its last.
 size_t span(int ld, int rows, int cols) {
   return cols > 0 ? size_t(ld) * size_t(cols - 1) + size_t(rows) : 0;
+}
+
+// The alignments of A, B and D, every matrix of a batch.
+int align_a(const GemmCall& c) {
+  return alignment_of(c.a, c.batch, c.stride_a, element_bytes(c.ab_type));
+}
+int align_b(const GemmCall& c) {
+  return alignment_of(c.b, c.batch, c.stride_b, element_bytes(c.ab_type));
+}
+int align_d(const GemmCall& c) {
+  return alignment_of(c.d, c.batch, c.stride_d, element_bytes(c.d_type));
 }
 
 // The elements D spans, every matrix of a batch.
@@ -109,7 +131,7 @@ cudaDataType_t cuda_type(DType t) {
 // What decides the algorithm: everything but the pointers themselves.
 struct PlanKey {
   int trans_a, trans_b, m, n, k, lda, ldb, ldd, ab_type, d_type, epilogue, aux_ld;
-  int batch, stride_a, stride_b, stride_d;
+  int batch, stride_a, stride_b, stride_d, bias_stride;
   int align_a, align_b, align_d, align_bias, align_aux;
   std::string text() const {
     return std::string(reinterpret_cast<const char*>(this), sizeof *this);
@@ -213,9 +235,10 @@ Gemm::Plan* Gemm::plan_for(const GemmCall& c) {
                     c.stride_a,
                     c.stride_b,
                     c.stride_d,
-                    alignment_of(c.a),
-                    alignment_of(c.b),
-                    alignment_of(c.d),
+                    c.bias_stride,
+                    align_a(c),
+                    align_b(c),
+                    align_d(c),
                     c.bias ? alignment_of(c.bias) : 0,
                     c.aux ? alignment_of(c.aux) : 0};
   const std::string text = key.text();
@@ -250,6 +273,10 @@ void Gemm::make_descriptors(const GemmCall& c, Plan& plan) {
     const cudaDataType_t bias_type = c.d_type;
     set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type);
     set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, &c.bias, sizeof c.bias);
+    if (c.batch > 1) {
+      const int64_t stride = c.bias_stride;
+      set(CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, &stride, sizeof stride);
+    }
   }
   if (c.aux) {
     const int64_t ld = c.aux_ld;
@@ -281,9 +308,8 @@ std::vector<cublasLtMatmulAlgo_t> Gemm::heuristics(const GemmCall& c, const Plan
                                              &workspace, sizeof workspace),
         "cublasLtMatmulPreferenceSetAttribute");
   // C is D (in place), so both have D's alignment.
-  const uint32_t align[4] = {
-      static_cast<uint32_t>(alignment_of(c.a)), static_cast<uint32_t>(alignment_of(c.b)),
-      static_cast<uint32_t>(alignment_of(c.d)), static_cast<uint32_t>(alignment_of(c.d))};
+  const uint32_t align[4] = {static_cast<uint32_t>(align_a(c)), static_cast<uint32_t>(align_b(c)),
+                             static_cast<uint32_t>(align_d(c)), static_cast<uint32_t>(align_d(c))};
   const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
@@ -391,7 +417,8 @@ uint64_t Gemm::outputs_digest(const GemmCall& c, const void* out) {
   // The other outputs an epilogue writes: the bias gradient (n elements of
   // D's type, summed over k: its order may differ too) and GELU's input.
   if (c.epilogue == CUBLASLT_EPILOGUE_BGRADB)
-    add_bits_digest(c.bias, size_t(c.n) * bytes, gemm_search::kOutputStride, digest_total_, stream);
+    add_bits_digest(c.bias, (size_t(c.bias_stride) * size_t(c.batch - 1) + size_t(c.n)) * bytes,
+                    gemm_search::kOutputStride, digest_total_, stream);
   if (c.epilogue == CUBLASLT_EPILOGUE_GELU_AUX || c.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS)
     add_bits_digest(c.aux, span(c.aux_ld, c.m, c.n) * bytes, 2 * gemm_search::kOutputStride,
                     digest_total_, stream);
@@ -441,6 +468,7 @@ void Gemm::plain(const GemmCall& call) {
   GemmCall c = call;
   c.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   c.bias = nullptr;
+  c.bias_stride = 0;
   c.aux = nullptr;
   c.aux_ld = 0;
   if (fused(c)) return;

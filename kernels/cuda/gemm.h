@@ -43,7 +43,8 @@ void add_bits_digest(const void* data, size_t bytes, uint64_t first_index,
 // ab_type, D in d_type, fp32 accumulation; with an epilogue, also bias
 // (m or n elements, see cuBLASLt), aux (ld aux_ld) as cuBLASLt defines them.
 // batch > 1: that many such GEMMs, each matrix `stride_*` elements past the
-// one before (cuBLASLt alone, without an epilogue).
+// one before, and each bias (gradient) bias_stride past the one before
+// (cuBLASLt alone).
 struct GemmCall {
   bool trans_a = false, trans_b = false;
   int m = 0, n = 0, k = 0;
@@ -61,7 +62,7 @@ struct GemmCall {
   void* aux = nullptr;         // GELU_AUX*: output; DGELU: input
   int aux_ld = 0;
   int batch = 1;
-  int stride_a = 0, stride_b = 0, stride_d = 0;
+  int stride_a = 0, stride_b = 0, stride_d = 0, bias_stride = 0;
 };
 
 class Gemm {

@@ -256,14 +256,25 @@ bool CudaOps::split_weight_gradient(float* dweight, float* dbias, Act dout, Act 
   const dweight_split::Split split = dweight_split::split_for(N, IC, OC, ldd);
   if (split.parts == 1) return false;
   const size_t count = static_cast<size_t>(IC) * OC;
-  auto* partial =
-      static_cast<float*>(scratch(kWeightGradParts, sizeof(float) * count * split.parts));
-  // Part p: partial[p]^T (IC x OC) = x^T dout over tokens [p * rows, (p + 1) * rows).
+  // The parts' dW (parts, IC x OC), then their bias gradients (parts, OC) from 256 bytes on.
+  const size_t weight_floats = (count * split.parts + 63) / 64 * 64;
+  auto* partial = static_cast<float*>(scratch(
+      kWeightGradParts, sizeof(float) * (weight_floats + static_cast<size_t>(OC) * split.parts)));
+  float* bias_parts = partial + weight_floats;
+  // Part p: partial[p]^T (IC x OC) = x^T dout over tokens [p * rows, (p + 1) * rows),
+  // and its bias gradient into bias_parts[p] where cuBLASLt fuses it.
   cuda::GemmCall call = weight_gradient_call(dout, x, split.rows, IC, OC, ldd, partial);
   call.batch = split.parts;
   call.stride_a = split.rows * IC, call.stride_b = split.rows * ldd;
   call.stride_d = static_cast<int>(count);
-  if (!gemm_->fused(call)) return false;
+  bool bias_fused = false;
+  if (dbias) {
+    cuda::GemmCall with_bias = call;
+    with_bias.epilogue = CUBLASLT_EPILOGUE_BGRADB;
+    with_bias.bias = bias_parts, with_bias.bias_stride = OC;
+    bias_fused = gemm_->fused(with_bias);
+  }
+  if (!bias_fused && !gemm_->fused(call)) return false;
   if (const int rest = N - split.parts * split.rows; rest > 0) {
     // The last tokens, fewer than the parts, into part 0 after its own.
     const size_t first = static_cast<size_t>(split.parts) * split.rows;
@@ -274,12 +285,18 @@ bool CudaOps::split_weight_gradient(float* dweight, float* dbias, Act dout, Act 
     tail.b = (dout + first * ldd).data;
     tail.beta = 1.0f;
     gemm_->plain(tail);
+    if (bias_fused) add_column_sums(bias_parts, dout + first * ldd, rest, OC, ldd);
   }
-  cuda::add_dweight_parts_kernel<<<cuda::blocks_for(count), kThreads, 0, stream_>>>(
-      dweight, partial, count, split.parts);
-  cuda::check(cudaGetLastError(), "matmul_backward (dW parts)");
-  if (dbias) add_column_sums(dbias, dout, N, OC, ldd);
+  add_split_parts(dweight, partial, count, split.parts);
+  if (bias_fused) add_split_parts(dbias, bias_parts, OC, split.parts);
+  if (dbias && !bias_fused) add_column_sums(dbias, dout, N, OC, ldd);
   return true;
+}
+
+void CudaOps::add_split_parts(float* sum, const float* partial, size_t count, int parts) {
+  cuda::add_split_parts_kernel<<<cuda::blocks_for(count), kThreads, 0, stream_>>>(sum, partial,
+                                                                                  count, parts);
+  cuda::check(cudaGetLastError(), "matmul_backward (the split's parts)");
 }
 
 }  // namespace mpiformer

@@ -147,12 +147,14 @@ class CudaOps final : public Ops {
   void weight_gradient(float* dweight, float* dbias, Act dout, Act x, int N, int IC, int OC,
                        int ldd);
   // matmul_backward's dW (+=) and dbias (+=) under dweight=split
-  // (kernels/dweight_split.h): the GEMM as a batch over token ranges, then
-  // their sums added in order; the bias gradient by column sums. False,
-  // having done nothing, where the shape takes no split or cuBLASLt has no
-  // batched algorithm for it.
+  // (kernels/dweight_split.h): the GEMM as a batch over token ranges, each
+  // with its bias gradient fused where cuBLASLt can (column sums where
+  // not), then the parts' sums added in order. False, having done nothing,
+  // where the shape takes no split or cuBLASLt has no batched algorithm.
   bool split_weight_gradient(float* dweight, float* dbias, Act dout, Act x, int N, int IC, int OC,
                              int ldd);
+  // sum (+=) the parts of partial (parts, count), in order.
+  void add_split_parts(float* sum, const float* partial, size_t count, int parts);
 
   std::unique_ptr<CudaDevice> gpu_;  // first: the members below release into it
   cudaStream_t stream_ = nullptr;    // gpu_'s
