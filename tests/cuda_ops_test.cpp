@@ -1159,14 +1159,16 @@ TEST(CudaKernelSwitches, TimedGemmSearchKeepsTheFirstChoicesBits) {
          {std::tuple{4096, 768, 3072, 0, true}, std::tuple{2000, 768, 50257, 50304, false}}) {
       SCOPED_TRACE(std::string(to_string(t)) + ", OC " + std::to_string(OC));
       const LayerInputs in = random_layer(rng, t, N, IC, OC, stride, gelu, 0.25f);
-      std::vector<unsigned char> got[2];
-      for (int timed = 0; timed < 2; ++timed) {
+      // Timed: a shape is searched on its second call, so twice.
+      std::vector<unsigned char> got[3];
+      for (int run = 0; run < 3; ++run) {
         KernelSwitches switches;
-        switches.gemm = timed ? KernelSwitches::Gemm::kTimed : KernelSwitches::Gemm::kHeuristic;
-        cuda->set_kernel_switches(switches);
-        got[timed] = layer_outputs(*ops, in);
+        switches.gemm = run ? KernelSwitches::Gemm::kTimed : KernelSwitches::Gemm::kHeuristic;
+        if (run < 2) cuda->set_kernel_switches(switches);
+        got[run] = layer_outputs(*ops, in);
       }
-      EXPECT_TRUE(got[0] == got[1]) << "the timed search changed the bits";
+      EXPECT_TRUE(got[0] == got[1]) << "timed, before its search: other bits";
+      EXPECT_TRUE(got[0] == got[2]) << "the timed search changed the bits";
     }
   }
   const std::string kept = ops->gemm_search();
@@ -1176,6 +1178,7 @@ TEST(CudaKernelSwitches, TimedGemmSearchKeepsTheFirstChoicesBits) {
   // Any bits: the search runs (and the layer still computes, within rounding).
   ops->set_deterministic(false);
   const LayerInputs in = random_layer(rng, DType::kBF16, 4096, 768, 3072, 0, true, 0.0f);
+  layer_outputs(*ops, in);  // the shapes' first calls: the second searches
   const std::vector<unsigned char> any = layer_outputs(*ops, in);
   EXPECT_NE(ops->gemm_search().find("any bits"), std::string::npos) << ops->gemm_search();
   KernelSwitches heuristic;

@@ -42,9 +42,19 @@ constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 
 // The timed search (set_timed_search): cuBLASLt's suggestions asked for,
 // and each one's timed runs after an untimed warm-up (whose outputs'
-// digest, in deterministic runs, must match the first suggestion's).
+// digest, in deterministic runs, must match the first suggestion's). A
+// shape is searched on its second call, so that a shape met once (ragged
+// batches give a new token count at almost every step) costs no search,
+// and at most kMostSearches shapes are searched in all.
 constexpr int kCandidates = 16;
 constexpr int kTimedRuns = 3;
+constexpr int kSearchOnCall = 2;
+constexpr int kMostSearches = 64;
+
+// Whether two algorithms are the same (cuBLASLt's opaque bytes).
+bool same_algo(const cublasLtMatmulAlgo_t& a, const cublasLtMatmulAlgo_t& b) {
+  return std::memcmp(&a, &b, sizeof a) == 0;
+}
 
 // The largest power of two up to 256 that divides the address: what
 // cuBLASLt may assume of a pointer.
@@ -143,6 +153,8 @@ struct Gemm::Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  int calls = 0;          // the shape's calls so far
+  bool searched = false;  // the timed search has had its turn
   ~Plan() {
     if (d) cublasLtMatrixLayoutDestroy(d);
     if (b) cublasLtMatrixLayoutDestroy(b);
@@ -215,7 +227,11 @@ std::string Gemm::timed_search_summary() const {
   } else {
     text += ", any bits";
   }
-  return text + "; its first choice was fastest in " + std::to_string(heuristic_kept_);
+  text += "; its first choice was fastest in " + std::to_string(heuristic_kept_);
+  if (searches_skipped_ > 0)
+    text += "; " + std::to_string(searches_skipped_) + " more shapes kept it untimed (at most " +
+            std::to_string(kMostSearches) + " searches)";
+  return text;
 }
 
 Gemm::Plan* Gemm::plan_for(const GemmCall& c) {
@@ -242,15 +258,18 @@ Gemm::Plan* Gemm::plan_for(const GemmCall& c) {
                     c.bias ? alignment_of(c.bias) : 0,
                     c.aux ? alignment_of(c.aux) : 0};
   const std::string text = key.text();
-  if (const auto it = plans_.find(text); it != plans_.end()) return it->second;
-
-  auto* plan = new Plan;
-  plans_[text] = plan;
-  make_descriptors(c, *plan);
-  // Untimed, exactly cuBLASLt's first suggestion; timed, the fastest of several.
-  const std::vector<cublasLtMatmulAlgo_t> algos = heuristics(c, *plan, timed_ ? kCandidates : 1);
-  plan->supported = !algos.empty();
-  if (plan->supported) plan->algo = algos[choose(c, *plan, algos)];
+  Plan* plan = plans_[text];
+  if (!plan) {
+    plan = plans_[text] = new Plan;
+    make_descriptors(c, *plan);
+    // cuBLASLt's first suggestion, until a timed search picks another.
+    const std::vector<cublasLtMatmulAlgo_t> algos = heuristics(c, *plan, 1);
+    plan->supported = !algos.empty();
+    if (plan->supported) plan->algo = algos[0];
+  }
+  ++plan->calls;
+  if (timed_ && plan->supported && !plan->searched && plan->calls == kSearchOnCall)
+    search(c, *plan);
   return plan;
 }
 
@@ -331,14 +350,25 @@ std::vector<cublasLtMatmulAlgo_t> Gemm::heuristics(const GemmCall& c, const Plan
   return algos;
 }
 
-size_t Gemm::choose(const GemmCall& c, const Plan& plan,
-                    const std::vector<cublasLtMatmulAlgo_t>& algos) {
-  if (algos.size() < 2) return 0;  // untimed, or nothing to choose between
+void Gemm::search(const GemmCall& c, Plan& plan) {
+  plan.searched = true;
+  if (shapes_timed_ + searches_failed_ >= kMostSearches) {
+    ++searches_skipped_;
+    return;
+  }
+  // The algorithm in use first (the bits to keep), then cuBLASLt's others.
+  std::vector<cublasLtMatmulAlgo_t> algos = {plan.algo};
+  for (const cublasLtMatmulAlgo_t& algo : heuristics(c, plan, kCandidates))
+    if (!same_algo(algo, plan.algo)) algos.push_back(algo);
+  if (algos.size() < 2) return;  // nothing to choose between
   const int best = time_candidates(c, plan, algos);
-  if (best < 0) return 0;  // none could be timed: cuBLASLt's first
+  if (best < 0) {
+    ++searches_failed_;  // none could be timed: the first stays
+    return;
+  }
   ++shapes_timed_;
   if (best == 0) ++heuristic_kept_;
-  return static_cast<size_t>(best);
+  plan.algo = algos[best];
 }
 
 int Gemm::time_candidates(const GemmCall& c, const Plan& plan,

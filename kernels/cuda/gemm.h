@@ -82,8 +82,9 @@ class Gemm {
   void plain(const GemmCall& call);
 
   // timed: each shape's algorithm is the fastest of cuBLASLt's first 16
-  // suggestions, timed when the shape first runs; otherwise (the default)
-  // its first suggestion. Changing it drops the plans made so far, so that
+  // suggestions, timed on the shape's second call (a shape met once keeps
+  // the first), for at most 64 shapes in all; otherwise (the default) its
+  // first suggestion. Changing it drops the plans made so far, so that
   // every shape is planned again.
   void set_timed_search(bool timed);
   // deterministic (the default): the timed search keeps the bits of
@@ -109,13 +110,12 @@ class Gemm {
   Plan* plan_for(const GemmCall& call);
   // plan_for's parts: the descriptor and layouts; cuBLASLt's first
   // `requested` suggestions that it can run in the workspace, in its order;
-  // the index of the one to keep.
+  // the timed search of a shape, whose winner becomes its plan's algorithm.
   void make_descriptors(const GemmCall& call, Plan& plan);
   std::vector<cublasLtMatmulAlgo_t> heuristics(const GemmCall& call, const Plan& plan,
                                                int requested);
-  size_t choose(const GemmCall& call, const Plan& plan,
-                const std::vector<cublasLtMatmulAlgo_t>& algos);
-  // The timed search: the index of the winner of algos (gemm_search::winner),
+  void search(const GemmCall& call, Plan& plan);
+  // search's trials: the index of the winner of algos (gemm_search::winner),
   // or -1 when none qualified. Its parts: one run of a candidate writing D
   // to `out` (false, the error cleared, if cuBLASLt refused it); its
   // milliseconds over the timed runs, negative if one failed; the digest
@@ -143,10 +143,12 @@ class Gemm {
   bool same_bits_ = true;                       // set_deterministic
   unsigned long long* digest_total_ = nullptr;  // device, made on the first digest
   std::set<std::string> unfused_;               // "EPILOGUE m M n N k K" (unfused_summary)
-  int shapes_timed_ = 0;    // shapes whose candidates were timed (more than one)
-  int heuristic_kept_ = 0;  // of those, the ones that kept cuBLASLt's first
-  int suggestions_ = 0;     // the suggestions those shapes tried
-  int other_bits_ = 0;      // of those, the ones set aside for other bits
+  int shapes_timed_ = 0;      // shapes whose candidates were timed (more than one)
+  int heuristic_kept_ = 0;    // of those, the ones that kept cuBLASLt's first
+  int suggestions_ = 0;       // the suggestions those shapes tried
+  int other_bits_ = 0;        // of those, the ones set aside for other bits
+  int searches_failed_ = 0;   // searches where no candidate could be timed
+  int searches_skipped_ = 0;  // shapes past the most searches, kept untimed
 };
 
 }  // namespace cuda
