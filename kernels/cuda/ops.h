@@ -158,8 +158,7 @@ class CudaOps final : public Ops {
 
   std::unique_ptr<CudaDevice> gpu_;  // first: the members below release into it
   cudaStream_t stream_ = nullptr;    // gpu_'s
-  bool deterministic_ =
-      true;  // cuDNN's attention backward without atomics; the GEMM search keeps bits
+  bool deterministic_ = true;        // set_deterministic: cuDNN's attention, the GEMM search
   AttentionPath attention_path_ = AttentionPath::kAuto;
   PlainAttention plain_attention_ = PlainAttention::kFlash;
   KernelSwitches switches_;
