@@ -125,9 +125,10 @@ check "  eval on the GPU left out without shards" \
   grep -q "^devices: eval on the GPU left out (no shards given)" "$summary"
 
 # limit on a stand-in bundle that runs this build on the CPU with the GPT-2
-# shapes shrunk (and a PyTorch that drops --compile and --sdpa, which an old
-# torch lacks): every setting's bench line is read back, each switch set
-# beside the present paths, the targets and PyTorch's baseline reported.
+# shapes shrunk and two timed steps (and a PyTorch that drops --compile and
+# --sdpa, which an old torch lacks): every setting's bench line is read
+# back, each switch set beside the present paths, the targets and
+# PyTorch's baseline reported.
 limit_tree=$work/limit-tree
 mkdir -p "$limit_tree/scripts" "$limit_tree/device-bundle"
 cp "$root/scripts/gpu-check" "$limit_tree/scripts/"
@@ -138,6 +139,7 @@ for a in "$@"; do
     --layers) a=1 ;; --d-model) a=32 ;; --heads) a=2 ;; --d-ff) a=64 ;; --vocab) a=256 ;;
     --max-len|--seq) a=32 ;; --batch) a=$((a / 8 > 0 ? a / 8 : 1)) ;; --attention) a=auto ;;
     --device) a=cpu ;; --precision) a=${STANDIN_PRECISION:-$a} ;;
+    --steps) a=2 ;; --warmup-steps) a=1 ;;
   esac
   prev=$a
   [[ $a == --compile || $a == --sdpa ]] || args+=("$a")
