@@ -26,6 +26,10 @@ MPIFORMER_OP(convert, kElementwise, dst.dtype, ({{"n", n}}), (Act dst, const flo
 // gradient (the mask and scale are regenerated).  out, x: (n)
 MPIFORMER_OP(dropout, kElementwise, out.dtype, ({{"n", n}}),
              (Act out, Act x, size_t n, const Dropout& d), (out, x, n, d))
+// out = act(pre): an activation made again from its kept pre-activation
+// (--recompute activation); fp32 math on the stored values.  out, pre: (n)
+MPIFORMER_OP(activation_forward, kElementwise, out.dtype, ({{"n", n}}),
+             (Act out, Act pre, size_t n, Activation act), (out, pre, n, act))
 // dx = act'(pre) * dout, for an activation whose backward follows no GEMM
 // (the mlm head); dx may alias dout.  dx, dout, pre: (n)
 MPIFORMER_OP(activation_backward, kElementwise, dx.dtype, ({{"n", n}}),

@@ -267,7 +267,7 @@ INSTANTIATE_TEST_SUITE_P(
                       OpsCase{DType::kF16, ""}, OpsCase{DType::kF16, "candidates"}),
     ops_case_name);
 
-TEST_P(CudaOpsTest, ConvertDropoutAndActivationBackward) {
+TEST_P(CudaOpsTest, ConvertDropoutAndActivations) {
   const size_t n = 10007;
   const std::vector<float> master = random(n);
   const Pair converted = b_->acts(std::vector<float>(n), t());
@@ -292,6 +292,11 @@ TEST_P(CudaOpsTest, ConvertDropoutAndActivationBackward) {
     b_->cpu->activation_backward(dx.cpu, dout.cpu, pre.cpu, n, act);
     compare(dx, n, elementwise_tolerance(t()),
             std::string("activation_backward ") + to_string(act));
+    const Pair out = b_->acts(std::vector<float>(n), t());
+    b_->gpu->activation_forward(out.gpu, pre.gpu, n, act);
+    b_->cpu->activation_forward(out.cpu, pre.cpu, n, act);
+    compare(out, n, elementwise_tolerance(t()),
+            std::string("activation_forward ") + to_string(act));
   }
 }
 
@@ -1637,6 +1642,34 @@ TEST_P(CudaModelTest, MlmStepWithDropout) {
   check_model(m, GetParam());
 }
 
+// The recompute tests' model of `kind`: 3 layers of d-model 128 with
+// dropout, and its batch of ragged lengths up to 150.
+ModelConfig recompute_model(ModelKind kind) {
+  ModelConfig m = testing::tiny(kind);
+  m.d_model = 128, m.heads = 2, m.d_ff = 256, m.max_len = 160, m.vocab = 200;
+  m.layers = m.enc_layers = m.dec_layers = 3;
+  m.dropout = 0.1f;
+  return m;
+}
+
+// The parameters' gradients after one forward and backward of `batch` on
+// the GPU under `recompute`, and what each parameter is.
+struct GpuGradients {
+  std::vector<float> grads;
+  std::vector<ParamInfo> info;
+};
+GpuGradients gpu_gradients(Ops& gpu, const ModelConfig& m, const Batch& batch, Recompute recompute,
+                           DType compute) {
+  Model model(gpu, m, ModelCapacity{400, m.max_len, 0, recompute}, compute);
+  model.init_parameters(3);
+  model.parameters().zero_grads();
+  model.forward_backward(batch, 0.1f, 1e-3f, PassId{1, 1, 0});
+  GpuGradients g{std::vector<float>(model.parameters().count()), model.parameters().info()};
+  gpu.device().copy_to_host(g.grads.data(), model.parameters().grads(),
+                            g.grads.size() * sizeof(float));
+  return g;
+}
+
 // --recompute layer on the GPU: a layer's rerun queues the ops of its first
 // run on the same inputs (the standalone layer norm at a layer's start
 // normalises the stored sum as the fused residual kernel did), so the
@@ -1644,24 +1677,46 @@ TEST_P(CudaModelTest, MlmStepWithDropout) {
 TEST_P(CudaModelTest, RecomputeLayerGivesTheSameBits) {
   std::unique_ptr<Ops> gpu = checked_if_asked(make_cuda_ops(0));
   for (ModelKind kind : {ModelKind::kLm, ModelKind::kSeq2seq}) {
-    ModelConfig m = testing::tiny(kind);
-    m.d_model = 128, m.heads = 2, m.d_ff = 256, m.max_len = 160, m.vocab = 200;
-    m.layers = m.enc_layers = m.dec_layers = 3;
-    m.dropout = 0.1f;
+    const ModelConfig m = recompute_model(kind);
     const Batch batch = testing::random_batch(m, {3, 150, 64}, {10, 120, 64}, 7);
-    std::vector<float> grads[2];
-    for (Recompute r : {Recompute::kNone, Recompute::kLayer}) {
-      Model model(*gpu, m, ModelCapacity{400, m.max_len, 0, r}, GetParam());
-      model.init_parameters(3);
-      model.parameters().zero_grads();
-      model.forward_backward(batch, 0.1f, 1e-3f, PassId{1, 1, 0});
-      std::vector<float>& g = grads[r == Recompute::kLayer];
-      g.resize(model.parameters().count());
-      gpu->device().copy_to_host(g.data(), model.parameters().grads(), g.size() * sizeof(float));
-    }
-    ASSERT_EQ(grads[0].size(), grads[1].size());
-    EXPECT_EQ(std::memcmp(grads[0].data(), grads[1].data(), grads[0].size() * sizeof(float)), 0)
+    const GpuGradients none = gpu_gradients(*gpu, m, batch, Recompute::kNone, GetParam());
+    const GpuGradients layer = gpu_gradients(*gpu, m, batch, Recompute::kLayer, GetParam());
+    ASSERT_EQ(none.grads.size(), layer.grads.size());
+    EXPECT_EQ(std::memcmp(none.grads.data(), layer.grads.data(), none.grads.size() * sizeof(float)),
+              0)
         << to_string(kind) << ": --recompute layer changed the gradients";
+  }
+}
+
+// --recompute activation on the GPU: the MLP's activation is made again
+// from its kept (rounded) pre-activation by the elementwise kernel, where
+// forward took it from cuBLASLt's GELU epilogue on the unrounded value. Only
+// the gradients that read it, the MLPs' proj weights, may differ, by
+// rounding; every other gradient reads the same pre-activation and is the
+// same bits.
+TEST_P(CudaModelTest, RecomputeActivationChangesOnlyTheProjectionWeightGradients) {
+  std::unique_ptr<Ops> gpu = checked_if_asked(make_cuda_ops(0));
+  for (ModelKind kind : {ModelKind::kLm, ModelKind::kSeq2seq}) {
+    const ModelConfig m = recompute_model(kind);
+    const Batch batch = testing::random_batch(m, {3, 150, 64}, {10, 120, 64}, 7);
+    const GpuGradients none = gpu_gradients(*gpu, m, batch, Recompute::kNone, GetParam());
+    const GpuGradients act = gpu_gradients(*gpu, m, batch, Recompute::kActivation, GetParam());
+    ASSERT_EQ(none.grads.size(), act.grads.size());
+    for (const ParamInfo& p : none.info) {
+      const float* x = none.grads.data() + p.offset;
+      const float* y = act.grads.data() + p.offset;
+      if (p.name.find(".mlp.proj.weight") == std::string::npos) {
+        EXPECT_EQ(std::memcmp(x, y, p.size * sizeof(float)), 0) << to_string(kind) << " " << p.name;
+        continue;
+      }
+      double largest = 0.0, diff = 0.0;
+      for (size_t i = 0; i < p.size; ++i) {
+        largest = std::max(largest, std::fabs(static_cast<double>(x[i])));
+        diff = std::max(diff, std::fabs(static_cast<double>(x[i]) - y[i]));
+      }
+      EXPECT_LE(diff, (GetParam() == DType::kF32 ? 1e-5 : 0.02) * largest)
+          << to_string(kind) << " " << p.name;
+    }
   }
 }
 

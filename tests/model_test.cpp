@@ -123,40 +123,70 @@ TEST(ModelGradient, WithDropoutMasksReplayed) {
 }
 
 // The sub-layers' scratch, which the head's logits share: each buffer
-// 256-byte aligned from the base, none overlapping the next, all inside
-// bytes(); no cross-attention buffer without an encoder.
+// 256-byte aligned from the base, none overlapping another, all inside
+// bytes(); no cross-attention buffer without an encoder. With --recompute
+// activation, the MLP's activation lies over the attention's gradients
+// (datt, dqkv) and over nothing else, so it costs bytes only where d-ff
+// exceeds 4 d-model.
 TEST(BlockScratch, BuffersAreAlignedApartAndInsideTheirBytes) {
   for (DType t : {DType::kF32, DType::kBF16}) {
     for (int memory_rows : {0, 5}) {
-      SCOPED_TRACE(std::string(to_string(t)) + ", memory rows " + std::to_string(memory_rows));
-      const int rows = 7, C = 13, F = 29;
-      const size_t bytes = BlockScratch::bytes(t, rows, memory_rows, C, F);
-      std::vector<unsigned char> region(bytes + 256);
-      unsigned char* base = region.data();
-      BlockScratch s;
-      s.init(base, t, rows, memory_rows, C, F);
-      const std::vector<std::pair<Act, size_t>> buffers = {
-          {s.y, rows * C},
-          {s.dy, rows * C},
-          {s.du, rows * C},
-          {s.datt, rows * C},
-          {s.dqkv, rows * 3 * C},
-          {s.dff, rows * F},
-          {s.dkv, static_cast<size_t>(memory_rows) * 2 * C}};
-      size_t end = 0;
-      for (const auto& [buffer, elements] : buffers) {
-        if (elements == 0) {
-          EXPECT_EQ(buffer.data, nullptr);
-          continue;
+      for (int F : {29, 52, 53, 80}) {
+        for (bool activation : {false, true}) {
+          SCOPED_TRACE(std::string(to_string(t)) + ", memory rows " + std::to_string(memory_rows) +
+                       ", F " + std::to_string(F) + (activation ? ", activation" : ""));
+          const int rows = 7, C = 13;
+          const size_t bytes = BlockScratch::bytes(t, rows, memory_rows, C, F, activation);
+          std::vector<unsigned char> region(bytes + 256);
+          unsigned char* base = region.data();
+          BlockScratch s;
+          s.init(base, t, rows, memory_rows, C, F, activation);
+          struct Buffer {
+            Act act;
+            size_t elements;
+            bool attention;  // a gradient only attention uses
+          };
+          const std::vector<Buffer> buffers = {
+              {s.y, rows * C, false},
+              {s.dy, rows * C, false},
+              {s.du, rows * C, false},
+              {s.datt, rows * C, true},
+              {s.dqkv, rows * 3 * C, true},
+              {s.dff, static_cast<size_t>(rows) * F, false},
+              {s.dkv, static_cast<size_t>(memory_rows) * 2 * C, false},
+              {s.act, activation ? static_cast<size_t>(rows) * F : 0, false}};
+          const auto start = [&](const Buffer& b) {
+            return static_cast<size_t>(static_cast<unsigned char*>(b.act.data) - base);
+          };
+          size_t end = 0;
+          for (size_t i = 0; i < buffers.size(); ++i) {
+            const Buffer& b = buffers[i];
+            if (b.elements == 0) {
+              EXPECT_EQ(b.act.data, nullptr) << i;
+              continue;
+            }
+            EXPECT_EQ(start(b) % 256, 0u) << i;
+            EXPECT_EQ(b.act.dtype, t) << i;
+            const size_t stop = start(b) + b.elements * dtype_bytes(t);
+            end = std::max(end, stop);
+            for (size_t j = 0; j < i; ++j) {
+              const Buffer& o = buffers[j];
+              if (o.elements == 0 || (i == 7 && o.attention)) continue;
+              const size_t o_stop = start(o) + o.elements * dtype_bytes(t);
+              EXPECT_TRUE(stop <= start(o) || o_stop <= start(b)) << i << " overlaps " << j;
+            }
+          }
+          EXPECT_LE(end, bytes);
+          EXPECT_GT(end + 256, bytes);
+          if (activation) {
+            const size_t without = BlockScratch::bytes(t, rows, memory_rows, C, F, false);
+            // The attention's gradients hold 4 C elements a row, 256-aligned twice.
+            if (F * dtype_bytes(t) * rows + 256 <= 4 * C * dtype_bytes(t) * rows)
+              EXPECT_EQ(bytes, without);
+            EXPECT_LE(bytes, without + static_cast<size_t>(rows) * F * dtype_bytes(t) + 256);
+          }
         }
-        const size_t start = static_cast<size_t>(static_cast<unsigned char*>(buffer.data) - base);
-        EXPECT_EQ(start % 256, 0u);
-        EXPECT_GE(start, end);
-        EXPECT_EQ(buffer.dtype, t);
-        end = start + elements * dtype_bytes(t);
       }
-      EXPECT_LE(end, bytes);
-      EXPECT_GT(end + 256, bytes);
     }
   }
 }
@@ -228,7 +258,7 @@ TEST(Model, FlopsFollowTheDesignConvention) {
   EXPECT_DOUBLE_EQ(N, all - m.max_len * m.d_model);
 }
 
-// ---- --recompute layer
+// ---- --recompute activation and layer
 
 // The offsets backward reports final, in order (what the reducer hears).
 struct OffsetLog : GradientListener {
@@ -244,43 +274,64 @@ std::unique_ptr<Model> model_with(Ops& ops, const ModelConfig& m, Recompute reco
   return model;
 }
 
-// Two micro-batches of training with dropout: --recompute layer must give
-// the gradients, loss sums and reported offsets of --recompute none, bit for
-// bit (each layer's forward is rerun from its kept input with the same masks).
-void expect_recompute_same_bits(ModelConfig m, const Batch& a, const Batch& b,
-                                DType compute = DType::kF32) {
-  m.dropout = 0.1f;
-  std::unique_ptr<Ops> ops = make_cpu_ops(1);
-  std::unique_ptr<Model> none = model_with(*ops, m, Recompute::kNone, compute);
-  std::unique_ptr<Model> layer = model_with(*ops, m, Recompute::kLayer, compute);
-  OffsetLog heard_none, heard_layer;
-  LossSums sums[2];
-  for (Model* model : {none.get(), layer.get()}) {
-    OffsetLog& heard = model == none.get() ? heard_none : heard_layer;
-    model->parameters().zero_grads();
-    model->forward_backward(a, 0.1f, 0.01f, PassId{3, 2, 0}, &heard);
-    model->forward_backward(b, 0.1f, 0.01f, PassId{3, 2, 1}, &heard);
-    sums[model == layer.get()] = model->take_train_sums();
-  }
-  const ParameterSet& pn = none->parameters();
-  const ParameterSet& pl = layer->parameters();
-  ASSERT_EQ(pn.count(), pl.count());
-  EXPECT_EQ(std::memcmp(pn.grads(), pl.grads(), pn.count() * sizeof(float)), 0)
-      << "gradients differ with --recompute layer";
-  double norm = 0.0;
-  for (size_t i = 0; i < pn.count(); ++i) norm += std::fabs(pn.grads()[i]);
-  EXPECT_GT(norm, 0.0);
-  EXPECT_EQ(sums[0].loss, sums[1].loss);
-  EXPECT_EQ(sums[0].nll, sums[1].nll);
-  EXPECT_EQ(sums[0].tokens, sums[1].tokens);
-  EXPECT_EQ(sums[0].correct, sums[1].correct);
-  EXPECT_EQ(heard_none.offsets, heard_layer.offsets);
-  EXPECT_EQ(heard_layer.offsets.back(), 0u);
+// What two micro-batches of training (a, then b) and an evaluation of a leave.
+struct Trained {
+  std::vector<float> grads;
+  LossSums sums;
+  std::vector<size_t> offsets;
+  double eval_loss = 0.0;
+  std::vector<ParamInfo> info;
+};
 
+Trained train_two(const ModelConfig& m, Recompute recompute, DType compute, const Batch& a,
+                  const Batch& b) {
+  std::unique_ptr<Ops> ops = make_cpu_ops(1);
+  std::unique_ptr<Model> model = model_with(*ops, m, recompute, compute);
+  OffsetLog heard;
+  model->parameters().zero_grads();
+  model->forward_backward(a, 0.1f, 0.01f, PassId{3, 2, 0}, &heard);
+  model->forward_backward(b, 0.1f, 0.01f, PassId{3, 2, 1}, &heard);
+  Trained t;
+  t.sums = model->take_train_sums();
+  const ParameterSet& p = model->parameters();
+  t.grads.assign(p.grads(), p.grads() + p.count());
+  t.offsets = heard.offsets;
+  t.info = p.info();
   // Evaluation (no backward) runs through the shared set too.
-  none->evaluate(a, 0.1f);
-  layer->evaluate(a, 0.1f);
-  EXPECT_EQ(none->take_eval_sums().loss, layer->take_eval_sums().loss);
+  model->evaluate(a, 0.1f);
+  t.eval_loss = model->take_eval_sums().loss;
+  return t;
+}
+
+// Two micro-batches of training with dropout: each of `modes` must give the
+// gradients, loss sums and reported offsets of --recompute none, bit for
+// bit. layer reruns each layer's forward from its kept input with the same
+// masks; activation makes the MLP's activation again from its pre-
+// activation, which in fp32 is the forward's own.
+void expect_recompute_same_bits(ModelConfig m, const Batch& a, const Batch& b,
+                                DType compute = DType::kF32,
+                                std::vector<Recompute> modes = {Recompute::kActivation,
+                                                                Recompute::kLayer}) {
+  m.dropout = 0.1f;
+  const Trained none = train_two(m, Recompute::kNone, compute, a, b);
+  double norm = 0.0;
+  for (float g : none.grads) norm += std::fabs(g);
+  EXPECT_GT(norm, 0.0);
+  for (Recompute mode : modes) {
+    SCOPED_TRACE(std::string("--recompute ") + to_string(mode));
+    const Trained other = train_two(m, mode, compute, a, b);
+    ASSERT_EQ(none.grads.size(), other.grads.size());
+    EXPECT_EQ(std::memcmp(none.grads.data(), other.grads.data(), none.grads.size() * sizeof(float)),
+              0)
+        << "gradients differ";
+    EXPECT_EQ(none.sums.loss, other.sums.loss);
+    EXPECT_EQ(none.sums.nll, other.sums.nll);
+    EXPECT_EQ(none.sums.tokens, other.sums.tokens);
+    EXPECT_EQ(none.sums.correct, other.sums.correct);
+    EXPECT_EQ(none.offsets, other.offsets);
+    EXPECT_EQ(other.offsets.back(), 0u);
+    EXPECT_EQ(none.eval_loss, other.eval_loss);
+  }
 }
 
 TEST(Recompute, LmGradientsAreTheSameBits) {
@@ -296,7 +347,45 @@ TEST(Recompute, LmPostNormBf16GradientsAreTheSameBits) {
   m.pre_norm = false;
   m.positions = PositionKind::kSinusoidal;
   expect_recompute_same_bits(m, random_batch(m, {7, 3, 12}, {}, 23), random_batch(m, {6}, {}, 24),
-                             DType::kBF16);
+                             DType::kBF16, {Recompute::kLayer});
+}
+
+// In bf16, --recompute activation makes the MLP's activation again from the
+// rounded pre-activation where forward used the unrounded one: only the
+// gradients that read it, the MLPs' proj weights, may differ, and by
+// rounding alone; everything upstream reads the same pre-activation.
+TEST(Recompute, ActivationInBf16ChangesOnlyTheProjectionWeightGradients) {
+  for (bool pre : {true, false}) {
+    SCOPED_TRACE(pre ? "pre-LN" : "post-LN");
+    ModelConfig m = tiny(ModelKind::kLm);
+    m.layers = 3;
+    m.pre_norm = pre;
+    m.dropout = 0.1f;
+    const Batch a = random_batch(m, {7, 3, 12}, {}, 23), b = random_batch(m, {6}, {}, 24);
+    const Trained none = train_two(m, Recompute::kNone, DType::kBF16, a, b);
+    const Trained act = train_two(m, Recompute::kActivation, DType::kBF16, a, b);
+    EXPECT_EQ(none.sums.loss, act.sums.loss);
+    EXPECT_EQ(none.eval_loss, act.eval_loss);
+    int differing = 0;
+    for (const ParamInfo& info : none.info) {
+      const float* x = none.grads.data() + info.offset;
+      const float* y = act.grads.data() + info.offset;
+      const bool proj = info.name.find(".mlp.proj.weight") != std::string::npos;
+      double largest = 0.0, diff = 0.0;
+      for (size_t i = 0; i < info.size; ++i) {
+        largest = std::max(largest, std::fabs(static_cast<double>(x[i])));
+        diff = std::max(diff, std::fabs(static_cast<double>(x[i]) - y[i]));
+      }
+      if (!proj) {
+        EXPECT_EQ(std::memcmp(x, y, info.size * sizeof(float)), 0) << info.name;
+        continue;
+      }
+      differing += diff > 0.0;
+      EXPECT_GT(largest, 0.0) << info.name;
+      EXPECT_LE(diff, 0.02 * largest) << info.name;
+    }
+    EXPECT_GT(differing, 0) << "bf16 rounding should show in some proj weight gradient";
+  }
 }
 
 TEST(Recompute, Seq2seqGradientsAreTheSameBits) {
@@ -346,7 +435,7 @@ TEST(Recompute, MeasureCountsWhatEachModeAllocates) {
       ModelConfig m = tiny(kind);
       m.pre_norm = pre;
       m.layers = m.enc_layers = m.dec_layers = 4;
-      for (Recompute r : {Recompute::kNone, Recompute::kLayer}) {
+      for (Recompute r : {Recompute::kNone, Recompute::kActivation, Recompute::kLayer}) {
         // The arena rounds each buffer to 64 bytes, as the backends align.
         const size_t measured = bytes(m, r, true), allocated = bytes(m, r, false);
         EXPECT_GE(measured, allocated) << to_string(kind) << " " << to_string(r);
@@ -362,6 +451,13 @@ TEST(Recompute, MeasureCountsWhatEachModeAllocates) {
           << to_string(kind);
       EXPECT_GT(bytes(deeper, Recompute::kNone, true) - bytes(m, Recompute::kNone, true),
                 stacks * 8 * input)
+          << to_string(kind);
+      // With activation, each further layer keeps (N, F) fewer: its MLP's
+      // activation, made in the scratch instead.
+      const size_t activation = size_t{64} * m.d_ff * sizeof(float);
+      EXPECT_EQ(bytes(deeper, Recompute::kNone, true) - bytes(deeper, Recompute::kActivation, true),
+                bytes(m, Recompute::kNone, true) - bytes(m, Recompute::kActivation, true) +
+                    stacks * activation)
           << to_string(kind);
     }
   }

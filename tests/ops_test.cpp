@@ -331,6 +331,22 @@ TEST_F(OpsTest, GeluForwardMatchesFormula) {
   EXPECT_EQ(through_op, out) << "the op runs the kernel";
 }
 
+// --recompute activation: the op makes again, from the kept pre-activation,
+// the bits the GEMM's fused activation made (fp32).
+TEST_F(OpsTest, ActivationForwardRemakesTheFusedActivation) {
+  for (Activation act_kind : {Activation::kGelu, Activation::kRelu}) {
+    const Vec x = random_vec(1000, 6, -6.0f, 6.0f);
+    Vec fused, pre, again(x.size(), -1.0f);
+    activation_through_gemm(*ops, fused, pre, x, act_kind);
+    ops->activation_forward(act(again), act(pre), pre.size(), act_kind);
+    EXPECT_EQ(again, fused) << (act_kind == Activation::kGelu ? "gelu" : "relu");
+    for (size_t i = 0; i < x.size(); i += 37) {
+      const double want = activation_reference(act_kind, x[i]);
+      EXPECT_NEAR(again[i], want, 1e-5 + 1e-5 * std::fabs(want)) << "x = " << x[i];
+    }
+  }
+}
+
 TEST_F(OpsTest, ActivationBackwardMatchesFiniteDifferences) {
   for (Activation act_kind : {Activation::kGelu, Activation::kRelu}) {
     Vec x = random_vec(64, 4, -3.0f, 3.0f);

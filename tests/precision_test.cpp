@@ -340,7 +340,7 @@ TEST_P(LowPrecisionOps, ConvertIsTheHostConversion) {
   for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(got[i], host_conversion(x[i], t())) << x[i];
 }
 
-// activation_backward (alone and in place), dropout out of place, and the
+// activation_forward and activation_backward (alone and in place), dropout out of place, and the
 // embedding lookup and its backward (into fp32 tables, with repeated ids
 // and positions, with and without a positions gradient).
 TEST_P(LowPrecisionOps, ElementwiseAndEmbeddings) {
@@ -357,6 +357,11 @@ TEST_P(LowPrecisionOps, ElementwiseAndEmbeddings) {
     EXPECT_EQ(dx.values(), rounded(dx32, t()));
     ops->activation_backward(d.act(), d.act(), pre.act(), n, a);  // dx aliasing dout
     EXPECT_EQ(d.values(), rounded(dx32, t()));
+    std::vector<float> out32(n);
+    ops->activation_forward(Act::f32(out32.data()), Act::f32(x.data()), n, a);
+    Stored out(std::vector<float>(n), t());
+    ops->activation_forward(out.act(), pre.act(), n, a);
+    EXPECT_EQ(out.values(), rounded(out32, t()));
   }
   std::vector<float> dropped32(n);
   ops->dropout(Act::f32(dropped32.data()), Act::f32(x.data()), n, {0.4f, 7, 8});

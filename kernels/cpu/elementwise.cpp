@@ -119,6 +119,12 @@ void CpuOps::dropout(Act out, Act x, size_t n, const Dropout& d) {
   cpu::apply_dropout(f.out(out, n), in, n, d);
 }
 
+void CpuOps::activation_forward(Act out, Act pre, size_t n, Activation act) {
+  Fp32 f(*this);
+  const float* x = f.in(pre, n);
+  cpu::activation_forward(f.out(out, n), x, n, act);
+}
+
 void CpuOps::activation_backward(Act dx, Act dout, Act pre, size_t n, Activation act) {
   Fp32 f(*this);
   const float* dy = f.in(dout, n);

@@ -1,5 +1,6 @@
 // The CUDA backend's elementwise ops: the compute copy of the weights,
-// dropout, and an activation's backward that follows no GEMM.
+// dropout, an activation made again from its pre-activation, and an
+// activation's backward that follows no GEMM.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/dropout_mask.h"
@@ -26,6 +27,15 @@ __global__ void dropout_kernel(T* out, const T* x, size_t n, float p, uint64_t s
   const float keep_scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
   MPIFORMER_FOR_EACH(i, n) {
     store(out, i, dropout_keep(seed, stream, i, p) ? load(x, i) * keep_scale : 0.0f);
+  }
+}
+
+// out = act(pre).  out, pre: (n)
+template <typename T>
+__global__ void activation_forward_kernel(T* out, const T* pre, size_t n, bool gelu) {
+  MPIFORMER_FOR_EACH(i, n) {
+    const float x = load(pre, i);
+    store(out, i, gelu ? cuda::gelu(x) : fmaxf(x, 0.0f));
   }
 }
 
@@ -69,6 +79,16 @@ void CudaOps::dropout(Act out, Act x, size_t n, const Dropout& d) {
                                                        d.stream);
   });
   cuda::check(cudaGetLastError(), "dropout");
+}
+
+void CudaOps::activation_forward(Act out, Act pre, size_t n, Activation act) {
+  if (n == 0) return;
+  cuda::dispatch(out.dtype, [&](auto t) {
+    using T = decltype(t);
+    activation_forward_kernel<<<blocks_for(n), 256, 0, stream_>>>(typed<T>(out), typed<T>(pre), n,
+                                                                  act == Activation::kGelu);
+  });
+  cuda::check(cudaGetLastError(), "activation_forward");
 }
 
 void CudaOps::activation_backward(Act dx, Act dout, Act pre, size_t n, Activation act) {

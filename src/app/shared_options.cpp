@@ -264,9 +264,14 @@ void validate_device_choice(DeviceKind device, Precision precision, bool tf32, i
 }
 
 void add_recompute_flag(FlagTable& t, Recompute* recompute) {
-  t.add_choice("recompute", recompute, {{"none", Recompute::kNone}, {"layer", Recompute::kLayer}},
-               "what backward recomputes: none keeps every layer's activations; layer keeps "
-               "only each layer's input and reruns its forward in backward");
+  t.add_choice("recompute", recompute,
+               {{"none", Recompute::kNone},
+                {"activation", Recompute::kActivation},
+                {"layer", Recompute::kLayer}},
+               "what backward recomputes: none keeps every layer's activations; activation keeps "
+               "each MLP's pre-activation alone and recomputes its activation in backward (d-ff "
+               "values a token and layer fewer, an elementwise pass more); layer keeps only each "
+               "layer's input and reruns its forward in backward");
 }
 
 void add_reducer_flags(FlagTable& t, float* bucket_mb, bool* overlap, GradSum* grad_sum,

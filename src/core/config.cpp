@@ -211,6 +211,8 @@ const char* to_string(Recompute k) {
   switch (k) {
     case Recompute::kNone:
       return "none";
+    case Recompute::kActivation:
+      return "activation";
     case Recompute::kLayer:
       return "layer";
   }

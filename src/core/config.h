@@ -44,9 +44,12 @@ enum class GradSum { kExact, kFloat };
 enum class Transport { kAuto, kNccl, kMpi };
 // What a step with a non-finite loss or gradient norm does (src/train/divergence_guard.h).
 enum class OnDivergence { kStop, kSkip };
-// What backward recomputes: none keeps every layer's activations; layer keeps
-// each layer's input and reruns the layer's forward in backward.
-enum class Recompute { kNone, kLayer };
+// What backward recomputes: none keeps every layer's activations;
+// activation keeps each MLP's pre-activation alone and recomputes its
+// activation (d-ff values a token) in backward; layer keeps each layer's
+// input and reruns the layer's forward in backward. In the order of what
+// they save (src/train/memory_budget.cpp compares them).
+enum class Recompute { kNone, kActivation, kLayer };
 
 const char* to_string(ModelKind k);
 const char* to_string(PositionKind k);

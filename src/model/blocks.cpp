@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <iterator>
 #include <utility>
 
 #include "kernels/dropout_mask.h"
@@ -77,40 +78,52 @@ void LayerNorm::backward(BlockContext& ctx, Act dx, Act dout, Act x, int N, bool
 
 namespace {
 
-// Each scratch buffer's elements, in the order BlockScratch lays them out.
-std::array<size_t, 7> scratch_elements(int rows, int memory_rows, int C, int F) {
-  const size_t n = static_cast<size_t>(rows), c = static_cast<size_t>(C);
-  return {n * c,
-          n * c,
-          n * c,
-          n * c,
-          n * 3 * c,
-          n * static_cast<size_t>(F),
-          static_cast<size_t>(memory_rows) * 2 * c};
-}
-
 size_t aligned256(size_t bytes) {
   return (bytes + 255) / 256 * 256;
 }
 
-}  // namespace
-
-size_t BlockScratch::bytes(DType dtype, int rows, int memory_rows, int C, int F) {
+// Where BlockScratch lays its buffers: each one's byte offset from the base
+// (256-byte aligned, as cuBLASLt assumes of its operands), in the order of
+// `buffers` below, and the bytes in all. The attention's gradients come
+// last, so that the MLP's activation (--recompute activation) can lie over
+// them: an MLP never touches them, and an attention sub-layer never touches
+// the activation; past them only when d-ff exceeds 4 d-model.
+struct ScratchLayout {
+  std::array<size_t, 8> offsets{};  // y, dy, du, dff, dkv, datt, dqkv, act
   size_t total = 0;
-  for (size_t elements : scratch_elements(rows, memory_rows, C, F))
-    total += aligned256(elements * dtype_bytes(dtype));
-  return total;
+};
+
+ScratchLayout scratch_layout(DType dtype, int rows, int memory_rows, int C, int F,
+                             bool activation) {
+  const size_t n = static_cast<size_t>(rows), c = static_cast<size_t>(C);
+  const size_t f = static_cast<size_t>(F), bytes = dtype_bytes(dtype);
+  const size_t elements[] = {
+      n * c, n * c, n * c, n * f, static_cast<size_t>(memory_rows) * 2 * c, n * c, n * 3 * c};
+  ScratchLayout layout;
+  for (size_t i = 0; i < std::size(elements); ++i) {
+    layout.offsets[i] = layout.total;
+    layout.total += aligned256(elements[i] * bytes);
+  }
+  layout.offsets[7] = layout.offsets[5];  // act over datt and dqkv
+  if (activation)
+    layout.total = std::max(layout.total, layout.offsets[7] + aligned256(n * f * bytes));
+  return layout;
 }
 
-void BlockScratch::init(void* base, DType dtype, int rows, int memory_rows, int C, int F) {
-  Act* buffers[] = {&y, &dy, &du, &datt, &dqkv, &dff, &dkv};
-  const std::array<size_t, 7> elements = scratch_elements(rows, memory_rows, C, F);
-  size_t offset = 0;
-  for (size_t i = 0; i < elements.size(); ++i) {
-    *buffers[i] = Act(static_cast<unsigned char*>(base) + offset, dtype);
-    offset += aligned256(elements[i] * dtype_bytes(dtype));
-  }
+}  // namespace
+
+size_t BlockScratch::bytes(DType dtype, int rows, int memory_rows, int C, int F, bool activation) {
+  return scratch_layout(dtype, rows, memory_rows, C, F, activation).total;
+}
+
+void BlockScratch::init(void* base, DType dtype, int rows, int memory_rows, int C, int F,
+                        bool activation) {
+  Act* buffers[] = {&y, &dy, &du, &dff, &dkv, &datt, &dqkv, &act};
+  const ScratchLayout layout = scratch_layout(dtype, rows, memory_rows, C, F, activation);
+  for (size_t i = 0; i < std::size(buffers); ++i)
+    *buffers[i] = Act(static_cast<unsigned char*>(base) + layout.offsets[i], dtype);
   if (memory_rows == 0) dkv = Act();  // no encoder
+  if (!activation) act = Act();
 }
 
 // ---- sub-layer ------------------------------------------------------------
@@ -192,7 +205,7 @@ void Sublayer::init(BlockContext& ctx, ActivationArena& arena, const std::string
       break;
     case Kind::kMlp:
       ff_ = arena.acts(N * F);
-      ff_act_ = arena.acts(N * F);
+      if (!ctx.recompute_activation) ff_act_ = arena.acts(N * F);
       break;
   }
 }
@@ -224,12 +237,14 @@ void Sublayer::inner_forward(BlockContext& ctx, BlockScratch& scratch, Act u, co
       ops.attention_forward(att_, stats_, qkv_, C, kv_, kv_ + C, 2 * C, rows, memory_rows,
                             attention_);
       break;
-    case Kind::kMlp:
+    case Kind::kMlp: {
       // ff_act = act(u @ W_fc^T + b), keeping the pre-activation ff_
-      ops.matmul_forward(ff_act_, u, p.weight(w_in_), p.weight(b_in_), N, C, F,
+      const Act ff_act = activation(scratch);
+      ops.matmul_forward(ff_act, u, p.weight(w_in_), p.weight(b_in_), N, C, F,
                          FusedActivation{ctx.config->activation, ff_});
-      ops.matmul_forward(y, ff_act_, p.weight(w_out_), p.weight(b_out_), N, F, C);
+      ops.matmul_forward(y, ff_act, p.weight(w_out_), p.weight(b_out_), N, F, C);
       return;
+    }
   }
   ops.matmul_forward(y, att_, p.weight(w_out_), p.weight(b_out_), N, C, C);
 }
@@ -316,8 +331,13 @@ void Sublayer::inner_backward(BlockContext& ctx, BlockScratch& scratch, Act du, 
                           C, accumulate);
       break;
     case Kind::kMlp:
+      // --recompute activation: act(ff_) again, from its stored (rounded)
+      // copy; in fp32 the bits forward made.
+      if (!ff_act_)
+        ops.activation_forward(scratch.act, ff_, static_cast<size_t>(N) * F,
+                               ctx.config->activation);
       // dff = act'(ff_) * (dy @ W_proj): the activation's backward fused
-      ops.matmul_backward(scratch.dff, p.grad(w_out_), p.grad(b_out_), dy, ff_act_,
+      ops.matmul_backward(scratch.dff, p.grad(w_out_), p.grad(b_out_), dy, activation(scratch),
                           p.weight(w_out_), N, F, C, false,
                           FusedActivation{ctx.config->activation, ff_});
       ops.matmul_backward(du, p.grad(w_in_), p.grad(b_in_), scratch.dff, u, p.weight(w_in_), N, C,

@@ -52,6 +52,9 @@ struct BlockContext {
   bool training = false;
   uint64_t dropout_seed = 0;
   uint64_t dropout_pass = 0;  // identifies (step, micro-batch)
+  // --recompute activation: an MLP's activation is not kept for backward
+  // but made again there from its kept pre-activation (BlockScratch::act).
+  bool recompute_activation = false;
 };
 
 // A dropout site: a distinct mask stream per (pass, site).
@@ -85,11 +88,16 @@ struct BlockScratch {
   Act dqkv;  // (N, 3C)
   Act dff;   // (N, F)
   Act dkv;   // (Nk, 2C) cross-attention keys and values
-  // The bytes init lays out for these sizes in `dtype`.
-  static size_t bytes(DType dtype, int rows, int memory_rows, int C, int F);
+  // (N, F) --recompute activation: the MLP's activation, made in its
+  // forward and again in its backward, over datt and dqkv (which only
+  // attention uses); null otherwise
+  Act act;
+  // The bytes init lays out for these sizes in `dtype` (with `act` when
+  // `activation`).
+  static size_t bytes(DType dtype, int rows, int memory_rows, int C, int F, bool activation);
   // The buffers laid one after another from `base` (bytes(...) of memory),
   // each 256-byte aligned, as cuBLASLt assumes of its operands.
-  void init(void* base, DType dtype, int rows, int memory_rows, int C, int F);
+  void init(void* base, DType dtype, int rows, int memory_rows, int C, int F, bool activation);
 };
 
 // A sub-layer f inside its residual connection:
@@ -169,7 +177,9 @@ class Sublayer {
   AttentionConfig attention_;
   // mlp: fc (F, C), proj (C, F)
   Act ff_;      // (N, F) pre-activation
-  Act ff_act_;  // (N, F)
+  Act ff_act_;  // (N, F); null with --recompute activation (scratch.act)
+  // The MLP's activation (N, F): its own, or the scratch's.
+  Act activation(const BlockScratch& scratch) const { return ff_act_ ? ff_act_ : scratch.act; }
 };
 
 // Token embedding (shared table), positions (learned table or fixed

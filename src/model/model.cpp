@@ -79,9 +79,11 @@ void Model::Impl::build() {
   // gradient taken, or decoding's rows copied out) before the stack's
   // backward or the next step's forward writes there again.
   const int memory_rows = has_encoder ? N : 0;
-  void* shared = arena.bytes(
-      std::max(logits_bytes, BlockScratch::bytes(compute_dtype, N, memory_rows, C, config.d_ff)));
-  scratch.init(shared, compute_dtype, N, memory_rows, C, config.d_ff);
+  const bool activation = ctx.recompute_activation;
+  void* shared =
+      arena.bytes(std::max(logits_bytes, BlockScratch::bytes(compute_dtype, N, memory_rows, C,
+                                                             config.d_ff, activation)));
+  scratch.init(shared, compute_dtype, N, memory_rows, C, config.d_ff, activation);
   if (!classify) logits = Act(shared, compute_dtype);
   train_sums = static_cast<LossSums*>(arena.bytes(sizeof(LossSums)));
   eval_sums = static_cast<LossSums*>(arena.bytes(sizeof(LossSums)));

@@ -25,9 +25,11 @@ struct ModelCapacity {
   // Sequences of one batch, when fewer than max_tokens: a classifier's
   // per-sequence buffers (scores, label targets) are (max_sequences, labels).
   int max_sequences = 0;  // 0: max_tokens (one-row sequences)
-  // layer: the layers of a stack take turns in one set of activation
-  // buffers, each keeping only its input; backward reruns a layer's forward
-  // before its backward (docs/DESIGN.md section 3).
+  // activation: each MLP keeps its pre-activation alone, and its activation
+  // lives in the sub-layers' scratch, made again in backward; layer: the
+  // layers of a stack take turns in one set of activation buffers, each
+  // keeping only its input; backward reruns a layer's forward before its
+  // backward (docs/DESIGN.md section 3).
   Recompute recompute = Recompute::kNone;
   // Decoding (decode_step): rows of the key/value cache of each decoder
   // self-attention layer; 0 for training. max_tokens then bounds the rows

@@ -86,6 +86,7 @@ struct Model::Impl {
     ctx.ops = &ops;
     ctx.params = &params;
     ctx.config = &config;
+    ctx.recompute_activation = cap.recompute == Recompute::kActivation;
     build();
   }
 

@@ -216,21 +216,26 @@ std::string describe_preparation(const AttentionPreparation& done) {
 std::string fitting_flags(Ops& ops, const ModelConfig& model, const ModelCapacity& capacity,
                           DType compute, const MemoryPlan& plan, int local_ranks) {
   struct Option {
-    bool shard, recompute;
+    bool shard;
+    Recompute recompute;
     const char* flags;
   };
-  const Option options[] = {{true, false, "--shard-optimizer true"},
-                            {false, true, "--recompute layer"},
-                            {true, true, "--shard-optimizer true with --recompute layer"}};
+  const Option options[] = {
+      {true, Recompute::kNone, "--shard-optimizer true"},
+      {false, Recompute::kActivation, "--recompute activation"},
+      {true, Recompute::kActivation, "--shard-optimizer true with --recompute activation"},
+      {false, Recompute::kLayer, "--recompute layer"},
+      {true, Recompute::kLayer, "--shard-optimizer true with --recompute layer"}};
   for (const Option& o : options) {
     // Sharding needs ranks to share with; a flag already given is no hint.
+    // The modes are in the order of what they save: none, activation, layer.
     if ((o.shard && (plan.shard_optimizer || plan.world < 2)) ||
-        (o.recompute && capacity.recompute == Recompute::kLayer))
+        (o.recompute != Recompute::kNone && o.recompute <= capacity.recompute))
       continue;
     MemoryPlan p = plan;
     p.shard_optimizer = plan.shard_optimizer || o.shard;
     ModelCapacity c = capacity;
-    if (o.recompute) c.recompute = Recompute::kLayer;
+    c.recompute = std::max(o.recompute, capacity.recompute);
     const MemoryEstimate e = estimate_memory(ops, model, c, compute, p);
     if (memory_shortfall(e, ops, local_ranks, "").empty()) {
       return std::string(o.flags) + " (about " +

@@ -83,9 +83,11 @@ MemoryEstimate estimate_memory(Ops& ops, const ModelConfig& model, const ModelCa
                                DType compute, const MemoryPlan& plan = {});
 
 // For a run whose estimate under `plan` and `capacity` falls short: the
-// first of --shard-optimizer true (on more than one rank), --recompute layer,
-// and both, that would make it fit, e.g. "--shard-optimizer true (about 1.1
-// GiB per rank, which fits)"; "" when none would.
+// first of --shard-optimizer true (on more than one rank), --recompute
+// activation, both, --recompute layer, and sharding with it, that would make
+// it fit, e.g. "--shard-optimizer true (about 1.1 GiB per rank, which
+// fits)"; "" when none would. A recompute mode no deeper than the run's own
+// is no hint.
 std::string fitting_flags(Ops& ops, const ModelConfig& model, const ModelCapacity& capacity,
                           DType compute, const MemoryPlan& plan, int local_ranks);
 

@@ -5,7 +5,9 @@
 #   - train: flags the shards contradict (--num-labels, --vocab, --model,
 #     --patch, --image-height, --max-len for images), a --max-tokens under
 #     one sequence, --loss softmax on multi-label shards, --too-long skip
-#     when no sequence fits; eval --max-tokens under one sequence;
+#     when no sequence fits; activations that fit only with --recompute
+#     activation, which the refusal names; eval --max-tokens under one
+#     sequence;
 #   - classify: its memory is estimated and printed before anything is
 #     allocated, a --batch that cannot fit is refused naming what fits, and
 #     a model of many labels does not hold (tokens x labels) scores;
@@ -101,6 +103,17 @@ mpi_refused "--max-tokens 10" "--max-tokens: must be at least 64" \
 mpi_refused "--loss softmax on multi-label shards" \
   "--loss: softmax needs exactly one hard label per example" \
   --model classify --data multi --loss softmax --max-len 64 --max-tokens 512
+
+# A run whose activations cannot fit is refused naming the cheapest
+# recompute mode that fits: 8 MLPs of d-ff 8192 at 16,384 tokens keep 8 GiB
+# of activations, half of them the activation --recompute activation makes
+# again in backward; about 6.7 GiB are left under an 8 GiB address space.
+try_memory_kb=8388608 try "$bin" train --model lm --synthetic copy --layers 8 --d-model 64 \
+  --heads 4 --d-ff 8192 --max-len 64 --max-tokens 16384 --steps 1 --threads 1 --out run/sub
+refused "train whose activations fit with --recompute activation" 2 \
+  "mpiformer train: the model needs about" "or train with --recompute activation (about" \
+  " per rank, which fits)"
+check "that refusal leaves no --out directory" test ! -e run
 
 # ---- eval
 try "$bin" eval --checkpoint lm-run/$ckpt --data lm --max-tokens 1

@@ -188,9 +188,13 @@ check "  the GEMMs' search free of the bits against the present paths free of th
 check "  the loss family beside its target" \
   grep -q "^limit: loss family at gpt2 B32 (target <= 1.5 ms per step); present $number ms (\(met\|not met\)); loss=staged $number ms" "$summary"
 for name in "gpt2 B8 candidates" "gpt2 B64 candidates" "gpt2-medium B16 candidates" \
-  "gpt2 B8 --grad-sum exact exact=direct"; do
+  "gpt2 B8 --grad-sum exact exact=direct" "gpt2 B64 candidates --recompute activation"; do
   check "  $name" grep -q "^limit: $name: $number tok/s" "$summary"
 done
+check "  B64 with the MLPs' activations made again, against none" \
+  grep -q "^limit: --recompute activation against none, gpt2 B64 candidates: tok/s $number -> $number (new/old $number)$" "$summary"
+check "  B64's device memory beside its target" \
+  grep -q "^limit: gpt2 B64 device memory (target below 25.9 GB); candidates $number B (met); activation $number B (met)$" "$summary"
 check "  the exact sum's two paths side by side" \
   grep -q "^limit: exact=direct against present, gpt2 B8 --grad-sum exact: optimizer $number -> $number ms" "$summary"
 check "  PyTorch's baseline at B8 and B32 beside ours" \

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# --recompute layer through the command line: each layer keeps only its
-# input and backward reruns its forward, so with dropout on
+# --recompute through the command line. layer: each layer keeps only its
+# input and backward reruns its forward; activation: each MLP keeps its
+# pre-activation alone and backward makes its activation again (in fp32,
+# the CPU's precision here, the same bits). With dropout on, for both
 #   - lm (pre-LN) and seq2seq (post-LN) leave parameters and Adam moments
 #     bitwise equal to --recompute none after 3 steps of 2 micro-batches;
 #   - -np 2 (gradients reduced while backward runs) equals -np 1 x 2;
-#   - bench allocates less with layer than with none, and says which ran.
+#   - bench allocates less than with none, and says which ran.
 source "$(dirname "$0")/common.sh"
 bin=$1 work=$2
 compare=${COMPARE_PARAMS:-$(dirname "$bin")/tests/compare_params}
@@ -40,33 +42,36 @@ same() {
 }
 
 train lm-none 1 2 lm --layers 3 --recompute none
-train lm-layer 1 2 lm --layers 3 --recompute layer
-same "lm --dropout 0.1: --recompute layer vs none" lm-layer lm-none
-if ! grep -x 'recompute = layer' "$work/lm-layer/config.ini" >/dev/null; then
-  echo "FAIL: config.ini does not record recompute = layer" >&2
-  exit 1
-fi
-
 train s2s-none 1 2 seq2seq --enc-layers 2 --dec-layers 3 --norm post --recompute none
-train s2s-layer 1 2 seq2seq --enc-layers 2 --dec-layers 3 --norm post --recompute layer
-same "seq2seq --norm post --dropout 0.1: --recompute layer vs none" s2s-layer s2s-none
-
-train lm-layer-np2 2 1 lm --layers 3 --recompute layer
-same "lm --recompute layer: -np 2 x 1 (overlapped reduction) vs -np 1 x 2" lm-layer-np2 lm-none
+for mode in layer activation; do
+  train "lm-$mode" 1 2 lm --layers 3 --recompute "$mode"
+  same "lm --dropout 0.1: --recompute $mode vs none" "lm-$mode" lm-none
+  if ! grep -x "recompute = $mode" "$work/lm-$mode/config.ini" >/dev/null; then
+    echo "FAIL: config.ini does not record recompute = $mode" >&2
+    exit 1
+  fi
+  train "s2s-$mode" 1 2 seq2seq --enc-layers 2 --dec-layers 3 --norm post --recompute "$mode"
+  same "seq2seq --norm post --dropout 0.1: --recompute $mode vs none" "s2s-$mode" s2s-none
+  train "lm-$mode-np2" 2 1 lm --layers 3 --recompute "$mode"
+  same "lm --recompute $mode: -np 2 x 1 (overlapped reduction) vs -np 1 x 2" "lm-$mode-np2" lm-none
+done
 
 # bench: the backend's own allocation (weights, AdamW, activations) shrinks.
 bench() {
   "$bin" bench --model lm --layers 6 --d-model 64 --heads 4 --d-ff 256 --vocab 64 --batch 4 \
     --seq 64 --steps 1 --warmup-steps 1 --threads 1 --dropout 0.1 --recompute "$1" 2>/dev/null
 }
-bench none >"$work/bench-none.json"
-bench layer >"$work/bench-layer.json"
 allocated() { sed -n 's/.*"allocated_bytes": \([0-9]*\).*/\1/p' "$1"; }
-none=$(allocated "$work/bench-none.json") layer=$(allocated "$work/bench-layer.json")
-if ! grep '"recompute": "layer"' "$work/bench-layer.json" >/dev/null || [[ -z $none ]] ||
-  [[ -z $layer ]] || ((layer >= none)); then
-  cat "$work/bench-none.json" "$work/bench-layer.json" >&2
-  echo "FAIL: bench --recompute layer should allocate less than none" >&2
-  exit 1
-fi
-echo "PASS: bench allocates $layer bytes with --recompute layer, $none with none"
+bench none >"$work/bench-none.json"
+none=$(allocated "$work/bench-none.json")
+for mode in activation layer; do
+  bench "$mode" >"$work/bench-$mode.json"
+  bytes=$(allocated "$work/bench-$mode.json")
+  if ! grep "\"recompute\": \"$mode\"" "$work/bench-$mode.json" >/dev/null || [[ -z $none ]] ||
+    [[ -z $bytes ]] || ((bytes >= none)); then
+    cat "$work/bench-none.json" "$work/bench-$mode.json" >&2
+    echo "FAIL: bench --recompute $mode should allocate less than none" >&2
+    exit 1
+  fi
+  echo "PASS: bench allocates $bytes bytes with --recompute $mode, $none with none"
+done
