@@ -181,8 +181,9 @@ TEST(BlockScratch, BuffersAreAlignedApartAndInsideTheirBytes) {
           if (activation) {
             const size_t without = BlockScratch::bytes(t, rows, memory_rows, C, F, false);
             // The attention's gradients hold 4 C elements a row, 256-aligned twice.
-            if (F * dtype_bytes(t) * rows + 256 <= 4 * C * dtype_bytes(t) * rows)
+            if (F * dtype_bytes(t) * rows + 256 <= 4 * C * dtype_bytes(t) * rows) {
               EXPECT_EQ(bytes, without);
+            }
             EXPECT_LE(bytes, without + static_cast<size_t>(rows) * F * dtype_bytes(t) + 256);
           }
         }
