@@ -96,7 +96,8 @@ struct BlockScratch {
   // `activation`).
   static size_t bytes(DType dtype, int rows, int memory_rows, int C, int F, bool activation);
   // The buffers laid one after another from `base` (bytes(...) of memory),
-  // each 256-byte aligned, as cuBLASLt assumes of its operands.
+  // `act` over datt and dqkv, each 256-byte aligned, as cuBLASLt assumes of
+  // its operands.
   void init(void* base, DType dtype, int rows, int memory_rows, int C, int F, bool activation);
 };
 
