@@ -1692,8 +1692,9 @@ TEST_P(CudaModelTest, RecomputeLayerGivesTheSameBits) {
 // from its kept (rounded) pre-activation by the elementwise kernel, where
 // forward took it from cuBLASLt's GELU epilogue on the unrounded value. Only
 // the gradients that read it, the MLPs' proj weights, may differ, by
-// rounding; every other gradient reads the same pre-activation and is the
-// same bits.
+// rounding; every other gradient reads the same pre-activation, and the
+// pre-LN input norms made again from the stored stream are the same bits
+// (layernorm_forward normalises a row as the fused residual add did).
 TEST_P(CudaModelTest, RecomputeActivationChangesOnlyTheProjectionWeightGradients) {
   std::unique_ptr<Ops> gpu = checked_if_asked(make_cuda_ops(0));
   for (ModelKind kind : {ModelKind::kLm, ModelKind::kSeq2seq}) {

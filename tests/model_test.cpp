@@ -308,7 +308,8 @@ Trained train_two(const ModelConfig& m, Recompute recompute, DType compute, cons
 // gradients, loss sums and reported offsets of --recompute none, bit for
 // bit. layer reruns each layer's forward from its kept input with the same
 // masks; activation makes the MLP's activation again from its pre-
-// activation, which in fp32 is the forward's own.
+// activation, which in fp32 is the forward's own, and a pre-LN sub-layer's
+// input norm from the stored stream by forward's row routine.
 void expect_recompute_same_bits(ModelConfig m, const Batch& a, const Batch& b,
                                 DType compute = DType::kF32,
                                 std::vector<Recompute> modes = {Recompute::kActivation,
@@ -354,7 +355,8 @@ TEST(Recompute, LmPostNormBf16GradientsAreTheSameBits) {
 // In bf16, --recompute activation makes the MLP's activation again from the
 // rounded pre-activation where forward used the unrounded one: only the
 // gradients that read it, the MLPs' proj weights, may differ, and by
-// rounding alone; everything upstream reads the same pre-activation.
+// rounding alone; everything upstream reads the same pre-activation, and
+// the input norms made again (pre-LN) are the same bits.
 TEST(Recompute, ActivationInBf16ChangesOnlyTheProjectionWeightGradients) {
   for (bool pre : {true, false}) {
     SCOPED_TRACE(pre ? "pre-LN" : "post-LN");
@@ -453,13 +455,15 @@ TEST(Recompute, MeasureCountsWhatEachModeAllocates) {
       EXPECT_GT(bytes(deeper, Recompute::kNone, true) - bytes(m, Recompute::kNone, true),
                 stacks * 8 * input)
           << to_string(kind);
-      // With activation, each further layer keeps (N, F) fewer: its MLP's
-      // activation, made in the scratch instead.
+      // With activation, each further layer keeps (N, F) fewer, its MLP's
+      // activation, and in pre-LN models (N, C) fewer per sub-layer, its
+      // input norm's output: both made in the scratch instead.
       const size_t activation = size_t{64} * m.d_ff * sizeof(float);
+      const size_t sublayers = kind == ModelKind::kSeq2seq ? 2 + 3 : 2;
       EXPECT_EQ(bytes(deeper, Recompute::kNone, true) - bytes(deeper, Recompute::kActivation, true),
                 bytes(m, Recompute::kNone, true) - bytes(m, Recompute::kActivation, true) +
-                    stacks * activation)
-          << to_string(kind);
+                    stacks * activation + (pre ? sublayers * input : 0))
+          << to_string(kind) << (pre ? " pre-LN" : " post-LN");
     }
   }
 }

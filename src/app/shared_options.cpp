@@ -268,10 +268,11 @@ void add_recompute_flag(FlagTable& t, Recompute* recompute) {
                {{"none", Recompute::kNone},
                 {"activation", Recompute::kActivation},
                 {"layer", Recompute::kLayer}},
-               "what backward recomputes: none keeps every layer's activations; activation keeps "
-               "each MLP's pre-activation alone and recomputes its activation in backward (d-ff "
-               "values a token and layer fewer, an elementwise pass more); layer keeps only each "
-               "layer's input and reruns its forward in backward");
+               "what backward recomputes: none keeps every layer's activations; activation "
+               "makes the cheap ones again, each MLP's activation from its pre-activation and, in "
+               "pre-LN models, each sub-layer's input norm from the stream (a pass over each, no "
+               "GEMM rerun); layer keeps only each layer's input and reruns its forward in "
+               "backward");
 }
 
 void add_reducer_flags(FlagTable& t, float* bucket_mb, bool* overlap, GradSum* grad_sum,

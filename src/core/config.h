@@ -45,10 +45,11 @@ enum class Transport { kAuto, kNccl, kMpi };
 // What a step with a non-finite loss or gradient norm does (src/train/divergence_guard.h).
 enum class OnDivergence { kStop, kSkip };
 // What backward recomputes: none keeps every layer's activations;
-// activation keeps each MLP's pre-activation alone and recomputes its
-// activation (d-ff values a token) in backward; layer keeps each layer's
-// input and reruns the layer's forward in backward. In the order of what
-// they save (src/train/memory_budget.cpp compares them).
+// activation makes the cheap ones again in backward (each MLP's activation
+// from its pre-activation; in pre-LN models each sub-layer's input norm
+// from the stream); layer keeps each layer's input and reruns the layer's
+// forward in backward. In the order of what they save
+// (src/train/memory_budget.cpp compares them).
 enum class Recompute { kNone, kActivation, kLayer };
 
 const char* to_string(ModelKind k);

@@ -48,7 +48,7 @@ Dropout dropout_at(const BlockContext& ctx, uint64_t site) {
 // ---- layer norm -----------------------------------------------------------
 
 void LayerNorm::init(BlockContext& ctx, ActivationArena& arena, const std::string& name, int rows,
-                     const LayerNorm* shared) {
+                     const LayerNorm* shared, bool own_out) {
   const int C = ctx.config->d_model;
   gamma = ctx.params->add(name + ".gamma", {C}, false, Init::kOnes);
   beta = ctx.params->add(name + ".beta", {C}, false, Init::kZeros);
@@ -58,13 +58,13 @@ void LayerNorm::init(BlockContext& ctx, ActivationArena& arena, const std::strin
     rstd = shared->rstd;
     return;
   }
-  out = arena.acts(static_cast<size_t>(rows) * C);
+  if (own_out) out = arena.acts(static_cast<size_t>(rows) * C);
   mean = arena.floats(rows);
   rstd = arena.floats(rows);
 }
 
-void LayerNorm::forward(BlockContext& ctx, Act x, int N) {
-  ctx.ops->layernorm_forward(out, mean, rstd, x, ctx.params->weight(gamma),
+void LayerNorm::forward(BlockContext& ctx, Act x, int N, Act into) {
+  ctx.ops->layernorm_forward(into ? into : out, mean, rstd, x, ctx.params->weight(gamma),
                              ctx.params->weight(beta), N, ctx.config->d_model, ctx.config->ln_eps);
 }
 
@@ -139,7 +139,8 @@ void Sublayer::init(BlockContext& ctx, ActivationArena& arena, const std::string
   ParameterSet& p = *ctx.params;
   const float std = 0.02f;
 
-  norm_.init(ctx, arena, name + ".norm", rows, shared ? &shared->norm_ : nullptr);
+  norm_.init(ctx, arena, name + ".norm", rows, shared ? &shared->norm_ : nullptr,
+             !norm_in_scratch(ctx));
 
   attention_.heads = m.heads;
   attention_.head_dim = C / m.heads;
@@ -366,9 +367,16 @@ void Sublayer::backward(BlockContext& ctx, BlockScratch& scratch, Act& dstream, 
     dy = scratch.dy;
   }
   if (pre) {
+    // --recompute activation: u = LN(s) again, into y (free in backward),
+    // by the row routine forward's fused residual add ran on the stored
+    // sum: the same bits.
+    Act u = norm_.out;
+    if (norm_in_scratch(ctx)) {
+      norm_.forward(ctx, s, N, scratch.y);
+      u = scratch.y;
+    }
     // ds = dsum + LN'(f'(dy)); dstream already holds dsum
-    inner_backward(ctx, scratch, scratch.du, false, dy, norm_.out, rows, memory, dmemory,
-                   memory_rows);
+    inner_backward(ctx, scratch, scratch.du, false, dy, u, rows, memory, dmemory, memory_rows);
     norm_.backward(ctx, dstream, scratch.du, s, N, true);
   } else {
     // ds = dsum + f'(dy), accumulated into dsum (= spare), which becomes the stream

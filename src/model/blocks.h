@@ -53,7 +53,9 @@ struct BlockContext {
   uint64_t dropout_seed = 0;
   uint64_t dropout_pass = 0;  // identifies (step, micro-batch)
   // --recompute activation: an MLP's activation is not kept for backward
-  // but made again there from its kept pre-activation (BlockScratch::act).
+  // but made again there from its kept pre-activation (BlockScratch::act),
+  // and in pre-LN models a sub-layer's input norm from the kept stream
+  // (forward's in BlockScratch::du, backward's in BlockScratch::y).
   bool recompute_activation = false;
 };
 
@@ -69,10 +71,11 @@ struct LayerNorm {
   float* rstd = nullptr;      // (N)
 
   // shared: a norm whose buffers this one takes turns with (null: its own).
+  // own_out false: `out` is left for the model to point at scratch.
   void init(BlockContext& ctx, ActivationArena& arena, const std::string& name, int rows,
-            const LayerNorm* shared = nullptr);
-  // out = LN(x).  x: (N, C)
-  void forward(BlockContext& ctx, Act x, int N);
+            const LayerNorm* shared = nullptr, bool own_out = true);
+  // out (or `into`, when given) = LN(x).  x: (N, C)
+  void forward(BlockContext& ctx, Act x, int N, Act into = Act());
   // dx (= or +=): (N, C), dout: (N, C), x: the forward input (N, C)
   void backward(BlockContext& ctx, Act dx, Act dout, Act x, int N, bool accumulate);
 };
@@ -152,6 +155,12 @@ class Sublayer {
                 const Ragged& rows, Act memory, Act dmemory, const Ragged& memory_rows);
 
   LayerNorm& norm() { return norm_; }
+  // --recompute activation in pre-LN models: the input norm's output is
+  // not kept; forward writes it to scratch (Model::Impl::build), backward
+  // makes it again.
+  static bool norm_in_scratch(const BlockContext& ctx) {
+    return ctx.recompute_activation && ctx.config->pre_norm;
+  }
   // Lowest buffer offset of its parameters: once backward has passed this
   // sub-layer, gradients from here up are final.
   size_t first_offset(const ParameterSet& params) const;

@@ -84,6 +84,12 @@ void Model::Impl::build() {
       arena.bytes(std::max(logits_bytes, BlockScratch::bytes(compute_dtype, N, memory_rows, C,
                                                              config.d_ff, activation)));
   scratch.init(shared, compute_dtype, N, memory_rows, C, config.d_ff, activation);
+  // The sub-layers' input norms in forward, where their outputs are not
+  // kept: du is free until backward (blocks.h, BlockContext).
+  if (Sublayer::norm_in_scratch(ctx)) {
+    for (Stack* stack : {&encoder, &main})
+      for (Sublayer& sublayer : stack->sublayers) sublayer.norm().out = scratch.du;
+  }
   if (!classify) logits = Act(shared, compute_dtype);
   train_sums = static_cast<LossSums*>(arena.bytes(sizeof(LossSums)));
   eval_sums = static_cast<LossSums*>(arena.bytes(sizeof(LossSums)));

@@ -26,7 +26,8 @@ struct ModelCapacity {
   // per-sequence buffers (scores, label targets) are (max_sequences, labels).
   int max_sequences = 0;  // 0: max_tokens (one-row sequences)
   // activation: each MLP keeps its pre-activation alone, and its activation
-  // lives in the sub-layers' scratch, made again in backward; layer: the
+  // lives in the sub-layers' scratch, made again in backward, as are the
+  // pre-LN sub-layers' input norms; layer: the
   // layers of a stack take turns in one set of activation buffers, each
   // keeping only its input; backward reruns a layer's forward before its
   // backward (docs/DESIGN.md section 3).

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # --recompute through the command line. layer: each layer keeps only its
 # input and backward reruns its forward; activation: each MLP keeps its
-# pre-activation alone and backward makes its activation again (in fp32,
-# the CPU's precision here, the same bits). With dropout on, for both
+# pre-activation alone and backward makes its activation again, and a
+# pre-LN sub-layer's input norm (in fp32, the CPU's precision here, the
+# same bits). With dropout on, for both
 #   - lm (pre-LN) and seq2seq (post-LN) leave parameters and Adam moments
 #     bitwise equal to --recompute none after 3 steps of 2 micro-batches;
 #   - -np 2 (gradients reduced while backward runs) equals -np 1 x 2;
