@@ -53,12 +53,20 @@ inline Split split_for(int N, int IC, int OC, int ld) {
   return s;
 }
 
+// Floats from one part's bias gradient to the next: OC rounded up to 64,
+// so that each part's starts 256 bytes after the last, as aligned as the
+// first (cuBLASLt checks the alignment of the bias pointer it is given,
+// not of the batch stride added to it).
+inline size_t bias_stride(int OC) {
+  return (static_cast<size_t>(OC) + 63) / 64 * 64;
+}
+
 // Element i of dW after the parts: dW[i] + (((p_0 + p_1) + p_2) + ...),
-// the parts `count` elements apart.
-MPIFORMER_HOST_DEVICE inline float add_parts(float dw, const float* partial, size_t count,
+// the parts `stride` elements apart.
+MPIFORMER_HOST_DEVICE inline float add_parts(float dw, const float* partial, size_t stride,
                                              int parts, size_t i) {
   float sum = partial[i];
-  for (int p = 1; p < parts; ++p) sum += partial[static_cast<size_t>(p) * count + i];
+  for (int p = 1; p < parts; ++p) sum += partial[static_cast<size_t>(p) * stride + i];
   return dw + sum;
 }
 

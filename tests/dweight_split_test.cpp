@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <climits>
+#include <cmath>
 #include <random>
 #include <string>
 #include <vector>
@@ -82,21 +83,37 @@ TEST(DWeightSplit, PartsAddedInOrderThenIntoTheGradient) {
 }
 
 // The kernel as matmul.cu launches it gives add_parts' bits for every
-// element, whatever the grid.
+// element, whatever the grid, with the parts `stride` apart (dW's count,
+// or the bias gradients' padded stride) and the padding never read.
 TEST(DWeightSplit, TheKernelAddsEachElementsParts) {
   std::mt19937 rng(4);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (int parts : {2, 3, 16}) {
-    const size_t count = 5000;
-    std::vector<float> partial(count * parts), dweight(count), want(count);
-    for (float& v : partial) v = normal(rng);
-    for (float& v : dweight) v = normal(rng);
-    for (size_t i = 0; i < count; ++i)
-      want[i] = split::add_parts(dweight[i], partial.data(), count, parts, i);
-    emulated::launch(dim3(3), 256, nullptr, 0, [&] {
-      cuda::add_split_parts_kernel(dweight.data(), partial.data(), count, parts);
-    });
-    EXPECT_EQ(dweight, want) << parts << " parts";
+  const size_t count = 5000;
+  for (const size_t stride : {count, split::bias_stride(static_cast<int>(count))}) {
+    for (int parts : {2, 3, 16}) {
+      std::vector<float> partial(stride * parts, std::nanf("")), dweight(count), want(count);
+      for (int p = 0; p < parts; ++p)
+        for (size_t i = 0; i < count; ++i) partial[p * stride + i] = normal(rng);
+      for (float& v : dweight) v = normal(rng);
+      for (size_t i = 0; i < count; ++i)
+        want[i] = split::add_parts(dweight[i], partial.data(), stride, parts, i);
+      emulated::launch(dim3(3), 256, nullptr, 0, [&] {
+        cuda::add_split_parts_kernel(dweight.data(), partial.data(), count, stride, parts);
+      });
+      EXPECT_EQ(dweight, want) << parts << " parts, stride " << stride;
+      for (float v : dweight) ASSERT_FALSE(std::isnan(v)) << "padding read, stride " << stride;
+    }
+  }
+}
+
+// Each part's bias gradient starts 256 bytes after the last whatever OC
+// (GPT-2's vocabulary tail of 1, a classifier's 10 classes).
+TEST(DWeightSplit, BiasPartsStay256BytesAligned) {
+  for (int OC : {1, 10, 64, 65, 768, 3072, 50257}) {
+    const size_t stride = split::bias_stride(OC);
+    EXPECT_GE(stride, static_cast<size_t>(OC));
+    EXPECT_LT(stride, static_cast<size_t>(OC) + 64);
+    EXPECT_EQ(stride * sizeof(float) % 256, 0u) << OC;
   }
 }
 

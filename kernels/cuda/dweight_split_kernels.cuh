@@ -11,12 +11,13 @@
 
 namespace mpiformer::cuda {
 
-// sum[i] = add_parts(sum[i], ...) for i < count; partial: (parts, count).
-__global__ void add_split_parts_kernel(float* sum, const float* partial, size_t count, int parts) {
-  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
-       i += stride)
-    sum[i] = dweight_split::add_parts(sum[i], partial, count, parts, i);
+// sum[i] = add_parts(sum[i], ...) for i < count; partial: (parts, stride),
+// stride >= count.
+__global__ void add_split_parts_kernel(float* sum, const float* partial, size_t count,
+                                       size_t stride, int parts) {
+  const size_t step = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += step)
+    sum[i] = dweight_split::add_parts(sum[i], partial, stride, parts, i);
 }
 
 }  // namespace mpiformer::cuda

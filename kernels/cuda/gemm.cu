@@ -140,7 +140,9 @@ cudaDataType_t cuda_type(DType t) {
 
 // What decides the algorithm: everything but the pointers themselves.
 struct PlanKey {
-  int trans_a, trans_b, m, n, k, lda, ldb, ldd, ab_type, d_type, epilogue, aux_ld;
+  // accumulate (beta != 0): the timed search checked the bits under one of
+  // the two, and an algorithm's order of sums may keep them under one alone.
+  int trans_a, trans_b, m, n, k, lda, ldb, ldd, ab_type, d_type, epilogue, aux_ld, accumulate;
   int batch, stride_a, stride_b, stride_d, bias_stride;
   int align_a, align_b, align_d, align_bias, align_aux;
   std::string text() const {
@@ -247,6 +249,7 @@ Gemm::Plan* Gemm::plan_for(const GemmCall& c) {
                     static_cast<int>(c.d_type),
                     static_cast<int>(c.epilogue),
                     c.aux_ld,
+                    c.beta != 0.0f,
                     c.batch,
                     c.stride_a,
                     c.stride_b,
@@ -375,7 +378,9 @@ int Gemm::time_candidates(const GemmCall& c, const Plan& plan,
                           const std::vector<cublasLtMatmulAlgo_t>& algos) {
   // The real call follows and overwrites what the trials write (D, aux, the
   // bias gradient), except a D it accumulates into (beta != 0): then the
-  // trials read D as C and write a stand-in of D's size (ldd x n), D untouched.
+  // trials accumulate in place, as the real call does (an algorithm may not
+  // write out of place), into a stand-in of D's size (ldd x n) that each
+  // warm-up first fills with D, D untouched.
   void* out = c.d;
   const bool stand_in = c.beta != 0.0f;
   const size_t out_bytes = d_span(c) * element_bytes(c.d_type);
@@ -391,6 +396,10 @@ int Gemm::time_candidates(const GemmCall& c, const Plan& plan,
   std::vector<gemm_search::Trial> trials;
   for (size_t i = 0; i < algos.size(); ++i) {
     gemm_search::Trial trial;
+    if (stand_in) {
+      check(cudaMemcpyAsync(out, c.d, out_bytes, cudaMemcpyDeviceToDevice, ops_.stream()),
+            "cudaMemcpyAsync (timed search's stand-in D)");
+    }
     trial.ran = trial_run(c, plan, algos[i], out);  // the warm-up, untimed (first launch, caches)
     if (trial.ran && same_bits_) trial.digest = outputs_digest(c, out);
     trials.push_back(trial);
@@ -415,7 +424,7 @@ int Gemm::time_candidates(const GemmCall& c, const Plan& plan,
 bool Gemm::trial_run(const GemmCall& c, const Plan& plan, const cublasLtMatmulAlgo_t& algo,
                      void* out) {
   const float alpha = 1.0f;
-  if (cublasLtMatmul(lt_, plan.desc, &alpha, c.a, plan.a, c.b, plan.b, &c.beta, c.d, plan.d, out,
+  if (cublasLtMatmul(lt_, plan.desc, &alpha, c.a, plan.a, c.b, plan.b, &c.beta, out, plan.d, out,
                      plan.d, &algo, workspace_, workspace_bytes_,
                      ops_.stream()) == CUBLAS_STATUS_SUCCESS)
     return true;

@@ -116,8 +116,9 @@ class Gemm {
                                                int requested);
   void search(const GemmCall& call, Plan& plan);
   // search's trials: the index of the winner of algos (gemm_search::winner),
-  // or -1 when none qualified. Its parts: one run of a candidate writing D
-  // to `out` (false, the error cleared, if cuBLASLt refused it); its
+  // or -1 when none qualified. Its parts: one run of a candidate into
+  // `out`, D itself or, where D accumulates, a stand-in holding D's values
+  // (false, the error cleared, if cuBLASLt refused it); its
   // milliseconds over the timed runs, negative if one failed; the digest
   // of what a run wrote (D to `out`, the bias gradient, GELU's input).
   int time_candidates(const GemmCall& call, const Plan& plan,

@@ -256,10 +256,12 @@ bool CudaOps::split_weight_gradient(float* dweight, float* dbias, Act dout, Act 
   const dweight_split::Split split = dweight_split::split_for(N, IC, OC, ldd);
   if (split.parts == 1) return false;
   const size_t count = static_cast<size_t>(IC) * OC;
-  // The parts' dW (parts, IC x OC), then their bias gradients (parts, OC) from 256 bytes on.
+  // The parts' dW (parts, IC x OC), then their bias gradients (parts, bias_stride) from 256
+  // bytes on.
   const size_t weight_floats = (count * split.parts + 63) / 64 * 64;
-  auto* partial = static_cast<float*>(scratch(
-      kWeightGradParts, sizeof(float) * (weight_floats + static_cast<size_t>(OC) * split.parts)));
+  const size_t bias_stride = dweight_split::bias_stride(OC);
+  auto* partial = static_cast<float*>(
+      scratch(kWeightGradParts, sizeof(float) * (weight_floats + bias_stride * split.parts)));
   float* bias_parts = partial + weight_floats;
   // Part p: partial[p]^T (IC x OC) = x^T dout over tokens [p * rows, (p + 1) * rows),
   // and its bias gradient into bias_parts[p] where cuBLASLt fuses it.
@@ -271,7 +273,7 @@ bool CudaOps::split_weight_gradient(float* dweight, float* dbias, Act dout, Act 
   if (dbias) {
     cuda::GemmCall with_bias = call;
     with_bias.epilogue = CUBLASLT_EPILOGUE_BGRADB;
-    with_bias.bias = bias_parts, with_bias.bias_stride = OC;
+    with_bias.bias = bias_parts, with_bias.bias_stride = static_cast<int>(bias_stride);
     bias_fused = gemm_->fused(with_bias);
   }
   if (!bias_fused && !gemm_->fused(call)) return false;
@@ -287,15 +289,16 @@ bool CudaOps::split_weight_gradient(float* dweight, float* dbias, Act dout, Act 
     gemm_->plain(tail);
     if (bias_fused) add_column_sums(bias_parts, dout + first * ldd, rest, OC, ldd);
   }
-  add_split_parts(dweight, partial, count, split.parts);
-  if (bias_fused) add_split_parts(dbias, bias_parts, OC, split.parts);
+  add_split_parts(dweight, partial, count, count, split.parts);
+  if (bias_fused) add_split_parts(dbias, bias_parts, OC, bias_stride, split.parts);
   if (dbias && !bias_fused) add_column_sums(dbias, dout, N, OC, ldd);
   return true;
 }
 
-void CudaOps::add_split_parts(float* sum, const float* partial, size_t count, int parts) {
-  cuda::add_split_parts_kernel<<<cuda::blocks_for(count), kThreads, 0, stream_>>>(sum, partial,
-                                                                                  count, parts);
+void CudaOps::add_split_parts(float* sum, const float* partial, size_t count, size_t stride,
+                              int parts) {
+  cuda::add_split_parts_kernel<<<cuda::blocks_for(count), kThreads, 0, stream_>>>(
+      sum, partial, count, stride, parts);
   cuda::check(cudaGetLastError(), "matmul_backward (the split's parts)");
 }
 

@@ -153,8 +153,8 @@ class CudaOps final : public Ops {
   // where the shape takes no split or cuBLASLt has no batched algorithm.
   bool split_weight_gradient(float* dweight, float* dbias, Act dout, Act x, int N, int IC, int OC,
                              int ldd);
-  // sum (+=) the parts of partial (parts, count), in order.
-  void add_split_parts(float* sum, const float* partial, size_t count, int parts);
+  // sum (+=) the parts of partial (parts, stride), count elements each, in order.
+  void add_split_parts(float* sum, const float* partial, size_t count, size_t stride, int parts);
 
   std::unique_ptr<CudaDevice> gpu_;  // first: the members below release into it
   cudaStream_t stream_ = nullptr;    // gpu_'s
