@@ -109,4 +109,16 @@ std::string describe(const KernelSwitches& switches) {
   return text;
 }
 
+std::string describe(const CandidateCalls& calls) {
+  static_assert(static_cast<size_t>(CandidateCalls::kFamilies) == std::size(kFamilies));
+  std::string text;
+  for (int f = 0; f < CandidateCalls::kFamilies; ++f) {
+    if (calls.asked[f] == 0) continue;
+    text += std::string(text.empty() ? "" : ", ") + kFamilies[f].name + "=" +
+            kFamilies[f].paths[1] + " " + std::to_string(calls.ran[f]) + " of " +
+            std::to_string(calls.asked[f]) + " calls";
+  }
+  return text;
+}
+
 }  // namespace mpiformer

@@ -52,6 +52,23 @@ struct KernelSwitches {
   enum class DWeight { kWhole, kSplit } dweight = DWeight::kWhole;
 };
 
+// How often each family's candidate ran, of the calls that asked for it;
+// the rest took the present path (a size, shape or alignment the
+// candidate does not take, or a batch it is not for). The GPU backend
+// counts; bench reports it, and the GPU tests check that a candidate ran
+// at all: one that never ran measured nothing. gemm and exact are not
+// counted here (bench's gemm_search; the reducer always takes direct).
+struct CandidateCalls {
+  // kernel_switches.cpp's families, in its order.
+  enum Family { kLayerNorm, kLoss, kGemm, kAttention, kExact, kAdamW, kDWeight, kFamilies };
+  long long asked[kFamilies] = {};
+  long long ran[kFamilies] = {};
+  void count(Family f, bool took) {
+    ++asked[f];
+    if (took) ++ran[f];
+  }
+};
+
 // The switches `text` names (the syntax above). Throws
 // std::invalid_argument naming the variable, the bad part and the choices.
 KernelSwitches parse_kernel_switches(const std::string& text);
@@ -63,5 +80,9 @@ KernelSwitches kernel_switches_from_environment();
 // exact=buffered,adamw=ranged,dweight=whole": every family, for start
 // lines and bench's JSON.
 std::string describe(const KernelSwitches& switches);
+
+// "layernorm=warp 49 of 49 calls, dweight=split 24 of 72 calls": each
+// family asked for at least once; empty where none was.
+std::string describe(const CandidateCalls& calls);
 
 }  // namespace mpiformer

@@ -53,6 +53,7 @@ class ObservedOps : public Ops {
   std::string gemm_search() const override { return inner_.gemm_search(); }
   std::string gemm_unfused() const override { return inner_.gemm_unfused(); }
   std::string kernel_choices() const override { return inner_.kernel_choices(); }
+  std::string candidate_calls() const override { return inner_.candidate_calls(); }
   bool direct_exact_sum() const override { return inner_.direct_exact_sum(); }
   AttentionCalls attention_calls() const override { return inner_.attention_calls(); }
   AttentionPreparation prepare_attention(const std::vector<AttentionCase>& cases, DType dtype,

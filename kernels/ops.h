@@ -255,6 +255,9 @@ class Ops {
   // The kernel switches the backend runs under (kernels/kernel_switches.h's
   // describe), for start lines and bench; empty on the CPU, which has none.
   virtual std::string kernel_choices() const { return ""; }
+  // How often each candidate asked for ran (kernel_switches.h's
+  // CandidateCalls), for bench; empty where none was asked for.
+  virtual std::string candidate_calls() const { return ""; }
   // Whether the exact gradient sum writes its first contribution rather
   // than adding it to a zeroed buffer, and rounds one rank's single
   // contribution in place (src/parallel/gradient_reducer.h; the same bits

@@ -376,6 +376,13 @@ TEST_P(CudaOpsTest, LayerNormFusedWithTheResidual) {
     SCOPED_TRACE("N " + std::to_string(N) + ", C " + std::to_string(C));
     layernorm_case(N, C);
   }
+  // Under the candidates the warp kernels ran each call of C 96, 768 and
+  // 1024 (4 a case) and left 1040's to the block kernels.
+  const CandidateCalls& calls = b_->cuda->candidate_counts();
+  if (b_->cuda->kernel_switches().layernorm == KernelSwitches::LayerNorm::kWarp) {
+    EXPECT_GE(calls.ran[CandidateCalls::kLayerNorm], 12);
+    EXPECT_GE(calls.asked[CandidateCalls::kLayerNorm] - calls.ran[CandidateCalls::kLayerNorm], 4);
+  }
 }
 
 void CudaOpsTest::layernorm_case(int N, int C) {
@@ -565,14 +572,22 @@ TEST_P(CudaOpsTest, RaggedAttention) {
       attention_case(2, 64, large, sources, true, false, scale);
       calls += 2;
     }
+    const long long dense_before = b_->cuda->candidate_counts().ran[CandidateCalls::kAttention];
     for (bool causal : {false, true}) {
       attention_case(2, 64, equal, equal, false, causal, AttentionScale::kStandard);
       calls += 2;
     }
+    // The log-length scale folded into a dense copy of q, on each side.
+    attention_case(2, 64, equal, equal, false, true, AttentionScale::kLogLength);
     attention_case(2, 64, equal, equal_sources, true, false, AttentionScale::kLogLength);
-    calls += 2;
+    calls += 4;
     const AttentionCalls after = b_->gpu->attention_calls();
     const bool cudnn = path == AttentionPath::kCudnn;
+    const bool dense = b_->cuda->kernel_switches().attention == KernelSwitches::Attention::kDense &&
+                       cuda::FlashAttention::takes_dense_layout();
+    EXPECT_EQ(b_->cuda->candidate_counts().ran[CandidateCalls::kAttention] - dense_before,
+              cudnn && dense ? 8 : 0)
+        << "the equal-length calls on cuDNN's dense graphs";
     EXPECT_EQ(after.library - before.library, cudnn ? calls : 0);
     EXPECT_EQ(after.plain - before.plain, cudnn ? 0 : calls);
     EXPECT_EQ(after.fallbacks, before.fallbacks);
@@ -990,6 +1005,9 @@ TEST(CudaKernelSwitches, StagedCrossEntropyGivesTheRereadKernelsBits) {
       EXPECT_EQ(sums[0].correct, sums[1].correct);
     }
   }
+  // Every staged call kept its rows in shared memory (3 precisions, 2 shapes).
+  EXPECT_EQ(cuda->candidate_counts().ran[CandidateCalls::kLoss], 6);
+  EXPECT_EQ(cuda->candidate_counts().asked[CandidateCalls::kLoss], 6);
 }
 
 // The vector AdamW (adamw=vector) updates each element as the ranged
@@ -1044,6 +1062,9 @@ TEST(CudaKernelSwitches, VectorAdamWGivesTheRangedBits) {
       EXPECT_NE(after[0][shift + 7], start[shift + 7]) << "nothing was updated";
     }
   }
+  // The vector kernel ran on the aligned buffers alone.
+  EXPECT_EQ(cuda->candidate_counts().ran[CandidateCalls::kAdamW], 3);
+  EXPECT_EQ(cuda->candidate_counts().asked[CandidateCalls::kAdamW], 6);
   dev.release(device_ranges);
   dev.release(norm);
 }
@@ -1199,57 +1220,84 @@ TEST(CudaKernelSwitches, TimedGemmSearchKeepsTheFirstChoicesBits) {
   ops->set_deterministic(true);
 }
 
+// One matmul_backward of `in` (no activation) under `switches`: dx's
+// bytes, then dW and the bias gradient (empty without one), each started
+// from in.dweight and -0.5.
+struct WeightGradients {
+  std::vector<unsigned char> dx;
+  std::vector<float> dweight, dbias;
+};
+WeightGradients weight_gradients(Ops& ops, const LayerInputs& in, const KernelSwitches& switches,
+                                 bool with_bias) {
+  dynamic_cast<CudaOps&>(ops).set_kernel_switches(switches);
+  Device& dev = ops.device();
+  const DType t = in.t;
+  std::vector<void*> owned;
+  const auto upload = [&](const void* data, size_t bytes) {
+    owned.push_back(dev.allocate(bytes));
+    dev.copy_to_device(owned.back(), data, bytes);
+    return owned.back();
+  };
+  const size_t weights = size_t(in.OC) * in.IC;
+  const Act x(upload(in.x.data(), in.x.size()), t), w(upload(in.w.data(), in.w.size()), t),
+      dout(upload(in.dout.data(), in.dout.size()), t), dx(upload(in.x.data(), in.x.size()), t);
+  auto* dw = static_cast<float*>(upload(in.dweight.data(), sizeof(float) * weights));
+  const std::vector<float> bias_start(with_bias ? in.OC : 0, -0.5f);
+  auto* db =
+      with_bias ? static_cast<float*>(upload(bias_start.data(), sizeof(float) * in.OC)) : nullptr;
+  ops.matmul_backward(dx, dw, db, dout, x, w, in.N, in.IC, in.OC, false);
+  WeightGradients got{std::vector<unsigned char>(in.x.size()), std::vector<float>(weights),
+                      std::vector<float>(bias_start.size())};
+  dev.copy_to_host(got.dx.data(), dx.data, in.x.size());
+  dev.copy_to_host(got.dweight.data(), dw, sizeof(float) * weights);
+  if (with_bias) dev.copy_to_host(got.dbias.data(), db, sizeof(float) * in.OC);
+  for (void* p : owned) dev.release(p);
+  return got;
+}
+
 // The weight gradient split along the tokens (dweight=split) against the
 // whole GEMM: dweight and dbias within fp32 rounding of another order of
-// summing, dx untouched (the same bits), and the same bits run to run; on
-// shapes that split into 4 parts, with a tail of tokens, and wider.
+// summing, dx untouched (the same bits), and the same bits run to run and
+// under the timed search (gemm=timed, deterministic). Shapes that split
+// into 4 parts; with a tail of 3 tokens (cuBLASLt's) and of 1 (a plain
+// GEMM); wider; without a bias; and with a feature tail of 3, whose parts'
+// bias gradients would lie 12 bytes apart unpadded.
 TEST(CudaKernelSwitches, SplitWeightGradientAgreesWithTheWholeGemm) {
   if (!gpu_present()) GTEST_SKIP() << "no GPU visible";
   std::unique_ptr<Ops> ops = make_cuda_ops(0);
-  auto* cuda = dynamic_cast<CudaOps*>(ops.get());
-  Device& dev = ops->device();
+  const auto& cuda = dynamic_cast<const CudaOps&>(*ops);
   std::mt19937 rng(16);
   for (DType t : {DType::kF32, DType::kBF16}) {
-    for (const auto& [N, IC, OC] :
-         {std::tuple{8192, 768, 768}, std::tuple{8197, 768, 768}, std::tuple{8192, 768, 3072}}) {
+    for (const auto& [N, IC, OC, bias] :
+         {std::tuple{8192, 768, 768, true}, std::tuple{8197, 768, 768, true},
+          std::tuple{8203, 768, 768, true}, std::tuple{8192, 768, 3072, true},
+          std::tuple{8192, 768, 768, false}, std::tuple{8192, 768, 1283, true}}) {
       SCOPED_TRACE(std::string(to_string(t)) + ", N " + std::to_string(N) + ", OC " +
-                   std::to_string(OC));
+                   std::to_string(OC) + (bias ? "" : ", no bias"));
       const LayerInputs in = random_layer(rng, t, N, IC, OC, 0, false, 0.25f);
-      const size_t weights = size_t(OC) * IC;
-      std::vector<unsigned char> dx[3];
-      std::vector<float> dweight[3], dbias[3];
-      for (int run = 0; run < 3; ++run) {  // whole, split, split again
-        KernelSwitches switches;
-        switches.dweight = run ? KernelSwitches::DWeight::kSplit : KernelSwitches::DWeight::kWhole;
-        cuda->set_kernel_switches(switches);
-        std::vector<void*> owned;
-        const auto upload = [&](const void* data, size_t bytes) {
-          owned.push_back(dev.allocate(bytes));
-          dev.copy_to_device(owned.back(), data, bytes);
-          return owned.back();
-        };
-        const Act x(upload(in.x.data(), in.x.size()), t), w(upload(in.w.data(), in.w.size()), t),
-            dout(upload(in.dout.data(), in.dout.size()), t),
-            dx_gpu(upload(in.x.data(), in.x.size()), t);
-        auto* dw = static_cast<float*>(upload(in.dweight.data(), sizeof(float) * weights));
-        const std::vector<float> bias_start(OC, -0.5f);
-        auto* db = static_cast<float*>(upload(bias_start.data(), sizeof(float) * OC));
-        ops->matmul_backward(dx_gpu, dw, db, dout, x, w, N, IC, OC, false);
-        dx[run].resize(in.x.size());
-        dev.copy_to_host(dx[run].data(), dx_gpu.data, in.x.size());
-        dweight[run].resize(weights);
-        dev.copy_to_host(dweight[run].data(), dw, sizeof(float) * weights);
-        dbias[run].resize(OC);
-        dev.copy_to_host(dbias[run].data(), db, sizeof(float) * OC);
-        for (void* p : owned) dev.release(p);
+      const long long split_before = cuda.candidate_counts().ran[CandidateCalls::kDWeight];
+      KernelSwitches whole, split, timed;
+      split.dweight = timed.dweight = KernelSwitches::DWeight::kSplit;
+      timed.gemm = KernelSwitches::Gemm::kTimed;
+      // Timed: a shape is searched on its second call, so twice.
+      const WeightGradients got[] = {
+          weight_gradients(*ops, in, whole, bias), weight_gradients(*ops, in, split, bias),
+          weight_gradients(*ops, in, split, bias), weight_gradients(*ops, in, timed, bias),
+          weight_gradients(*ops, in, timed, bias)};
+      EXPECT_TRUE(got[0].dx == got[1].dx) << "dx changed";
+      expect_close(got[1].dweight, got[0].dweight, 1e-5, "dweight, split against whole");
+      expect_close(got[1].dbias, got[0].dbias, 1e-5, "dbias, split against whole");
+      for (int run = 2; run < 5; ++run) {
+        EXPECT_TRUE(got[1].dweight == got[run].dweight && got[1].dbias == got[run].dbias)
+            << "split, run " << run << (run > 2 ? " (timed)" : "") << ": other bits";
       }
-      EXPECT_TRUE(dx[0] == dx[1]) << "dx changed";
-      expect_close(dweight[1], dweight[0], 1e-5, "dweight, split against whole");
-      expect_close(dbias[1], dbias[0], 1e-5, "dbias, split against whole");
-      EXPECT_TRUE(dweight[1] == dweight[2] && dbias[1] == dbias[2]) << "split, run to run";
-      EXPECT_NE(dweight[1][7], 0.25f) << "nothing was added";
+      EXPECT_NE(got[1].dweight[7], 0.25f) << "nothing was added";
+      EXPECT_GE(cuda.candidate_counts().ran[CandidateCalls::kDWeight] - split_before, 4)
+          << "the split did not run";
     }
   }
+  std::printf("GEMM search over the split: %s; %s\n", ops->gemm_search().c_str(),
+              ops->candidate_calls().c_str());
 }
 
 // Milliseconds per call of `call` on `ops` (a warm-up first), timed over
@@ -1670,22 +1718,58 @@ GpuGradients gpu_gradients(Ops& gpu, const ModelConfig& m, const Batch& batch, R
   return g;
 }
 
+// `check(none, other)` on the gradients of --recompute none and `mode` on
+// the GPU, for an lm and a seq2seq model, on the present paths and on the
+// candidates (whose warp layer norm must also normalise the stored sum as
+// its fused residual add did).
+template <typename Check>
+void compare_recompute(Recompute mode, DType compute, Check check) {
+  CudaOps* cuda = nullptr;
+  std::unique_ptr<Ops> gpu = cuda_backend(&cuda);
+  for (const char* switches : {"", "candidates"}) {
+    cuda->set_kernel_switches(parse_kernel_switches(switches));
+    for (ModelKind kind : {ModelKind::kLm, ModelKind::kSeq2seq}) {
+      SCOPED_TRACE(std::string(to_string(kind)) + (*switches ? ", " : "") + switches);
+      const ModelConfig m = recompute_model(kind);
+      const Batch batch = testing::random_batch(m, {3, 150, 64}, {10, 120, 64}, 7);
+      const GpuGradients none = gpu_gradients(*gpu, m, batch, Recompute::kNone, compute);
+      const GpuGradients other = gpu_gradients(*gpu, m, batch, mode, compute);
+      ASSERT_EQ(none.grads.size(), other.grads.size());
+      check(none, other);
+    }
+  }
+}
+
+// Every gradient of `b` bitwise `a`'s but the MLPs' proj weights', which
+// are within rounding (1e-4 of the largest in fp32, 2% in bf16 and fp16).
+void expect_only_projection_weights_differ(const GpuGradients& a, const GpuGradients& b,
+                                           DType compute) {
+  for (const ParamInfo& p : a.info) {
+    const float* x = a.grads.data() + p.offset;
+    const float* y = b.grads.data() + p.offset;
+    if (p.name.find(".mlp.proj.weight") == std::string::npos) {
+      EXPECT_EQ(std::memcmp(x, y, p.size * sizeof(float)), 0) << p.name;
+      continue;
+    }
+    double largest = 0.0, diff = 0.0;
+    for (size_t i = 0; i < p.size; ++i) {
+      largest = std::max(largest, std::fabs(static_cast<double>(x[i])));
+      diff = std::max(diff, std::fabs(static_cast<double>(x[i]) - y[i]));
+    }
+    EXPECT_LE(diff, (compute == DType::kF32 ? 1e-4 : 0.02) * largest) << p.name;
+  }
+}
+
 // --recompute layer on the GPU: a layer's rerun queues the ops of its first
 // run on the same inputs (the standalone layer norm at a layer's start
 // normalises the stored sum as the fused residual kernel did), so the
 // gradients are --recompute none's, bit for bit, dropout included.
 TEST_P(CudaModelTest, RecomputeLayerGivesTheSameBits) {
-  std::unique_ptr<Ops> gpu = checked_if_asked(make_cuda_ops(0));
-  for (ModelKind kind : {ModelKind::kLm, ModelKind::kSeq2seq}) {
-    const ModelConfig m = recompute_model(kind);
-    const Batch batch = testing::random_batch(m, {3, 150, 64}, {10, 120, 64}, 7);
-    const GpuGradients none = gpu_gradients(*gpu, m, batch, Recompute::kNone, GetParam());
-    const GpuGradients layer = gpu_gradients(*gpu, m, batch, Recompute::kLayer, GetParam());
-    ASSERT_EQ(none.grads.size(), layer.grads.size());
+  compare_recompute(Recompute::kLayer, GetParam(), [](const auto& none, const auto& layer) {
     EXPECT_EQ(std::memcmp(none.grads.data(), layer.grads.data(), none.grads.size() * sizeof(float)),
               0)
-        << to_string(kind) << ": --recompute layer changed the gradients";
-  }
+        << "--recompute layer changed the gradients";
+  });
 }
 
 // --recompute activation on the GPU: the MLP's activation is made again
@@ -1696,29 +1780,10 @@ TEST_P(CudaModelTest, RecomputeLayerGivesTheSameBits) {
 // pre-LN input norms made again from the stored stream are the same bits
 // (layernorm_forward normalises a row as the fused residual add did).
 TEST_P(CudaModelTest, RecomputeActivationChangesOnlyTheProjectionWeightGradients) {
-  std::unique_ptr<Ops> gpu = checked_if_asked(make_cuda_ops(0));
-  for (ModelKind kind : {ModelKind::kLm, ModelKind::kSeq2seq}) {
-    const ModelConfig m = recompute_model(kind);
-    const Batch batch = testing::random_batch(m, {3, 150, 64}, {10, 120, 64}, 7);
-    const GpuGradients none = gpu_gradients(*gpu, m, batch, Recompute::kNone, GetParam());
-    const GpuGradients act = gpu_gradients(*gpu, m, batch, Recompute::kActivation, GetParam());
-    ASSERT_EQ(none.grads.size(), act.grads.size());
-    for (const ParamInfo& p : none.info) {
-      const float* x = none.grads.data() + p.offset;
-      const float* y = act.grads.data() + p.offset;
-      if (p.name.find(".mlp.proj.weight") == std::string::npos) {
-        EXPECT_EQ(std::memcmp(x, y, p.size * sizeof(float)), 0) << to_string(kind) << " " << p.name;
-        continue;
-      }
-      double largest = 0.0, diff = 0.0;
-      for (size_t i = 0; i < p.size; ++i) {
-        largest = std::max(largest, std::fabs(static_cast<double>(x[i])));
-        diff = std::max(diff, std::fabs(static_cast<double>(x[i]) - y[i]));
-      }
-      EXPECT_LE(diff, (GetParam() == DType::kF32 ? 1e-4 : 0.02) * largest)
-          << to_string(kind) << " " << p.name;
-    }
-  }
+  const DType compute = GetParam();
+  compare_recompute(Recompute::kActivation, compute, [&](const auto& none, const auto& act) {
+    expect_only_projection_weights_differ(none, act, compute);
+  });
 }
 
 }  // namespace

@@ -77,5 +77,25 @@ TEST(KernelSwitches, ReadFromTheEnvironment) {
   ::unsetenv("MPIFORMER_KERNELS");
 }
 
+// The candidates' calls name each family asked for, in the switches'
+// order, by its candidate's name; nothing where none was asked for.
+TEST(KernelSwitches, CandidateCallsNameTheFamiliesAskedFor) {
+  CandidateCalls calls;
+  EXPECT_EQ(describe(calls), "");
+  calls.count(CandidateCalls::kDWeight, true);
+  calls.count(CandidateCalls::kDWeight, false);
+  calls.count(CandidateCalls::kDWeight, false);
+  calls.count(CandidateCalls::kLayerNorm, true);
+  calls.count(CandidateCalls::kAttention, false);
+  EXPECT_EQ(describe(calls),
+            "layernorm=warp 1 of 1 calls, attention=dense 0 of 1 calls, dweight=split 1 of 3 "
+            "calls");
+  calls.count(CandidateCalls::kLoss, true);
+  calls.count(CandidateCalls::kAdamW, true);
+  EXPECT_EQ(describe(calls),
+            "layernorm=warp 1 of 1 calls, loss=staged 1 of 1 calls, attention=dense 0 of 1 calls, "
+            "adamw=vector 1 of 1 calls, dweight=split 1 of 3 calls");
+}
+
 }  // namespace
 }  // namespace mpiformer

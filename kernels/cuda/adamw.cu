@@ -99,6 +99,8 @@ void CudaOps::adamw_update(float* params, const float* grads, float* m, float* v
   auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const bool vector = switches_.adamw == KernelSwitches::AdamW::kVector && aligned(params) &&
                       aligned(grads) && aligned(m) && aligned(v);
+  if (switches_.adamw == KernelSwitches::AdamW::kVector)
+    count_candidate(CandidateCalls::kAdamW, vector);
   auto launch = [&](auto* compute_data) {
     using T = std::remove_pointer_t<decltype(compute_data)>;
     auto kernel = vector ? cuda::adamw::vector_kernel<T> : cuda::adamw::ranged_kernel<T>;

@@ -37,6 +37,10 @@ bool FlashAttention::built() {
   return false;
 }
 
+bool FlashAttention::takes_dense_layout() {
+  return false;
+}
+
 #else
 
 namespace {
@@ -170,9 +174,11 @@ class CudnnAttention final : public FlashAttention {
   GraphKey call_key(bool backward, DType dtype, int q_stride, int kv_stride, const Ragged& qs,
                     const Ragged& ks, const AttentionConfig& cfg) const {
     const GraphLayout layout = layout_of(cfg, q_stride, kv_stride);
-    if (ops_.kernel_switches().attention == KernelSwitches::Attention::kDense &&
-        equal_lengths(qs, ks))
-      return dense_key_of(backward, dtype, layout, qs, ks, ops_.deterministic());
+    if (ops_.kernel_switches().attention == KernelSwitches::Attention::kDense) {
+      const bool dense = equal_lengths(qs, ks) && takes_dense_layout();
+      ops_.count_candidate(CandidateCalls::kAttention, dense);
+      if (dense) return dense_key_of(backward, dtype, layout, qs, ks, ops_.deterministic());
+    }
     const PlannedShapes::Entry* planned = planned_.covering(layout, qs, ks);
     const GraphShape shape = planned ? planned->shape : rounded_shape(qs, ks, cfg.causal);
     return key_of(backward, dtype, layout, shape, ops_.deterministic());
@@ -397,6 +403,10 @@ class CudnnAttention final : public FlashAttention {
 
 bool FlashAttention::built() {
   return true;
+}
+
+bool FlashAttention::takes_dense_layout() {
+  return cudnnGetVersion() >= 91200;
 }
 
 std::unique_ptr<FlashAttention> FlashAttention::create(CudaOps& ops, std::string* why_not) {

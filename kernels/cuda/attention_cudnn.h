@@ -30,6 +30,9 @@ class FlashAttention {
   static std::unique_ptr<FlashAttention> create(CudaOps& ops, std::string* why_not);
   // Whether this build has the cuDNN frontend.
   static bool built();
+  // Whether the cuDNN loaded runs the dense layout (attention=dense): 9.12
+  // or newer, as older ones refuse its forward's stats in (N, H) rows.
+  static bool takes_dense_layout();
   // Describes the graphs of representative cases (causal and bidirectional
   // self-attention on a fused QKV tensor, with and without a folded q,
   // cross-attention; bf16 and fp16; forward and backward) for a GPU of

@@ -63,6 +63,8 @@ void CudaOps::cross_entropy(Act logits, const int32_t* targets, int N, int V, fl
                             ? staged_row_bytes(logits.dtype, V, shared_per_block_optin_)
                             : 0;
   const bool staging = staged > 0;
+  if (switches_.loss == KernelSwitches::Loss::kStaged)
+    count_candidate(CandidateCalls::kLoss, staging);
   cuda::dispatch(logits.dtype, [&](auto t) {
     using T = decltype(t);
     auto* kernel = staging ? cross_entropy_staged_kernel<T> : cross_entropy_kernel<T>;

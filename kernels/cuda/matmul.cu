@@ -229,9 +229,11 @@ cuda::GemmCall weight_gradient_call(Act dout, Act x, int N, int IC, int OC, int 
 
 void CudaOps::weight_gradient(float* dweight, float* dbias, Act dout, Act x, int N, int IC, int OC,
                               int ldd) {
-  if (switches_.dweight == KernelSwitches::DWeight::kSplit &&
-      split_weight_gradient(dweight, dbias, dout, x, N, IC, OC, ldd))
-    return;
+  if (switches_.dweight == KernelSwitches::DWeight::kSplit) {
+    const bool split = split_weight_gradient(dweight, dbias, dout, x, N, IC, OC, ldd);
+    count_candidate(CandidateCalls::kDWeight, split);
+    if (split) return;
+  }
   // dW^T (IC x OC) += x^T dout, fp32, with the bias gradient (a sum over
   // tokens of dout) from the same pass when cuBLASLt can fuse it.
   cuda::GemmCall call = weight_gradient_call(dout, x, N, IC, OC, ldd, dweight);

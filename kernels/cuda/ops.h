@@ -24,6 +24,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <initializer_list>
 #include <memory>
 #include <string>
 
@@ -76,6 +77,7 @@ class CudaOps final : public Ops {
   std::string gemm_search() const override;
   std::string gemm_unfused() const override;
   std::string kernel_choices() const override { return describe(switches_); }
+  std::string candidate_calls() const override { return describe(candidate_calls_); }
   bool direct_exact_sum() const override {
     return switches_.exact == KernelSwitches::Exact::kDirect;
   }
@@ -86,6 +88,9 @@ class CudaOps final : public Ops {
   // once at construction; tests and timings set them per call).
   void set_kernel_switches(const KernelSwitches& switches);
   const KernelSwitches& kernel_switches() const { return switches_; }
+  // A call that asked for family f's candidate, and whether it ran it.
+  void count_candidate(CandidateCalls::Family f, bool ran) { candidate_calls_.count(f, ran); }
+  const CandidateCalls& candidate_counts() const { return candidate_calls_; }
   // Tests run both plain paths on one backend.
   void set_plain_attention(PlainAttention p) { plain_attention_ = p; }
   PlainAttention plain_attention() const { return plain_attention_; }
@@ -153,6 +158,9 @@ class CudaOps final : public Ops {
   // where the shape takes no split or cuBLASLt has no batched algorithm.
   bool split_weight_gradient(float* dweight, float* dbias, Act dout, Act x, int N, int IC, int OC,
                              int ldd);
+  // Whether layernorm=warp is asked for and takes rows of C in these
+  // buffers (counted).
+  bool warp_layernorm(DType dtype, int C, std::initializer_list<const void*> buffers);
   // sum (+=) the parts of partial (parts, stride), count elements each, in order.
   void add_split_parts(float* sum, const float* partial, size_t count, size_t stride, int parts);
 
@@ -162,6 +170,7 @@ class CudaOps final : public Ops {
   AttentionPath attention_path_ = AttentionPath::kAuto;
   PlainAttention plain_attention_ = PlainAttention::kFlash;
   KernelSwitches switches_;
+  CandidateCalls candidate_calls_;     // since construction
   size_t shared_per_block_optin_ = 0;  // the most shared memory a block may ask for
   AttentionCalls attention_calls_;
   std::string no_cudnn_reason_;  // why flash_ is null

@@ -120,6 +120,11 @@ double outside_ops_ms(const std::vector<double>& ms, double step_ms) {
   return step_ms - ops_ms;
 }
 
+// `, "NAME": "TEXT"`, or nothing where TEXT is empty.
+std::string text_field(const char* name, const std::string& text) {
+  return text.empty() ? "" : ", \"" + std::string(name) + "\": \"" + text + "\"";
+}
+
 // `, "profile_ms": {"gemm": 1.234, ..., "other": 0.5}` (per step; other:
 // outside_ops_ms), or "" without --profile.
 std::string profile_json(const std::vector<double>& ms, double step_ms) {
@@ -449,13 +454,9 @@ std::string Bench::kernels_json() const {
          ", \"attention_calls_plain\": " + std::to_string(calls.plain) +
          ", \"attention_fallbacks\": " + std::to_string(calls.fallbacks) +
          ", \"attention_graphs\": " + std::to_string(calls.graphs) + ", \"kernel_switches\": \"" +
-         backend_->kernel_choices() + "\"" +
-         (backend_->gemm_search().empty()
-              ? ""
-              : ", \"gemm_search\": \"" + backend_->gemm_search() + "\"") +
-         (backend_->gemm_unfused().empty()
-              ? ""
-              : ", \"gemm_unfused\": \"" + backend_->gemm_unfused() + "\"");
+         backend_->kernel_choices() + "\"" + text_field("gemm_search", backend_->gemm_search()) +
+         text_field("gemm_unfused", backend_->gemm_unfused()) +
+         text_field("candidate_calls", backend_->candidate_calls());
 }
 
 void Bench::report() {
