@@ -30,7 +30,8 @@ LINE = ('{{"model": "{model}", "device": "cpu", "ranks": {ranks}, "threads": 1, 
         '"blas_core": "Haswell"}}')
 # What only a GPU's line has (a CPU's line has the BLAS fields instead).
 GPU_ONLY = {"attention", "attention_calls_cudnn", "attention_calls_plain", "attention_fallbacks",
-            "attention_graphs", "kernel_switches", "gemm_search", "gemm_unfused"}
+            "attention_graphs", "kernel_switches", "gemm_search", "gemm_unfused",
+            "candidate_calls"}
 # Inside "profile_ms", with --profile.
 PROFILE_ONLY = {"profile_ms", "other"}
 
@@ -46,7 +47,9 @@ class BenchFields(unittest.TestCase):
     def test_the_fields_read_are_the_bench_json_fields(self):
         with open(os.path.join(ROOT, "src", "app", "bench.cpp"), encoding="utf-8") as f:
             source = f.read()
-        printed = set(re.findall(r'\\"([a-z_]+)\\": ', source))
+        # Written out, or through bench.cpp's text_field (a field left out when empty).
+        printed = set(re.findall(r'\\"([a-z_]+)\\": ', source)) | set(
+            re.findall(r'text_field\("([a-z_]+)"', source))
         used = set(plot_scaling.REQUIRED) | set(plot_scaling.SERIES_FIELDS) | {
             "step_ms", "comm_wait_ms", "hidden_share"}
         self.assertTrue(used <= printed, f"not printed by bench: {sorted(used - printed)}")
