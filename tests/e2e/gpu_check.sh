@@ -128,8 +128,9 @@ check "  eval on the GPU left out without shards" \
 # shapes shrunk and two timed steps (and a PyTorch that drops --compile and
 # --sdpa, which an old torch lacks): every setting's bench line is read
 # back, each switch set beside the present paths, the targets and
-# PyTorch's baseline reported. One bench fails (adamw=vector's, unless
-# under the check switch): the stage's rerun runs it alone again.
+# PyTorch's baseline reported, the micro-timings taken from the ops stage
+# before it. One bench fails (adamw=vector's, unless under the check
+# switch): the stage's rerun runs it alone again.
 limit_tree=$work/limit-tree
 mkdir -p "$limit_tree/scripts" "$limit_tree/device-bundle"
 cp "$root/scripts/gpu-check" "$limit_tree/scripts/"
@@ -168,7 +169,7 @@ exec "$venv_python" "\${args[@]}"
 SH
 chmod +x "$limit_tree/device-bundle/run" "$work/limit-python"
 rc=0
-PYTHON=$work/limit-python GPU_CHECK_SECONDS=300 "$limit_tree/scripts/gpu-check" limit \
+PYTHON=$work/limit-python GPU_CHECK_SECONDS=300 "$limit_tree/scripts/gpu-check" ops limit \
   >"$out" 2>"$err" || rc=$?
 summary=$limit_tree/gpu-check-out/summary.txt
 check "limit on a CPU stand-in: exit 0 ($rc)" test "$rc" -eq 0
@@ -183,6 +184,8 @@ check "  ... and it passed there" \
   grep -q "^  (checked) limit: gpt2 B32 adamw=vector: [0-9][0-9.]* tok/s" "$summary"
 check "  the micro-timings reported" \
   grep -q "^limit: kernel timing: adamw ranged 1.000 ms, vector 0.500 ms" "$summary"
+check "  ... those the ops stage ran before it, not run again" \
+  grep -q "^limit: kernel micro-timings: those the ops stage ran (ops.log)" "$summary"
 number='[0-9][0-9.]*'
 for setting in present layernorm=warp loss=staged gemm=timed attention=dense adamw=vector \
   dweight=split candidates deterministic=false gemm=timed,deterministic=false; do
