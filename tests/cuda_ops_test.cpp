@@ -1180,7 +1180,7 @@ TEST(CudaKernelSwitches, TimedGemmSearchKeepsTheFirstChoicesBits) {
   std::unique_ptr<Ops> ops = make_cuda_ops(0);
   auto* cuda = dynamic_cast<CudaOps*>(ops.get());
   std::mt19937 rng(15);
-  for (DType t : {DType::kF32, DType::kBF16}) {
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
     for (const auto& [N, IC, OC, stride, gelu] :
          {std::tuple{4096, 768, 3072, 0, true}, std::tuple{2000, 768, 50257, 50304, false}}) {
       SCOPED_TRACE(std::string(to_string(t)) + ", OC " + std::to_string(OC));
@@ -1267,7 +1267,7 @@ TEST(CudaKernelSwitches, SplitWeightGradientAgreesWithTheWholeGemm) {
   std::unique_ptr<Ops> ops = make_cuda_ops(0);
   const auto& cuda = dynamic_cast<const CudaOps&>(*ops);
   std::mt19937 rng(16);
-  for (DType t : {DType::kF32, DType::kBF16}) {
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
     for (const auto& [N, IC, OC, bias] :
          {std::tuple{8192, 768, 768, true}, std::tuple{8197, 768, 768, true},
           std::tuple{8203, 768, 768, true}, std::tuple{8192, 768, 3072, true},
