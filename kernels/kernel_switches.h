@@ -57,7 +57,8 @@ struct KernelSwitches {
 // candidate does not take, or a batch it is not for). The GPU backend
 // counts; bench reports it, and the GPU tests check that a candidate ran
 // at all: one that never ran measured nothing. gemm and exact are not
-// counted here (bench's gemm_search; the reducer always takes direct).
+// counted here: bench's gemm_search tells the timed search's shapes, and
+// exact=direct, asked for, always runs.
 struct CandidateCalls {
   // kernel_switches.cpp's families, in its order.
   enum Family { kLayerNorm, kLoss, kGemm, kAttention, kExact, kAdamW, kDWeight, kFamilies };
