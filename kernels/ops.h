@@ -110,6 +110,10 @@ struct SideBound {
   int sequences = 0;   // at most this many sequences
   int longest = 0;     // none longer
   int64_t tokens = 0;  // at most this many rows in all
+  // Every batch of the class is this very one: `sequences` sequences of
+  // `longest` tokens each (a benchmark's one batch of equal lengths), so a
+  // layout made for that shape alone serves it (attention=dense).
+  bool uniform = false;
 };
 
 // One attention call of a model at the largest batch of one class: queries

@@ -197,5 +197,43 @@ TEST(AttentionGraphShapes, CrossAttentionClassesFollowBothSides) {
   EXPECT_EQ(entry->shape.max_kv, 32);
 }
 
+// attention=dense: only a class whose batches are all one shape of equal
+// lengths (a benchmark's one batch) has a dense graph prepared, and only a
+// batch of that very shape takes it. A bucket's batches vary in count, so
+// a graph of their own would be built mid-step, one per count.
+TEST(AttentionGraphShapes, OnlyAUniformClassHasADenseGraph) {
+  const GraphLayout causal{12, 64, 3 * 768, 3 * 768, true};
+  PlannedShapes planned;
+  const SideBound one_batch{32, 1024, 32 * 1024, true};
+  const SideBound bucket{288, 113, 288 * 113};
+  planned.add_uniform(causal, bucket, bucket);
+  EXPECT_TRUE(planned.uniform().empty()) << "a bucket's bound is no uniform class";
+  planned.add_uniform(causal, one_batch, one_batch);
+  planned.add_uniform(causal, one_batch, one_batch);
+  ASSERT_EQ(planned.uniform().size(), 1u) << "the same class twice is one graph";
+  EXPECT_EQ(planned.uniform()[0].shape, (GraphShape{32, 1024, 1024, 32 * 1024, 32 * 1024}));
+
+  const Lengths same(std::vector<int>(32, 1024)), fewer(std::vector<int>(31, 1024)),
+      shorter(std::vector<int>(32, 1000));
+  EXPECT_TRUE(planned.holds_uniform(causal, dense_shape(same.ragged(), same.ragged())));
+  EXPECT_FALSE(planned.holds_uniform(causal, dense_shape(fewer.ragged(), fewer.ragged())));
+  EXPECT_FALSE(planned.holds_uniform(causal, dense_shape(shorter.ragged(), shorter.ragged())));
+  const GraphLayout bidirectional{12, 64, 3 * 768, 3 * 768, false};
+  EXPECT_FALSE(planned.holds_uniform(bidirectional, dense_shape(same.ragged(), same.ragged())));
+
+  // Cross-attention: both sides uniform, the same sequences; each side its
+  // own length.
+  const GraphLayout cross{8, 64, 512, 1024, false};
+  const SideBound targets{64, 40, 64 * 40, true}, sources{64, 24, 64 * 24, true};
+  planned.add_uniform(cross, targets, SideBound{64, 24, 64 * 24});
+  planned.add_uniform(cross, targets, SideBound{32, 24, 32 * 24, true});
+  EXPECT_EQ(planned.uniform().size(), 1u) << "one side not uniform, or other sequences";
+  planned.add_uniform(cross, targets, sources);
+  ASSERT_EQ(planned.uniform().size(), 2u);
+  const Lengths t(std::vector<int>(64, 40)), s(std::vector<int>(64, 24));
+  EXPECT_TRUE(planned.holds_uniform(cross, dense_shape(t.ragged(), s.ragged())));
+  EXPECT_FALSE(planned.holds_uniform(cross, dense_shape(s.ragged(), t.ragged())));
+}
+
 }  // namespace
 }  // namespace mpiformer::cuda

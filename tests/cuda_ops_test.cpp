@@ -596,6 +596,45 @@ TEST_P(CudaOpsTest, RaggedAttention) {
   b_->cuda->set_plain_attention(PlainAttention::kFlash);
 }
 
+// attention=dense in a run that prepared its classes: the dense graphs of
+// a uniform class (a benchmark's one batch) are built before the first
+// step, and an equal-length batch of another count takes its bucket
+// class's ragged graph. No call builds a graph.
+TEST_P(CudaOpsTest, PreparedDenseAttentionBuildsNoGraphInAStep) {
+  if (t() == DType::kF32 || !cuda::FlashAttention::built() ||
+      !cuda::FlashAttention::takes_dense_layout())
+    GTEST_SKIP() << "cuDNN's dense layout runs in bf16 and fp16, from cuDNN 9.12";
+  KernelSwitches switches = b_->cuda->kernel_switches();
+  switches.attention = KernelSwitches::Attention::kDense;
+  b_->cuda->set_kernel_switches(switches);
+  b_->gpu->set_attention_path(AttentionPath::kCudnn);
+  const int H = 2, D = 64, C = H * D;
+  const AttentionConfig cfg{H, D, true, AttentionScale::kStandard, 64.0f};
+  const SideBound one_batch{4, 128, 4 * 128, true}, bucket{8, 128, 8 * 128};
+  const AttentionPreparation done =
+      b_->gpu->prepare_attention({AttentionCase{cfg, 3 * C, 3 * C, one_batch, one_batch},
+                                  AttentionCase{cfg, 3 * C, 3 * C, bucket, bucket}},
+                                 t(), true);
+  EXPECT_EQ(done.refused, 0) << done.first_refusal;
+  EXPECT_EQ(done.graphs, 4) << "the class's ragged graphs and the uniform one's dense graphs";
+  const AttentionCalls before = b_->gpu->attention_calls();
+  const CandidateCalls asked = b_->cuda->candidate_counts();
+  attention_case(H, D, {0, 128, 256, 384, 512}, {0, 128, 256, 384, 512}, false, true,
+                 AttentionScale::kStandard);
+  const CandidateCalls ran = b_->cuda->candidate_counts();
+  attention_case(H, D, {0, 128, 256, 384}, {0, 128, 256, 384}, false, true,
+                 AttentionScale::kStandard);
+  const CandidateCalls after = b_->cuda->candidate_counts();
+  const int a = CandidateCalls::kAttention;
+  EXPECT_EQ(ran.ran[a] - asked.ran[a], 2) << "the uniform class's batch on its dense graphs";
+  EXPECT_EQ(after.asked[a] - ran.asked[a], 2);
+  EXPECT_EQ(after.ran[a], ran.ran[a]) << "3 sequences: the bucket class's ragged graphs";
+  const AttentionCalls calls = b_->gpu->attention_calls();
+  EXPECT_EQ(calls.graphs, before.graphs) << "a call built a graph";
+  EXPECT_EQ(calls.library - before.library, 4);
+  EXPECT_EQ(calls.fallbacks, before.fallbacks);
+}
+
 // Offsets of sequences of these lengths.
 std::vector<int32_t> offsets_of(const std::vector<int>& lengths) {
   std::vector<int32_t> offsets = {0};

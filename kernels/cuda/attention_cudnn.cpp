@@ -132,20 +132,22 @@ class CudnnAttention final : public FlashAttention {
   AttentionPreparation prepare(const std::vector<AttentionCase>& cases, DType dtype,
                                bool backward) override {
     const auto start = std::chrono::steady_clock::now();
+    const bool dense = dense_switched() && takes_dense_layout();
     for (const AttentionCase& c : cases) {
       if (!unsupported_config(c.cfg).empty()) continue;
-      planned_.add(layout_of(c.cfg, c.q_stride, c.kv_stride), c.q, c.k);
+      const GraphLayout layout = layout_of(c.cfg, c.q_stride, c.kv_stride);
+      planned_.add(layout, c.q, c.k);
+      if (dense) planned_.add_uniform(layout, c.q, c.k);
     }
+    prepared_run_ = true;
     AttentionPreparation done;
     done.cases = static_cast<int>(planned_.entries().size());
     std::vector<size_t> workspaces;
-    int64_t most_slots = 0;
-    for (const PlannedShapes::Entry& e : planned_.entries()) {
-      most_slots = std::max(most_slots, e.shape.slots);
+    // Forward and, training, backward graphs of a shape.
+    const auto build_passes = [&](const auto& key_of_pass) {
       for (const bool pass : {false, true}) {
         if (pass && !backward) continue;
-        const Entry* entry =
-            graph_for(key_of(pass, dtype, e.layout, e.shape, ops_.deterministic()), false);
+        const Entry* entry = graph_for(key_of_pass(pass), GraphUse::kPrepared);
         ++done.graphs;
         if (entry->graph) {
           workspaces.push_back(static_cast<size_t>(entry->workspace));
@@ -153,6 +155,19 @@ class CudnnAttention final : public FlashAttention {
           done.first_refusal = entry->why;
         }
       }
+    };
+    int64_t most_slots = 0;
+    for (const PlannedShapes::Entry& e : planned_.entries()) {
+      most_slots = std::max(most_slots, e.shape.slots);
+      build_passes(
+          [&](bool pass) { return key_of(pass, dtype, e.layout, e.shape, ops_.deterministic()); });
+    }
+    // attention=dense: the uniform classes' own shapes in the dense layout
+    // too, so that no step builds one.
+    for (const PlannedShapes::Uniform& u : planned_.uniform()) {
+      build_passes([&](bool pass) {
+        return dense_key_of(pass, dtype, u.layout, u.shape, ops_.deterministic());
+      });
     }
     reserve(reserved_workspace(workspaces), most_slots);
     done.workspace_bytes = reserved_;
@@ -170,18 +185,37 @@ class CudnnAttention final : public FlashAttention {
 
  private:
   // The key of a call: its class's prepared shape, or its own rounded up;
-  // with attention=dense, a batch of equal lengths its own dense graph.
+  // with attention=dense, a batch of equal lengths its own dense graph
+  // where it has one (dense_graph_ready).
   GraphKey call_key(bool backward, DType dtype, int q_stride, int kv_stride, const Ragged& qs,
-                    const Ragged& ks, const AttentionConfig& cfg) const {
+                    const Ragged& ks, const AttentionConfig& cfg) {
     const GraphLayout layout = layout_of(cfg, q_stride, kv_stride);
-    if (ops_.kernel_switches().attention == KernelSwitches::Attention::kDense) {
-      const bool dense = equal_lengths(qs, ks) && takes_dense_layout();
-      ops_.count_candidate(CandidateCalls::kAttention, dense);
-      if (dense) return dense_key_of(backward, dtype, layout, qs, ks, ops_.deterministic());
+    if (dense_switched()) {
+      const GraphKey dense =
+          dense_key_of(backward, dtype, layout, dense_shape(qs, ks), ops_.deterministic());
+      const bool ready = takes_dense_layout() && equal_lengths(qs, ks) && dense_graph_ready(dense);
+      ops_.count_candidate(CandidateCalls::kAttention, ready);
+      if (ready) return dense;
     }
     const PlannedShapes::Entry* planned = planned_.covering(layout, qs, ks);
     const GraphShape shape = planned ? planned->shape : rounded_shape(qs, ks, cfg.causal);
     return key_of(backward, dtype, layout, shape, ops_.deterministic());
+  }
+
+  bool dense_switched() const {
+    return ops_.kernel_switches().attention == KernelSwitches::Attention::kDense;
+  }
+
+  // Whether a batch of equal lengths runs its dense graph. A run that
+  // prepared its classes has built those it will use (a uniform class's:
+  // a bucket's batches vary in count, so no step builds one); otherwise it
+  // is built on first use. Where cuDNN does not take it, the ragged layout
+  // runs the call.
+  bool dense_graph_ready(const GraphKey& key) {
+    if (const auto it = graphs_.find(key.text()); it != graphs_.end())
+      return it->second.graph != nullptr;
+    if (prepared_run_) return false;
+    return graph_for(key, GraphUse::kTrial)->graph != nullptr;
   }
 
   // Reserves the workspace every call shares, and metadata buffers for
@@ -219,7 +253,7 @@ class CudnnAttention final : public FlashAttention {
   // class's always does (its workspace is reserved); another call's must fit
   // unplanned_workspace_budget. Else null, with refusal_ saying why.
   Entry* usable_graph(const GraphKey& key, const Ragged& qs, const Ragged& ks) {
-    Entry* entry = graph_for(key, true);
+    Entry* entry = graph_for(key, GraphUse::kCall);
     if (!entry->graph) {
       refusal_ = entry->why;
       return nullptr;
@@ -268,18 +302,23 @@ class CudnnAttention final : public FlashAttention {
     return folded;
   }
 
-  // The graph of a key, built on first use. announce: say once on stderr
-  // when cuDNN does not take it (a prepared class is told on the start
-  // line instead).
-  Entry* graph_for(const GraphKey& key, bool announce) {
+  // What a graph is built for: a prepared class (kept for the run); a call
+  // (said once on stderr when cuDNN does not take it; a prepared class is
+  // told on the start line instead); a trial of the dense layout, which
+  // falls back to the ragged one unsaid.
+  enum class GraphUse { kPrepared, kCall, kTrial };
+
+  // The graph of a key, built on first use.
+  Entry* graph_for(const GraphKey& key, GraphUse use) {
     const std::string text = key.text();
     if (const auto it = graphs_.find(text); it != graphs_.end()) return &it->second;
-    if (!announce) ++prepared_graphs_;
+    const bool prepared = use == GraphUse::kPrepared;
+    if (prepared) ++prepared_graphs_;
     if (graphs_.size() >= prepared_graphs_ + kUnpreparedGraphs) {
       std::erase_if(graphs_, [](const auto& item) { return !item.second.prepared; });
     }
     Entry& entry = graphs_[text];
-    entry.prepared = !announce;
+    entry.prepared = prepared;
     try {
       entry.graph = build(key, &entry.workspace, &entry.why);
     } catch (const std::exception& e) {
@@ -288,7 +327,7 @@ class CudnnAttention final : public FlashAttention {
     if (!entry.graph) {
       entry.why = "cuDNN does not take " + describe_key(key) + ": " + entry.why;
       // Once per shape class: the calls are counted (CudaOps::attention_calls).
-      if (announce && ops_.attention_path() == AttentionPath::kAuto) {
+      if (use == GraphUse::kCall && ops_.attention_path() == AttentionPath::kAuto) {
         std::fprintf(stderr, "mpiformer: %s; the plain CUDA kernels run it\n", entry.why.c_str());
         std::fflush(stderr);
       }
@@ -390,7 +429,8 @@ class CudnnAttention final : public FlashAttention {
   int sm_ = 90;  // the GPU's compute capability
   cudnnHandle_t handle_ = nullptr;
   std::unordered_map<std::string, Entry> graphs_;
-  PlannedShapes planned_;  // the run's classes (prepare)
+  PlannedShapes planned_;      // the run's classes (prepare)
+  bool prepared_run_ = false;  // prepare ran: no dense graph is built on first use
   size_t prepared_graphs_ = 0;
   size_t reserved_ = 0;  // the workspace held: the classes' reserve, or grown by another call
   std::string refusal_;  // why the last call was refused

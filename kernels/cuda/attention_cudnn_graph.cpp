@@ -185,7 +185,7 @@ std::vector<std::string> FlashAttention::validate_graphs(int sm) {
         for (const GraphKey& key :
              {key_of(backward, dtype, layout, rounded_shape(qs, ks, c.causal), true),
               key_of(backward, dtype, layout, planned.entries()[0].shape, true),
-              dense_key_of(backward, dtype, layout, qs, ks, true)}) {
+              dense_key_of(backward, dtype, layout, dense_shape(qs, ks), true)}) {
           fe::error_t status = describe(key, sm)->validate();
           if (status.is_bad())
             failures.push_back(std::string(c.name) + ", " + describe_key(key) + ": " +

@@ -93,9 +93,8 @@ bool equal_lengths(const Ragged& qs, const Ragged& ks) {
          ks.total == int64_t{ks.batch} * ks.max_len;
 }
 
-GraphKey dense_key_of(bool backward, DType dtype, const GraphLayout& layout, const Ragged& qs,
-                      const Ragged& ks, bool deterministic) {
-  const GraphShape shape{qs.batch, qs.max_len, ks.max_len, qs.total, ks.total};
+GraphKey dense_key_of(bool backward, DType dtype, const GraphLayout& layout,
+                      const GraphShape& shape, bool deterministic) {
   GraphKey key = key_of(backward, dtype, layout, shape, deterministic);
   key.dense = 1;
   return key;

@@ -64,8 +64,9 @@ GraphKey key_of(bool backward, DType dtype, const GraphLayout& layout, const Gra
 // what the dense layout takes.
 bool equal_lengths(const Ragged& qs, const Ragged& ks);
 
-// The key of the dense graph of such a batch: its own shape, unrounded.
-GraphKey dense_key_of(bool backward, DType dtype, const GraphLayout& layout, const Ragged& qs,
-                      const Ragged& ks, bool deterministic);
+// The key of the dense graph of such a batch: its own shape, unrounded
+// (dense_shape).
+GraphKey dense_key_of(bool backward, DType dtype, const GraphLayout& layout,
+                      const GraphShape& shape, bool deterministic);
 
 }  // namespace mpiformer::cuda

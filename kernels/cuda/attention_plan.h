@@ -151,6 +151,10 @@ constexpr int64_t kGraphLengthStep = 16;
 
 struct GraphShape {
   int64_t slots = 0, max_q = 0, max_kv = 0, total_q = 0, total_kv = 0;
+  bool operator==(const GraphShape& o) const {
+    return slots == o.slots && max_q == o.max_q && max_kv == o.max_kv && total_q == o.total_q &&
+           total_kv == o.total_kv;
+  }
 };
 
 // What else a graph is made for: the heads, the tensors' row strides (q's
@@ -216,10 +220,39 @@ class PlannedShapes {
     return best;
   }
 
+  // Adds a class whose batches are all one shape of equal lengths
+  // (SideBound::uniform on both sides) to those whose graph in the dense
+  // layout is prepared (attention=dense); any other class is left out.
+  void add_uniform(const GraphLayout& layout, const SideBound& q, const SideBound& k) {
+    if (!q.uniform || !k.uniform || q.sequences != k.sequences) return;
+    const Uniform u{layout, GraphShape{q.sequences, q.longest, k.longest, q.tokens, k.tokens}};
+    if (!holds_uniform(u.layout, u.shape)) uniform_.push_back(u);
+  }
+
+  // Whether a batch of this exact shape (dense_shape) is a uniform class's.
+  bool holds_uniform(const GraphLayout& layout, const GraphShape& shape) const {
+    for (const Uniform& u : uniform_)
+      if (u.layout == layout && u.shape == shape) return true;
+    return false;
+  }
+
+  struct Uniform {
+    GraphLayout layout;
+    GraphShape shape;  // the batch's own
+  };
+
   const std::vector<Entry>& entries() const { return entries_; }
+  const std::vector<Uniform>& uniform() const { return uniform_; }
 
  private:
   std::vector<Entry> entries_;
+  std::vector<Uniform> uniform_;
 };
+
+// A batch's own shape, unrounded: the dense layout's graph of a batch of
+// equal lengths (qs, ks: host lengths).
+inline GraphShape dense_shape(const Ragged& qs, const Ragged& ks) {
+  return GraphShape{qs.batch, qs.max_len, ks.max_len, qs.total, ks.total};
+}
 
 }  // namespace mpiformer::cuda

@@ -204,11 +204,13 @@ class StepBatches {
                          std::max(b.decoder.max_len(), b.encoder.max_len()), 0, run.recompute};
   }
   // The largest batch of each bucket, for the attention to prepare: the
-  // synthetic batch is its own.
+  // synthetic batch is its own, every step's (uniform where its lengths
+  // are equal).
   std::vector<BatchSource::BucketBound> bucket_bounds() const {
     if (source_) return source_->bucket_bounds();
     const auto side = [](const PackedSequences& p) {
-      return SideBound{p.batch(), p.max_len(), p.total()};
+      const bool uniform = p.total() == int64_t{p.batch()} * p.max_len();
+      return SideBound{p.batch(), p.max_len(), p.total(), uniform};
     };
     const Batch& b = micro_[0];
     return {BatchSource::BucketBound{side(b.decoder), side(b.encoder)}};
