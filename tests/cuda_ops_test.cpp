@@ -672,10 +672,11 @@ TEST_P(CudaOpsTest, PlainAttentionShapes) {
 }
 
 // Decoding attention: each row against its listed keys (a cache's rows in
-// any order, lists of 0 to 300 keys), as the CPU reference computes it.
+// any order, lists of 0 to 12,050 keys: the longest is taken in two chunks
+// of shared memory), as the CPU reference computes it.
 TEST_P(CudaOpsTest, ListedAttention) {
-  const int H = 4, D = 32, C = H * D, P = 400;
-  const std::vector<int> lengths = {1, 0, 7, 300, 64, 2};
+  const int H = 4, D = 32, C = H * D, P = 12100;
+  const std::vector<int> lengths = {1, 0, 7, 300, 64, 2, 12050};
   const int R = static_cast<int>(lengths.size());
   std::vector<int32_t> starts{0}, listed;
   int longest = 0;
