@@ -69,12 +69,18 @@ class AttentionListedEmulation : public ::testing::Test {
     const int R = static_cast<int>(kLengths.size());
     std::vector<T> out(static_cast<size_t>(R) * C, stored<T>(7.0f));
     const int longest = *std::max_element(kLengths.begin(), kLengths.end());
-    const size_t shared = 32 + D + std::min(longest, chunk);
+    const int shared = kernels::shared_floats(D, longest, chunk);
+    // Past the launch's shared memory: a sentinel that must stay.
+    float* past = kernels::listed_shared + shared;
+    std::fill(past, kernels::listed_shared + kernels::kSharedFloats, -3.0f);
     emulated::launch(dim3(R * H), kernels::kThreads, kernels::listed_shared, shared, [&] {
       kernels::attention_listed_kernel<T>(out.data(), q_.data(), C, kv_.data(), kv_.data() + C,
                                           2 * C, starts_.data(), rows_.data(), H, D, scale, 512.0f,
                                           chunk);
     });
+    EXPECT_TRUE(std::all_of(past, kernels::listed_shared + kernels::kSharedFloats,
+                            [](float x) { return x == -3.0f; }))
+        << "a write past the launch's shared memory (chunk " << chunk << ")";
     return out;
   }
 
@@ -136,7 +142,9 @@ TYPED_TEST(AttentionListedEmulation, ChunkedListsMatchDoublePrecision) {
     this->check(own, scale, name + ", chunks of " + std::to_string(kernels::chunk_for(D)));
     const auto small = this->run(64, scale);
     this->check(small, scale, name + ", chunks of 64");
-    // A list of one chunk takes one pass whatever the chunk: the same bits.
+    // A list within a chunk takes one pass, whatever the chunk: the same
+    // bits. (They are the single-pass kernel's, the one before chunks, by
+    // construction: the first chunk's sums are its sums.)
     for (size_t r = 0; r + 1 < this->kLengths.size() && this->kLengths[r] <= 64; ++r) {
       EXPECT_EQ(0, std::memcmp(&own[r * C], &small[r * C], C * sizeof(TypeParam)))
           << name << ": list of " << this->kLengths[r] << " keys";

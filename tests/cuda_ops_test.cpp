@@ -1524,18 +1524,27 @@ TEST(KernelTiming, CudnnAttentionLayoutsOnGpt2B32) {
         ops->attention_forward(out, stats, qkv, 3 * C, qkv + C, qkv + 2 * C, 3 * C, rows, rows,
                                cfg);
       };
+      const long long ran = cuda->candidate_counts().ran[CandidateCalls::kAttention];
       const double forward_ms = milliseconds_per_call(*ops, 10, forward);
+      if (dense && cuda->candidate_counts().ran[CandidateCalls::kAttention] == ran) {
+        std::printf("; dense did not run (cuDNN refused it: the ragged layout ran)");
+        continue;
+      }
       std::printf("%s %s forward %.3f ms (%.0f TFLOP/s, target 350)", dense ? ";" : "",
                   dense ? "dense" : "ragged", forward_ms, forward_flops / forward_ms * tera);
       for (const bool deterministic : {true, false}) {
         ops->set_deterministic(deterministic);
+        const long long ran_before = cuda->candidate_counts().ran[CandidateCalls::kAttention];
         const double backward_ms = milliseconds_per_call(*ops, 10, [&] {
           ops->attention_backward(dqkv, dqkv + C, dqkv + 2 * C, dout, out, stats, qkv, 3 * C,
                                   qkv + C, qkv + 2 * C, 3 * C, rows, rows, cfg);
         });
-        std::printf(", backward%s %.3f ms (%.0f TFLOP/s, target 280)",
+        const bool refused =
+            dense && cuda->candidate_counts().ran[CandidateCalls::kAttention] == ran_before;
+        std::printf(", backward%s %.3f ms (%.0f TFLOP/s, target 280)%s",
                     deterministic ? "" : " (--deterministic false)", backward_ms,
-                    2.5 * forward_flops / backward_ms * tera);
+                    2.5 * forward_flops / backward_ms * tera,
+                    refused ? " (dense refused: the ragged layout ran)" : "");
       }
       ops->set_deterministic(true);
     } catch (const std::exception& e) {  // cuDNN refused a case: a figure missing, said so

@@ -143,29 +143,32 @@ class CudnnAttention final : public FlashAttention {
     AttentionPreparation done;
     done.cases = static_cast<int>(planned_.entries().size());
     std::vector<size_t> workspaces;
-    // Forward and, training, backward graphs of a shape.
-    const auto build_passes = [&](const auto& key_of_pass) {
+    // Forward and, training, backward graphs of a shape. A dense graph
+    // cuDNN refuses is not counted: its batch takes the ragged layout.
+    const auto build_passes = [&](bool dense, const auto& key_of_pass) {
       for (const bool pass : {false, true}) {
         if (pass && !backward) continue;
         const Entry* entry = graph_for(key_of_pass(pass), GraphUse::kPrepared);
-        ++done.graphs;
         if (entry->graph) {
+          ++done.graphs;
           workspaces.push_back(static_cast<size_t>(entry->workspace));
-        } else if (done.refused++ == 0) {
-          done.first_refusal = entry->why;
+        } else if (!dense) {
+          ++done.graphs;
+          if (done.refused++ == 0) done.first_refusal = entry->why;
         }
       }
     };
     int64_t most_slots = 0;
     for (const PlannedShapes::Entry& e : planned_.entries()) {
       most_slots = std::max(most_slots, e.shape.slots);
-      build_passes(
-          [&](bool pass) { return key_of(pass, dtype, e.layout, e.shape, ops_.deterministic()); });
+      build_passes(false, [&](bool pass) {
+        return key_of(pass, dtype, e.layout, e.shape, ops_.deterministic());
+      });
     }
     // attention=dense: the uniform classes' own shapes in the dense layout
     // too, so that no step builds one.
     for (const PlannedShapes::Uniform& u : planned_.uniform()) {
-      build_passes([&](bool pass) {
+      build_passes(true, [&](bool pass) {
         return dense_key_of(pass, dtype, u.layout, u.shape, ops_.deterministic());
       });
     }
@@ -193,7 +196,8 @@ class CudnnAttention final : public FlashAttention {
     if (dense_switched()) {
       const GraphKey dense =
           dense_key_of(backward, dtype, layout, dense_shape(qs, ks), ops_.deterministic());
-      const bool ready = takes_dense_layout() && equal_lengths(qs, ks) && dense_graph_ready(dense);
+      const bool ready =
+          takes_dense_layout() && equal_lengths(qs, ks) && dense_graph_ready(dense, layout, qs, ks);
       ops_.count_candidate(CandidateCalls::kAttention, ready);
       if (ready) return dense;
     }
@@ -207,15 +211,28 @@ class CudnnAttention final : public FlashAttention {
   }
 
   // Whether a batch of equal lengths runs its dense graph. A run that
-  // prepared its classes has built those it will use (a uniform class's:
-  // a bucket's batches vary in count, so no step builds one); otherwise it
-  // is built on first use. Where cuDNN does not take it, the ragged layout
-  // runs the call.
-  bool dense_graph_ready(const GraphKey& key) {
-    if (const auto it = graphs_.find(key.text()); it != graphs_.end())
-      return it->second.graph != nullptr;
-    if (prepared_run_) return false;
-    return graph_for(key, GraphUse::kTrial)->graph != nullptr;
+  // prepared its classes runs those it prepared, a uniform class's (a
+  // bucket's batches vary in count, so no step builds one); another builds
+  // it on first use, and runs it where its workspace may be taken. Where
+  // cuDNN does not take it, the ragged layout runs the call.
+  bool dense_graph_ready(const GraphKey& key, const GraphLayout& layout, const Ragged& qs,
+                         const Ragged& ks) {
+    if (prepared_run_) {
+      if (!planned_.holds_uniform(layout, dense_shape(qs, ks))) return false;
+      const auto it = graphs_.find(key.text());
+      return it != graphs_.end() && it->second.graph != nullptr;  // its workspace reserved
+    }
+    const Entry* entry = graph_for(key, GraphUse::kTrial);
+    return entry->graph != nullptr && workspace_allowed(*entry, qs, ks, key.heads);
+  }
+
+  // Whether a call may take a graph's workspace: the reserved one, or
+  // unplanned_workspace_budget.
+  bool workspace_allowed(const Entry& entry, const Ragged& qs, const Ragged& ks, int heads) const {
+    const size_t need = static_cast<size_t>(entry.workspace);
+    return need <= reserved_ ||
+           need <= unplanned_workspace_budget(qs, ks, heads, reserved_,
+                                              ops_.device().device_memory_free());
   }
 
   // Reserves the workspace every call shares, and metadata buffers for
@@ -311,8 +328,14 @@ class CudnnAttention final : public FlashAttention {
   // The graph of a key, built on first use.
   Entry* graph_for(const GraphKey& key, GraphUse use) {
     const std::string text = key.text();
-    if (const auto it = graphs_.find(text); it != graphs_.end()) return &it->second;
     const bool prepared = use == GraphUse::kPrepared;
+    if (const auto it = graphs_.find(text); it != graphs_.end()) {
+      if (prepared && !it->second.prepared) {  // built by a call before: kept from now on
+        it->second.prepared = true;
+        ++prepared_graphs_;
+      }
+      return &it->second;
+    }
     if (prepared) ++prepared_graphs_;
     if (graphs_.size() >= prepared_graphs_ + kUnpreparedGraphs) {
       std::erase_if(graphs_, [](const auto& item) { return !item.second.prepared; });

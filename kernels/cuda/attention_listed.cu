@@ -2,7 +2,6 @@
 // (query row, head), attention_listed_kernels.cuh. Plain and small: a
 // decoding step has one row per live hypothesis. And the cache's row copy
 // (Ops::scatter_rows): a block per row.
-#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -40,7 +39,7 @@ void CudaOps::attention_listed(Act out, Act q, int q_stride, Act k, Act v, int k
                              " leaves no room for scores in a block's 48 KiB of shared memory");
   }
   const size_t shared =
-      (32 + static_cast<size_t>(D) + std::min(keys.longest, chunk)) * sizeof(float);
+      sizeof(float) * cuda::attention_listed::shared_floats(D, keys.longest, chunk);
   cuda::dispatch(out.dtype, [&](auto tag) {
     using T = decltype(tag);
     cuda::attention_listed::

@@ -32,8 +32,13 @@ constexpr int chunk_for(int D) {
   return room < 1 ? 0 : room < kMaxChunk ? room : kMaxChunk;
 }
 
-// (32) reductions, (D) the output's sums, (min(n, chunk)) scores.
-extern __shared__ float listed_shared[];
+// The dynamic shared memory of a launch whose lists are up to `longest`
+// keys: (32) reductions, (D) the output's sums, (min(longest, chunk)) scores.
+constexpr int shared_floats(int D, int longest, int chunk) {
+  return 32 + D + (longest < chunk ? longest : chunk);
+}
+
+extern __shared__ float listed_shared[];  // (shared_floats)
 
 // out: (R, H*D), q: (R, H*D) rows q_stride apart, k, v: rows kv_stride
 // apart, starts: (R+1), rows: (starts[R]); chunk: chunk_for(D) (or less).
