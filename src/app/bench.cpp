@@ -26,6 +26,7 @@
 #include "kernels/dropout_mask.h"
 #include "kernels/profiled_ops.h"
 #include "src/app/commands.h"
+#include "src/app/profile_table.h"
 #include "src/data/make_source.h"
 #include "src/model/model.h"
 #include "src/optim/adamw.h"
@@ -112,14 +113,6 @@ size_t peak_rss_bytes() {
   return static_cast<size_t>(usage.ru_maxrss) * 1024;
 }
 
-// The step's milliseconds outside every op family's (host work, waits,
-// the all-reduce, the device idle between launches).
-double outside_ops_ms(const std::vector<double>& ms, double step_ms) {
-  double ops_ms = 0.0;
-  for (double m : ms) ops_ms += m;
-  return step_ms - ops_ms;
-}
-
 // `, "NAME": "TEXT"`, or nothing where TEXT is empty.
 std::string text_field(const char* name, const std::string& text) {
   return text.empty() ? "" : ", \"" + std::string(name) + "\": \"" + text + "\"";
@@ -138,28 +131,6 @@ std::string profile_json(const std::vector<double>& ms, double step_ms) {
   }
   std::snprintf(buf, sizeof buf, ", \"other\": %.3f}", outside_ops_ms(ms, step_ms));
   return out + buf;
-}
-
-// A table of the step's time by op family on stderr (stdout keeps its one
-// JSON line).
-void print_profile(const std::vector<double>& ms, const std::vector<ProfiledOps::CallTotal>& calls,
-                   int steps, double step_ms) {
-  const double other_ms = outside_ops_ms(ms, step_ms);
-  std::fprintf(stderr, "time per step by op family (device time, %.2f ms per step):\n", step_ms);
-  for (int f = 0; f < static_cast<int>(OpFamily::kCount); ++f) {
-    std::fprintf(stderr, "  %-12s %9.3f ms  %5.1f%%\n", to_string(static_cast<OpFamily>(f)), ms[f],
-                 step_ms > 0 ? 100.0 * ms[f] / step_ms : 0.0);
-  }
-  std::fprintf(stderr, "  %-12s %9.3f ms  %5.1f%%  (host work, waits, all-reduce)\n", "other",
-               other_ms, step_ms > 0 ? 100.0 * other_ms / step_ms : 0.0);
-  // Where a family's time goes: its costliest calls by sizes.
-  constexpr size_t kTopCalls = 16;
-  std::fprintf(stderr, "costliest op calls (per step: ms, calls, share):\n");
-  for (size_t i = 0; i < calls.size() && i < kTopCalls; ++i) {
-    const double per_step = calls[i].ms / steps;
-    std::fprintf(stderr, "  %9.3f ms %4lld  %5.1f%%  %s\n", per_step, calls[i].count / steps,
-                 step_ms > 0 ? 100.0 * per_step / step_ms : 0.0, calls[i].call.c_str());
-  }
 }
 
 // This rank's micro-batches of each step: one synthetic batch, the same
@@ -513,7 +484,10 @@ void Bench::report() {
       reducer_ ? reducer_->transport().name().c_str() : "none", kernels.c_str(),
       profile_json(profile_ms, 1000.0 * step_s).c_str());
   std::fflush(stdout);
-  if (profiled_) print_profile(profile_ms, top_calls, cfg_.steps, 1000.0 * step_s);
+  if (profiled_) {
+    print_profile(profile_ms, top_calls, cfg_.steps, 1000.0 * step_s,
+                  "host work, waits, all-reduce");
+  }
 }
 
 }  // namespace

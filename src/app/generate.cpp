@@ -23,6 +23,7 @@
 #include "kernels/backend.h"
 #include "src/app/commands.h"
 #include "src/app/options.h"
+#include "src/app/profile_table.h"
 #include "src/core/error.h"
 #include "src/data/tokenizer.h"
 #include "src/io/atomic_file.h"
@@ -173,6 +174,7 @@ std::string what_is_kept(const GenerateConfig& cfg) {
 // What every rank holds to decode: the model, its inputs and how they read.
 struct Setup {
   std::unique_ptr<Ops> ops;
+  std::unique_ptr<ProfiledOps> profiled;  // --profile: the model's ops, timed by family
   std::unique_ptr<Model> model;
   std::unique_ptr<Tokenizer> tokenizer;
   std::vector<std::vector<int32_t>> inputs;
@@ -204,7 +206,8 @@ void load_model(const GenerateConfig& cfg, const TrainConfig& run,
   const int threads = cfg.threads > 0 ? cfg.threads : comm.cores_per_local_rank();
   setup.ops = cfg.device == DeviceKind::kCpu ? make_cpu_ops(threads)
                                              : make_ops(cfg.device, threads, comm, false, stderr);
-  Ops& ops = *setup.ops;
+  if (cfg.profile) setup.profiled = std::make_unique<ProfiledOps>(*setup.ops);
+  Ops& ops = setup.profiled ? *setup.profiled : *setup.ops;
   const DType compute = compute_dtype(cfg.precision);
   // The sentences decoding together stay within --max-tokens; a cache
   // larger than that holds one sentence whose beams alone are too many.
@@ -469,6 +472,34 @@ std::string describe_rate(size_t lines, int64_t tokens, double seconds, const De
   return text;
 }
 
+// With others: every rank's lines to rank 0's outputs. Collective.
+void gather_lines(const Communicator& comm, std::vector<std::pair<size_t, std::string>>& mine,
+                  Outputs& outputs) {
+  for (int r = 1; r < comm.size(); ++r) {
+    std::string packed = comm.rank() == r ? pack_lines(mine) : std::string();
+    comm.broadcast(&packed, r);
+    if (comm.is_root()) unpack_lines(packed, outputs);
+  }
+  if (comm.is_root()) {
+    for (auto& [index, text] : mine) outputs.set(index, std::move(text));
+  }
+}
+
+// --profile: rank 0's decoding steps, each op family's device time per
+// step, and the step's time outside every op (the choice of tokens, the
+// logits' copy to the host, the host's work between steps).
+void print_decoding_profile(ProfiledOps& profiled, const DecodeStats& own, double seconds,
+                            int ranks) {
+  const long long steps = std::max<long long>(own.steps, 1);
+  std::vector<double> ms = profiled.milliseconds();
+  for (double& m : ms) m /= static_cast<double>(steps);
+  std::fprintf(stderr, "generate --profile: %s%lld decoding steps of %.1f rows in %.3f s\n",
+               ranks > 1 ? "rank 0's " : "", static_cast<long long>(own.steps),
+               own.steps > 0 ? static_cast<double>(own.rows) / own.steps : 0.0, seconds);
+  print_profile(ms, profiled.call_totals(), steps, 1000.0 * seconds / steps,
+                "the choice of tokens, the logits' copy to the host, the host's work");
+}
+
 }  // namespace
 
 int run_generate(const GenerateConfig& cfg, Communicator& comm) {
@@ -499,7 +530,8 @@ int run_generate(const GenerateConfig& cfg, Communicator& comm) {
   // Alone, rank 0 writes the lines as they come (in input order); with
   // others, it writes once every rank has sent its own.
   std::vector<std::pair<size_t, std::string>> mine;
-  DecodeStats stats;  // this rank's
+  DecodeStats stats;                              // this rank's
+  if (setup->profiled) setup->profiled->reset();  // decoding's ops alone
   const auto decoding_start = std::chrono::steady_clock::now();
   code =
       agree(comm, attempt(
@@ -516,14 +548,12 @@ int run_generate(const GenerateConfig& cfg, Communicator& comm) {
                       },
                       Blame::kByType, "generate"));
   if (code != 0) return code;
-  for (int r = 1; r < comm.size(); ++r) {
-    std::string packed = comm.rank() == r ? pack_lines(mine) : std::string();
-    comm.broadcast(&packed, r);
-    if (comm.is_root()) unpack_lines(packed, *outputs);
+  if (setup->profiled && comm.is_root()) {
+    const double own_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - decoding_start).count();
+    print_decoding_profile(*setup->profiled, stats, own_seconds, comm.size());
   }
-  if (comm.is_root() && comm.size() > 1) {
-    for (auto& [index, text] : mine) outputs->set(index, std::move(text));
-  }
+  if (comm.size() > 1) gather_lines(comm, mine, *outputs);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - decoding_start).count();
   const int64_t tokens = comm.allreduce_sum(stats.tokens);

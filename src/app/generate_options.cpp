@@ -58,6 +58,9 @@ void add_generate_flags(FlagTable& t, GenerateConfig* c) {
                        "precision of the weights' compute copy and of the activations (bf16, "
                        "fp16: faster on a GPU; where two tokens come near a tie, another may win)");
   add_cpu_flags(t, &c->threads, "CPU threads (0: all cores)", &c->blas_core);
+  t.add_switch("profile", &c->profile,
+               "also time decoding's ops by family (GEMM, attention, ...) and print a table of a "
+               "step's time on stderr");
 }
 
 void finish_generate(const std::set<std::string>& given, GenerateConfig* cfg) {

@@ -308,6 +308,7 @@ struct GenerateConfig {
   Precision precision = Precision::kFp32;  // of the weights' compute copy and activations
   int threads = 0;
   std::string blas_core = "auto";
+  bool profile = false;  // --profile: time decoding's ops by family (a table on stderr)
 };
 
 // `mpiformer classify`: label scores of text lines with a classifier checkpoint.

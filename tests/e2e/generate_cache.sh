@@ -72,6 +72,19 @@ check "--min-new-tokens 12: every line has at least 12 ids" \
   awk 'NF < 12 { exit 1 }' rev-min12.txt
 check "--min-new-tokens 12: the inputs' own lengths ended lines before 12 without it" \
   awk 'NF < 12 { found = 1 } END { exit !found }' rev-greedy.txt
+# --profile: a table of decoding's op families on stderr, the output unchanged.
+"$bin" generate --checkpoint lm-run/$ckpt --input prompts.txt --max-new-tokens 30 --threads 1 \
+  --profile --output lm-profile.txt 2>lm-profile.err
+check "--profile: the same output" cmp -s lm-greedy.txt lm-profile.txt
+check "--profile: the decoding steps, then each op family's time per step" \
+  grep -q "^generate --profile: [0-9]* decoding steps of [0-9.]* rows in [0-9.]* s" lm-profile.err
+for family in gemm attention layernorm; do
+  check "--profile: $family's time per step" grep -q "^  $family  *[0-9.]* ms  *[0-9.]*%" lm-profile.err
+done
+check "--profile: the time outside the ops" \
+  grep -q "^  other  *[0-9.-]* ms  *[0-9.-]*%  (the choice of tokens" lm-profile.err
+check "--profile: the costliest calls" \
+  grep -q "^ *[0-9.]* ms  *[0-9.]*  *[0-9.]*%  attention_listed (fp32; R " lm-profile.err
 check "the closing line gives tokens/s and where the time went" \
   grep -q "tokens/s; model calls [0-9.]* s, choice of tokens [0-9.]* s" rev-min12.err
 check "the two-rank run says how it shares the work" grep -q "at a time as a key/value cache of [0-9]* rows holds, over 2 ranks" \
