@@ -11,7 +11,7 @@
 # read back into the summary.
 source "$(dirname "$0")/common.sh"
 root=$(cd "$(dirname "$0")/../.." && pwd)
-work=$2
+bin=$1 work=$2
 rm -rf "$work" && mkdir -p "$work"
 failures=0 out=$work/out err=$work/err
 
@@ -125,6 +125,27 @@ check "  where a bf16 decoding step's time goes" \
   grep -q "^devices: decoding bf16 --profile, ms per step: gemm [0-9.]*, attention [0-9.]*, .*, other [0-9.-]* of [0-9.]*$" "$summary"
 check "  eval on the GPU left out without shards" \
   grep -q "^devices: eval on the GPU left out (no shards given)" "$summary"
+# devices with shard directories: each by its kind (an lm, the digits
+# classifier) trained on the "GPU" and evaluated there against the CPU; a
+# directory without shards is left out, saying so.
+grep -v '^[[:space:]]*$' /usr/share/common-licenses/GPL-3 >"$work/text.txt"
+"$bin" prepare --kind lm --input "$work/text.txt" --out "$work/lm-shards" --shards 1 \
+  --vocab-size 300 --valid-lines 50 >/dev/null
+"$root/data/extract-digits.py" "$work/digits.npz" >/dev/null
+"$bin" prepare --kind image --input "$work/digits.npz" --out "$work/digit-shards" --shards 1 \
+  --valid-lines 180 --test-lines 180 >/dev/null
+mkdir -p "$work/no-shards"
+rc=0
+PYTHON=$venv_python GPU_CHECK_SPEED_SHAPE=tiny GPU_CHECK_DECODE_STEPS=40 GPU_CHECK_EVAL_STEPS=20 \
+  GPU_CHECK_SECONDS=300 "$cpu_tree/scripts/gpu-check" devices "$work/lm-shards" \
+  "$work/digit-shards" "$work/no-shards" >"$out" 2>"$err" || rc=$?
+check "devices with three directories: exit 0 ($rc)" test "$rc" -eq 0
+for kind in lm image; do
+  check "  eval fp32 and bf16 of the $kind shards on the GPU against the CPU" \
+    test "$(grep -c "^devices: eval \(fp32\|bf16\) of $kind shards $work/[a-z-]*shards passes, relative difference [0-9.e+-]* (at most [0-9.e-]*): cpu loss [0-9.]* in [0-9]*\.[0-9][0-9] s, cuda loss [0-9.]* in [0-9]*\.[0-9][0-9] s" "$summary")" -eq 2
+done
+check "  the directory without shards left out" \
+  grep -q "^devices: eval on $work/no-shards left out: shards of kind '?' (lm and image are taken)" "$summary"
 
 # limit on a stand-in bundle that runs this build on the CPU with the GPT-2
 # shapes shrunk and two timed steps (and a PyTorch that drops --compile and
