@@ -79,6 +79,7 @@ check "  with the failure" grep -q "^ops: exit 1; \[  PASSED  \] 1 test. \[  FAI
 check "  the failing test under compute-sanitizer" \
   grep -q "^ops: compute-sanitizer on Precisions/CudaOpsTest.RaggedAttention/bf16: exit 0; =* ERROR SUMMARY: 1 error" "$summary"
 check "  and the rerun with the check switch" grep -q "^ops: failed; again with MPIFORMER_CUDA_CHECK=1" "$summary"
+check "  and what the stage took, its rerun included" grep -q "^ops: [0-9]* s in all$" "$summary"
 check "  whose line is marked" grep -q "^  (checked) ops: exit 1" "$summary"
 check "the op test ran twice, the second time checked" \
   test "$(grep -c '^run tests/cuda_ops_test' "$CALLS")" -eq 2 -a \
