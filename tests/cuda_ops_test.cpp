@@ -1325,8 +1325,11 @@ TEST(CudaKernelSwitches, SplitWeightGradientAgreesWithTheWholeGemm) {
           weight_gradients(*ops, in, split, bias), weight_gradients(*ops, in, timed, bias),
           weight_gradients(*ops, in, timed, bias)};
       EXPECT_TRUE(got[0].dx == got[1].dx) << "dx changed";
-      expect_close(got[1].dweight, got[0].dweight, 1e-5, "dweight, split against whole");
-      expect_close(got[1].dbias, got[0].dbias, 1e-5, "dbias, split against whole");
+      // fp32 sums of 8,192 products in another order: an H200 differed by
+      // 1.0e-5 of the largest (fp16, OC 1283); one token lost or doubled
+      // (the tail of 1) errs by about 1e-3 of it, a token range by more.
+      expect_close(got[1].dweight, got[0].dweight, 5e-5, "dweight, split against whole");
+      expect_close(got[1].dbias, got[0].dbias, 5e-5, "dbias, split against whole");
       for (int run = 2; run < 5; ++run) {
         EXPECT_TRUE(got[1].dweight == got[run].dweight && got[1].dbias == got[run].dbias)
             << "split, run " << run << (run > 2 ? " (timed)" : "") << ": other bits";
