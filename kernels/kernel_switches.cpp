@@ -12,16 +12,16 @@ namespace {
 
 constexpr const char* kVariable = "MPIFORMER_KERNELS";
 
-// One family's two paths by name: present first, candidate second.
+// One family's two paths by name: older first, newer second.
 struct Family {
   const char* name;
   const char* paths[2];
 };
 constexpr Family kFamilies[] = {
-    {"layernorm", {"block", "warp"}},  {"loss", {"reread", "staged"}},
-    {"gemm", {"heuristic", "timed"}},  {"attention", {"ragged", "dense"}},
-    {"exact", {"buffered", "direct"}}, {"adamw", {"ranged", "vector"}},
-    {"dweight", {"whole", "split"}},
+    {"layernorm", {"block", "warp"}},   {"layernorm_backward", {"block", "warp"}},
+    {"loss", {"reread", "staged"}},     {"gemm", {"heuristic", "timed"}},
+    {"attention", {"ragged", "dense"}}, {"exact", {"buffered", "direct"}},
+    {"adamw", {"ranged", "vector"}},    {"dweight", {"whole", "split"}},
 };
 
 // The index of path `p` in family `f`, or -1.
@@ -43,24 +43,26 @@ std::string choices() {
                               "' is not a switch; expected a comma-separated list of " + choices());
 }
 
-// Sets family `f` (kFamilies' index) to path `p` (0 present, 1 candidate).
+// Sets family `f` (kFamilies' index) to path `p` (0 older, 1 newer).
 void set(KernelSwitches& s, int f, int p) {
   if (f == 0) s.layernorm = static_cast<KernelSwitches::LayerNorm>(p);
-  if (f == 1) s.loss = static_cast<KernelSwitches::Loss>(p);
-  if (f == 2) s.gemm = static_cast<KernelSwitches::Gemm>(p);
-  if (f == 3) s.attention = static_cast<KernelSwitches::Attention>(p);
-  if (f == 4) s.exact = static_cast<KernelSwitches::Exact>(p);
-  if (f == 5) s.adamw = static_cast<KernelSwitches::AdamW>(p);
-  if (f == 6) s.dweight = static_cast<KernelSwitches::DWeight>(p);
+  if (f == 1) s.layernorm_backward = static_cast<KernelSwitches::LayerNorm>(p);
+  if (f == 2) s.loss = static_cast<KernelSwitches::Loss>(p);
+  if (f == 3) s.gemm = static_cast<KernelSwitches::Gemm>(p);
+  if (f == 4) s.attention = static_cast<KernelSwitches::Attention>(p);
+  if (f == 5) s.exact = static_cast<KernelSwitches::Exact>(p);
+  if (f == 6) s.adamw = static_cast<KernelSwitches::AdamW>(p);
+  if (f == 7) s.dweight = static_cast<KernelSwitches::DWeight>(p);
 }
 
 int path_of(const KernelSwitches& s, int f) {
   if (f == 0) return static_cast<int>(s.layernorm);
-  if (f == 1) return static_cast<int>(s.loss);
-  if (f == 2) return static_cast<int>(s.gemm);
-  if (f == 3) return static_cast<int>(s.attention);
-  if (f == 4) return static_cast<int>(s.exact);
-  if (f == 5) return static_cast<int>(s.adamw);
+  if (f == 1) return static_cast<int>(s.layernorm_backward);
+  if (f == 2) return static_cast<int>(s.loss);
+  if (f == 3) return static_cast<int>(s.gemm);
+  if (f == 4) return static_cast<int>(s.attention);
+  if (f == 5) return static_cast<int>(s.exact);
+  if (f == 6) return static_cast<int>(s.adamw);
   return static_cast<int>(s.dweight);
 }
 

@@ -162,19 +162,24 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
 }
 
 // A precision and the kernel switches (kernels/kernel_switches.h) the ops
-// run under: every op test runs on the present paths and the candidates.
+// run under: every op test runs on the defaults, on every newer path
+// (candidates) and on the older paths that defaults replaced.
 struct OpsCase {
   DType dtype;
-  const char* switches;  // MPIFORMER_KERNELS's syntax; "" the present paths
+  const char* switches;  // MPIFORMER_KERNELS's syntax; "" the defaults
+  const char* name;      // the test name's suffix
 };
+
+// The older paths of the families whose default is their newer one.
+constexpr const char* kOlderPaths = "layernorm=block,exact=buffered,adamw=ranged";
 
 void PrintTo(const OpsCase& c, std::ostream* os) {
   *os << to_string(c.dtype) << (*c.switches ? std::string(", ") + c.switches : "");
 }
 
 std::string ops_case_name(const ::testing::TestParamInfo<OpsCase>& info) {
-  const std::string switches = info.param.switches;
-  return std::string(to_string(info.param.dtype)) + (switches.empty() ? "" : "_" + switches);
+  const std::string name = info.param.name;
+  return std::string(to_string(info.param.dtype)) + (name.empty() ? "" : "_" + name);
 }
 
 class CudaOpsTest : public ::testing::TestWithParam<OpsCase> {
@@ -260,12 +265,17 @@ class CudaOpsTest : public ::testing::TestWithParam<OpsCase> {
   std::unique_ptr<Backends> b_;
 };
 
-INSTANTIATE_TEST_SUITE_P(
-    Precisions, CudaOpsTest,
-    ::testing::Values(OpsCase{DType::kF32, ""}, OpsCase{DType::kF32, "candidates"},
-                      OpsCase{DType::kBF16, ""}, OpsCase{DType::kBF16, "candidates"},
-                      OpsCase{DType::kF16, ""}, OpsCase{DType::kF16, "candidates"}),
-    ops_case_name);
+INSTANTIATE_TEST_SUITE_P(Precisions, CudaOpsTest,
+                         ::testing::Values(OpsCase{DType::kF32, "", ""},
+                                           OpsCase{DType::kF32, "candidates", "candidates"},
+                                           OpsCase{DType::kF32, kOlderPaths, "older"},
+                                           OpsCase{DType::kBF16, "", ""},
+                                           OpsCase{DType::kBF16, "candidates", "candidates"},
+                                           OpsCase{DType::kBF16, kOlderPaths, "older"},
+                                           OpsCase{DType::kF16, "", ""},
+                                           OpsCase{DType::kF16, "candidates", "candidates"},
+                                           OpsCase{DType::kF16, kOlderPaths, "older"}),
+                         ops_case_name);
 
 TEST_P(CudaOpsTest, ConvertDropoutAndActivations) {
   const size_t n = 10007;
@@ -376,12 +386,17 @@ TEST_P(CudaOpsTest, LayerNormFusedWithTheResidual) {
     SCOPED_TRACE("N " + std::to_string(N) + ", C " + std::to_string(C));
     layernorm_case(N, C);
   }
-  // Under the candidates the warp kernels ran each call of C 96, 768 and
-  // 1024 (4 a case) and left 1040's to the block kernels.
+  // Where asked for, the warp kernels ran each call of C 96, 768 and 1024
+  // (2 forward and 2 backward a case) and left 1040's to the block kernels.
   const CandidateCalls& calls = b_->cuda->candidate_counts();
-  if (b_->cuda->kernel_switches().layernorm == KernelSwitches::LayerNorm::kWarp) {
-    EXPECT_GE(calls.ran[CandidateCalls::kLayerNorm], 12);
-    EXPECT_GE(calls.asked[CandidateCalls::kLayerNorm] - calls.ran[CandidateCalls::kLayerNorm], 4);
+  const KernelSwitches& switches = b_->cuda->kernel_switches();
+  constexpr auto kWarp = KernelSwitches::LayerNorm::kWarp;
+  for (const auto& [warp, family] :
+       {std::pair{switches.layernorm == kWarp, CandidateCalls::kLayerNorm},
+        std::pair{switches.layernorm_backward == kWarp, CandidateCalls::kLayerNormBackward}}) {
+    if (!warp) continue;
+    EXPECT_GE(calls.ran[family], 6) << "family " << family;
+    EXPECT_GE(calls.asked[family] - calls.ran[family], 2) << "family " << family;
   }
 }
 
@@ -1395,7 +1410,7 @@ TEST(KernelTiming, LayerNormBlockAgainstWarp) {
   double forward[2], backward[2];
   for (int warp = 0; warp < 2; ++warp) {
     KernelSwitches switches;
-    switches.layernorm =
+    switches.layernorm = switches.layernorm_backward =
         warp ? KernelSwitches::LayerNorm::kWarp : KernelSwitches::LayerNorm::kBlock;
     cuda->set_kernel_switches(switches);
     forward[warp] = milliseconds_per_call(*ops, 50, [&] {
@@ -1771,8 +1786,8 @@ GpuGradients gpu_gradients(Ops& gpu, const ModelConfig& m, const Batch& batch, R
 }
 
 // `check(none, other)` on the gradients of --recompute none and `mode` on
-// the GPU, for an lm and a seq2seq model, on the present paths and on the
-// candidates (whose warp layer norm must also normalise the stored sum as
+// the GPU, for an lm and a seq2seq model, on the defaults and on every
+// newer path (whose warp layer norm must also normalise the stored sum as
 // its fused residual add did).
 template <typename Check>
 void compare_recompute(Recompute mode, DType compute, Check check) {

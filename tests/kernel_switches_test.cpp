@@ -1,6 +1,7 @@
-// MPIFORMER_KERNELS (kernels/kernel_switches.h): the families' present
-// paths by default, each candidate by name, all of them at once, and a
-// refusal that names the variable, the bad part and the choices.
+// MPIFORMER_KERNELS (kernels/kernel_switches.h): the families' defaults
+// (newer paths where a GPU run chose them), each path by name, every newer
+// path at once, and a refusal that names the variable, the bad part and
+// the choices.
 #include "kernels/kernel_switches.h"
 
 #include <gtest/gtest.h>
@@ -12,40 +13,47 @@
 namespace mpiformer {
 namespace {
 
-constexpr const char* kPresent =
-    "layernorm=block,loss=reread,gemm=heuristic,attention=ragged,exact=buffered,adamw=ranged,"
-    "dweight=whole";
+constexpr const char* kDefaults =
+    "layernorm=warp,layernorm_backward=block,loss=reread,gemm=heuristic,attention=ragged,"
+    "exact=direct,adamw=vector,dweight=whole";
 
-TEST(KernelSwitches, PresentPathsUnlessNamed) {
-  EXPECT_EQ(describe(KernelSwitches{}), kPresent);
-  EXPECT_EQ(describe(parse_kernel_switches("")), kPresent);
-  EXPECT_EQ(describe(parse_kernel_switches("layernorm=warp")),
-            "layernorm=warp,loss=reread,gemm=heuristic,attention=ragged,exact=buffered,"
-            "adamw=ranged,dweight=whole");
+TEST(KernelSwitches, DefaultsUnlessNamed) {
+  EXPECT_EQ(describe(KernelSwitches{}), kDefaults);
+  EXPECT_EQ(describe(parse_kernel_switches("")), kDefaults);
+  EXPECT_EQ(describe(parse_kernel_switches("layernorm=block")),
+            "layernorm=block,layernorm_backward=block,loss=reread,gemm=heuristic,"
+            "attention=ragged,exact=direct,adamw=vector,dweight=whole");
   EXPECT_EQ(describe(parse_kernel_switches(",loss=staged,")),
-            "layernorm=block,loss=staged,gemm=heuristic,attention=ragged,exact=buffered,"
-            "adamw=ranged,dweight=whole");
-  const KernelSwitches s = parse_kernel_switches("gemm=timed,layernorm=warp");
+            "layernorm=warp,layernorm_backward=block,loss=staged,gemm=heuristic,attention=ragged,"
+            "exact=direct,adamw=vector,dweight=whole");
+  const KernelSwitches s = parse_kernel_switches("gemm=timed,layernorm_backward=warp");
   EXPECT_EQ(s.gemm, KernelSwitches::Gemm::kTimed);
   EXPECT_EQ(s.layernorm, KernelSwitches::LayerNorm::kWarp);
+  EXPECT_EQ(s.layernorm_backward, KernelSwitches::LayerNorm::kWarp);
   EXPECT_EQ(s.loss, KernelSwitches::Loss::kReread);
   EXPECT_EQ(s.attention, KernelSwitches::Attention::kRagged);
-  EXPECT_EQ(s.exact, KernelSwitches::Exact::kBuffered);
-  EXPECT_EQ(parse_kernel_switches("attention=dense").attention, KernelSwitches::Attention::kDense);
-  EXPECT_EQ(parse_kernel_switches("exact=direct").exact, KernelSwitches::Exact::kDirect);
-  EXPECT_EQ(parse_kernel_switches("adamw=vector").adamw, KernelSwitches::AdamW::kVector);
-  EXPECT_EQ(parse_kernel_switches("dweight=split").dweight, KernelSwitches::DWeight::kSplit);
+  EXPECT_EQ(s.exact, KernelSwitches::Exact::kDirect);
+  EXPECT_EQ(s.adamw, KernelSwitches::AdamW::kVector);
   EXPECT_EQ(s.dweight, KernelSwitches::DWeight::kWhole);
+  EXPECT_EQ(parse_kernel_switches("attention=dense").attention, KernelSwitches::Attention::kDense);
+  EXPECT_EQ(parse_kernel_switches("exact=buffered").exact, KernelSwitches::Exact::kBuffered);
+  EXPECT_EQ(parse_kernel_switches("adamw=ranged").adamw, KernelSwitches::AdamW::kRanged);
+  EXPECT_EQ(parse_kernel_switches("dweight=split").dweight, KernelSwitches::DWeight::kSplit);
+  EXPECT_EQ(parse_kernel_switches("layernorm=block").layernorm_backward,
+            KernelSwitches::LayerNorm::kBlock);
 }
 
 TEST(KernelSwitches, CandidatesTurnsEveryFamilyAndLaterPartsWin) {
   EXPECT_EQ(describe(parse_kernel_switches("candidates")),
-            "layernorm=warp,loss=staged,gemm=timed,attention=dense,exact=direct,adamw=vector,"
-            "dweight=split");
+            "layernorm=warp,layernorm_backward=warp,loss=staged,gemm=timed,attention=dense,"
+            "exact=direct,adamw=vector,dweight=split");
   EXPECT_EQ(describe(parse_kernel_switches("candidates,gemm=heuristic")),
-            "layernorm=warp,loss=staged,gemm=heuristic,attention=dense,exact=direct,adamw=vector,"
-            "dweight=split");
-  EXPECT_EQ(describe(parse_kernel_switches("loss=staged,loss=reread")), kPresent);
+            "layernorm=warp,layernorm_backward=warp,loss=staged,gemm=heuristic,attention=dense,"
+            "exact=direct,adamw=vector,dweight=split");
+  EXPECT_EQ(describe(parse_kernel_switches("loss=staged,loss=reread")), kDefaults);
+  EXPECT_EQ(describe(parse_kernel_switches("exact=buffered,adamw=ranged,layernorm=block")),
+            "layernorm=block,layernorm_backward=block,loss=reread,gemm=heuristic,"
+            "attention=ragged,exact=buffered,adamw=ranged,dweight=whole");
 }
 
 TEST(KernelSwitches, ARefusalNamesTheVariableThePartAndTheChoices) {
@@ -58,7 +66,8 @@ TEST(KernelSwitches, ARefusalNamesTheVariableThePartAndTheChoices) {
       EXPECT_EQ(std::string(e.what()),
                 "MPIFORMER_KERNELS is 'loss=staged," + bad + "': '" + bad +
                     "' is not a switch; expected a comma-separated list of layernorm=block|warp, "
-                    "loss=reread|staged, gemm=heuristic|timed, attention=ragged|dense, "
+                    "layernorm_backward=block|warp, loss=reread|staged, gemm=heuristic|timed, "
+                    "attention=ragged|dense, "
                     "exact=buffered|direct, adamw=ranged|vector, dweight=whole|split, or "
                     "candidates");
     }
@@ -67,18 +76,18 @@ TEST(KernelSwitches, ARefusalNamesTheVariableThePartAndTheChoices) {
 
 TEST(KernelSwitches, ReadFromTheEnvironment) {
   ::unsetenv("MPIFORMER_KERNELS");
-  EXPECT_EQ(describe(kernel_switches_from_environment()), kPresent);
+  EXPECT_EQ(describe(kernel_switches_from_environment()), kDefaults);
   ::setenv("MPIFORMER_KERNELS", "loss=staged", 1);
   EXPECT_EQ(describe(kernel_switches_from_environment()),
-            "layernorm=block,loss=staged,gemm=heuristic,attention=ragged,exact=buffered,"
-            "adamw=ranged,dweight=whole");
+            "layernorm=warp,layernorm_backward=block,loss=staged,gemm=heuristic,attention=ragged,"
+            "exact=direct,adamw=vector,dweight=whole");
   ::setenv("MPIFORMER_KERNELS", "loss=fast", 1);
   EXPECT_THROW(kernel_switches_from_environment(), std::invalid_argument);
   ::unsetenv("MPIFORMER_KERNELS");
 }
 
-// The candidates' calls name each family asked for, in the switches'
-// order, by its candidate's name; nothing where none was asked for.
+// The newer paths' calls name each family asked for, in the switches'
+// order, by its newer path's name; nothing where none was asked for.
 TEST(KernelSwitches, CandidateCallsNameTheFamiliesAskedFor) {
   CandidateCalls calls;
   EXPECT_EQ(describe(calls), "");
@@ -92,9 +101,11 @@ TEST(KernelSwitches, CandidateCallsNameTheFamiliesAskedFor) {
             "calls");
   calls.count(CandidateCalls::kLoss, true);
   calls.count(CandidateCalls::kAdamW, true);
+  calls.count(CandidateCalls::kLayerNormBackward, false);
   EXPECT_EQ(describe(calls),
-            "layernorm=warp 1 of 1 calls, loss=staged 1 of 1 calls, attention=dense 0 of 1 calls, "
-            "adamw=vector 1 of 1 calls, dweight=split 1 of 3 calls");
+            "layernorm=warp 1 of 1 calls, layernorm_backward=warp 0 of 1 calls, loss=staged 1 of "
+            "1 calls, attention=dense 0 of 1 calls, adamw=vector 1 of 1 calls, dweight=split 1 of "
+            "3 calls");
 }
 
 }  // namespace

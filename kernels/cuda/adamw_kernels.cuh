@@ -2,9 +2,10 @@
 // tests/adamw_emulation_test.cpp, where tests/emulated_cuda stands in for
 // the CUDA built-ins). One block per range of the flat buffers; both
 // kernels update an element with element(), so they give the same bits:
-// ranged (the present path) reads one float of each buffer per thread and
-// step of its loop; vector (MPIFORMER_KERNELS=adamw=vector) reads 16 bytes
-// of each, four elements, keeping four times the bytes in flight.
+// ranged (MPIFORMER_KERNELS=adamw=ranged, the older path) reads one float
+// of each buffer per thread and step of its loop; vector (the default)
+// reads 16 bytes of each, four elements, keeping four times the bytes in
+// flight.
 #pragma once
 
 #include <cmath>
@@ -51,7 +52,7 @@ __device__ __forceinline__ void update(size_t i, float* params, const float* gra
   if (compute) store(compute, i, p);
 }
 
-// The present path: a float of each buffer per thread and step.
+// The older path: a float of each buffer per thread and step.
 // params, grads, m, v, compute: (n); ranges: (R), one per block
 template <typename T>
 __global__ void ranged_kernel(float* params, const float* grads, float* m, float* v, T* compute,

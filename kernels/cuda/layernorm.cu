@@ -190,17 +190,20 @@ __global__ void layernorm_param_grads_kernel(float* dgamma, float* dbeta, const 
 
 }  // namespace
 
-bool CudaOps::warp_layernorm(DType dtype, int C, std::initializer_list<const void*> buffers) {
-  if (switches_.layernorm != KernelSwitches::LayerNorm::kWarp) return false;
+bool CudaOps::warp_layernorm(bool backward, DType dtype, int C,
+                             std::initializer_list<const void*> buffers) {
+  const auto path = backward ? switches_.layernorm_backward : switches_.layernorm;
+  if (path != KernelSwitches::LayerNorm::kWarp) return false;
   const bool takes = cuda::layernorm_warp_takes(dtype, C, buffers);
-  count_candidate(CandidateCalls::kLayerNorm, takes);
+  count_candidate(backward ? CandidateCalls::kLayerNormBackward : CandidateCalls::kLayerNorm,
+                  takes);
   return takes;
 }
 
 void CudaOps::layernorm_forward(Act out, float* mean, float* rstd, Act x, Act gamma, Act beta,
                                 int N, int C, float eps) {
   if (N == 0) return;
-  if (warp_layernorm(out.dtype, C, {out.data, x.data, gamma.data, beta.data})) {
+  if (warp_layernorm(false, out.dtype, C, {out.data, x.data, gamma.data, beta.data})) {
     cuda::layernorm_warp_forward(stream_, Act(), out, mean, rstd, x, Act(), Dropout{}, gamma, beta,
                                  N, C, eps);
     return;
@@ -217,7 +220,8 @@ void CudaOps::residual_layernorm_forward(Act sum, Act out, float* mean, float* r
                                          const Dropout& d, Act gamma, Act beta, int N, int C,
                                          float eps) {
   if (N == 0) return;
-  if (warp_layernorm(out.dtype, C, {sum.data, out.data, s.data, y.data, gamma.data, beta.data})) {
+  if (warp_layernorm(false, out.dtype, C,
+                     {sum.data, out.data, s.data, y.data, gamma.data, beta.data})) {
     cuda::layernorm_warp_forward(stream_, sum, out, mean, rstd, s, y, d, gamma, beta, N, C, eps);
     return;
   }
@@ -236,7 +240,7 @@ void CudaOps::layernorm_backward(Act dx, float* dgamma, float* dbeta, Act dout, 
   if (N == 0) return;
   int blocks = 0;
   float* partial = nullptr;
-  if (warp_layernorm(dx.dtype, C, {dx.data, dout.data, x.data, gamma.data})) {
+  if (warp_layernorm(true, dx.dtype, C, {dx.data, dout.data, x.data, gamma.data})) {
     blocks = layernorm_rows::backward_blocks(N);
     partial = static_cast<float*>(
         scratch(kColumnSums, sizeof(float) * 2 * static_cast<size_t>(blocks) * C));

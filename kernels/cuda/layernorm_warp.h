@@ -1,7 +1,8 @@
-// The warp-per-row layer norm (MPIFORMER_KERNELS=layernorm=warp): each
-// row read once into registers with 16-byte loads, for rows of up to 1024
-// elements (kernels/layernorm_rows.h); layernorm.cu keeps the block-per-
-// row kernels for the rest and as the present path.
+// The warp-per-row layer norm (the forward's default, layernorm=warp; the
+// backward's under layernorm_backward=warp): each row read once into
+// registers with 16-byte loads, for rows of up to 1024 elements
+// (kernels/layernorm_rows.h); layernorm.cu keeps the block-per-row kernels
+// for the rest and as the other path.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -84,11 +84,11 @@ class CudaOps final : public Ops {
   AttentionCalls attention_calls() const override;
   AttentionPreparation prepare_attention(const std::vector<AttentionCase>& cases, DType dtype,
                                          bool backward) override;
-  // Each family's present path or its candidate (MPIFORMER_KERNELS, read
-  // once at construction; tests and timings set them per call).
+  // Each family's older or newer path (MPIFORMER_KERNELS, read once at
+  // construction; tests and timings set them per call).
   void set_kernel_switches(const KernelSwitches& switches);
   const KernelSwitches& kernel_switches() const { return switches_; }
-  // A call that asked for family f's candidate, and whether it ran it.
+  // A call that asked for family f's newer path, and whether it ran it.
   void count_candidate(CandidateCalls::Family f, bool ran) { candidate_calls_.count(f, ran); }
   const CandidateCalls& candidate_counts() const { return candidate_calls_; }
   // Tests run both plain paths on one backend.
@@ -158,9 +158,11 @@ class CudaOps final : public Ops {
   // where the shape takes no split or cuBLASLt has no batched algorithm.
   bool split_weight_gradient(float* dweight, float* dbias, Act dout, Act x, int N, int IC, int OC,
                              int ldd);
-  // Whether layernorm=warp is asked for and takes rows of C in these
-  // buffers (counted).
-  bool warp_layernorm(DType dtype, int C, std::initializer_list<const void*> buffers);
+  // Whether the warp kernels are asked for (layernorm=warp, or for the
+  // backward layernorm_backward=warp) and take rows of C in these buffers
+  // (counted).
+  bool warp_layernorm(bool backward, DType dtype, int C,
+                      std::initializer_list<const void*> buffers);
   // sum (+=) the parts of partial (parts, stride), count elements each, in order.
   void add_split_parts(float* sum, const float* partial, size_t count, size_t stride, int parts);
 

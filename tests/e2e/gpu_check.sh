@@ -160,10 +160,10 @@ check "  the directory without shards left out" \
 # limit on a stand-in bundle that runs this build on the CPU with the GPT-2
 # shapes shrunk and two timed steps (and a PyTorch that drops --compile and
 # --sdpa, which an old torch lacks): every setting's bench line is read
-# back, each switch set beside the present paths, the targets and
-# PyTorch's baseline reported, the micro-timings taken from the ops stage
-# before it. One bench fails (adamw=vector's, unless under the check
-# switch): the stage's rerun runs it alone again.
+# back, each switch set beside the defaults, the targets and PyTorch's
+# baseline reported, the micro-timings taken from the ops stage before it.
+# One bench fails (adamw=ranged's, unless under the check switch): the
+# stage's rerun runs it alone again.
 limit_tree=$work/limit-tree
 mkdir -p "$limit_tree/scripts" "$limit_tree/device-bundle"
 cp "$root/scripts/gpu-check" "$limit_tree/scripts/"
@@ -189,7 +189,7 @@ if [[ \$1 == tests/cuda_ops_test ]]; then
   exit 0
 fi
 shift
-[[ \${MPIFORMER_KERNELS:-} == adamw=vector && -z \${MPIFORMER_CUDA_CHECK:-} ]] && exit 1
+[[ \${MPIFORMER_KERNELS:-} == adamw=ranged && -z \${MPIFORMER_CUDA_CHECK:-} ]] && exit 1
 $shrink
 # bench's line as a GPU's names an epilogue cuBLASLt refused.
 set -o pipefail
@@ -215,27 +215,32 @@ check "  ... it alone: the other $((benches - 1)) benches' lines kept" \
   test "$(grep -c "^== .*: the first run's line, kept: {" "$limit_logs/limit.check.log")" -eq \
   "$((benches - 1))"
 check "  ... and it passed there" \
-  grep -q "^  (checked) limit: gpt2 B32 adamw=vector: [0-9][0-9.]* tok/s" "$summary"
+  grep -q "^  (checked) limit: gpt2 B32 adamw=ranged: [0-9][0-9.]* tok/s" "$summary"
 check "  the micro-timings reported" \
   grep -q "^limit: kernel timing: adamw ranged 1.000 ms, vector 0.500 ms" "$summary"
 check "  ... those the ops stage ran before it, not run again" \
   grep -q "^limit: kernel micro-timings: those the ops stage ran (ops.log)" "$summary"
 number='[0-9][0-9.]*'
-for setting in present layernorm=warp loss=staged gemm=timed attention=dense adamw=vector \
-  dweight=split candidates deterministic=false gemm=timed,deterministic=false; do
+for setting in present layernorm=block adamw=ranged layernorm_backward=warp loss=staged gemm=timed \
+  attention=dense dweight=split candidates deterministic=false gemm=timed,deterministic=false; do
   check "  B32 under $setting, with its target and profile" \
     grep -q "^\\(  (checked) \\)\\?limit: gpt2 B32 $setting: $number tok/s, mfu $number, step $number ms, .*; GEMM epilogues run unfused: 1 shape: BGRADB m 32 n 1 k 64 (target tokens_per_s >= 600000: \(met\|not met\)); ms per step: gemm $number, attention $number, layernorm $number, .*optimizer $number, other -*$number$" "$summary"
 done
-for family in layernorm loss gemm attention adamw dweight; do
-  check "  the $family switch against the present path" \
-    grep -q "^\\(  (checked) \\)\\?limit: $family=[a-z]* against present, gpt2 B32: [a-z]* $number -> $number ms per step (new/old $number); tok/s $number -> $number (new/old $number)$" "$summary"
+for older in layernorm=block:layernorm adamw=ranged:optimizer; do
+  check "  the defaults against ${older%%:*}, the path they replaced" \
+    grep -q "^\\(  (checked) \\)\\?limit: present against ${older%%:*} (the path it replaced), gpt2 B32: ${older#*:} $number -> $number ms per step (new/old $number); tok/s $number -> $number (new/old $number)$" "$summary"
 done
-check "  the GEMMs' search free of the bits against the present paths free of them" \
+for candidate in layernorm_backward=warp:layernorm loss=staged:loss gemm=timed:gemm \
+  attention=dense:attention dweight=split:gemm; do
+  check "  the candidate ${candidate%%:*} against the defaults" \
+    grep -q "^\\(  (checked) \\)\\?limit: ${candidate%%:*} against present, gpt2 B32: ${candidate#*:} $number -> $number ms per step (new/old $number); tok/s $number -> $number (new/old $number)$" "$summary"
+done
+check "  the GEMMs' search free of the bits against the defaults free of them" \
   grep -q "^limit: gemm=timed against present, both --deterministic false (any bits), gpt2 B32: gemm $number -> $number ms per step" "$summary"
 check "  the loss family beside its target" \
   grep -q "^limit: loss family at gpt2 B32 (target <= 1.5 ms per step); present $number ms (\(met\|not met\)); loss=staged $number ms" "$summary"
 for name in "gpt2 B8 candidates" "gpt2 B64 candidates" "gpt2-medium B16 candidates" \
-  "gpt2 B8 --grad-sum exact exact=direct" "gpt2 B64 candidates --recompute activation"; do
+  "gpt2 B8 --grad-sum exact exact=buffered" "gpt2 B8 --grad-sum exact present" "gpt2 B64 candidates --recompute activation"; do
   check "  $name" grep -q "^limit: $name: $number tok/s" "$summary"
 done
 check "  B64 with the MLPs' activations made again, against none" \
@@ -243,7 +248,7 @@ check "  B64 with the MLPs' activations made again, against none" \
 check "  B64's device memory beside its target" \
   grep -q "^limit: gpt2 B64 device memory (target below 25.9 GB); candidates $number B (met); activation $number B (met)$" "$summary"
 check "  the exact sum's two paths side by side" \
-  grep -q "^limit: exact=direct against present, gpt2 B8 --grad-sum exact: optimizer $number -> $number ms" "$summary"
+  grep -q "^limit: present against exact=buffered (the path it replaced), gpt2 B8 --grad-sum exact: optimizer $number -> $number ms" "$summary"
 check "  PyTorch's baseline at B8 and B32 beside ours" \
   test "$(grep -c "^limit: pytorch bf16 compiled --sdpa gpt2 B\(8\|32\): $number tok/s .*; mpiformer present/pytorch $number$" "$summary")" -eq 2
 
