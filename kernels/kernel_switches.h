@@ -28,18 +28,18 @@ struct KernelSwitches {
   // Layer norm's backward: block (default), 8 warps of two rows each, two
   // passes over a row; warp, the row in registers (slower on an H200).
   LayerNorm layernorm_backward = LayerNorm::kBlock;
-  // The fused cross entropy: reread, a second pass over the row (from L2
-  // when it is still there); staged, the row kept in shared memory between
-  // the passes, so it is read from memory once (a candidate: slower on an
-  // H200).
+  // The fused cross entropy: reread (default), a second pass over the row
+  // (from L2 when it is still there); staged, the row kept in shared memory
+  // between the passes, so it is read from memory once (a candidate:
+  // slower on an H200).
   enum class Loss { kReread, kStaged } loss = Loss::kReread;
-  // cuBLASLt's algorithm per GEMM shape: heuristic, its first suggestion;
-  // timed, the fastest of its suggestions, timed once per shape: among
-  // those that give the first suggestion's bits (the same bits either
-  // way), or with --deterministic false among all (the bits then depend on
-  // what won). See kernels/gemm_search.h. A candidate: 2% off GPT-2's
-  // GEMMs on an H200, but its timing stalls the step that meets a shape
-  // the second time, which ragged training has not yet measured.
+  // cuBLASLt's algorithm per GEMM shape: heuristic (default), its first
+  // suggestion; timed, the fastest of its suggestions, timed once per
+  // shape: among those that give the first suggestion's bits (the same
+  // bits either way), or with --deterministic false among all (the bits
+  // then depend on what won). See kernels/gemm_search.h. A candidate: 2%
+  // off GPT-2's GEMMs on an H200, but its timing stalls the step that meets
+  // a shape the second time, which ragged training has not yet measured.
   enum class Gemm { kHeuristic, kTimed } gemm = Gemm::kHeuristic;
   // cuDNN's attention on a batch of equal lengths: ragged (default), the
   // packed layout with per-sequence offsets and a padding mask, as every
@@ -60,11 +60,11 @@ struct KernelSwitches {
   // (kernels/cuda/adamw_kernels.cuh). The same bits either way.
   enum class AdamW { kRanged, kVector } adamw = AdamW::kVector;
   // The weight gradient's GEMM (dW += x^T dout over a micro-batch's
-  // tokens): whole, one GEMM with the bias gradient fused; split, where
-  // few output tiles would leave SMs idle, a batch of GEMMs over token
-  // ranges, each with its bias gradient, whose sums are then added in
-  // order (kernels/dweight_split.h). Other bits, as deterministic. A
-  // candidate: no faster on an H200.
+  // tokens): whole (default), one GEMM with the bias gradient fused;
+  // split, where few output tiles would leave SMs idle, a batch of GEMMs
+  // over token ranges, each with its bias gradient, whose sums are then
+  // added in order (kernels/dweight_split.h). Other bits, as
+  // deterministic. A candidate: no faster on an H200.
   enum class DWeight { kWhole, kSplit } dweight = DWeight::kWhole;
 };
 

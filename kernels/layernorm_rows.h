@@ -1,5 +1,5 @@
 // The warp-per-row layer norm's layout (kernels/cuda/layernorm_warp.cu,
-// MPIFORMER_KERNELS=layernorm=warp), also checked on the CPU
+// the forward's default, layernorm=warp), also checked on the CPU
 // (tests/layernorm_emulation_test.cpp): which columns each lane holds in
 // registers, which rows each warp takes, and the order of its sums.
 //

@@ -265,7 +265,7 @@ class Ops {
   // Whether the exact gradient sum writes its first contribution rather
   // than adding it to a zeroed buffer, and rounds one rank's single
   // contribution in place (src/parallel/gradient_reducer.h; the same bits
-  // either way). The CPU does; a GPU under MPIFORMER_KERNELS=exact=direct.
+  // either way). The CPU does; a GPU unless MPIFORMER_KERNELS=exact=buffered.
   virtual bool direct_exact_sum() const { return true; }
   // Prepares the attention kernels for every batch shape a run will make,
   // before its first step, so that no step waits for it: cuDNN builds a

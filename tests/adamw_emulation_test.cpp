@@ -1,7 +1,7 @@
-// AdamW's two kernels (kernels/cuda/adamw_kernels.cuh: ranged, the present
-// path, and vector, MPIFORMER_KERNELS=adamw=vector) run on the CPU, where no
-// GPU is: tests/emulated_cuda comes first on this test's include path and
-// stands in for the CUDA built-ins. On ranges whose ends fall anywhere in a
+// AdamW's two kernels (kernels/cuda/adamw_kernels.cuh: ranged, the older
+// path, MPIFORMER_KERNELS=adamw=ranged, and vector, the default) run on the
+// CPU, where no GPU is: tests/emulated_cuda comes first on this test's
+// include path and stands in for the CUDA built-ins. On ranges whose ends fall anywhere in a
 // float4 (and ranges shorter than one), the vector kernel leaves bitwise the
 // ranged kernel's parameters, moments and compute copy, and both match
 // AdamW in double precision. fp16 and the CUDA intrinsics need a GPU

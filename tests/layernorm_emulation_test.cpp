@@ -1,5 +1,5 @@
 // The warp-per-row layer norm (kernels/cuda/layernorm_warp_kernels.cuh,
-// MPIFORMER_KERNELS=layernorm=warp) run on the CPU, where no GPU is:
+// the forward's default, layernorm=warp) run on the CPU, where no GPU is:
 // tests/emulated_cuda comes first on this test's include path and stands in
 // for the CUDA built-ins (threads, barriers, warp shuffles). The kernels are
 // launched as layernorm_warp.cu launches them and checked against layer

@@ -72,7 +72,7 @@ __host__ __device__ inline void vector_body(const AdamWRange& r, size_t* body_be
   *body_end = last > *body_begin ? last : *body_begin;
 }
 
-// The candidate: 16 bytes of params, grads, m and v per thread and step.
+// The default: 16 bytes of params, grads, m and v per thread and step.
 // The four buffers must be 16-byte aligned (adamw.cu checks), so element i
 // of each is when i is a multiple of 4. Arguments as ranged_kernel.
 template <typename T>

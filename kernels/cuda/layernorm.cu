@@ -1,10 +1,12 @@
 // Layer norm over the last dimension (biased variance, rstd = 1/sqrt(var +
-// eps)), the CPU backend's formulas: forward one block per row, with the
-// residual add (and dropout) fused in front of it; backward one warp per
-// row, its gamma and beta gradients summed per warp, per block of rows and
-// then across blocks in a fixed order: no float atomics, the same sums
-// every run. MPIFORMER_KERNELS=layernorm=warp takes rows of up to 1024
-// elements to the warp-per-row kernels of layernorm_warp.cu instead.
+// eps)), the CPU backend's formulas. Forward, with the residual add (and
+// dropout) fused in front of it: rows of up to 1024 elements on the
+// warp-per-row kernels of layernorm_warp.cu (the default, layernorm=warp),
+// the rest and layernorm=block one block per row. Backward (the default,
+// layernorm_backward=block) one warp per row, its gamma and beta gradients
+// summed per warp, per block of rows and then across blocks in a fixed
+// order: no float atomics, the same sums every run;
+// layernorm_backward=warp takes such rows to layernorm_warp.cu's backward.
 #include <algorithm>
 
 #include "kernels/cuda/common.cuh"
@@ -254,8 +256,8 @@ void CudaOps::layernorm_backward(Act dx, float* dgamma, float* dbeta, Act dout, 
   cuda::check(cudaGetLastError(), "layernorm_backward (gamma, beta)");
 }
 
-// The present backward (a warp per row, two passes over it): dx, and the
-// blocks' partial sums it returns, *blocks of them.
+// The block backward, the default (a warp per row, two passes over it):
+// dx, and the blocks' partial sums it returns, *blocks of them.
 float* CudaOps::block_layernorm_backward(Act dx, Act dout, Act x, Act gamma, const float* mean,
                                          const float* rstd, int N, int C, bool accumulate,
                                          int* blocks_out) {

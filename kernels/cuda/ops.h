@@ -140,8 +140,9 @@ class CudaOps final : public Ops {
                                 const Ragged& ks, const AttentionConfig& cfg);
   // A call cuDNN did not take: an error with --attention cudnn, else counted.
   void refused_by_cudnn(const char* what);
-  // layer norm's present backward (layernorm.cu): dx and the partial sums
-  // of dgamma and dbeta it returns, *blocks of them (N, C) rows.
+  // layer norm's block backward, the default (layernorm.cu): dx and the
+  // partial sums of dgamma and dbeta it returns, *blocks of them (N, C)
+  // rows.
   float* block_layernorm_backward(Act dx, Act dout, Act x, Act gamma, const float* mean,
                                   const float* rstd, int N, int C, bool accumulate, int* blocks);
   // Column sums of a (N, C) gradient added into fp32 sums (+=) in a fixed

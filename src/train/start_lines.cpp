@@ -46,7 +46,8 @@ std::string changed_batching(const TrainConfig& cfg, const ConfigText& config_te
 }
 
 // On a GPU: which attention kernels run, the cuDNN graphs built for the
-// run's batch shapes, and the candidate kernels MPIFORMER_KERNELS chose.
+// run's batch shapes, and the kernel switches MPIFORMER_KERNELS set other
+// than the defaults.
 void print_attention(const Ops& ops, const StartNotes& notes) {
   say(stdout, "  attention: %s\n", ops.attention_kernels().c_str());
   const std::string prepared = describe_preparation(notes.attention);
