@@ -18,10 +18,11 @@ struct Family {
   const char* paths[2];
 };
 constexpr Family kFamilies[] = {
-    {"layernorm", {"block", "warp"}},   {"layernorm_backward", {"block", "warp"}},
-    {"loss", {"reread", "staged"}},     {"gemm", {"heuristic", "timed"}},
-    {"attention", {"ragged", "dense"}}, {"exact", {"buffered", "direct"}},
-    {"adamw", {"ranged", "vector"}},    {"dweight", {"whole", "split"}},
+    {"layernorm", {"block", "warp"}},     {"layernorm_backward", {"block", "warp"}},
+    {"loss", {"reread", "pipelined"}},    {"gemm", {"heuristic", "timed"}},
+    {"attention", {"ragged", "dense"}},   {"exact", {"buffered", "direct"}},
+    {"adamw", {"ranged", "vector"}},      {"dweight", {"whole", "split"}},
+    {"dweight_stream", {"main", "side"}},
 };
 
 // The index of path `p` in family `f`, or -1.
@@ -53,6 +54,7 @@ void set(KernelSwitches& s, int f, int p) {
   if (f == 5) s.exact = static_cast<KernelSwitches::Exact>(p);
   if (f == 6) s.adamw = static_cast<KernelSwitches::AdamW>(p);
   if (f == 7) s.dweight = static_cast<KernelSwitches::DWeight>(p);
+  if (f == 8) s.dweight_stream = static_cast<KernelSwitches::DWeightStream>(p);
 }
 
 int path_of(const KernelSwitches& s, int f) {
@@ -63,7 +65,8 @@ int path_of(const KernelSwitches& s, int f) {
   if (f == 4) return static_cast<int>(s.attention);
   if (f == 5) return static_cast<int>(s.exact);
   if (f == 6) return static_cast<int>(s.adamw);
-  return static_cast<int>(s.dweight);
+  if (f == 7) return static_cast<int>(s.dweight);
+  return static_cast<int>(s.dweight_stream);
 }
 
 void apply(KernelSwitches& s, const std::string& text, const std::string& part) {

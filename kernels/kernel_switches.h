@@ -28,11 +28,15 @@ struct KernelSwitches {
   // Layer norm's backward: block (default), 8 warps of two rows each, two
   // passes over a row; warp, the row in registers (slower on an H200).
   LayerNorm layernorm_backward = LayerNorm::kBlock;
-  // The fused cross entropy: reread (default), a second pass over the row
-  // (from L2 when it is still there); staged, the row kept in shared memory
-  // between the passes, so it is read from memory once (a candidate:
-  // slower on an H200).
-  enum class Loss { kReread, kStaged } loss = Loss::kReread;
+  // The fused cross entropy: reread (default), a block of 256 threads per
+  // row, a second pass over the row (from L2 when it is still there);
+  // pipelined, a block of 1024 threads per SM looping over rows, each row
+  // copied into shared memory (cp.async) while the one before is worked
+  // on, so that it is read from memory once and the copies overlap the
+  // arithmetic, and exp2f with a max taken first rather than an online
+  // softmax (kernels/cuda/cross_entropy_kernels.cuh). Other bits, as
+  // deterministic. A candidate.
+  enum class Loss { kReread, kPipelined } loss = Loss::kReread;
   // cuBLASLt's algorithm per GEMM shape: heuristic (default), its first
   // suggestion; timed, the fastest of its suggestions, timed once per
   // shape: among those that give the first suggestion's bits (the same
@@ -66,6 +70,12 @@ struct KernelSwitches {
   // added in order (kernels/dweight_split.h). Other bits, as
   // deterministic. A candidate: no faster on an H200.
   enum class DWeight { kWhole, kSplit } dweight = DWeight::kWhole;
+  // Where the weight gradient's GEMM runs: main (default), on the device's
+  // stream after the dx GEMM; side, on a second stream beside the dx GEMM
+  // (each with its own cuBLASLt workspace), joined before the op returns,
+  // so that a weight gradient whose few output tiles leave SMs idle shares
+  // the GPU with dx. The same bits. A candidate.
+  enum class DWeightStream { kMain, kSide } dweight_stream = DWeightStream::kMain;
 };
 
 // How often each family's newer path ran, of the calls that asked for it;
@@ -86,6 +96,7 @@ struct CandidateCalls {
     kExact,
     kAdamW,
     kDWeight,
+    kDWeightStream,
     kFamilies
   };
   long long asked[kFamilies] = {};
@@ -104,7 +115,8 @@ KernelSwitches parse_kernel_switches(const std::string& text);
 KernelSwitches kernel_switches_from_environment();
 
 // "layernorm=warp,layernorm_backward=block,loss=reread,gemm=heuristic,
-// attention=ragged,exact=direct,adamw=vector,dweight=whole" (the defaults):
+// attention=ragged,exact=direct,adamw=vector,dweight=whole,dweight_stream=main"
+// (the defaults):
 // every family, for start lines and bench's JSON.
 std::string describe(const KernelSwitches& switches);
 

@@ -30,6 +30,7 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -1013,19 +1014,50 @@ TEST(CudaFixedPoint, DirectWaysBitwiseTheCpuReference) {
 
 // ---- kernel switches -------------------------------------------------------
 
-// The staged cross entropy (loss=staged) sums each row in the reread
-// kernel's order, so it gives its bits: the gradient written over the
-// logits and the loss sums, on GPT-2's vocabulary (a bf16 row is 98 KiB of
-// shared memory, an fp32 row 196 KiB) and on rows that start unaligned.
-TEST(CudaKernelSwitches, StagedCrossEntropyGivesTheRereadKernelsBits) {
+// The cross entropy's results and gradient under `loss` (set on `cuda`):
+// the gradient's bytes, written over `stored`, and the loss sums.
+std::pair<std::vector<unsigned char>, LossSums> cross_entropy_outcome(
+    CudaOps& cuda, KernelSwitches::Loss loss, const std::vector<unsigned char>& stored, DType t,
+    const int32_t* target_ids, int N, int V, int stride) {
+  KernelSwitches switches;
+  switches.loss = loss;
+  cuda.set_kernel_switches(switches);
+  Device& dev = cuda.device();
+  void* x = dev.allocate(stored.size());
+  auto* sum = static_cast<LossSums*>(dev.allocate(sizeof(LossSums)));
+  dev.copy_to_device(x, stored.data(), stored.size());
+  const LossSums zero{};
+  dev.copy_to_device(sum, &zero, sizeof zero);
+  cuda.cross_entropy(Act(x, t), target_ids, N, V, 0.1f, 0, 0.5f, true, sum, stride);
+  std::pair<std::vector<unsigned char>, LossSums> got{std::vector<unsigned char>(stored.size()),
+                                                      {}};
+  dev.copy_to_host(got.first.data(), x, stored.size());
+  dev.copy_to_host(&got.second, sum, sizeof(LossSums));
+  dev.release(x);
+  dev.release(sum);
+  return got;
+}
+
+// The pipelined cross entropy (loss=pipelined) sums in its own order, so it
+// agrees with the reread kernel to rounding, and gives the same bits twice:
+// on GPT-2's vocabulary (two bf16 rows are 196 KiB of shared memory; fp32's
+// do not fit and take the reread kernel), on more rows than SMs (a block
+// works through several, each copied while the one before is worked on)
+// with a tail of fewer than a vector, and on rows that start unaligned
+// (the reread kernel).
+TEST(CudaKernelSwitches, PipelinedCrossEntropyAgreesWithRereadAndRepeatsItsBits) {
   if (!gpu_present()) GTEST_SKIP() << "no GPU visible";
   std::unique_ptr<Ops> ops = make_cuda_ops(0);
   auto* cuda = dynamic_cast<CudaOps*>(ops.get());
   Device& dev = ops->device();
   std::mt19937 rng(11);
+  constexpr auto kReread = KernelSwitches::Loss::kReread;
+  constexpr auto kPipelined = KernelSwitches::Loss::kPipelined;
   for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
-    for (const auto& [N, V, stride] : {std::tuple{6, 50257, 50304}, std::tuple{9, 517, 517}}) {
-      SCOPED_TRACE(std::string(to_string(t)) + " V " + std::to_string(V));
+    for (const auto& [N, V, stride] :
+         {std::tuple{6, 50257, 50304}, std::tuple{300, 1003, 1008}, std::tuple{9, 517, 517}}) {
+      SCOPED_TRACE(std::string(to_string(t)) + " N " + std::to_string(N) + " V " +
+                   std::to_string(V));
       std::vector<float> logits(static_cast<size_t>(N) * stride);
       std::normal_distribution<float> normal(0.0f, 2.0f);
       for (float& x : logits) x = normal(rng);
@@ -1036,35 +1068,30 @@ TEST(CudaKernelSwitches, StagedCrossEntropyGivesTheRereadKernelsBits) {
       narrow(stored.data(), t, logits.data(), logits.size());
       auto* target_ids = static_cast<int32_t*>(dev.allocate(sizeof(int32_t) * N));
       dev.copy_to_device(target_ids, targets.data(), sizeof(int32_t) * N);
-      std::vector<unsigned char> grads[2];
-      LossSums sums[2];
-      for (int staged = 0; staged < 2; ++staged) {
-        KernelSwitches switches;
-        switches.loss = staged ? KernelSwitches::Loss::kStaged : KernelSwitches::Loss::kReread;
-        cuda->set_kernel_switches(switches);
-        void* x = dev.allocate(stored.size());
-        auto* sum = static_cast<LossSums*>(dev.allocate(sizeof(LossSums)));
-        dev.copy_to_device(x, stored.data(), stored.size());
-        const LossSums zero{};
-        dev.copy_to_device(sum, &zero, sizeof zero);
-        ops->cross_entropy(Act(x, t), target_ids, N, V, 0.1f, 0, 0.5f, true, sum, stride);
-        grads[staged].resize(stored.size());
-        dev.copy_to_host(grads[staged].data(), x, stored.size());
-        dev.copy_to_host(&sums[staged], sum, sizeof(LossSums));
-        dev.release(x);
-        dev.release(sum);
-      }
+      const auto reread =
+          cross_entropy_outcome(*cuda, kReread, stored, t, target_ids, N, V, stride);
+      const auto pipelined =
+          cross_entropy_outcome(*cuda, kPipelined, stored, t, target_ids, N, V, stride);
+      const auto again =
+          cross_entropy_outcome(*cuda, kPipelined, stored, t, target_ids, N, V, stride);
       dev.release(target_ids);
-      EXPECT_TRUE(grads[0] == grads[1]) << "the gradients differ";
-      EXPECT_EQ(sums[0].loss, sums[1].loss);
-      EXPECT_EQ(sums[0].nll, sums[1].nll);
-      EXPECT_EQ(sums[0].tokens, sums[1].tokens);
-      EXPECT_EQ(sums[0].correct, sums[1].correct);
+      EXPECT_TRUE(pipelined.first == again.first) << "the pipelined gradient changed";
+      EXPECT_EQ(pipelined.second.loss, again.second.loss);
+      std::vector<float> a(logits.size()), b(logits.size());
+      widen(a.data(), pipelined.first.data(), t, a.size());
+      widen(b.data(), reread.first.data(), t, b.size());
+      // A unit of rounding of the stored gradient apart, at most.
+      expect_close(a, b, t == DType::kF32 ? 1e-5 : 1e-2, "the gradient, pipelined against reread");
+      EXPECT_NEAR(pipelined.second.loss, reread.second.loss, 1e-5 * std::abs(reread.second.loss));
+      EXPECT_NEAR(pipelined.second.nll, reread.second.nll, 1e-5 * std::abs(reread.second.nll));
+      EXPECT_EQ(pipelined.second.tokens, reread.second.tokens);
+      EXPECT_EQ(pipelined.second.correct, reread.second.correct);
     }
   }
-  // Every staged call kept its rows in shared memory (3 precisions, 2 shapes).
-  EXPECT_EQ(cuda->candidate_counts().ran[CandidateCalls::kLoss], 6);
-  EXPECT_EQ(cuda->candidate_counts().asked[CandidateCalls::kLoss], 6);
+  // Two calls each of 3 precisions and 3 shapes; fp32's GPT-2 rows and the
+  // unaligned rows took the reread kernel.
+  EXPECT_EQ(cuda->candidate_counts().asked[CandidateCalls::kLoss], 18);
+  EXPECT_EQ(cuda->candidate_counts().ran[CandidateCalls::kLoss], 10);
 }
 
 // The vector AdamW (adamw=vector) updates each element as the ranged
@@ -1360,6 +1387,41 @@ TEST(CudaKernelSwitches, SplitWeightGradientAgreesWithTheWholeGemm) {
               ops->candidate_calls().c_str());
 }
 
+// The weight gradient on the side stream (dweight_stream=side), beside the
+// dx GEMM, gives the main stream's bits: dx, dweight and dbias, alone and
+// under dweight=split; on shapes with and without a bias, and on the LM
+// head's odd vocabulary (an aligned part and a tail, each forked).
+TEST(CudaKernelSwitches, SideStreamWeightGradientGivesTheMainStreamsBits) {
+  if (!gpu_present()) GTEST_SKIP() << "no GPU visible";
+  std::unique_ptr<Ops> ops = make_cuda_ops(0);
+  const auto& cuda = dynamic_cast<const CudaOps&>(*ops);
+  std::mt19937 rng(17);
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (const auto& [N, IC, OC, bias] :
+         {std::tuple{8192, 768, 768, true}, std::tuple{8192, 768, 3072, true},
+          std::tuple{8192, 3072, 768, false}, std::tuple{2048, 768, 50257, true}}) {
+      SCOPED_TRACE(std::string(to_string(t)) + ", N " + std::to_string(N) + ", IC " +
+                   std::to_string(IC) + ", OC " + std::to_string(OC));
+      const LayerInputs in = random_layer(rng, t, N, IC, OC, 0, false, 0.25f);
+      const long long before = cuda.candidate_counts().ran[CandidateCalls::kDWeightStream];
+      for (const auto dweight :
+           {KernelSwitches::DWeight::kWhole, KernelSwitches::DWeight::kSplit}) {
+        KernelSwitches main, side;
+        main.dweight = side.dweight = dweight;
+        side.dweight_stream = KernelSwitches::DWeightStream::kSide;
+        const WeightGradients want = weight_gradients(*ops, in, main, bias);
+        const WeightGradients got = weight_gradients(*ops, in, side, bias);
+        const char* which = dweight == KernelSwitches::DWeight::kSplit ? " (split)" : "";
+        EXPECT_TRUE(got.dx == want.dx) << "dx" << which;
+        EXPECT_TRUE(got.dweight == want.dweight) << "dweight" << which;
+        EXPECT_TRUE(got.dbias == want.dbias) << "dbias" << which;
+      }
+      EXPECT_GE(cuda.candidate_counts().ran[CandidateCalls::kDWeightStream] - before, 2)
+          << "the side stream was not used";
+    }
+  }
+}
+
 // Milliseconds per call of `call` on `ops` (a warm-up first), timed over
 // `reps` calls between two synchronizations.
 template <typename Call>
@@ -1435,10 +1497,11 @@ TEST(KernelTiming, LayerNormBlockAgainstWarp) {
 }
 
 // The fused cross entropy on GPT-2 small's B32 logits chunk (10672 x 50257
-// rows 50304 apart, bf16, with the gradient), reread against staged: time
-// per call, effective bandwidth (one read and one write of the logits) and
-// the B32 step's rows at this rate against the 1.5 ms target. A report.
-TEST(KernelTiming, CrossEntropyRereadAgainstStaged) {
+// rows 50304 apart, bf16, with the gradient), reread against pipelined:
+// time per call, effective bandwidth (one read and one write of the
+// logits) and the B32 step's rows at this rate against the 1.5 ms target.
+// A report.
+TEST(KernelTiming, CrossEntropyRereadAgainstPipelined) {
   if (!gpu_present()) GTEST_SKIP() << "no GPU visible";
   constexpr int N = 10672, V = 50257, stride = 50304;
   const DType t = DType::kBF16;
@@ -1452,21 +1515,21 @@ TEST(KernelTiming, CrossEntropyRereadAgainstStaged) {
   ops->device().copy_to_device(target_ids, targets.data(), sizeof(int32_t) * N);
   auto* sums = static_cast<LossSums*>(buffers.zeros(sizeof(LossSums)));
   double ms[2];
-  for (int staged = 0; staged < 2; ++staged) {
+  for (int pipelined = 0; pipelined < 2; ++pipelined) {
     KernelSwitches switches;
-    switches.loss = staged ? KernelSwitches::Loss::kStaged : KernelSwitches::Loss::kReread;
+    switches.loss = pipelined ? KernelSwitches::Loss::kPipelined : KernelSwitches::Loss::kReread;
     cuda->set_kernel_switches(switches);
     // The gradient overwrites the logits: every call after the first reads
     // a gradient, which costs what logits cost.
-    ms[staged] = milliseconds_per_call(*ops, 10, [&] {
+    ms[pipelined] = milliseconds_per_call(*ops, 10, [&] {
       ops->cross_entropy(logits, target_ids, N, V, 0.1f, 0, 1.0f, true, sums, stride);
     });
   }
   const double moved = 2.0 * N * V * 2, tb = 1e-9;
   std::printf(
       "kernel timing: cross entropy (bf16, N %d, V %d, gradient in place): reread %.3f ms "
-      "(%.2f TB/s), staged %.3f ms (%.2f TB/s), staged/reread %.2f; a B32 step's 3 calls: "
-      "reread %.2f ms, staged %.2f ms (target 1.5 ms)\n",
+      "(%.2f TB/s), pipelined %.3f ms (%.2f TB/s), pipelined/reread %.2f; a B32 step's 3 calls: "
+      "reread %.2f ms, pipelined %.2f ms (target 1.5 ms)\n",
       N, V, ms[0], moved / ms[0] * tb, ms[1], moved / ms[1] * tb, ms[1] / ms[0],
       ms[0] * 32768.0 / N, ms[1] * 32768.0 / N);
 }

@@ -15,17 +15,18 @@ namespace {
 
 constexpr const char* kDefaults =
     "layernorm=warp,layernorm_backward=block,loss=reread,gemm=heuristic,attention=ragged,"
-    "exact=direct,adamw=vector,dweight=whole";
+    "exact=direct,adamw=vector,dweight=whole,dweight_stream=main";
 
 TEST(KernelSwitches, DefaultsUnlessNamed) {
   EXPECT_EQ(describe(KernelSwitches{}), kDefaults);
   EXPECT_EQ(describe(parse_kernel_switches("")), kDefaults);
   EXPECT_EQ(describe(parse_kernel_switches("layernorm=block")),
             "layernorm=block,layernorm_backward=block,loss=reread,gemm=heuristic,"
-            "attention=ragged,exact=direct,adamw=vector,dweight=whole");
-  EXPECT_EQ(describe(parse_kernel_switches(",loss=staged,")),
-            "layernorm=warp,layernorm_backward=block,loss=staged,gemm=heuristic,attention=ragged,"
-            "exact=direct,adamw=vector,dweight=whole");
+            "attention=ragged,exact=direct,adamw=vector,dweight=whole,dweight_stream=main");
+  EXPECT_EQ(
+      describe(parse_kernel_switches(",loss=pipelined,")),
+      "layernorm=warp,layernorm_backward=block,loss=pipelined,gemm=heuristic,attention=ragged,"
+      "exact=direct,adamw=vector,dweight=whole,dweight_stream=main");
   const KernelSwitches s = parse_kernel_switches("gemm=timed,layernorm_backward=warp");
   EXPECT_EQ(s.gemm, KernelSwitches::Gemm::kTimed);
   EXPECT_EQ(s.layernorm, KernelSwitches::LayerNorm::kWarp);
@@ -35,41 +36,45 @@ TEST(KernelSwitches, DefaultsUnlessNamed) {
   EXPECT_EQ(s.exact, KernelSwitches::Exact::kDirect);
   EXPECT_EQ(s.adamw, KernelSwitches::AdamW::kVector);
   EXPECT_EQ(s.dweight, KernelSwitches::DWeight::kWhole);
+  EXPECT_EQ(s.dweight_stream, KernelSwitches::DWeightStream::kMain);
   EXPECT_EQ(parse_kernel_switches("attention=dense").attention, KernelSwitches::Attention::kDense);
   EXPECT_EQ(parse_kernel_switches("exact=buffered").exact, KernelSwitches::Exact::kBuffered);
   EXPECT_EQ(parse_kernel_switches("adamw=ranged").adamw, KernelSwitches::AdamW::kRanged);
   EXPECT_EQ(parse_kernel_switches("dweight=split").dweight, KernelSwitches::DWeight::kSplit);
+  EXPECT_EQ(parse_kernel_switches("dweight_stream=side").dweight_stream,
+            KernelSwitches::DWeightStream::kSide);
+  EXPECT_EQ(parse_kernel_switches("loss=pipelined").loss, KernelSwitches::Loss::kPipelined);
   EXPECT_EQ(parse_kernel_switches("layernorm=block").layernorm_backward,
             KernelSwitches::LayerNorm::kBlock);
 }
 
 TEST(KernelSwitches, CandidatesTurnsEveryFamilyAndLaterPartsWin) {
   EXPECT_EQ(describe(parse_kernel_switches("candidates")),
-            "layernorm=warp,layernorm_backward=warp,loss=staged,gemm=timed,attention=dense,"
-            "exact=direct,adamw=vector,dweight=split");
+            "layernorm=warp,layernorm_backward=warp,loss=pipelined,gemm=timed,attention=dense,"
+            "exact=direct,adamw=vector,dweight=split,dweight_stream=side");
   EXPECT_EQ(describe(parse_kernel_switches("candidates,gemm=heuristic")),
-            "layernorm=warp,layernorm_backward=warp,loss=staged,gemm=heuristic,attention=dense,"
-            "exact=direct,adamw=vector,dweight=split");
-  EXPECT_EQ(describe(parse_kernel_switches("loss=staged,loss=reread")), kDefaults);
+            "layernorm=warp,layernorm_backward=warp,loss=pipelined,gemm=heuristic,attention=dense,"
+            "exact=direct,adamw=vector,dweight=split,dweight_stream=side");
+  EXPECT_EQ(describe(parse_kernel_switches("loss=pipelined,loss=reread")), kDefaults);
   EXPECT_EQ(describe(parse_kernel_switches("exact=buffered,adamw=ranged,layernorm=block")),
             "layernorm=block,layernorm_backward=block,loss=reread,gemm=heuristic,"
-            "attention=ragged,exact=buffered,adamw=ranged,dweight=whole");
+            "attention=ragged,exact=buffered,adamw=ranged,dweight=whole,dweight_stream=main");
 }
 
 TEST(KernelSwitches, ARefusalNamesTheVariableThePartAndTheChoices) {
   for (const std::string bad :
        {"layernorm=fast", "bogus", "attention=cudnn", "loss", "=warp", "exact=float"}) {
     try {
-      parse_kernel_switches("loss=staged," + bad);
+      parse_kernel_switches("loss=pipelined," + bad);
       ADD_FAILURE() << bad << " was taken";
     } catch (const std::invalid_argument& e) {
       EXPECT_EQ(std::string(e.what()),
-                "MPIFORMER_KERNELS is 'loss=staged," + bad + "': '" + bad +
+                "MPIFORMER_KERNELS is 'loss=pipelined," + bad + "': '" + bad +
                     "' is not a switch; expected a comma-separated list of layernorm=block|warp, "
-                    "layernorm_backward=block|warp, loss=reread|staged, gemm=heuristic|timed, "
+                    "layernorm_backward=block|warp, loss=reread|pipelined, gemm=heuristic|timed, "
                     "attention=ragged|dense, "
-                    "exact=buffered|direct, adamw=ranged|vector, dweight=whole|split, or "
-                    "candidates");
+                    "exact=buffered|direct, adamw=ranged|vector, dweight=whole|split, "
+                    "dweight_stream=main|side, or candidates");
     }
   }
 }
@@ -77,10 +82,11 @@ TEST(KernelSwitches, ARefusalNamesTheVariableThePartAndTheChoices) {
 TEST(KernelSwitches, ReadFromTheEnvironment) {
   ::unsetenv("MPIFORMER_KERNELS");
   EXPECT_EQ(describe(kernel_switches_from_environment()), kDefaults);
-  ::setenv("MPIFORMER_KERNELS", "loss=staged", 1);
-  EXPECT_EQ(describe(kernel_switches_from_environment()),
-            "layernorm=warp,layernorm_backward=block,loss=staged,gemm=heuristic,attention=ragged,"
-            "exact=direct,adamw=vector,dweight=whole");
+  ::setenv("MPIFORMER_KERNELS", "loss=pipelined", 1);
+  EXPECT_EQ(
+      describe(kernel_switches_from_environment()),
+      "layernorm=warp,layernorm_backward=block,loss=pipelined,gemm=heuristic,attention=ragged,"
+      "exact=direct,adamw=vector,dweight=whole,dweight_stream=main");
   ::setenv("MPIFORMER_KERNELS", "loss=fast", 1);
   EXPECT_THROW(kernel_switches_from_environment(), std::invalid_argument);
   ::unsetenv("MPIFORMER_KERNELS");
@@ -102,10 +108,11 @@ TEST(KernelSwitches, CandidateCallsNameTheFamiliesAskedFor) {
   calls.count(CandidateCalls::kLoss, true);
   calls.count(CandidateCalls::kAdamW, true);
   calls.count(CandidateCalls::kLayerNormBackward, false);
+  calls.count(CandidateCalls::kDWeightStream, true);
   EXPECT_EQ(describe(calls),
-            "layernorm=warp 1 of 1 calls, layernorm_backward=warp 0 of 1 calls, loss=staged 1 of "
-            "1 calls, attention=dense 0 of 1 calls, adamw=vector 1 of 1 calls, dweight=split 1 of "
-            "3 calls");
+            "layernorm=warp 1 of 1 calls, layernorm_backward=warp 0 of 1 calls, loss=pipelined 1 "
+            "of 1 calls, attention=dense 0 of 1 calls, adamw=vector 1 of 1 calls, dweight=split 1 "
+            "of 3 calls, dweight_stream=side 1 of 1 calls");
 }
 
 }  // namespace

@@ -65,6 +65,33 @@ __device__ __forceinline__ int vectorized_prefix(const T* p, int n) {
   return aligned16(p) ? n / kVecSize<T> * kVecSize<T> : 0;
 }
 
+// Copies of 16 bytes from global into shared memory that run while the
+// thread goes on (cp.async, sm_80 on): copy_async_16 starts one (both
+// addresses 16-byte aligned), copy_async_commit closes this thread's group
+// of those started, copy_async_wait<n> waits until at most n of its groups
+// are still in flight. Other threads see the copies after a __syncthreads
+// that follows the wait.
+__device__ __forceinline__ void copy_async_16(void* shared_dst, const void* global_src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(shared_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(global_src)
+               : "memory");
+#else
+  *static_cast<uint4*>(shared_dst) = *static_cast<const uint4*>(global_src);
+#endif
+}
+__device__ __forceinline__ void copy_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void copy_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
 // The element type of an Act, as a typed pointer.
 template <typename T>
 T* typed(Act a) {

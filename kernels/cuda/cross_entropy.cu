@@ -3,6 +3,9 @@
 // never stored, the gradient written over the logits). The batch's sums are
 // reduced in a fixed order in device memory: no host copy, and the same
 // result every run.
+#include <algorithm>
+#include <cstdint>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cross_entropy_kernels.cuh"
 #include "kernels/cuda/ops.h"
@@ -14,7 +17,8 @@ namespace {
 
 using cuda::typed;
 using cuda::cross_entropy::cross_entropy_kernel;
-using cuda::cross_entropy::cross_entropy_staged_kernel;
+using cuda::cross_entropy::cross_entropy_pipelined_kernel;
+using cuda::cross_entropy::kPipelinedThreads;
 using cuda::cross_entropy::kThreads;
 using cuda::cross_entropy::RowResult;
 
@@ -43,12 +47,17 @@ __global__ void add_row_results_kernel(LossSums* sums, const RowResult* rows, in
   }
 }
 
-// The shared memory a staged row of V elements takes, or 0 where a block
-// cannot have that much of the `optin` bytes it may ask for (with room for
-// the kernel's own 1 KiB).
-size_t staged_row_bytes(DType t, int V, size_t optin) {
-  const size_t bytes = (static_cast<size_t>(V) * dtype_bytes(t) + 15) / 16 * 16;
-  return bytes + 1024 <= optin ? bytes : 0;
+// The pipelined kernel's shared memory for rows of V elements of `t` (two
+// rows of span elements, V rounded up to a 16-byte vector), or 0 where a
+// block cannot have that much of the `optin` bytes it may ask for (with
+// room for the kernel's own 1 KiB) or the rows are not 16-byte aligned.
+size_t pipelined_bytes(DType t, const void* logits, int V, int stride, size_t optin, int* span) {
+  const size_t element = dtype_bytes(t), vector = 16 / element;
+  *span = static_cast<int>((V + vector - 1) / vector * vector);
+  const size_t bytes = 2 * static_cast<size_t>(*span) * element;
+  const bool aligned =
+      reinterpret_cast<uintptr_t>(logits) % 16 == 0 && (stride * element) % 16 == 0;
+  return aligned && bytes + 1024 <= optin ? bytes : 0;
 }
 
 }  // namespace
@@ -59,23 +68,36 @@ void CudaOps::cross_entropy(Act logits, const int32_t* targets, int N, int V, fl
   if (N == 0) return;
   const double off_target = V > 1 ? static_cast<double>(smoothing) / (V - 1) : 0.0;
   auto* rows = static_cast<RowResult*>(scratch(kRowResults, sizeof(RowResult) * N));
-  const size_t staged = switches_.loss == KernelSwitches::Loss::kStaged
-                            ? staged_row_bytes(logits.dtype, V, shared_per_block_optin_)
-                            : 0;
-  const bool staging = staged > 0;
-  if (switches_.loss == KernelSwitches::Loss::kStaged)
-    count_candidate(CandidateCalls::kLoss, staging);
+  const int ld = stride > 0 ? stride : V;
+  const float on_target = 1.0f - smoothing;
+  const double constant = label_smoothing_constant(smoothing, V);
+  if (switches_.loss == KernelSwitches::Loss::kPipelined) {
+    int span = 0;
+    const size_t bytes =
+        pipelined_bytes(logits.dtype, logits.data, V, ld, shared_per_block_optin_, &span);
+    count_candidate(CandidateCalls::kLoss, bytes > 0);
+    if (bytes > 0) {
+      cuda::dispatch(logits.dtype, [&](auto t) {
+        using T = decltype(t);
+        auto* kernel = cross_entropy_pipelined_kernel<T>;
+        cuda::check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(bytes)),
+                    "cudaFuncSetAttribute (cross_entropy, pipelined)");
+        const int blocks = std::min(N, multiprocessors_);
+        kernel<<<blocks, kPipelinedThreads, bytes, stream_>>>(
+            typed<T>(logits), targets, rows, N, V, ld, span, on_target,
+            static_cast<float>(off_target), constant, pad_id, grad_scale, compute_grad);
+      });
+      add_row_results_kernel<<<1, 1024, 0, stream_>>>(sums, rows, N);
+      cuda::check(cudaGetLastError(), "cross_entropy (pipelined)");
+      return;
+    }
+  }
   cuda::dispatch(logits.dtype, [&](auto t) {
     using T = decltype(t);
-    auto* kernel = staging ? cross_entropy_staged_kernel<T> : cross_entropy_kernel<T>;
-    if (staging)
-      cuda::check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(staged)),
-                  "cudaFuncSetAttribute (cross_entropy, staged)");
-    kernel<<<N, kThreads, staging ? staged : 0, stream_>>>(
-        typed<T>(logits), targets, rows, V, stride > 0 ? stride : V, 1.0f - smoothing,
-        static_cast<float>(off_target), label_smoothing_constant(smoothing, V), pad_id, grad_scale,
-        compute_grad);
+    cross_entropy_kernel<T><<<N, kThreads, 0, stream_>>>(
+        typed<T>(logits), targets, rows, V, ld, on_target, static_cast<float>(off_target), constant,
+        pad_id, grad_scale, compute_grad);
   });
   add_row_results_kernel<<<1, 1024, 0, stream_>>>(sums, rows, N);
   cuda::check(cudaGetLastError(), "cross_entropy");

@@ -15,8 +15,8 @@ namespace mpiformer::cuda::cross_entropy {
 
 constexpr int kThreads = 256;
 
-// The staged kernel's dynamic shared memory: a row of logits.
-extern __shared__ uint4 staged_row[];
+// The pipelined kernel's dynamic shared memory: two rows of logits.
+extern __shared__ uint4 staged_rows[];
 
 struct RowResult {
   double loss;  // 0 on pad rows
@@ -37,6 +37,9 @@ struct RowState {
 // block_merge's scratch (at namespace scope, where the CPU emulation of
 // the kernels also finds one per block).
 static __shared__ RowState merge_scratch[32];
+// The pipelined kernel's (row_state's) block reductions' scratch.
+static __shared__ float sum_scratch[32];
+static __shared__ int index_scratch[32];
 
 __device__ __forceinline__ void absorb(RowState& s, float x, int j) {
   if (x > s.top) {
@@ -103,23 +106,25 @@ __device__ void write_row_result(RowResult* result, const RowState& state, float
 
 // The row becomes (softmax - q) * grad_scale, its logits read from `from`
 // (the row itself, or its copy in shared memory), elements [0, vectorized)
-// in 16-byte vectors.  x, from: (V)
-template <typename T>
+// in 16-byte vectors; shifted_exp(x) is exp(x - top), as the kernel took it
+// for state.sum_exp.  x, from: (V)
+template <typename T, typename ShiftedExp>
 __device__ void write_gradient(T* x, const T* from, const RowState& state, int V, int vectorized,
-                               int target, float on_target, float off_target, float grad_scale) {
+                               int target, float on_target, float off_target, float grad_scale,
+                               ShiftedExp shifted_exp) {
   constexpr int kVec = cuda::kVecSize<T>;
-  const float top = state.top, prob_scale = grad_scale / state.sum_exp;
+  const float prob_scale = grad_scale / state.sum_exp;
   const float off = off_target * grad_scale, on = on_target * grad_scale;
   for (int j0 = threadIdx.x * kVec; j0 < vectorized; j0 += blockDim.x * kVec) {
     float v[kVec];
     cuda::load_vec(from + j0, v);
 #pragma unroll
     for (int k = 0; k < kVec; ++k)
-      v[k] = expf(v[k] - top) * prob_scale - (j0 + k == target ? on : off);
+      v[k] = shifted_exp(v[k]) * prob_scale - (j0 + k == target ? on : off);
     cuda::store_vec(x + j0, v);
   }
   for (int j = vectorized + threadIdx.x; j < V; j += blockDim.x)
-    store(x, j, expf(load(from, j) - top) * prob_scale - (j == target ? on : off));
+    store(x, j, shifted_exp(load(from, j)) * prob_scale - (j == target ? on : off));
 }
 
 // With compute_grad the row becomes (softmax(x) - q) * grad_scale (0 on
@@ -148,51 +153,111 @@ __global__ void cross_entropy_kernel(T* logits, const int32_t* targets, RowResul
   write_row_result(rows + row, state, load(x, target), target, on_target, off_target, constant);
   if (!compute_grad) return;
   __syncthreads();  // every thread has read x[target]
-  write_gradient(x, x, state, V, vectorized, target, on_target, off_target, grad_scale);
+  const float top = state.top;
+  write_gradient(x, x, state, V, vectorized, target, on_target, off_target, grad_scale,
+                 [top](float v) { return expf(v - top); });
 }
 
-// cross_entropy_kernel's sums in its order (the same bits) with the row
-// kept in shared memory between the passes, so that it is read from memory
-// once (MPIFORMER_KERNELS=loss=staged). Each thread has kDepth loads in
-// flight: with ~100 KiB of a row per block, few blocks share an SM.
-// logits: (N, V) rows `stride` apart; dynamic shared memory: the row (V)
+// The pipelined kernel's block (MPIFORMER_KERNELS=loss=pipelined).
+constexpr int kPipelinedThreads = 1024;
+
+// Starts copying row x into `buffer` (shared): its 16-byte vectors with
+// cp.async, as one group of this thread's copies, and the tail of fewer
+// than a vector with plain loads. x and buffer are 16-byte aligned.
+// buffer, x: (V)
 template <typename T>
-__global__ void cross_entropy_staged_kernel(T* logits, const int32_t* targets, RowResult* rows,
-                                            int V, int stride, float on_target, float off_target,
-                                            double constant, int pad_id, float grad_scale,
-                                            bool compute_grad) {
-  constexpr int kVec = cuda::kVecSize<T>, kDepth = 4;
-  T* copy = reinterpret_cast<T*>(staged_row);
-  const size_t row = blockIdx.x;
-  T* x = logits + row * stride;
-  const int target = targets[row];
-  if (pad_row(x, rows + row, target, pad_id, V, compute_grad)) return;
-  const int vectorized = cuda::vectorized_prefix(x, V), step = blockDim.x * kVec;
-  RowState state{-INFINITY, 0.0f, 0.0f, INT_MAX};
-  for (int j0 = threadIdx.x * kVec; j0 < vectorized; j0 += kDepth * step) {
-    uint4 raw[kDepth];
+__device__ void prefetch_row(T* buffer, const T* x, int V) {
+  constexpr int kVec = cuda::kVecSize<T>;
+  const int vectorized = V / kVec * kVec;
+  for (int j0 = threadIdx.x * kVec; j0 < vectorized; j0 += blockDim.x * kVec)
+    cuda::copy_async_16(buffer + j0, x + j0);
+  cuda::copy_async_commit();
+  for (int j = vectorized + threadIdx.x; j < V; j += blockDim.x) buffer[j] = x[j];
+}
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+// The pipelined kernel's figures of a row in shared memory: its largest
+// logit and plain sum, then the sum of exp(x - top) (exp2f of x log2(e)
+// less top's) and the first index holding the largest, each reduced over
+// the block in a fixed tree.  row: (V)
+template <typename T>
+__device__ RowState row_state(const T* row, int V, float* scratch, int* index_scratch) {
+  constexpr int kVec = cuda::kVecSize<T>;
+  const int vectorized = V / kVec * kVec;
+  float top = -INFINITY, sum = 0.0f;
+  for (int j0 = threadIdx.x * kVec; j0 < vectorized; j0 += blockDim.x * kVec) {
+    float v[kVec];
+    cuda::load_vec(row + j0, v);
 #pragma unroll
-    for (int u = 0; u < kDepth; ++u)
-      if (j0 + u * step < vectorized) raw[u] = *reinterpret_cast<const uint4*>(x + j0 + u * step);
+    for (int k = 0; k < kVec; ++k) top = fmaxf(top, v[k]), sum += v[k];
+  }
+  for (int j = vectorized + threadIdx.x; j < V; j += blockDim.x)
+    top = fmaxf(top, load(row, j)), sum += load(row, j);
+  top = cuda::block_max(top, scratch);
+  sum = cuda::block_sum(sum, scratch);
+  const float shift = top * kLog2e;
+  float sum_exp = 0.0f;
+  int first = INT_MAX;
+  for (int j0 = threadIdx.x * kVec; j0 < vectorized; j0 += blockDim.x * kVec) {
+    float v[kVec];
+    cuda::load_vec(row + j0, v);
 #pragma unroll
-    for (int u = 0; u < kDepth; ++u) {
-      const int j = j0 + u * step;
-      if (j >= vectorized) break;
-      *reinterpret_cast<uint4*>(copy + j) = raw[u];
-      float v[kVec];
-      cuda::load_vec(reinterpret_cast<const T*>(&raw[u]), v);
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) absorb(state, v[k], j + k);
+    for (int k = 0; k < kVec; ++k) {
+      sum_exp += exp2f(fmaf(v[k], kLog2e, -shift));
+      if (v[k] == top) first = min(first, j0 + k);
     }
   }
   for (int j = vectorized + threadIdx.x; j < V; j += blockDim.x) {
-    copy[j] = x[j];
-    absorb(state, load(copy, j), j);
+    sum_exp += exp2f(fmaf(load(row, j), kLog2e, -shift));
+    if (load(row, j) == top) first = min(first, j);
   }
-  state = block_merge(state, merge_scratch);  // its barriers also complete the copy
-  write_row_result(rows + row, state, load(copy, target), target, on_target, off_target, constant);
-  if (compute_grad)
-    write_gradient(x, copy, state, V, vectorized, target, on_target, off_target, grad_scale);
+  return RowState{top, cuda::block_sum(sum_exp, scratch), sum,
+                  cuda::block_min(first, index_scratch)};
+}
+
+// cross_entropy_kernel's results and gradient, a block of kPipelinedThreads
+// looping over rows blockIdx.x, + gridDim.x (a block per SM): each row is
+// copied into shared memory while the block works on the row before, so
+// it is read from memory once and the copy overlaps the arithmetic
+// (MPIFORMER_KERNELS=loss=pipelined). Its own order of summing: other bits
+// than cross_entropy_kernel's, the same every run. Rows start 16-byte
+// aligned (cross_entropy.cu checks). logits: (N, V) rows `stride` apart,
+// targets: (N), rows: (N); dynamic shared memory: two rows of `span`
+// elements (V rounded up to a vector)
+template <typename T>
+__global__ void __launch_bounds__(kPipelinedThreads)
+    cross_entropy_pipelined_kernel(T* logits, const int32_t* targets, RowResult* rows, int N, int V,
+                                   int stride, int span, float on_target, float off_target,
+                                   double constant, int pad_id, float grad_scale,
+                                   bool compute_grad) {
+  T* buffers = reinterpret_cast<T*>(staged_rows);
+  if (blockIdx.x < static_cast<unsigned>(N))
+    prefetch_row(buffers, logits + static_cast<size_t>(blockIdx.x) * stride, V);
+  int parity = 0;
+  for (size_t r = blockIdx.x; r < static_cast<size_t>(N); r += gridDim.x, parity ^= 1) {
+    const T* row = buffers + parity * span;
+    const size_t next = r + gridDim.x;
+    if (next < static_cast<size_t>(N)) {
+      prefetch_row(buffers + (parity ^ 1) * span, logits + next * stride, V);
+      cuda::copy_async_wait<1>();  // all but the group just started: row r's
+    } else {
+      cuda::copy_async_wait<0>();
+    }
+    __syncthreads();  // every thread's copies of row r have landed
+    T* x = logits + r * stride;
+    const int target = targets[r];
+    if (!pad_row(x, rows + r, target, pad_id, V, compute_grad)) {
+      const RowState state = row_state(row, V, sum_scratch, index_scratch);
+      write_row_result(rows + r, state, load(row, target), target, on_target, off_target, constant);
+      const float shift = state.top * kLog2e;
+      if (compute_grad)
+        write_gradient(x, row, state, V, V / cuda::kVecSize<T> * cuda::kVecSize<T>, target,
+                       on_target, off_target, grad_scale,
+                       [shift](float v) { return exp2f(fmaf(v, kLog2e, -shift)); });
+    }
+    __syncthreads();  // row r's buffer is free for the copy of row r + 2 gridDim.x
+  }
 }
 
 }  // namespace mpiformer::cuda::cross_entropy

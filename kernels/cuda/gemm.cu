@@ -170,7 +170,8 @@ Gemm::Gemm(CudaOps& ops, bool tf32) : ops_(ops), tf32_(tf32) {
   epilogues_ = !(fusion && std::strcmp(fusion, "0") == 0);
   check(cublasLtCreate(&lt_), "cublasLtCreate");
   check(cublasCreate(&blas_), "cublasCreate");
-  check(cublasSetStream(blas_, ops_.stream()), "cublasSetStream");
+  main_stream_ = blas_stream_ = ops_.stream();
+  check(cublasSetStream(blas_, blas_stream_), "cublasSetStream");
   // fp32 means fp32: no TF32 behind the caller's back.
   check(cublasSetMathMode(blas_, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH),
         "cublasSetMathMode");
@@ -185,6 +186,7 @@ Gemm::~Gemm() {
   for (auto& [key, plan] : plans_) delete plan;
   if (digest_total_) cudaFree(digest_total_);
   if (workspace_) cudaFree(workspace_);
+  if (side_workspace_) cudaFree(side_workspace_);
   if (blas_) cublasDestroy(blas_);
   if (lt_) cublasLtDestroy(lt_);
 }
@@ -425,7 +427,7 @@ bool Gemm::trial_run(const GemmCall& c, const Plan& plan, const cublasLtMatmulAl
                      void* out) {
   const float alpha = 1.0f;
   if (cublasLtMatmul(lt_, plan.desc, &alpha, c.a, plan.a, c.b, plan.b, &c.beta, out, plan.d, out,
-                     plan.d, &algo, workspace_, workspace_bytes_,
+                     plan.d, &algo, workspace(), workspace_bytes_,
                      ops_.stream()) == CUBLAS_STATUS_SUCCESS)
     return true;
   cudaGetLastError();  // a candidate cuBLASLt refuses is skipped; it never fails the call
@@ -482,6 +484,15 @@ void Gemm::point_at(const Plan& plan, const GemmCall& c) {
   }
 }
 
+void* Gemm::workspace() {
+  if (ops_.stream() == main_stream_) return workspace_;
+  if (!side_workspace_) {
+    check(cudaMalloc(&side_workspace_, workspace_bytes_), "cudaMalloc (cuBLASLt workspace)");
+    ops_.count_workspace(workspace_bytes_);
+  }
+  return side_workspace_;
+}
+
 bool Gemm::fused(const GemmCall& c) {
   if (c.epilogue != CUBLASLT_EPILOGUE_DEFAULT && !epilogues_) return false;
   // Degenerate shapes go to cublasGemmEx (cuBLASLt's heuristics refuse some).
@@ -496,7 +507,7 @@ bool Gemm::fused(const GemmCall& c) {
   point_at(*plan, c);
   const float alpha = 1.0f;
   check(cublasLtMatmul(lt_, plan->desc, &alpha, c.a, plan->a, c.b, plan->b, &c.beta, c.d, plan->d,
-                       c.d, plan->d, &plan->algo, workspace_, workspace_bytes_, ops_.stream()),
+                       c.d, plan->d, &plan->algo, workspace(), workspace_bytes_, ops_.stream()),
         "cublasLtMatmul");
   return true;
 }
@@ -511,6 +522,12 @@ void Gemm::plain(const GemmCall& call) {
   c.aux = nullptr;
   c.aux_ld = 0;
   if (fused(c)) return;
+  if (ops_.stream() != blas_stream_) {
+    // Setting the stream drops the handle's workspace: set both.
+    blas_stream_ = ops_.stream();
+    check(cublasSetStream(blas_, blas_stream_), "cublasSetStream");
+    check(cublasSetWorkspace(blas_, workspace(), workspace_bytes_), "cublasSetWorkspace");
+  }
   const float alpha = 1.0f;
   const cublasComputeType_t compute =
       c.ab_type == CUDA_R_32F && !tf32_ ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F;

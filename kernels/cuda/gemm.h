@@ -131,14 +131,21 @@ class Gemm {
   void drop_plans();
   // Points the plan's descriptor at the call's bias and aux.
   void point_at(const Plan& plan, const GemmCall& call);
+  // The workspace of the stream the ops queue on now: the device's, or
+  // another's (dweight_stream=side), made on its first GEMM, so that two
+  // GEMMs running at once never share one.
+  void* workspace();
 
   CudaOps& ops_;
   bool tf32_;
   bool epilogues_ = true;  // MPIFORMER_CUBLASLT_EPILOGUES=0 turns fusion off (diagnosis)
   cublasLtHandle_t lt_ = nullptr;
   cublasHandle_t blas_ = nullptr;
-  void* workspace_ = nullptr;
+  void* workspace_ = nullptr;  // the device stream's
   size_t workspace_bytes_ = 0;
+  cudaStream_t main_stream_ = nullptr;            // the device's
+  void* side_workspace_ = nullptr;                // any other stream's (workspace())
+  cudaStream_t blas_stream_ = nullptr;            // blas_'s, set when a call comes on another
   std::unordered_map<std::string, Plan*> plans_;  // owned, by PlanKey (gemm.cu)
   bool timed_ = false;
   bool same_bits_ = true;                       // set_deterministic

@@ -175,39 +175,72 @@ void CudaOps::matmul_backward(Act dx, float* dweight, float* dbias, Act dout, Ac
                     {}, ldd);
     return;
   }
-  const cudaDataType_t type = cuda::cuda_type(dout.dtype);
-  if (dx) {
-    // dx^T (IC x N) = W dout^T
-    cuda::GemmCall call;
-    call.m = IC, call.n = N, call.k = OC;
-    call.a = weight.data, call.lda = IC;
-    call.b = dout.data, call.ldb = ldd;
-    call.d = dx.data, call.ldd = IC;
-    call.ab_type = call.d_type = type;
-    call.beta = accumulate ? 1.0f : 0.0f;
-    bool done = false;
-    if (fused.pre && fused.act == Activation::kGelu && !accumulate) {
-      call.epilogue = CUBLASLT_EPILOGUE_DGELU;
-      call.aux = fused.pre.data, call.aux_ld = IC;
-      done = gemm_->fused(call);
-    } else if (!fused.pre) {
-      done = gemm_->fused(call);
-    }
-    if (!done) {
-      gemm_->plain(call);
-      if (fused.pre) {
-        const size_t n = static_cast<size_t>(N) * IC;
-        cuda::dispatch(dx.dtype, [&](auto t) {
-          using T = decltype(t);
-          activation_grad_kernel<<<cuda::blocks_for(n), kThreads, 0, stream_>>>(
-              typed<T>(dx), typed<T>(fused.pre), n, fused.act == Activation::kGelu);
-        });
-        cuda::check(cudaGetLastError(), "matmul_backward (activation)");
+  const bool weights = OC > 0 && IC > 0;
+  if (switches_.dweight_stream == KernelSwitches::DWeightStream::kSide) {
+    count_candidate(CandidateCalls::kDWeightStream, dx && weights);
+    if (dx && weights) {
+      // The weight gradient first, on the side stream, so that it holds
+      // its SMs before the dx GEMM takes the rest; joined before the op
+      // returns (the gradient buckets' events follow the op).
+      {
+        const SideStream side(*this);
+        weight_gradient(dweight, dbias, dout, x, N, IC, OC, ldd);
       }
+      input_gradient(dx, dout, weight, N, IC, OC, accumulate, fused, ldd);
+      cuda::check(cudaStreamWaitEvent(stream_, join_, 0), "cudaStreamWaitEvent (side stream)");
+      return;
     }
   }
-  if (OC == 0 || IC == 0) return;
-  weight_gradient(dweight, dbias, dout, x, N, IC, OC, ldd);
+  if (dx) input_gradient(dx, dout, weight, N, IC, OC, accumulate, fused, ldd);
+  if (weights) weight_gradient(dweight, dbias, dout, x, N, IC, OC, ldd);
+}
+
+void CudaOps::input_gradient(Act dx, Act dout, Act weight, int N, int IC, int OC, bool accumulate,
+                             const FusedActivation& fused, int ldd) {
+  // dx^T (IC x N) = W dout^T
+  cuda::GemmCall call;
+  call.m = IC, call.n = N, call.k = OC;
+  call.a = weight.data, call.lda = IC;
+  call.b = dout.data, call.ldb = ldd;
+  call.d = dx.data, call.ldd = IC;
+  call.ab_type = call.d_type = cuda::cuda_type(dout.dtype);
+  call.beta = accumulate ? 1.0f : 0.0f;
+  bool done = false;
+  if (fused.pre && fused.act == Activation::kGelu && !accumulate) {
+    call.epilogue = CUBLASLT_EPILOGUE_DGELU;
+    call.aux = fused.pre.data, call.aux_ld = IC;
+    done = gemm_->fused(call);
+  } else if (!fused.pre) {
+    done = gemm_->fused(call);
+  }
+  if (done) return;
+  gemm_->plain(call);
+  if (!fused.pre) return;
+  const size_t n = static_cast<size_t>(N) * IC;
+  cuda::dispatch(dx.dtype, [&](auto t) {
+    using T = decltype(t);
+    activation_grad_kernel<<<cuda::blocks_for(n), kThreads, 0, stream_>>>(
+        typed<T>(dx), typed<T>(fused.pre), n, fused.act == Activation::kGelu);
+  });
+  cuda::check(cudaGetLastError(), "matmul_backward (activation)");
+}
+
+CudaOps::SideStream::SideStream(CudaOps& ops) : ops_(ops), main_(ops.stream_) {
+  if (!ops_.side_stream_) {
+    cuda::check(cudaStreamCreateWithFlags(&ops_.side_stream_, cudaStreamNonBlocking),
+                "cudaStreamCreate (side stream)");
+    cuda::check(cudaEventCreateWithFlags(&ops_.fork_, cudaEventDisableTiming), "cudaEventCreate");
+    cuda::check(cudaEventCreateWithFlags(&ops_.join_, cudaEventDisableTiming), "cudaEventCreate");
+  }
+  cuda::check(cudaEventRecord(ops_.fork_, main_), "cudaEventRecord (fork)");
+  cuda::check(cudaStreamWaitEvent(ops_.side_stream_, ops_.fork_, 0), "cudaStreamWaitEvent (fork)");
+  ops_.stream_ = ops_.side_stream_;
+}
+
+CudaOps::SideStream::~SideStream() {
+  // An error here shows in the next check on either stream.
+  cudaEventRecord(ops_.join_, ops_.side_stream_);
+  ops_.stream_ = main_;
 }
 
 namespace {

@@ -36,6 +36,9 @@ CudaOps::CudaOps(std::unique_ptr<CudaDevice> device, bool tf32)
       cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, gpu_->ordinal()),
       "cudaDeviceGetAttribute (shared memory per block)");
   shared_per_block_optin_ = static_cast<size_t>(optin);
+  cuda::check(
+      cudaDeviceGetAttribute(&multiprocessors_, cudaDevAttrMultiProcessorCount, gpu_->ordinal()),
+      "cudaDeviceGetAttribute (multiprocessors)");
   try {
     flash_ = cuda::FlashAttention::create(*this, &no_cudnn_reason_);
   } catch (const std::exception& e) {
@@ -47,6 +50,12 @@ CudaOps::CudaOps(std::unique_ptr<CudaDevice> device, bool tf32)
 
 CudaOps::~CudaOps() {
   cudaStreamSynchronize(stream_);
+  if (side_stream_) {
+    cudaStreamSynchronize(side_stream_);
+    cudaStreamDestroy(side_stream_);
+    cudaEventDestroy(fork_);
+    cudaEventDestroy(join_);
+  }
   flash_.reset();
   gemm_.reset();
   for (void* p : scratch_)

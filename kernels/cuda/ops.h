@@ -66,6 +66,8 @@ class CudaOps final : public Ops {
   ~CudaOps() override;
 
   CudaDevice& cuda_device() const { return *gpu_; }
+  // The stream the ops queue on: the device's, or while a weight gradient
+  // runs beside (dweight_stream=side) the side stream.
   cudaStream_t stream() const { return stream_; }
 
   // Also the GEMMs' timed search's (cuda::Gemm::set_deterministic).
@@ -148,6 +150,25 @@ class CudaOps final : public Ops {
   // Column sums of a (N, C) gradient added into fp32 sums (+=) in a fixed
   // order: bias gradients. dst: (C), src: (N, C) rows `stride` apart.
   void add_column_sums(float* dst, Act src, int N, int C, int stride);
+  // matmul_backward's dx (= or +=): its GEMM, with GELU's backward fused
+  // where cuBLASLt can.
+  void input_gradient(Act dx, Act dout, Act weight, int N, int IC, int OC, bool accumulate,
+                      const FusedActivation& fused, int ldd);
+  // While it lives, the ops queue their work on side_stream_ (made on first
+  // use), which first waits for everything queued on the device's stream;
+  // at its end join_ marks the side stream's work, for the device's stream
+  // to wait on (dweight_stream=side).
+  class SideStream {
+   public:
+    explicit SideStream(CudaOps& ops);
+    ~SideStream();
+    SideStream(const SideStream&) = delete;
+    SideStream& operator=(const SideStream&) = delete;
+
+   private:
+    CudaOps& ops_;
+    cudaStream_t main_;
+  };
   // matmul_backward's dW (+=) and dbias (+=): one GEMM with the bias
   // gradient fused where cuBLASLt can, or split (below).
   void weight_gradient(float* dweight, float* dbias, Act dout, Act x, int N, int IC, int OC,
@@ -168,13 +189,18 @@ class CudaOps final : public Ops {
   void add_split_parts(float* sum, const float* partial, size_t count, size_t stride, int parts);
 
   std::unique_ptr<CudaDevice> gpu_;  // first: the members below release into it
-  cudaStream_t stream_ = nullptr;    // gpu_'s
+  cudaStream_t stream_ = nullptr;    // gpu_'s (side_stream_ while a SideStream lives)
   bool deterministic_ = true;        // set_deterministic: cuDNN's attention, the GEMM search
   AttentionPath attention_path_ = AttentionPath::kAuto;
   PlainAttention plain_attention_ = PlainAttention::kFlash;
   KernelSwitches switches_;
   CandidateCalls candidate_calls_;     // since construction
   size_t shared_per_block_optin_ = 0;  // the most shared memory a block may ask for
+  int multiprocessors_ = 1;            // the device's SMs
+  // dweight_stream=side's stream and the events between it and the
+  // device's (SideStream), made on first use.
+  cudaStream_t side_stream_ = nullptr;
+  cudaEvent_t fork_ = nullptr, join_ = nullptr;
   AttentionCalls attention_calls_;
   std::string no_cudnn_reason_;  // why flash_ is null
   std::unique_ptr<cuda::Gemm> gemm_;

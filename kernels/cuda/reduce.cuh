@@ -1,5 +1,5 @@
-// Block-wide sums for the row kernels (one block per row). Every thread of
-// the block must call them; all get the result.
+// Block-wide sums, maxima and minima for the row kernels (one block per
+// row). Every thread of the block must call them; all get the result.
 #pragma once
 
 namespace mpiformer::cuda {
@@ -40,6 +40,21 @@ __device__ inline T block_max(T x, T* shared) {
   __syncthreads();
   x = lane < warps ? shared[lane] : shared[0];
   return warp_max(x);
+}
+
+// The least of an int over the block.  shared: at least 32 ints.
+__device__ inline int block_min(int x, int* shared) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int warps = (blockDim.x + 31) / 32;
+  for (int offset = 16; offset > 0; offset >>= 1)
+    x = min(x, __shfl_xor_sync(0xffffffffu, x, offset));
+  __syncthreads();
+  if (lane == 0) shared[warp] = x;
+  __syncthreads();
+  x = lane < warps ? shared[lane] : shared[0];
+  for (int offset = 16; offset > 0; offset >>= 1)
+    x = min(x, __shfl_xor_sync(0xffffffffu, x, offset));
+  return x;
 }
 
 }  // namespace mpiformer::cuda

@@ -183,4 +183,28 @@ inline int vectorized_prefix(const T* p, int n) {
   return aligned16(p) ? n / kVecSize<T> * kVecSize<T> : 0;
 }
 
+// cp.async's copies into shared memory, each thread's held back in groups
+// until a wait lets them land (the latest a GPU may make them), so that a
+// read of a buffer before its wait sees what was there before.
+struct PendingCopy {
+  void* dst;
+  const void* src;
+};
+inline thread_local std::vector<std::vector<PendingCopy>> pending_groups;
+inline thread_local std::vector<PendingCopy> open_group;
+inline void copy_async_16(void* shared_dst, const void* global_src) {
+  open_group.push_back({shared_dst, global_src});
+}
+inline void copy_async_commit() {
+  pending_groups.push_back(std::move(open_group));
+  open_group.clear();
+}
+template <int N>
+inline void copy_async_wait() {
+  while (pending_groups.size() > N) {
+    for (const PendingCopy& c : pending_groups.front()) std::memcpy(c.dst, c.src, 16);
+    pending_groups.erase(pending_groups.begin());
+  }
+}
+
 }  // namespace mpiformer::cuda
