@@ -26,7 +26,11 @@ struct KernelSwitches {
   // (kernels/layernorm_rows.h).
   enum class LayerNorm { kBlock, kWarp } layernorm = LayerNorm::kWarp;
   // Layer norm's backward: block (default), 8 warps of two rows each, two
-  // passes over a row; warp, the row in registers (slower on an H200).
+  // passes over a row; warp, a warp per row holding x and dout as stored
+  // in registers, the next row's loads started while one is worked on,
+  // dgamma and dbeta summed in shared memory, so that two blocks fit on an
+  // SM (a candidate: its first form, the row and the sums in fp32
+  // registers, one block per SM, was slower than block on an H200).
   LayerNorm layernorm_backward = LayerNorm::kBlock;
   // The fused cross entropy: reread (default), a block of 256 threads per
   // row, a second pass over the row (from L2 when it is still there);

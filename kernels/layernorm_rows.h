@@ -15,8 +15,9 @@
 namespace mpiformer::layernorm_rows {
 
 constexpr int kLanes = 32;
-// Floats one row array may take per lane (the backward holds five: x,
-// dout, gamma and the two gradient sums), so C <= 1024 in every type.
+// Floats one row array may take per lane (the forward holds the row and
+// reads gamma and beta; the backward holds x, dout and gamma as stored and
+// the next row's x and dout), so C <= 1024 in every type.
 constexpr int kLargestLaneFloats = 32;
 // Warps per block; in the backward each takes this many rows of its block.
 constexpr int kWarps = 8;

@@ -1,6 +1,7 @@
 // The warp-per-row layer norm (the forward's default, layernorm=warp; the
 // backward's under layernorm_backward=warp): each row read once into
-// registers with 16-byte loads, for rows of up to 1024 elements
+// registers with 16-byte loads (the backward's as stored, the next row's
+// loads started while one is worked on), for rows of up to 1024 elements
 // (kernels/layernorm_rows.h); layernorm.cu keeps the block-per-row kernels
 // for the rest and as the other path.
 #pragma once

@@ -2,7 +2,8 @@
 // run on the CPU by tests/layernorm_emulation_test.cpp, where
 // tests/emulated_cuda stands in for the CUDA built-ins): the block kernels'
 // formulas (layernorm.cu) with each row held in registers, so that it is
-// read from memory once, and its sums in the fixed order of
+// read from memory once (the backward's as stored, with the next row's
+// loads in flight), and its sums in the fixed order of
 // kernels/layernorm_rows.h.
 #pragma once
 
@@ -119,80 +120,127 @@ __global__ void __launch_bounds__(kThreads)
   if (lane == 0) mean[row] = m, rstd[row] = r;
 }
 
-// One row's dx (= or +=) from registers, its dgamma and dbeta added into
-// the lane's sums.  g, dgamma, dbeta: (kSlots, kVec); dx, dout, x: (N, C)
+// A lane's slots of a row as stored (16 bytes each, widened where used):
+// half the registers of floats in bf16 and fp16, so that the backward
+// holds a row and the next one's loads and still leaves room for more
+// warps on an SM.  raw: (kSlots), row: (C)
 template <typename T, int kSlots>
-__device__ void backward_row(float (&dgamma)[kSlots][kVecSize<T>],
-                             float (&dbeta)[kSlots][kVecSize<T>],
-                             const float (&g)[kSlots][kVecSize<T>], T* dx, const T* dout,
-                             const T* x, float m, float s, size_t base, int lane, int C,
-                             bool accumulate) {
-  constexpr int kVec = kVecSize<T>;
-  const int vectors = rows::row_vectors(C, kVec);
-  float xv[kSlots][kVec] = {}, dv[kSlots][kVec] = {};
-  load_slots<T, kSlots>(xv, x + base, lane, vectors);
-  load_slots<T, kSlots>(dv, dout + base, lane, vectors);
-  // dx = rstd * (gd - mean(gd) - xhat * mean(gd * xhat)), gd = dout * gamma
-  float gd_sum = 0.0f, gd_xhat_sum = 0.0f;
+__device__ __forceinline__ void load_raw_slots(uint4 (&raw)[kSlots], const T* row, int lane,
+                                               int vectors) {
 #pragma unroll
   for (int i = 0; i < kSlots; ++i)
     if (rows::vector_of(lane, i) < vectors)
+      raw[i] = *reinterpret_cast<const uint4*>(row + rows::vector_of(lane, i) * kVecSize<T>);
+}
+
+// The kVec elements of T in a raw slot, widened.
+template <typename T>
+__device__ __forceinline__ void widen_slot(const uint4& raw, float (&v)[kVecSize<T>]) {
+  const T* e = reinterpret_cast<const T*>(&raw);
 #pragma unroll
-      for (int k = 0; k < kVec; ++k) {
-        const float gd = dv[i][k] * g[i][k];
-        gd_sum += gd;
-        gd_xhat_sum += gd * (xv[i][k] - m) * s;
-      }
+  for (int k = 0; k < kVecSize<T>; ++k) v[k] = load(e, k);
+}
+
+// One row's x and dout as stored: a lane's slots.
+template <int kSlots>
+struct RawRow {
+  uint4 x[kSlots], dout[kSlots];
+};
+
+// One row's dx (= or +=) from its raw slots, its dgamma and dbeta added
+// into the warp's sums in shared memory (each lane its own columns, in
+// row order).  gamma: (kSlots) raw; sums: (2, C); dx: (N, C)
+template <typename T, int kSlots>
+__device__ void backward_row(float* sums, const uint4 (&gamma)[kSlots], const RawRow<kSlots>& row,
+                             T* dx, float m, float s, size_t base, int lane, int C,
+                             bool accumulate) {
+  constexpr int kVec = kVecSize<T>;
+  const int vectors = rows::row_vectors(C, kVec);
+  // dx = rstd * (gd - mean(gd) - xhat * mean(gd * xhat)), gd = dout * gamma
+  float gd_sum = 0.0f, gd_xhat_sum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kSlots; ++i) {
+    if (rows::vector_of(lane, i) >= vectors) continue;
+    float xv[kVec], dv[kVec], g[kVec];
+    widen_slot<T>(row.x[i], xv);
+    widen_slot<T>(row.dout[i], dv);
+    widen_slot<T>(gamma[i], g);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      const float gd = dv[k] * g[k];
+      gd_sum += gd;
+      gd_xhat_sum += gd * (xv[k] - m) * s;
+    }
+  }
   const float gd_mean = warp_sum(gd_sum) / C, gd_xhat_mean = warp_sum(gd_xhat_sum) / C;
 #pragma unroll
   for (int i = 0; i < kSlots; ++i) {
     const int c0 = rows::vector_of(lane, i) * kVec;
     if (rows::vector_of(lane, i) >= vectors) continue;
-    float out[kVec];
+    float xv[kVec], dv[kVec], g[kVec], out[kVec];
+    widen_slot<T>(row.x[i], xv);
+    widen_slot<T>(row.dout[i], dv);
+    widen_slot<T>(gamma[i], g);
     if (accumulate) load_vec(dx + base + c0, out);
 #pragma unroll
     for (int k = 0; k < kVec; ++k) {
-      const float xhat = (xv[i][k] - m) * s;
-      const float d = s * (dv[i][k] * g[i][k] - gd_mean - xhat * gd_xhat_mean);
+      const float xhat = (xv[k] - m) * s;
+      const float d = s * (dv[k] * g[k] - gd_mean - xhat * gd_xhat_mean);
       out[k] = accumulate ? out[k] + d : d;
-      dgamma[i][k] += dv[i][k] * xhat;
-      dbeta[i][k] += dv[i][k];
+      sums[c0 + k] += dv[k] * xhat;
+      sums[C + c0 + k] += dv[k];
     }
     store_vec(dx + base + c0, out);
   }
 }
 
-// Block b takes rows [32 b, 32 b + 32): warp w rows 32 b + w + 8 k. Each
-// lane sums its columns' dgamma and dbeta over its rows in registers; the
-// block then adds its warps in order into its partial.
+// Block b takes rows [32 b, 32 b + 32): warp w rows 32 b + w + 8 k, each
+// row's loads started while the row before is worked on. Each warp sums
+// its rows' dgamma and dbeta in its shared memory, each lane its own
+// columns; the block then adds its warps in order into its partial. Up to
+// 4 slots (C <= 1024 in bf16 and fp16, 512 in fp32) the registers leave
+// room for two blocks on an SM.
 // dx, dout, x: (N, C); partial: (blocks, 2, C); shared: (kWarps, 2, C)
 template <typename T, int kSlots>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kSlots <= 4 ? 2 : 1)
     backward_kernel(T* dx, float* partial, const T* dout, const T* x, const T* gamma,
                     const float* mean, const float* rstd, int N, int C, bool accumulate) {
   constexpr int kVec = kVecSize<T>;
-  float* warp_sums = warp_shared;
   const int lane = threadIdx.x % rows::kLanes, warp = threadIdx.x / rows::kLanes;
   const int vectors = rows::row_vectors(C, kVec);
-  float g[kSlots][kVec] = {}, dgamma[kSlots][kVec] = {}, dbeta[kSlots][kVec] = {};
-  load_slots<T, kSlots>(g, gamma, lane, vectors);
-  int row = rows::backward_first_row(blockIdx.x, warp);
-  for (int k = 0; k < rows::kBackwardRowsPerWarp && row < N; ++k, row += rows::kWarps)
-    backward_row<T, kSlots>(dgamma, dbeta, g, dx, dout, x, mean[row], rstd[row],
-                            static_cast<size_t>(row) * C, lane, C, accumulate);
-  float* mine = warp_sums + static_cast<size_t>(warp) * 2 * C;
+  float* sums = warp_shared + static_cast<size_t>(warp) * 2 * C;
 #pragma unroll
   for (int i = 0; i < kSlots; ++i) {
     const int c0 = rows::vector_of(lane, i) * kVec;
     if (rows::vector_of(lane, i) >= vectors) continue;
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) mine[c0 + k] = dgamma[i][k], mine[C + c0 + k] = dbeta[i][k];
+    for (int k = 0; k < kVec; ++k) sums[c0 + k] = sums[C + c0 + k] = 0.0f;
+  }
+  uint4 g[kSlots] = {};
+  load_raw_slots<T, kSlots>(g, gamma, lane, vectors);
+  int row = rows::backward_first_row(blockIdx.x, warp);
+  RawRow<kSlots> current = {}, next = {};
+  if (row < N) {
+    load_raw_slots<T, kSlots>(current.x, x + static_cast<size_t>(row) * C, lane, vectors);
+    load_raw_slots<T, kSlots>(current.dout, dout + static_cast<size_t>(row) * C, lane, vectors);
+  }
+#pragma unroll
+  for (int k = 0; k < rows::kBackwardRowsPerWarp; ++k, row += rows::kWarps) {
+    if (row >= N) break;
+    const int after = row + rows::kWarps;
+    if (k + 1 < rows::kBackwardRowsPerWarp && after < N) {
+      load_raw_slots<T, kSlots>(next.x, x + static_cast<size_t>(after) * C, lane, vectors);
+      load_raw_slots<T, kSlots>(next.dout, dout + static_cast<size_t>(after) * C, lane, vectors);
+    }
+    backward_row<T, kSlots>(sums, g, current, dx, mean[row], rstd[row],
+                            static_cast<size_t>(row) * C, lane, C, accumulate);
+    current = next;
   }
   __syncthreads();
   float* block_partial = partial + static_cast<size_t>(blockIdx.x) * 2 * C;
   for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) {
     float total = 0.0f;
-    for (int w = 0; w < rows::kWarps; ++w) total += warp_sums[static_cast<size_t>(w) * 2 * C + c];
+    for (int w = 0; w < rows::kWarps; ++w) total += warp_shared[static_cast<size_t>(w) * 2 * C + c];
     block_partial[c] = total;
   }
 }
