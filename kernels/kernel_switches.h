@@ -78,7 +78,8 @@ struct KernelSwitches {
   // stream after the dx GEMM; side, on a second stream beside the dx GEMM
   // (each with its own cuBLASLt workspace), joined before the op returns,
   // so that a weight gradient whose few output tiles leave SMs idle shares
-  // the GPU with dx. The same bits. A candidate.
+  // the GPU with dx (gemm=timed times its trials with the side stream
+  // idle). The same bits. A candidate.
   enum class DWeightStream { kMain, kSide } dweight_stream = DWeightStream::kMain;
 };
 

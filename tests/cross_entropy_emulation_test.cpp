@@ -1,14 +1,13 @@
 // The fused cross entropy's row kernels (kernels/cuda/
 // cross_entropy_kernels.cuh) run on the CPU, where no GPU is:
 // tests/emulated_cuda stands in for the CUDA built-ins, its cp.async copies
-// landing only at their wait. The reread kernel and the pipelined one
-// (MPIFORMER_KERNELS=loss=pipelined) must both match label-smoothed cross
-// entropy in double precision, and agree with each other: with a pad row,
-// on GPT-2's vocabulary, on rows whose length leaves a tail of fewer than a
-// vector, and (the reread kernel alone) on rows that start unaligned; the
-// pipelined kernel on a grid of fewer blocks than rows, so that each block
-// works through several, each row copied while the one before is worked
-// on. fp16 and the CUDA intrinsics need a GPU (cuda_ops_test).
+// landing only at their wait, or (a second run, the same bits) at once. The reread kernel and the
+// pipelined one (MPIFORMER_KERNELS=loss=pipelined) must both match label-smoothed cross entropy in
+// double precision, and agree with each other: with a pad row, on GPT-2's vocabulary, on rows whose
+// length leaves a tail of fewer than a vector, and (the reread kernel alone) on rows that start
+// unaligned; the pipelined kernel on a grid of fewer blocks than rows, so that each block works
+// through several, each row copied while the one before is worked on. fp16 and the CUDA intrinsics
+// need a GPU (cuda_ops_test).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -114,7 +113,14 @@ class CrossEntropyEmulation : public ::testing::Test {
     for (int r = 0; r < c.N; ++r) check_row(c, r, logits, targets[r], reread);
     if (!c.aligned) return;
     const Outcome<T> pipelined = run(true, c, logits, targets, c.blocks);
+    emulated::copies_land_at_issue = true;
+    const Outcome<T> landed_early = run(true, c, logits, targets, c.blocks);
+    emulated::copies_land_at_issue = false;
+    EXPECT_EQ(0, std::memcmp(pipelined.logits.data(), landed_early.logits.data(),
+                             logits.size() * sizeof(T)))
+        << "the gradient depends on when the copies land";
     for (int r = 0; r < c.N; ++r) {
+      EXPECT_EQ(pipelined.rows[r].loss, landed_early.rows[r].loss) << "row " << r;
       SCOPED_TRACE("pipelined");
       check_row(c, r, logits, targets[r], pipelined);
       EXPECT_NEAR(pipelined.rows[r].loss, reread.rows[r].loss, 1e-5 * std::abs(reread.rows[r].loss))

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -119,10 +120,14 @@ template <typename T>
 void backward(int N, int C, T* dx, float* partial, const T* dout, const T* x, const T* gamma,
               const float* mean, const float* rstd, bool accumulate) {
   kernels::with_slots(rows::lane_slots(C, cuda::kVecSize<T>), [&](auto slots) {
+    constexpr int kSlots = decltype(slots)::value;
+    const size_t shared =
+        static_cast<size_t>(rows::kWarps) * 2 * kernels::sum_span<kSlots, cuda::kVecSize<T>>();
+    ASSERT_LE(shared, std::size(kernels::warp_shared));
     emulated::launch(dim3(rows::backward_blocks(N)), kernels::kThreads, kernels::warp_shared,
-                     static_cast<size_t>(rows::kWarps) * 2 * C, [&] {
-                       kernels::backward_kernel<T, decltype(slots)::value>(
-                           dx, partial, dout, x, gamma, mean, rstd, N, C, accumulate);
+                     shared, [&] {
+                       kernels::backward_kernel<T, kSlots>(dx, partial, dout, x, gamma, mean, rstd,
+                                                           N, C, accumulate);
                      });
   });
 }

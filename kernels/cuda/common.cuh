@@ -74,8 +74,8 @@ __device__ __forceinline__ int vectorized_prefix(const T* p, int n) {
 __device__ __forceinline__ void copy_async_16(void* shared_dst, const void* global_src) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(shared_dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(global_src)
-               : "memory");
+  const size_t src = __cvta_generic_to_global(global_src);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
 #else
   *static_cast<uint4*>(shared_dst) = *static_cast<const uint4*>(global_src);
 #endif

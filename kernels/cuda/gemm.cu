@@ -366,6 +366,7 @@ void Gemm::search(const GemmCall& c, Plan& plan) {
   for (const cublasLtMatmulAlgo_t& algo : heuristics(c, plan, kCandidates))
     if (!same_algo(algo, plan.algo)) algos.push_back(algo);
   if (algos.size() < 2) return;  // nothing to choose between
+  ops_.finish_side_stream();     // no weight gradient beside the trials
   const int best = time_candidates(c, plan, algos);
   if (best < 0) {
     ++searches_failed_;  // none could be timed: the first stays

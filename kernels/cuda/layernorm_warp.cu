@@ -45,11 +45,13 @@ void layernorm_warp_forward(cudaStream_t stream, Act sum, Act out, float* mean, 
 void layernorm_warp_backward(cudaStream_t stream, Act dx, float* partial, Act dout, Act x,
                              Act gamma, const float* mean, const float* rstd, int N, int C,
                              bool accumulate) {
-  const size_t shared = sizeof(float) * rows::kWarps * 2 * static_cast<size_t>(C);
   dispatch(dx.dtype, [&](auto t) {
     using T = decltype(t);
     with_slots(rows::lane_slots(C, kVecSize<T>), [&](auto slots) {
-      auto* kernel = backward_kernel<T, decltype(slots)::value>;
+      constexpr int kSlots = decltype(slots)::value;
+      auto* kernel = backward_kernel<T, kSlots>;
+      const size_t shared =
+          sizeof(float) * rows::kWarps * 2 * layernorm_warp::sum_span<kSlots, kVecSize<T>>();
       if (shared > (size_t{48} << 10))
         check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    static_cast<int>(shared)),

@@ -27,7 +27,7 @@ namespace rows = layernorm_rows;
 
 constexpr int kThreads = rows::kWarps * rows::kLanes;
 
-// The backward's dynamic shared memory: (kWarps, 2, C) floats.
+// The backward's dynamic shared memory: (kWarps, 2, sum_span) floats.
 extern __shared__ float warp_shared[];
 
 // x rounded to T and widened again: the value a store then a load gives.
@@ -141,21 +141,52 @@ __device__ __forceinline__ void widen_slot(const uint4& raw, float (&v)[kVecSize
   for (int k = 0; k < kVecSize<T>; ++k) v[k] = load(e, k);
 }
 
-// One row's x and dout as stored: a lane's slots.
+// The backward's per-warp sums of dgamma and dbeta in shared memory, lane
+// by lane: element k of a lane's slot i sits at (i kVec + k) 32 + lane, so
+// that a warp's 32 lanes touch 32 consecutive floats (no bank conflicts).
+// Each of the two arrays takes sum_span floats.
+template <int kSlots, int kVec>
+__host__ __device__ constexpr int sum_span() {
+  return kSlots * kVec * rows::kLanes;
+}
+template <int kVec>
+__device__ __forceinline__ int sum_index(int lane, int i, int k) {
+  return (i * kVec + k) * rows::kLanes + lane;
+}
+// Where column c's sum sits (the lane and slot that hold it).
+template <int kVec>
+__device__ __forceinline__ int sum_index_of_column(int c) {
+  const int v = c / kVec;
+  return sum_index<kVec>(v % rows::kLanes, v / rows::kLanes, c % kVec);
+}
+
+// One row's x and dout as stored (a lane's slots), and its mean and rstd.
 template <int kSlots>
 struct RawRow {
   uint4 x[kSlots], dout[kSlots];
+  float mean, rstd;
 };
 
+// Starts the loads of row r (0 <= r < N) into `raw`.  x, dout: (N, C)
+template <typename T, int kSlots>
+__device__ __forceinline__ void load_raw_row(RawRow<kSlots>& raw, const T* x, const T* dout,
+                                             const float* mean, const float* rstd, int r, int C,
+                                             int lane, int vectors) {
+  load_raw_slots<T, kSlots>(raw.x, x + static_cast<size_t>(r) * C, lane, vectors);
+  load_raw_slots<T, kSlots>(raw.dout, dout + static_cast<size_t>(r) * C, lane, vectors);
+  raw.mean = mean[r];
+  raw.rstd = rstd[r];
+}
+
 // One row's dx (= or +=) from its raw slots, its dgamma and dbeta added
-// into the warp's sums in shared memory (each lane its own columns, in
-// row order).  gamma: (kSlots) raw; sums: (2, C); dx: (N, C)
+// into the warp's sums in shared memory (each lane its own columns, in row
+// order).  gamma: (kSlots) raw; sums: (2, sum_span) lane by lane; dx: (N, C)
 template <typename T, int kSlots>
 __device__ void backward_row(float* sums, const uint4 (&gamma)[kSlots], const RawRow<kSlots>& row,
-                             T* dx, float m, float s, size_t base, int lane, int C,
-                             bool accumulate) {
-  constexpr int kVec = kVecSize<T>;
+                             T* dx, size_t base, int lane, int C, bool accumulate) {
+  constexpr int kVec = kVecSize<T>, kSpan = sum_span<kSlots, kVec>();
   const int vectors = rows::row_vectors(C, kVec);
+  const float m = row.mean, s = row.rstd;
   // dx = rstd * (gd - mean(gd) - xhat * mean(gd * xhat)), gd = dout * gamma
   float gd_sum = 0.0f, gd_xhat_sum = 0.0f;
 #pragma unroll
@@ -187,8 +218,8 @@ __device__ void backward_row(float* sums, const uint4 (&gamma)[kSlots], const Ra
       const float xhat = (xv[k] - m) * s;
       const float d = s * (dv[k] * g[k] - gd_mean - xhat * gd_xhat_mean);
       out[k] = accumulate ? out[k] + d : d;
-      sums[c0 + k] += dv[k] * xhat;
-      sums[C + c0 + k] += dv[k];
+      sums[sum_index<kVec>(lane, i, k)] += dv[k] * xhat;
+      sums[kSpan + sum_index<kVec>(lane, i, k)] += dv[k];
     }
     store_vec(dx + base + c0, out);
   }
@@ -199,48 +230,44 @@ __device__ void backward_row(float* sums, const uint4 (&gamma)[kSlots], const Ra
 // its rows' dgamma and dbeta in its shared memory, each lane its own
 // columns; the block then adds its warps in order into its partial. Up to
 // 4 slots (C <= 1024 in bf16 and fp16, 512 in fp32) the registers leave
-// room for two blocks on an SM.
-// dx, dout, x: (N, C); partial: (blocks, 2, C); shared: (kWarps, 2, C)
+// room for two blocks on an SM (bf16's 4 slots spill a few bytes).
+// dx, dout, x: (N, C); partial: (blocks, 2, C);
+// shared: (kWarps, 2, sum_span) lane by lane
 template <typename T, int kSlots>
 __global__ void __launch_bounds__(kThreads, kSlots <= 4 ? 2 : 1)
     backward_kernel(T* dx, float* partial, const T* dout, const T* x, const T* gamma,
                     const float* mean, const float* rstd, int N, int C, bool accumulate) {
-  constexpr int kVec = kVecSize<T>;
+  constexpr int kVec = kVecSize<T>, kSpan = sum_span<kSlots, kVec>();
   const int lane = threadIdx.x % rows::kLanes, warp = threadIdx.x / rows::kLanes;
   const int vectors = rows::row_vectors(C, kVec);
-  float* sums = warp_shared + static_cast<size_t>(warp) * 2 * C;
+  float* sums = warp_shared + static_cast<size_t>(warp) * 2 * kSpan;
 #pragma unroll
-  for (int i = 0; i < kSlots; ++i) {
-    const int c0 = rows::vector_of(lane, i) * kVec;
-    if (rows::vector_of(lane, i) >= vectors) continue;
+  for (int i = 0; i < kSlots; ++i)
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) sums[c0 + k] = sums[C + c0 + k] = 0.0f;
-  }
+    for (int k = 0; k < kVec; ++k)
+      sums[sum_index<kVec>(lane, i, k)] = sums[kSpan + sum_index<kVec>(lane, i, k)] = 0.0f;
   uint4 g[kSlots] = {};
   load_raw_slots<T, kSlots>(g, gamma, lane, vectors);
   int row = rows::backward_first_row(blockIdx.x, warp);
   RawRow<kSlots> current = {}, next = {};
-  if (row < N) {
-    load_raw_slots<T, kSlots>(current.x, x + static_cast<size_t>(row) * C, lane, vectors);
-    load_raw_slots<T, kSlots>(current.dout, dout + static_cast<size_t>(row) * C, lane, vectors);
-  }
+  if (row < N) load_raw_row<T, kSlots>(current, x, dout, mean, rstd, row, C, lane, vectors);
 #pragma unroll
   for (int k = 0; k < rows::kBackwardRowsPerWarp; ++k, row += rows::kWarps) {
     if (row >= N) break;
     const int after = row + rows::kWarps;
-    if (k + 1 < rows::kBackwardRowsPerWarp && after < N) {
-      load_raw_slots<T, kSlots>(next.x, x + static_cast<size_t>(after) * C, lane, vectors);
-      load_raw_slots<T, kSlots>(next.dout, dout + static_cast<size_t>(after) * C, lane, vectors);
-    }
-    backward_row<T, kSlots>(sums, g, current, dx, mean[row], rstd[row],
-                            static_cast<size_t>(row) * C, lane, C, accumulate);
+    if (k + 1 < rows::kBackwardRowsPerWarp && after < N)
+      load_raw_row<T, kSlots>(next, x, dout, mean, rstd, after, C, lane, vectors);
+    backward_row<T, kSlots>(sums, g, current, dx, static_cast<size_t>(row) * C, lane, C,
+                            accumulate);
     current = next;
   }
   __syncthreads();
   float* block_partial = partial + static_cast<size_t>(blockIdx.x) * 2 * C;
   for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) {
+    const int at = (c < C ? 0 : kSpan) + sum_index_of_column<kVec>(c < C ? c : c - C);
     float total = 0.0f;
-    for (int w = 0; w < rows::kWarps; ++w) total += warp_shared[static_cast<size_t>(w) * 2 * C + c];
+    for (int w = 0; w < rows::kWarps; ++w)
+      total += warp_shared[static_cast<size_t>(w) * 2 * kSpan + at];
     block_partial[c] = total;
   }
 }

@@ -180,14 +180,13 @@ void CudaOps::matmul_backward(Act dx, float* dweight, float* dbias, Act dout, Ac
     count_candidate(CandidateCalls::kDWeightStream, dx && weights);
     if (dx && weights) {
       // The weight gradient first, on the side stream, so that it holds
-      // its SMs before the dx GEMM takes the rest; joined before the op
-      // returns (the gradient buckets' events follow the op).
-      {
-        const SideStream side(*this);
-        weight_gradient(dweight, dbias, dout, x, N, IC, OC, ldd);
-      }
+      // its SMs before the dx GEMM takes the rest; the device's stream
+      // waits for it before the op returns (the gradient buckets' events
+      // follow the op).
+      SideStream side(*this);
+      weight_gradient(dweight, dbias, dout, x, N, IC, OC, ldd);
+      side.to_main();
       input_gradient(dx, dout, weight, N, IC, OC, accumulate, fused, ldd);
-      cuda::check(cudaStreamWaitEvent(stream_, join_, 0), "cudaStreamWaitEvent (side stream)");
       return;
     }
   }
@@ -225,22 +224,45 @@ void CudaOps::input_gradient(Act dx, Act dout, Act weight, int N, int IC, int OC
   cuda::check(cudaGetLastError(), "matmul_backward (activation)");
 }
 
-CudaOps::SideStream::SideStream(CudaOps& ops) : ops_(ops), main_(ops.stream_) {
-  if (!ops_.side_stream_) {
-    cuda::check(cudaStreamCreateWithFlags(&ops_.side_stream_, cudaStreamNonBlocking),
-                "cudaStreamCreate (side stream)");
-    cuda::check(cudaEventCreateWithFlags(&ops_.fork_, cudaEventDisableTiming), "cudaEventCreate");
-    cuda::check(cudaEventCreateWithFlags(&ops_.join_, cudaEventDisableTiming), "cudaEventCreate");
+void CudaOps::make_side_stream() {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t fork = nullptr, join = nullptr;
+  cudaError_t status = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  if (status == cudaSuccess) status = cudaEventCreateWithFlags(&fork, cudaEventDisableTiming);
+  if (status == cudaSuccess) status = cudaEventCreateWithFlags(&join, cudaEventDisableTiming);
+  if (status != cudaSuccess) {
+    if (fork) cudaEventDestroy(fork);
+    if (stream) cudaStreamDestroy(stream);
+    cuda::check(status, "the side stream (dweight_stream=side)");
   }
+  side_stream_ = stream, fork_ = fork, join_ = join;
+}
+
+void CudaOps::finish_side_stream() {
+  if (side_stream_) cuda::check(cudaStreamSynchronize(side_stream_), "cudaStreamSynchronize");
+}
+
+CudaOps::SideStream::SideStream(CudaOps& ops) : ops_(ops), main_(ops.stream_) {
+  if (!ops_.side_stream_) ops_.make_side_stream();
   cuda::check(cudaEventRecord(ops_.fork_, main_), "cudaEventRecord (fork)");
   cuda::check(cudaStreamWaitEvent(ops_.side_stream_, ops_.fork_, 0), "cudaStreamWaitEvent (fork)");
   ops_.stream_ = ops_.side_stream_;
 }
 
-CudaOps::SideStream::~SideStream() {
-  // An error here shows in the next check on either stream.
-  cudaEventRecord(ops_.join_, ops_.side_stream_);
+void CudaOps::SideStream::to_main() {
+  if (!on_side_) return;
+  on_side_ = false;
   ops_.stream_ = main_;
+  // Where the mark fails, the side stream is drained instead, so that the
+  // wait below cannot pass on an older mark.
+  if (cudaEventRecord(ops_.join_, ops_.side_stream_) != cudaSuccess)
+    cudaStreamSynchronize(ops_.side_stream_);
+}
+
+CudaOps::SideStream::~SideStream() {
+  to_main();
+  if (cudaStreamWaitEvent(main_, ops_.join_, 0) != cudaSuccess)
+    cudaStreamSynchronize(ops_.side_stream_);
 }
 
 namespace {

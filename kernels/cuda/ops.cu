@@ -50,14 +50,14 @@ CudaOps::CudaOps(std::unique_ptr<CudaDevice> device, bool tf32)
 
 CudaOps::~CudaOps() {
   cudaStreamSynchronize(stream_);
+  if (side_stream_) cudaStreamSynchronize(side_stream_);
+  flash_.reset();
+  gemm_.reset();  // its cuBLAS handle may still name the side stream
   if (side_stream_) {
-    cudaStreamSynchronize(side_stream_);
     cudaStreamDestroy(side_stream_);
     cudaEventDestroy(fork_);
     cudaEventDestroy(join_);
   }
-  flash_.reset();
-  gemm_.reset();
   for (void* p : scratch_)
     if (p) cudaFree(p);
 }

@@ -90,6 +90,9 @@ class CudaOps final : public Ops {
   // construction; tests and timings set them per call).
   void set_kernel_switches(const KernelSwitches& switches);
   const KernelSwitches& kernel_switches() const { return switches_; }
+  // Waits for the work queued on dweight_stream=side's stream (none where
+  // there is none): the GEMMs' timed search times its trials alone.
+  void finish_side_stream();
   // A call that asked for family f's newer path, and whether it ran it.
   void count_candidate(CandidateCalls::Family f, bool ran) { candidate_calls_.count(f, ran); }
   const CandidateCalls& candidate_counts() const { return candidate_calls_; }
@@ -154,21 +157,27 @@ class CudaOps final : public Ops {
   // where cuBLASLt can.
   void input_gradient(Act dx, Act dout, Act weight, int N, int IC, int OC, bool accumulate,
                       const FusedActivation& fused, int ldd);
-  // While it lives, the ops queue their work on side_stream_ (made on first
-  // use), which first waits for everything queued on the device's stream;
-  // at its end join_ marks the side stream's work, for the device's stream
-  // to wait on (dweight_stream=side).
+  // dweight_stream=side's fork and join: made, the side stream (made on
+  // first use) waits for everything queued on the device's stream, and the
+  // ops queue their work on it; to_main() queues them on the device's
+  // stream again; at its end (to_main() first if it has not run, as when
+  // an exception leaves early) the device's stream waits for the side
+  // stream's work.
   class SideStream {
    public:
     explicit SideStream(CudaOps& ops);
     ~SideStream();
     SideStream(const SideStream&) = delete;
     SideStream& operator=(const SideStream&) = delete;
+    void to_main();
 
    private:
     CudaOps& ops_;
     cudaStream_t main_;
+    bool on_side_ = true;
   };
+  // The side stream and its two events, all made or none.
+  void make_side_stream();
   // matmul_backward's dW (+=) and dbias (+=): one GEMM with the bias
   // gradient fused where cuBLASLt can, or split (below).
   void weight_gradient(float* dweight, float* dbias, Act dout, Act x, int N, int IC, int OC,

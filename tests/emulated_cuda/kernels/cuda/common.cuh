@@ -64,6 +64,7 @@ struct Index {
 inline thread_local Index thread_index, block_index;
 inline dim3 block_dim, grid_dim;
 inline std::barrier<>* block_barrier = nullptr;
+inline bool copies_land_at_issue = false;                           // cp.async (below)
 inline std::vector<std::unique_ptr<std::barrier<>>> warp_barriers;  // one per warp
 inline float shuffle_buffer[32][32];                                // [warp][lane]
 
@@ -185,7 +186,9 @@ inline int vectorized_prefix(const T* p, int n) {
 
 // cp.async's copies into shared memory, each thread's held back in groups
 // until a wait lets them land (the latest a GPU may make them), so that a
-// read of a buffer before its wait sees what was there before.
+// read of a buffer before its wait sees what was there before; or, with
+// emulated::copies_land_at_issue, at once (the earliest), so that a copy
+// into a buffer that another thread still reads spoils what it reads.
 struct PendingCopy {
   void* dst;
   const void* src;
@@ -193,7 +196,10 @@ struct PendingCopy {
 inline thread_local std::vector<std::vector<PendingCopy>> pending_groups;
 inline thread_local std::vector<PendingCopy> open_group;
 inline void copy_async_16(void* shared_dst, const void* global_src) {
-  open_group.push_back({shared_dst, global_src});
+  if (emulated::copies_land_at_issue)
+    std::memcpy(shared_dst, global_src, 16);
+  else
+    open_group.push_back({shared_dst, global_src});
 }
 inline void copy_async_commit() {
   pending_groups.push_back(std::move(open_group));
