@@ -37,9 +37,9 @@ struct KernelSwitches {
   // pipelined, a block of 1024 threads per SM looping over rows, each row
   // copied into shared memory (cp.async) while the one before is worked
   // on, so that it is read from memory once and the copies overlap the
-  // arithmetic, and exp2f with a max taken first rather than an online
-  // softmax (kernels/cuda/cross_entropy_kernels.cuh). Other bits, as
-  // deterministic. A candidate.
+  // arithmetic, with the max taken first rather than an online softmax and
+  // exp as the SFU's 2^x (kernels/cuda/cross_entropy_kernels.cuh). Other
+  // bits, as deterministic. A candidate.
   enum class Loss { kReread, kPipelined } loss = Loss::kReread;
   // cuBLASLt's algorithm per GEMM shape: heuristic (default), its first
   // suggestion; timed, the fastest of its suggestions, timed once per

@@ -109,6 +109,18 @@ class CrossEntropyEmulation : public ::testing::Test {
     std::vector<int32_t> targets(c.N);
     for (int32_t& t : targets) t = std::uniform_int_distribution<int>(1, c.V - 1)(rng_);
     targets[1] = kPad;
+    // Row 0's target is its largest logit; rows 2 and 3 hold their largest
+    // twice, at 7 and V - 2, row 2's target the first of the two, row 3's
+    // the second (which the first index must not count as correct).
+    const auto at = [&](int r, int j) -> T& {
+      return logits[static_cast<size_t>(r) * c.stride + j];
+    };
+    int largest = 0;
+    for (int j = 1; j < c.V; ++j)
+      if (widened(at(0, j)) > widened(at(0, largest))) largest = j;
+    targets[0] = largest;
+    for (int r = 2; r < 4 && r < c.N; ++r) at(r, 7) = at(r, c.V - 2) = stored<T>(20.0f);
+    if (c.N > 3) targets[2] = 7, targets[3] = c.V - 2;
     const Outcome<T> reread = run(false, c, logits, targets, 0);
     for (int r = 0; r < c.N; ++r) check_row(c, r, logits, targets[r], reread);
     if (!c.aligned) return;
@@ -142,6 +154,9 @@ class CrossEntropyEmulation : public ::testing::Test {
     std::vector<double> x(c.V), grad;
     for (int j = 0; j < c.V; ++j) x[j] = widened(logits[base + j]);
     const double loss = reference_row(x, target, grad);
+    const int first_largest =
+        static_cast<int>(std::max_element(x.begin(), x.end()) - x.begin());  // the first
+    EXPECT_EQ(got.rows[r].correct, first_largest == target ? 1 : 0) << "row " << r;
     EXPECT_NEAR(got.rows[r].loss, loss, 1e-4 * std::abs(loss)) << "row " << r;
     const double rounding = std::is_same_v<T, float> ? 1e-6 : 4e-3;
     double worst = 0.0;

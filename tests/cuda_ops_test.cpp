@@ -1068,6 +1068,7 @@ TEST(CudaKernelSwitches, PipelinedCrossEntropyAgreesWithRereadAndRepeatsItsBits)
       std::vector<int32_t> targets(N);
       for (int32_t& target : targets) target = std::uniform_int_distribution<int>(1, V - 1)(rng);
       targets[2] = 0;  // a pad row
+      logits[targets[0]] = 20.0f;  // row 0's largest logit is its target (correct counts it)
       std::vector<unsigned char> stored(logits.size() * dtype_bytes(t));
       narrow(stored.data(), t, logits.data(), logits.size());
       auto* target_ids = static_cast<int32_t*>(dev.allocate(sizeof(int32_t) * N));
@@ -1094,6 +1095,7 @@ TEST(CudaKernelSwitches, PipelinedCrossEntropyAgreesWithRereadAndRepeatsItsBits)
       EXPECT_NEAR(pipelined.second.nll, reread.second.nll, 1e-5 * std::abs(reread.second.nll));
       EXPECT_EQ(pipelined.second.tokens, reread.second.tokens);
       EXPECT_EQ(pipelined.second.correct, reread.second.correct);
+      EXPECT_GE(pipelined.second.correct, 1) << "row 0's largest logit is its target";
     }
   }
   // Two calls each of 3 precisions and 4 shapes; on an H100 or H200 fp32's

@@ -92,6 +92,15 @@ __device__ __forceinline__ void copy_async_wait() {
 #endif
 }
 
+// 2^x on the SFU alone (ex2.approx.ftz: about 2 ulp, subnormal inputs
+// and results flushed to 0), without the instructions exp2f adds to keep
+// subnormals.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // The element type of an Act, as a typed pointer.
 template <typename T>
 T* typed(Act a) {

@@ -177,41 +177,61 @@ __device__ void prefetch_row(T* buffer, const T* x, int V) {
 
 constexpr float kLog2e = 1.4426950408889634f;
 
+// exp(x - top) as the pipelined kernel takes it: 2^(x log2(e) - shift),
+// shift = top log2(e), with subnormal results flushed to 0 (exp2_ftz).
+__device__ __forceinline__ float shifted_exp2(float x, float shift) {
+  return cuda::exp2_ftz(fmaf(x, kLog2e, -shift));
+}
+
+// The first index of `top` among a thread's elements of the row (INT_MAX
+// where it has none). A thread's elements rise with its loop, so the first
+// it meets is its least.  row: (V)
+template <typename T>
+__device__ int first_index_of(const T* row, int V, float top) {
+  constexpr int kVec = cuda::kVecSize<T>;
+  const int vectorized = V / kVec * kVec;
+  for (int j0 = threadIdx.x * kVec; j0 < vectorized; j0 += blockDim.x * kVec) {
+    float v[kVec];
+    cuda::load_vec(row + j0, v);
+    for (int k = 0; k < kVec; ++k)
+      if (v[k] == top) return j0 + k;
+  }
+  for (int j = vectorized + threadIdx.x; j < V; j += blockDim.x)
+    if (load(row, j) == top) return j;
+  return INT_MAX;
+}
+
 // The pipelined kernel's figures of a row in shared memory: its largest
-// logit and plain sum, then the sum of exp(x - top) (exp2f of x log2(e)
-// less top's) and the first index holding the largest, each reduced over
-// the block in a fixed tree.  row: (V)
+// logit and plain sum; then the sum of exp(x - top) (shifted_exp2) and the
+// first index holding the largest, which only the threads whose own
+// largest it is look for. Each reduced over the block in a fixed tree.
+// row: (V)
 template <typename T>
 __device__ RowState row_state(const T* row, int V, float* scratch, int* index_scratch) {
   constexpr int kVec = cuda::kVecSize<T>;
   const int vectorized = V / kVec * kVec;
-  float top = -INFINITY, sum = 0.0f;
+  float mine = -INFINITY, sum = 0.0f;
   for (int j0 = threadIdx.x * kVec; j0 < vectorized; j0 += blockDim.x * kVec) {
     float v[kVec];
     cuda::load_vec(row + j0, v);
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) top = fmaxf(top, v[k]), sum += v[k];
+    for (int k = 0; k < kVec; ++k) mine = fmaxf(mine, v[k]), sum += v[k];
   }
   for (int j = vectorized + threadIdx.x; j < V; j += blockDim.x)
-    top = fmaxf(top, load(row, j)), sum += load(row, j);
-  top = cuda::block_max(top, scratch);
+    mine = fmaxf(mine, load(row, j)), sum += load(row, j);
+  const float top = cuda::block_max(mine, scratch);
   sum = cuda::block_sum(sum, scratch);
   const float shift = top * kLog2e;
   float sum_exp = 0.0f;
-  int first = INT_MAX;
   for (int j0 = threadIdx.x * kVec; j0 < vectorized; j0 += blockDim.x * kVec) {
     float v[kVec];
     cuda::load_vec(row + j0, v);
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) {
-      sum_exp += exp2f(fmaf(v[k], kLog2e, -shift));
-      if (v[k] == top) first = min(first, j0 + k);
-    }
+    for (int k = 0; k < kVec; ++k) sum_exp += shifted_exp2(v[k], shift);
   }
-  for (int j = vectorized + threadIdx.x; j < V; j += blockDim.x) {
-    sum_exp += exp2f(fmaf(load(row, j), kLog2e, -shift));
-    if (load(row, j) == top) first = min(first, j);
-  }
+  for (int j = vectorized + threadIdx.x; j < V; j += blockDim.x)
+    sum_exp += shifted_exp2(load(row, j), shift);
+  const int first = mine == top ? first_index_of(row, V, top) : INT_MAX;
   return RowState{top, cuda::block_sum(sum_exp, scratch), sum,
                   cuda::block_min(first, index_scratch)};
 }
@@ -254,7 +274,7 @@ __global__ void __launch_bounds__(kPipelinedThreads)
       if (compute_grad)
         write_gradient(x, row, state, V, V / cuda::kVecSize<T> * cuda::kVecSize<T>, target,
                        on_target, off_target, grad_scale,
-                       [shift](float v) { return exp2f(fmaf(v, kLog2e, -shift)); });
+                       [shift](float v) { return shifted_exp2(v, shift); });
     }
     __syncthreads();  // row r's buffer is free for the copy of row r + 2 gridDim.x
   }

@@ -184,6 +184,13 @@ inline int vectorized_prefix(const T* p, int n) {
   return aligned16(p) ? n / kVecSize<T> * kVecSize<T> : 0;
 }
 
+// The SFU's 2^x, subnormal results flushed to 0 as the GPU's
+// ex2.approx.ftz flushes them (its last bits are the GPU's own).
+inline float exp2_ftz(float x) {
+  const float y = std::exp2(x);
+  return std::fpclassify(y) == FP_SUBNORMAL ? 0.0f : y;
+}
+
 // cp.async's copies into shared memory, each thread's held back in groups
 // until a wait lets them land (the latest a GPU may make them), so that a
 // read of a buffer before its wait sees what was there before; or, with
