@@ -1067,7 +1067,7 @@ TEST(CudaKernelSwitches, PipelinedCrossEntropyAgreesWithRereadAndRepeatsItsBits)
       for (float& x : logits) x = normal(rng);
       std::vector<int32_t> targets(N);
       for (int32_t& target : targets) target = std::uniform_int_distribution<int>(1, V - 1)(rng);
-      targets[2] = 0;  // a pad row
+      targets[2] = 0;              // a pad row
       logits[targets[0]] = 20.0f;  // row 0's largest logit is its target (correct counts it)
       std::vector<unsigned char> stored(logits.size() * dtype_bytes(t));
       narrow(stored.data(), t, logits.data(), logits.size());
