@@ -126,6 +126,18 @@ void add_bits_digest(const void* data, size_t bytes, uint64_t first_index,
   check(cudaGetLastError(), "bits_digest_kernel");
 }
 
+uint64_t spans_digest(const std::vector<DigestSpan>& spans, unsigned long long** total,
+                      cudaStream_t stream) {
+  if (!*total) check(cudaMalloc(total, sizeof **total), "cudaMalloc (search digest)");
+  check(cudaMemsetAsync(*total, 0, sizeof **total, stream), "cudaMemsetAsync");
+  for (const DigestSpan& s : spans) add_bits_digest(s.data, s.bytes, s.first_index, *total, stream);
+  unsigned long long sum = 0;
+  check(cudaMemcpyAsync(&sum, *total, sizeof sum, cudaMemcpyDeviceToHost, stream),
+        "cudaMemcpyAsync (search digest)");
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  return sum;
+}
+
 cudaDataType_t cuda_type(DType t) {
   switch (t) {
     case DType::kF32:
@@ -449,26 +461,16 @@ float Gemm::trial_ms(const GemmCall& c, const Plan& plan, const cublasLtMatmulAl
 }
 
 uint64_t Gemm::outputs_digest(const GemmCall& c, const void* out) {
-  if (!digest_total_) {
-    check(cudaMalloc(&digest_total_, sizeof *digest_total_), "cudaMalloc (GEMM search digest)");
-  }
-  const cudaStream_t stream = ops_.stream();
-  check(cudaMemsetAsync(digest_total_, 0, sizeof *digest_total_, stream), "cudaMemsetAsync");
   const size_t bytes = element_bytes(c.d_type);
-  add_bits_digest(out, d_span(c) * bytes, 0, digest_total_, stream);
+  std::vector<DigestSpan> spans = {{out, d_span(c) * bytes, 0}};
   // The other outputs an epilogue writes: the bias gradient (n elements of
   // D's type, summed over k: its order may differ too) and GELU's input.
   if (c.epilogue == CUBLASLT_EPILOGUE_BGRADB)
-    add_bits_digest(c.bias, (size_t(c.bias_stride) * size_t(c.batch - 1) + size_t(c.n)) * bytes,
-                    gemm_search::kOutputStride, digest_total_, stream);
+    spans.push_back({c.bias, (size_t(c.bias_stride) * size_t(c.batch - 1) + size_t(c.n)) * bytes,
+                     gemm_search::kOutputStride});
   if (c.epilogue == CUBLASLT_EPILOGUE_GELU_AUX || c.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS)
-    add_bits_digest(c.aux, span(c.aux_ld, c.m, c.n) * bytes, 2 * gemm_search::kOutputStride,
-                    digest_total_, stream);
-  unsigned long long total = 0;
-  check(cudaMemcpyAsync(&total, digest_total_, sizeof total, cudaMemcpyDeviceToHost, stream),
-        "cudaMemcpyAsync (GEMM search digest)");
-  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-  return total;
+    spans.push_back({c.aux, span(c.aux_ld, c.m, c.n) * bytes, 2 * gemm_search::kOutputStride});
+  return spans_digest(spans, &digest_total_, ops_.stream());
 }
 
 void Gemm::point_at(const Plan& plan, const GemmCall& c) {

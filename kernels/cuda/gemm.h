@@ -39,6 +39,19 @@ cudaDataType_t cuda_type(DType t);
 void add_bits_digest(const void* data, size_t bytes, uint64_t first_index,
                      unsigned long long* total, cudaStream_t stream);
 
+// Device memory whose bits a timed search compares (an output of a trial):
+// `bytes` (even) at `data`, its units numbered from first_index.
+struct DigestSpan {
+  const void* data;
+  size_t bytes;
+  uint64_t first_index;
+};
+
+// The digest of every span, summed on the device in *total (allocated on
+// the first call; the caller frees it) and read back: waits for `stream`.
+uint64_t spans_digest(const std::vector<DigestSpan>& spans, unsigned long long** total,
+                      cudaStream_t stream);
+
 // D (m x n, ld ldd) = op(A) op(B) + beta * D, A (ld lda) and B (ld ldb) in
 // ab_type, D in d_type, fp32 accumulation; with an epilogue, also bias
 // (m or n elements, see cuBLASLt), aux (ld aux_ld) as cuBLASLt defines them.
