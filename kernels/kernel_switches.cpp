@@ -22,7 +22,7 @@ constexpr Family kFamilies[] = {
     {"loss", {"reread", "pipelined"}},    {"gemm", {"heuristic", "timed"}},
     {"attention", {"ragged", "dense"}},   {"exact", {"buffered", "direct"}},
     {"adamw", {"ranged", "vector"}},      {"dweight", {"whole", "split"}},
-    {"dweight_stream", {"main", "side"}},
+    {"dweight_stream", {"main", "side"}}, {"attention_plan", {"heuristic", "timed"}},
 };
 
 // The index of path `p` in family `f`, or -1.
@@ -55,6 +55,7 @@ void set(KernelSwitches& s, int f, int p) {
   if (f == 6) s.adamw = static_cast<KernelSwitches::AdamW>(p);
   if (f == 7) s.dweight = static_cast<KernelSwitches::DWeight>(p);
   if (f == 8) s.dweight_stream = static_cast<KernelSwitches::DWeightStream>(p);
+  if (f == 9) s.attention_plan = static_cast<KernelSwitches::AttentionPlan>(p);
 }
 
 int path_of(const KernelSwitches& s, int f) {
@@ -66,7 +67,8 @@ int path_of(const KernelSwitches& s, int f) {
   if (f == 5) return static_cast<int>(s.exact);
   if (f == 6) return static_cast<int>(s.adamw);
   if (f == 7) return static_cast<int>(s.dweight);
-  return static_cast<int>(s.dweight_stream);
+  if (f == 8) return static_cast<int>(s.dweight_stream);
+  return static_cast<int>(s.attention_plan);
 }
 
 void apply(KernelSwitches& s, const std::string& text, const std::string& part) {

@@ -81,6 +81,13 @@ struct KernelSwitches {
   // the GPU with dx (gemm=timed times its trials with the side stream
   // idle). The same bits. A candidate.
   enum class DWeightStream { kMain, kSide } dweight_stream = DWeightStream::kMain;
+  // cuDNN attention's execution plan per graph: heuristic (default), the
+  // first of its heuristics' plans that builds; timed, the fastest of the
+  // plans of heuristics A and B, timed once per graph on its second call:
+  // among those that give the first plan's bits (the same bits either
+  // way), or with --deterministic false among all. See
+  // kernels/attention_search.h. A candidate.
+  enum class AttentionPlan { kHeuristic, kTimed } attention_plan = AttentionPlan::kHeuristic;
 };
 
 // How often each family's newer path ran, of the calls that asked for it;
@@ -102,6 +109,7 @@ struct CandidateCalls {
     kAdamW,
     kDWeight,
     kDWeightStream,
+    kAttentionPlan,
     kFamilies
   };
   long long asked[kFamilies] = {};
@@ -120,7 +128,8 @@ KernelSwitches parse_kernel_switches(const std::string& text);
 KernelSwitches kernel_switches_from_environment();
 
 // "layernorm=warp,layernorm_backward=block,loss=reread,gemm=heuristic,
-// attention=ragged,exact=direct,adamw=vector,dweight=whole,dweight_stream=main"
+// attention=ragged,exact=direct,adamw=vector,dweight=whole,dweight_stream=main,
+// attention_plan=heuristic"
 // (the defaults):
 // every family, for start lines and bench's JSON.
 std::string describe(const KernelSwitches& switches);

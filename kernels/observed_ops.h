@@ -51,6 +51,7 @@ class ObservedOps : public Ops {
   void set_attention_path(AttentionPath path) override { inner_.set_attention_path(path); }
   std::string attention_kernels() const override { return inner_.attention_kernels(); }
   std::string gemm_search() const override { return inner_.gemm_search(); }
+  std::string attention_search() const override { return inner_.attention_search(); }
   std::string gemm_unfused() const override { return inner_.gemm_unfused(); }
   std::string kernel_choices() const override { return inner_.kernel_choices(); }
   std::string candidate_calls() const override { return inner_.candidate_calls(); }

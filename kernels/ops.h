@@ -252,6 +252,10 @@ class Ops {
   // What the GEMMs' timed search chose (MPIFORMER_KERNELS=gemm=timed), for
   // bench's report; empty where nothing was timed.
   virtual std::string gemm_search() const { return ""; }
+  // What cuDNN attention's plan search found (MPIFORMER_KERNELS=
+  // attention_plan=timed, kernels/attention_search.h), for bench's report;
+  // empty where no graph was searched.
+  virtual std::string attention_search() const { return ""; }
   // The GEMM shapes whose fused epilogue (bias, GELU, bias gradient) the
   // GPU's library refused, so that its work ran as separate kernels, for
   // bench's report; empty where every one fused.

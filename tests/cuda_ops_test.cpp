@@ -1446,6 +1446,86 @@ TEST(CudaKernelSwitches, SideStreamWeightGradientGivesTheMainStreamsBits) {
   }
 }
 
+// A causal self-attention's forward and backward on a fused QKV tensor
+// (host bytes of type t), on cuDNN: what each writes, read back.
+struct AttentionWrites {
+  std::vector<unsigned char> out, stats, dqkv;
+};
+AttentionWrites cudnn_attention_writes(Ops& ops, DType t, const std::vector<int32_t>& offsets,
+                                       int H, int D, const std::vector<unsigned char>& qkv_bytes,
+                                       const std::vector<unsigned char>& dout_bytes) {
+  Device& dev = ops.device();
+  std::vector<void*> owned;
+  const auto upload = [&](const void* data, size_t bytes) {
+    owned.push_back(dev.allocate(bytes));
+    dev.copy_to_device(owned.back(), data, bytes);
+    return owned.back();
+  };
+  const int B = static_cast<int>(offsets.size()) - 1, N = offsets.back(), C = H * D;
+  int longest = 0;
+  for (int b = 0; b < B; ++b) longest = std::max(longest, offsets[b + 1] - offsets[b]);
+  const auto* device_offsets =
+      static_cast<const int32_t*>(upload(offsets.data(), sizeof(int32_t) * offsets.size()));
+  const Ragged rows{offsets.data(), device_offsets, B, N, longest};
+  AttentionWrites got{std::vector<unsigned char>(dout_bytes.size()),
+                      std::vector<unsigned char>(sizeof(float) * N * H),
+                      std::vector<unsigned char>(qkv_bytes.size())};
+  const Act qkv(upload(qkv_bytes.data(), qkv_bytes.size()), t),
+      dout(upload(dout_bytes.data(), dout_bytes.size()), t),
+      out(upload(got.out.data(), got.out.size()), t),
+      dqkv(upload(got.dqkv.data(), got.dqkv.size()), t);
+  auto* stats = static_cast<float*>(upload(got.stats.data(), got.stats.size()));
+  const AttentionConfig cfg{H, D, true, AttentionScale::kStandard, 512.0f};
+  ops.attention_forward(out, stats, qkv, 3 * C, qkv + C, qkv + 2 * C, 3 * C, rows, rows, cfg);
+  ops.attention_backward(dqkv, dqkv + C, dqkv + 2 * C, dout, out, stats, qkv, 3 * C, qkv + C,
+                         qkv + 2 * C, 3 * C, rows, rows, cfg);
+  dev.copy_to_host(got.out.data(), out.data, got.out.size());
+  dev.copy_to_host(got.stats.data(), stats, got.stats.size());
+  dev.copy_to_host(got.dqkv.data(), dqkv.data, got.dqkv.size());
+  for (void* p : owned) dev.release(p);
+  return got;
+}
+
+// attention_plan=timed: each cuDNN graph's plans are timed on its second
+// call, and from then on it runs the fastest of those that gave its first
+// plan's bits. So a run gives the heuristic plan's bits at every call,
+// before its search, at it and after (bf16 and fp16, ragged lengths across
+// cuDNN's tiles, forward and backward), and bench is told what was timed.
+TEST(CudaKernelSwitches, TimedAttentionPlansGiveTheHeuristicPlansBits) {
+  if (!gpu_present()) GTEST_SKIP() << "no GPU visible";
+  if (!cuda::FlashAttention::built()) GTEST_SKIP() << "this build has no cuDNN frontend";
+  std::mt19937 rng(29);
+  const int H = 4, D = 64;
+  const std::vector<int32_t> offsets = offsets_of({300, 1, 129, 512, 64});
+  const size_t N = static_cast<size_t>(offsets.back()), C = H * D;
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(to_string(t));
+    std::unique_ptr<Ops> heuristic = make_cuda_ops(0), timed = make_cuda_ops(0);
+    auto& searching = dynamic_cast<CudaOps&>(*timed);
+    KernelSwitches switches;
+    switches.attention_plan = KernelSwitches::AttentionPlan::kTimed;
+    searching.set_kernel_switches(switches);
+    heuristic->set_attention_path(AttentionPath::kCudnn);
+    timed->set_attention_path(AttentionPath::kCudnn);
+    const std::vector<unsigned char> qkv = random_stored(rng, t, N * 3 * C, 1.0f),
+                                     dout = random_stored(rng, t, N * C, 0.1f);
+    const AttentionWrites want = cudnn_attention_writes(*heuristic, t, offsets, H, D, qkv, dout);
+    for (int call = 1; call <= 3; ++call) {
+      const AttentionWrites got = cudnn_attention_writes(*timed, t, offsets, H, D, qkv, dout);
+      EXPECT_TRUE(got.out == want.out) << "out, call " << call;
+      EXPECT_TRUE(got.stats == want.stats) << "stats, call " << call;
+      EXPECT_TRUE(got.dqkv == want.dqkv) << "dq, dk, dv, call " << call;
+    }
+    const CandidateCalls calls = searching.candidate_counts();
+    EXPECT_EQ(calls.asked[CandidateCalls::kAttentionPlan], 6) << "3 forward and 3 backward calls";
+    EXPECT_EQ(calls.ran[CandidateCalls::kAttentionPlan], 4) << "each graph's calls from its search";
+    EXPECT_EQ(heuristic->attention_search(), "") << "nothing searched without the switch";
+    const std::string found = timed->attention_search();
+    EXPECT_NE(found, "") << "the search told nothing";
+    std::printf("cuDNN attention plan search (%s): %s\n", to_string(t), found.c_str());
+  }
+}
+
 // Milliseconds per call of `call` on `ops` (a warm-up first), timed over
 // `reps` calls between two synchronizations.
 template <typename Call>
@@ -1598,62 +1678,83 @@ TEST(KernelTiming, AdamWRangedAgainstVector) {
       n, ranges.size(), ms[0], moved / ms[0] * tb, ms[1], moved / ms[1] * tb, ms[1] / ms[0]);
 }
 
-// cuDNN's attention on GPT-2 small's B32 batch (32 x 1024, 12 heads of 64,
-// causal, bf16, fused QKV), forward and backward timed apart, in the ragged
-// layout every batch takes and the dense one attention=dense gives a batch
-// of equal lengths, with the deterministic backward and without: TFLOP/s
-// against the targets (forward 350, backward 280). A report.
+// GPT-2 small's B32 attention batch (32 x 1024, 12 heads of 64, causal,
+// bf16, fused QKV) in zeroed device buffers, for the cuDNN timings below.
+class Gpt2AttentionBatch {
+ public:
+  static constexpr int B = 32, L = 1024, H = 12, D = 64, C = H * D, N = B * L;
+  static constexpr double kForwardFlops = 4.0 * B * H * double(L) * L * D / 2.0;
+
+  explicit Gpt2AttentionBatch(Ops& ops) : ops_(ops), buffers_(ops), offsets_(B + 1) {
+    for (int b = 0; b <= B; ++b) offsets_[b] = b * L;
+    auto* device_offsets = static_cast<int32_t*>(buffers_.zeros(sizeof(int32_t) * (B + 1)));
+    ops.device().copy_to_device(device_offsets, offsets_.data(), sizeof(int32_t) * (B + 1));
+    rows_ = Ragged{offsets_.data(), device_offsets, B, N, L};
+    const DType t = DType::kBF16;
+    const size_t row_bytes = static_cast<size_t>(N) * C * 2;
+    qkv_ = Act(buffers_.zeros(3 * row_bytes), t);
+    out_ = Act(buffers_.zeros(row_bytes), t);
+    dout_ = Act(buffers_.zeros(row_bytes), t);
+    dqkv_ = Act(buffers_.zeros(3 * row_bytes), t);
+    stats_ = static_cast<float*>(buffers_.zeros(sizeof(float) * N * H));
+  }
+  void forward() {
+    ops_.attention_forward(out_, stats_, qkv_, 3 * C, qkv_ + C, qkv_ + 2 * C, 3 * C, rows_, rows_,
+                           cfg_);
+  }
+  void backward() {
+    ops_.attention_backward(dqkv_, dqkv_ + C, dqkv_ + 2 * C, dout_, out_, stats_, qkv_, 3 * C,
+                            qkv_ + C, qkv_ + 2 * C, 3 * C, rows_, rows_, cfg_);
+  }
+
+ private:
+  Ops& ops_;
+  TimingBuffers buffers_;
+  std::vector<int32_t> offsets_;  // host (B+1)
+  Ragged rows_;
+  Act qkv_, out_, dout_, dqkv_;
+  float* stats_ = nullptr;
+  const AttentionConfig cfg_{H, D, true, AttentionScale::kStandard, 512.0f};
+};
+
+// cuDNN's attention on GPT-2 small's B32 batch, forward and backward timed
+// apart, in the ragged layout every batch takes and the dense one
+// attention=dense gives a batch of equal lengths, with the deterministic
+// backward and without: TFLOP/s against the targets (forward 350,
+// backward 280). A report.
 TEST(KernelTiming, CudnnAttentionLayoutsOnGpt2B32) {
   if (!gpu_present()) GTEST_SKIP() << "no GPU visible";
   if (!cuda::FlashAttention::built()) GTEST_SKIP() << "this build has no cuDNN frontend";
-  constexpr int B = 32, L = 1024, H = 12, D = 64, C = H * D, N = B * L;
-  const DType t = DType::kBF16;
+  using Batch = Gpt2AttentionBatch;
   std::unique_ptr<Ops> ops = make_cuda_ops(0);
   auto* cuda = dynamic_cast<CudaOps*>(ops.get());
   ops->set_attention_path(AttentionPath::kCudnn);
-  TimingBuffers buffers(*ops);
-  std::vector<int32_t> offsets(B + 1);
-  for (int b = 0; b <= B; ++b) offsets[b] = b * L;
-  auto* device_offsets = static_cast<int32_t*>(buffers.zeros(sizeof(int32_t) * (B + 1)));
-  ops->device().copy_to_device(device_offsets, offsets.data(), sizeof(int32_t) * (B + 1));
-  const Ragged rows{offsets.data(), device_offsets, B, N, L};
-  const size_t row_bytes = static_cast<size_t>(N) * C * 2;
-  const Act qkv(buffers.zeros(3 * row_bytes), t), out(buffers.zeros(row_bytes), t),
-      dout(buffers.zeros(row_bytes), t), dqkv(buffers.zeros(3 * row_bytes), t);
-  auto* stats = static_cast<float*>(buffers.zeros(sizeof(float) * N * H));
-  const AttentionConfig cfg{H, D, true, AttentionScale::kStandard, 512.0f};
-  const double forward_flops = 4.0 * B * H * double(L) * L * D / 2.0, tera = 1e-9;
-  std::printf("kernel timing: cuDNN attention (bf16, B %d, L %d, %d heads of %d, causal):", B, L, H,
-              D);
+  Batch batch(*ops);
+  const double tera = 1e-9;
+  std::printf("kernel timing: cuDNN attention (bf16, B %d, L %d, %d heads of %d, causal):",
+              Batch::B, Batch::L, Batch::H, Batch::D);
   for (const bool dense : {false, true}) try {
       KernelSwitches switches;
       switches.attention =
           dense ? KernelSwitches::Attention::kDense : KernelSwitches::Attention::kRagged;
       cuda->set_kernel_switches(switches);
-      const auto forward = [&] {
-        ops->attention_forward(out, stats, qkv, 3 * C, qkv + C, qkv + 2 * C, 3 * C, rows, rows,
-                               cfg);
-      };
       const long long ran = cuda->candidate_counts().ran[CandidateCalls::kAttention];
-      const double forward_ms = milliseconds_per_call(*ops, 10, forward);
+      const double forward_ms = milliseconds_per_call(*ops, 10, [&] { batch.forward(); });
       if (dense && cuda->candidate_counts().ran[CandidateCalls::kAttention] == ran) {
         std::printf("; dense did not run (cuDNN refused it: the ragged layout ran)");
         continue;
       }
       std::printf("%s %s forward %.3f ms (%.0f TFLOP/s, target 350)", dense ? ";" : "",
-                  dense ? "dense" : "ragged", forward_ms, forward_flops / forward_ms * tera);
+                  dense ? "dense" : "ragged", forward_ms, Batch::kForwardFlops / forward_ms * tera);
       for (const bool deterministic : {true, false}) {
         ops->set_deterministic(deterministic);
         const long long ran_before = cuda->candidate_counts().ran[CandidateCalls::kAttention];
-        const double backward_ms = milliseconds_per_call(*ops, 10, [&] {
-          ops->attention_backward(dqkv, dqkv + C, dqkv + 2 * C, dout, out, stats, qkv, 3 * C,
-                                  qkv + C, qkv + 2 * C, 3 * C, rows, rows, cfg);
-        });
+        const double backward_ms = milliseconds_per_call(*ops, 10, [&] { batch.backward(); });
         const bool refused =
             dense && cuda->candidate_counts().ran[CandidateCalls::kAttention] == ran_before;
         std::printf(", backward%s %.3f ms (%.0f TFLOP/s, target 280)%s",
                     deterministic ? "" : " (--deterministic false)", backward_ms,
-                    2.5 * forward_flops / backward_ms * tera,
+                    2.5 * Batch::kForwardFlops / backward_ms * tera,
                     refused ? " (dense refused: the ragged layout ran)" : "");
       }
       ops->set_deterministic(true);
@@ -1662,6 +1763,44 @@ TEST(KernelTiming, CudnnAttentionLayoutsOnGpt2B32) {
       ops->set_deterministic(true);
     }
   std::printf("\n");
+}
+
+// The same batch in the ragged layout, on the heuristic's plan and on the
+// fastest of the plans that keep its bits (attention_plan=timed; each
+// graph searched on its second call, before the timed calls): a report.
+TEST(KernelTiming, CudnnAttentionPlansOnGpt2B32) {
+  if (!gpu_present()) GTEST_SKIP() << "no GPU visible";
+  if (!cuda::FlashAttention::built()) GTEST_SKIP() << "this build has no cuDNN frontend";
+  using Batch = Gpt2AttentionBatch;
+  const double tera = 1e-9;
+  std::printf("kernel timing: cuDNN attention plans (bf16, B %d, L %d, %d heads of %d, causal):",
+              Batch::B, Batch::L, Batch::H, Batch::D);
+  double ms[2][2] = {};  // [timed][backward]
+  std::string found;
+  for (const bool timed : {false, true}) try {
+      std::unique_ptr<Ops> ops = make_cuda_ops(0);
+      KernelSwitches switches;
+      if (timed) switches.attention_plan = KernelSwitches::AttentionPlan::kTimed;
+      dynamic_cast<CudaOps&>(*ops).set_kernel_switches(switches);
+      ops->set_attention_path(AttentionPath::kCudnn);
+      Batch batch(*ops);
+      batch.forward();  // the first call; milliseconds_per_call's warm-up is the second, the search
+      batch.backward();
+      ms[timed][0] = milliseconds_per_call(*ops, 10, [&] { batch.forward(); });
+      ms[timed][1] = milliseconds_per_call(*ops, 10, [&] { batch.backward(); });
+      if (timed) found = ops->attention_search();
+      std::printf("%s %s forward %.3f ms (%.0f TFLOP/s), backward %.3f ms (%.0f TFLOP/s)",
+                  timed ? ";" : "", timed ? "timed" : "heuristic", ms[timed][0],
+                  Batch::kForwardFlops / ms[timed][0] * tera, ms[timed][1],
+                  2.5 * Batch::kForwardFlops / ms[timed][1] * tera);
+    } catch (const std::exception& e) {  // cuDNN refused a case: a figure missing, said so
+      std::printf("; %s did not run: %s", timed ? "timed" : "heuristic", e.what());
+    }
+  if (ms[0][0] > 0 && ms[1][0] > 0) {
+    std::printf("; timed/heuristic forward %.3f, backward %.3f", ms[1][0] / ms[0][0],
+                ms[1][1] / ms[0][1]);
+  }
+  std::printf("; search: %s\n", found.empty() ? "none" : found.c_str());
 }
 
 // ---- attention timing -----------------------------------------------------

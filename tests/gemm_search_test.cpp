@@ -1,7 +1,9 @@
 // The GEMMs' timed search without a GPU (kernels/gemm_search.h): the digest
 // that tells a suggestion's bits from the first one's, its device kernel
 // (kernels/cuda/digest_kernels.cuh) run under emulation against the CPU's
-// sum, and which trial wins, with and without the same bits required.
+// sum, and which trial wins, with and without the same bits required. Then
+// cuDNN attention's plan search, which takes the same winner
+// (kernels/attention_search.h): the plan it runs, and bench's report.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/attention_search.h"
 #include "kernels/cuda/digest_kernels.cuh"
 
 namespace mpiformer {
@@ -111,6 +114,49 @@ TEST(GemmSearchWinner, TiesRefusalsAndUntimedTrials) {
   EXPECT_EQ(search::winner({}, true), -1);
   EXPECT_EQ(search::winner({}, false), -1);
   EXPECT_EQ(search::winner({refused(), refused()}, false), -1);
+}
+
+// ---- cuDNN attention's plan search ---------------------------------------
+
+TEST(AttentionPlanSearch, TheWinnersPlanOrTheFirstWhereNoneWon) {
+  // The plans that ran, the heuristic's (plan 1: plan 0 did not build) first.
+  const std::vector<long long> plans = {1, 2, 5};
+  const std::vector<search::Trial> trials = {trial(7, 1.0f), trial(3, 0.6f), trial(7, 0.8f)};
+  EXPECT_EQ(attention_search::chosen_plan(plans, search::winner(trials, true)), 5)
+      << "plan 2 gives other bits: set aside";
+  EXPECT_EQ(attention_search::chosen_plan(plans, search::winner(trials, false)), 2);
+  EXPECT_EQ(attention_search::chosen_plan(plans, -1), 1) << "none won: the heuristic's";
+}
+
+TEST(AttentionPlanSearch, TheReportCountsGraphsPlansBitsAndTimes) {
+  attention_search::Tally tally;
+  EXPECT_EQ(tally.describe(true), "") << "nothing searched: nothing said";
+  const std::vector<search::Trial> first = {trial(7, 1.0f), trial(3, 0.5f), trial(7, 0.75f)};
+  tally.add(first, search::winner(first, true), true, 0);
+  const std::vector<search::Trial> second = {trial(1, 2.0f), trial(1, 2.5f)};
+  tally.add(second, search::winner(second, true), true, 1);
+  tally.add({trial(4, 0.3f)}, 0, true, 0);  // one plan: nothing to time
+  EXPECT_EQ(tally.graphs_timed, 2);
+  EXPECT_EQ(tally.plans, 5);
+  EXPECT_EQ(tally.other_bits, 1);
+  EXPECT_EQ(tally.first_kept, 1);
+  EXPECT_DOUBLE_EQ(tally.first_ms, 3.0);
+  EXPECT_DOUBLE_EQ(tally.winner_ms, 2.75);
+  EXPECT_EQ(tally.describe(true),
+            "timed 2 cuDNN attention graphs of 5 plans in all, keeping the bits of each one's "
+            "first plan (1 set aside for other bits); the first was fastest in 1; the winners "
+            "2.750 ms against the first plans' 3.000 (0.917); 1 cuDNN attention graph had one "
+            "plan; 1 plan over the reserved workspace");
+  attention_search::Tally any;
+  any.add(first, search::winner(first, false), false, 0);
+  EXPECT_EQ(any.other_bits, 0) << "bits need not match: none set aside";
+  EXPECT_EQ(any.describe(false),
+            "timed 1 cuDNN attention graph of 3 plans in all, any bits; the first was fastest in "
+            "0; the winners 0.500 ms against the first plans' 1.000 (0.500)");
+  attention_search::Tally single;
+  single.add({trial(4, 0.3f)}, 0, true, 2);
+  EXPECT_EQ(single.describe(true),
+            "1 cuDNN attention graph had one plan; 2 plans over the reserved workspace");
 }
 
 }  // namespace

@@ -15,18 +15,19 @@ namespace {
 
 constexpr const char* kDefaults =
     "layernorm=warp,layernorm_backward=block,loss=reread,gemm=heuristic,attention=ragged,"
-    "exact=direct,adamw=vector,dweight=whole,dweight_stream=main";
+    "exact=direct,adamw=vector,dweight=whole,dweight_stream=main,attention_plan=heuristic";
 
 TEST(KernelSwitches, DefaultsUnlessNamed) {
   EXPECT_EQ(describe(KernelSwitches{}), kDefaults);
   EXPECT_EQ(describe(parse_kernel_switches("")), kDefaults);
   EXPECT_EQ(describe(parse_kernel_switches("layernorm=block")),
             "layernorm=block,layernorm_backward=block,loss=reread,gemm=heuristic,"
-            "attention=ragged,exact=direct,adamw=vector,dweight=whole,dweight_stream=main");
+            "attention=ragged,exact=direct,adamw=vector,dweight=whole,dweight_stream=main,"
+            "attention_plan=heuristic");
   EXPECT_EQ(
       describe(parse_kernel_switches(",loss=pipelined,")),
       "layernorm=warp,layernorm_backward=block,loss=pipelined,gemm=heuristic,attention=ragged,"
-      "exact=direct,adamw=vector,dweight=whole,dweight_stream=main");
+      "exact=direct,adamw=vector,dweight=whole,dweight_stream=main,attention_plan=heuristic");
   const KernelSwitches s = parse_kernel_switches("gemm=timed,layernorm_backward=warp");
   EXPECT_EQ(s.gemm, KernelSwitches::Gemm::kTimed);
   EXPECT_EQ(s.layernorm, KernelSwitches::LayerNorm::kWarp);
@@ -37,6 +38,7 @@ TEST(KernelSwitches, DefaultsUnlessNamed) {
   EXPECT_EQ(s.adamw, KernelSwitches::AdamW::kVector);
   EXPECT_EQ(s.dweight, KernelSwitches::DWeight::kWhole);
   EXPECT_EQ(s.dweight_stream, KernelSwitches::DWeightStream::kMain);
+  EXPECT_EQ(s.attention_plan, KernelSwitches::AttentionPlan::kHeuristic);
   EXPECT_EQ(parse_kernel_switches("attention=dense").attention, KernelSwitches::Attention::kDense);
   EXPECT_EQ(parse_kernel_switches("exact=buffered").exact, KernelSwitches::Exact::kBuffered);
   EXPECT_EQ(parse_kernel_switches("adamw=ranged").adamw, KernelSwitches::AdamW::kRanged);
@@ -44,6 +46,8 @@ TEST(KernelSwitches, DefaultsUnlessNamed) {
   EXPECT_EQ(parse_kernel_switches("dweight_stream=side").dweight_stream,
             KernelSwitches::DWeightStream::kSide);
   EXPECT_EQ(parse_kernel_switches("loss=pipelined").loss, KernelSwitches::Loss::kPipelined);
+  EXPECT_EQ(parse_kernel_switches("attention_plan=timed").attention_plan,
+            KernelSwitches::AttentionPlan::kTimed);
   EXPECT_EQ(parse_kernel_switches("layernorm=block").layernorm_backward,
             KernelSwitches::LayerNorm::kBlock);
 }
@@ -51,14 +55,15 @@ TEST(KernelSwitches, DefaultsUnlessNamed) {
 TEST(KernelSwitches, CandidatesTurnsEveryFamilyAndLaterPartsWin) {
   EXPECT_EQ(describe(parse_kernel_switches("candidates")),
             "layernorm=warp,layernorm_backward=warp,loss=pipelined,gemm=timed,attention=dense,"
-            "exact=direct,adamw=vector,dweight=split,dweight_stream=side");
+            "exact=direct,adamw=vector,dweight=split,dweight_stream=side,attention_plan=timed");
   EXPECT_EQ(describe(parse_kernel_switches("candidates,gemm=heuristic")),
             "layernorm=warp,layernorm_backward=warp,loss=pipelined,gemm=heuristic,attention=dense,"
-            "exact=direct,adamw=vector,dweight=split,dweight_stream=side");
+            "exact=direct,adamw=vector,dweight=split,dweight_stream=side,attention_plan=timed");
   EXPECT_EQ(describe(parse_kernel_switches("loss=pipelined,loss=reread")), kDefaults);
   EXPECT_EQ(describe(parse_kernel_switches("exact=buffered,adamw=ranged,layernorm=block")),
             "layernorm=block,layernorm_backward=block,loss=reread,gemm=heuristic,"
-            "attention=ragged,exact=buffered,adamw=ranged,dweight=whole,dweight_stream=main");
+            "attention=ragged,exact=buffered,adamw=ranged,dweight=whole,dweight_stream=main,"
+            "attention_plan=heuristic");
 }
 
 TEST(KernelSwitches, ARefusalNamesTheVariableThePartAndTheChoices) {
@@ -74,7 +79,7 @@ TEST(KernelSwitches, ARefusalNamesTheVariableThePartAndTheChoices) {
                     "layernorm_backward=block|warp, loss=reread|pipelined, gemm=heuristic|timed, "
                     "attention=ragged|dense, "
                     "exact=buffered|direct, adamw=ranged|vector, dweight=whole|split, "
-                    "dweight_stream=main|side, or candidates");
+                    "dweight_stream=main|side, attention_plan=heuristic|timed, or candidates");
     }
   }
 }
@@ -86,7 +91,7 @@ TEST(KernelSwitches, ReadFromTheEnvironment) {
   EXPECT_EQ(
       describe(kernel_switches_from_environment()),
       "layernorm=warp,layernorm_backward=block,loss=pipelined,gemm=heuristic,attention=ragged,"
-      "exact=direct,adamw=vector,dweight=whole,dweight_stream=main");
+      "exact=direct,adamw=vector,dweight=whole,dweight_stream=main,attention_plan=heuristic");
   ::setenv("MPIFORMER_KERNELS", "loss=fast", 1);
   EXPECT_THROW(kernel_switches_from_environment(), std::invalid_argument);
   ::unsetenv("MPIFORMER_KERNELS");
@@ -109,10 +114,11 @@ TEST(KernelSwitches, CandidateCallsNameTheFamiliesAskedFor) {
   calls.count(CandidateCalls::kAdamW, true);
   calls.count(CandidateCalls::kLayerNormBackward, false);
   calls.count(CandidateCalls::kDWeightStream, true);
+  calls.count(CandidateCalls::kAttentionPlan, false);
   EXPECT_EQ(describe(calls),
             "layernorm=warp 1 of 1 calls, layernorm_backward=warp 0 of 1 calls, loss=pipelined 1 "
             "of 1 calls, attention=dense 0 of 1 calls, adamw=vector 1 of 1 calls, dweight=split 1 "
-            "of 3 calls, dweight_stream=side 1 of 1 calls");
+            "of 3 calls, dweight_stream=side 1 of 1 calls, attention_plan=timed 0 of 1 calls");
 }
 
 }  // namespace

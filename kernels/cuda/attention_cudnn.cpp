@@ -20,8 +20,10 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/attention_search.h"
 #include "kernels/cuda/attention_cudnn_graph.h"
 #include "kernels/cuda/attention_cudnn_keys.h"
+#include "kernels/cuda/gemm.h"  // spans_digest
 #include "kernels/cuda/ops.h"
 
 namespace mpiformer::cuda {
@@ -52,6 +54,12 @@ struct Entry {
   int64_t workspace = 0;
   std::string why;        // without a graph: what cuDNN said
   bool prepared = false;  // a class's graph, kept for the run
+  // attention_plan=timed (kernels/attention_search.h): the calls so far,
+  // whether its plans were searched, and the plan it runs since (-1: the
+  // frontend's, the first that built in the heuristic's order).
+  int calls = 0;
+  bool searched = false;
+  int64_t plan = -1;
 };
 
 // Graphs of unprepared calls kept at most; past it they are dropped and
@@ -84,6 +92,7 @@ class CudnnAttention final : public FlashAttention {
   ~CudnnAttention() override {
     for (MetaEntry& m : metas_)
       if (m.buffer) cudaFree(m.buffer);
+    if (digest_total_) cudaFree(digest_total_);
     graphs_.clear();
     if (handle_) cudnnDestroy(handle_);
   }
@@ -96,7 +105,12 @@ class CudnnAttention final : public FlashAttention {
     Entry* entry = usable_graph(key, qs, ks);
     if (!entry) return false;
     const Act q_used = fold_queries(q, q_stride, qs, ks, cfg);
-    run(*entry, pack_of(q_used, k, v, out, stats, qs, ks, key), "forward");
+    const size_t C = static_cast<size_t>(cfg.heads) * cfg.head_dim;
+    const std::vector<DigestSpan> outputs = {
+        {out.data, static_cast<size_t>(qs.total) * C * dtype_bytes(out.dtype), 0},
+        {stats, static_cast<size_t>(qs.total) * cfg.heads * sizeof(float),
+         gemm_search::kOutputStride}};
+    run(*entry, pack_of(q_used, k, v, out, stats, qs, ks, key), "forward", outputs);
     return true;
   }
 
@@ -120,13 +134,19 @@ class CudnnAttention final : public FlashAttention {
     const float* stats_used = key.dense ? packed_stats(stats, qs, cfg.heads) : stats;
     Pack pack = pack_of(q_used, k, v, out, stats_used, qs, ks, key);
     pack.insert({{kDO, dout.data}, {kDQ, dq_used.data}, {kDK, dk.data}, {kDV, dv.data}});
-    run(*entry, std::move(pack), "backward");
+    const size_t bytes = dtype_bytes(dq.dtype);
+    const std::vector<DigestSpan> outputs = {
+        {dq_used.data, rows_span(qs.total, folded ? C : q_stride, C) * bytes, 0},
+        {dk.data, rows_span(ks.total, kv_stride, C) * bytes, gemm_search::kOutputStride},
+        {dv.data, rows_span(ks.total, kv_stride, C) * bytes, 2 * gemm_search::kOutputStride}};
+    run(*entry, std::move(pack), "backward", outputs);
     // dL/dq = f * dL/dq' into the caller's q layout.
     if (folded) launch_scale_queries(dq, q_stride, dq_used, C, qs, ks, cfg, ops_.stream());
     return true;
   }
 
   const std::string& refusal() const override { return refusal_; }
+  std::string search_summary() const override { return searches_.describe(ops_.deterministic()); }
   int64_t graphs() const override { return static_cast<int64_t>(graphs_.size()); }
 
   AttentionPreparation prepare(const std::vector<AttentionCase>& cases, DType dtype,
@@ -360,6 +380,20 @@ class CudnnAttention final : public FlashAttention {
 
   std::shared_ptr<fe::graph::Graph> build(const GraphKey& key, int64_t* workspace,
                                           std::string* why) {
+    // attention_plan=timed: the plans of heuristics A and B, more to time;
+    // where that fails, A's as without the search.
+    if (plans_timed()) {
+      std::string unused;
+      if (auto g = build_with(key, {fe::HeurMode_t::A, fe::HeurMode_t::B}, workspace, &unused))
+        return g;
+    }
+    return build_with(key, {fe::HeurMode_t::A}, workspace, why);
+  }
+
+  // The graph of a key, its heuristics' first plan that builds built.
+  std::shared_ptr<fe::graph::Graph> build_with(const GraphKey& key,
+                                               const std::vector<fe::HeurMode_t>& modes,
+                                               int64_t* workspace, std::string* why) {
     std::shared_ptr<fe::graph::Graph> g = describe(key, sm_);
     const auto ok = [&](fe::error_t status, const char* step) {
       if (status.is_bad()) *why = std::string(step) + ": " + status.get_message();
@@ -367,7 +401,7 @@ class CudnnAttention final : public FlashAttention {
     };
     if (!ok(g->validate(), "validate") ||
         !ok(g->build_operation_graph(handle_), "operation graph") ||
-        !ok(g->create_execution_plans({fe::HeurMode_t::A}), "execution plans") ||
+        !ok(g->create_execution_plans(modes), "execution plans") ||
         !ok(g->check_support(handle_), "support") || !ok(g->build_plans(), "plans") ||
         !ok(g->get_workspace_size(*workspace), "workspace size")) {
       return nullptr;
@@ -436,13 +470,96 @@ class CudnnAttention final : public FlashAttention {
     return pack;
   }
 
-  void run(Entry& entry, Pack pack, const char* what) {
+  // Elements from the first row's start to the last row's end: `rows` rows
+  // of `width` elements, `stride` apart.
+  static size_t rows_span(int64_t rows, int64_t stride, int64_t width) {
+    return rows > 0 ? static_cast<size_t>((rows - 1) * stride + width) : 0;
+  }
+
+  // Runs the graph's plan: the frontend's, or the one its search chose.
+  // attention_plan=timed: the graph's kSearchOnCall-th call searches first.
+  // outputs: what the call writes, for the search's digest.
+  void run(Entry& entry, Pack pack, const char* what, const std::vector<DigestSpan>& outputs) {
+    if (plans_timed()) {
+      if (!entry.searched && ++entry.calls >= attention_search::kSearchOnCall)
+        search(entry, pack, outputs);
+      ops_.count_candidate(CandidateCalls::kAttentionPlan, entry.searched);
+    }
     void* workspace = ops_.scratch(CudaOps::kAttentionScores, entry.workspace + 16);
-    fe::error_t status = entry.graph->execute(handle_, pack, workspace);
+    fe::error_t status =
+        entry.plan >= 0 ? entry.graph->execute_plan_at_index(handle_, pack, workspace, entry.plan)
+                        : entry.graph->execute(handle_, pack, workspace);
     if (status.is_bad()) {
       throw std::runtime_error(std::string("cuDNN attention ") + what + ": " +
                                status.get_message());
     }
+  }
+
+  bool plans_timed() const {
+    return ops_.kernel_switches().attention_plan == KernelSwitches::AttentionPlan::kTimed;
+  }
+
+  // The timed search of a graph's plans on this call's operands (each run
+  // writes the outputs; the call's own run follows and writes them again):
+  // every plan its heuristics offer that builds, and whose workspace fits
+  // in what is reserved, the first (the frontend's) leading.
+  void search(Entry& entry, Pack& pack, const std::vector<DigestSpan>& outputs) {
+    entry.searched = true;
+    ops_.finish_side_stream();  // nothing else on the GPU while it times
+    fe::graph::Graph& g = *entry.graph;
+    // A graph built with the heuristic's plan alone builds the others now.
+    if (g.build_plans(fe::BuildPlanPolicy_t::ALL).is_bad()) return;
+    const bool same_bits = ops_.deterministic();
+    const size_t limit = std::max(reserved_, static_cast<size_t>(entry.workspace));
+    void* workspace = ops_.scratch(CudaOps::kAttentionScores, limit + 16);
+    cudaEvent_t start = nullptr, stop = nullptr;
+    check(cudaEventCreate(&start), "cudaEventCreate");
+    check(cudaEventCreate(&stop), "cudaEventCreate");
+    std::vector<attention_search::Trial> trials;
+    std::vector<long long> plans;
+    int skipped = 0;
+    for (int64_t i = 0; i < g.get_execution_plan_count(); ++i) {
+      int64_t bytes = 0;
+      if (g.get_workspace_size_plan_at_index(i, bytes).is_bad()) continue;  // not built
+      if (static_cast<size_t>(bytes) > limit) {
+        ++skipped;
+        continue;
+      }
+      attention_search::Trial trial;
+      trial.ran = g.execute_plan_at_index(handle_, pack, workspace, i).is_good();
+      if (!trial.ran) {
+        cudaGetLastError();  // a plan that will not run is passed over
+        continue;
+      }
+      if (same_bits) trial.digest = spans_digest(outputs, &digest_total_, ops_.stream());
+      trials.push_back(trial);
+      plans.push_back(i);
+      if (same_bits && gemm_search::other_bits(trials, trials.size() - 1)) continue;  // untimed
+      trials.back().ms = plan_ms(g, pack, workspace, i, start, stop);
+    }
+    check(cudaEventDestroy(stop), "cudaEventDestroy");
+    check(cudaEventDestroy(start), "cudaEventDestroy");
+    const int winner = gemm_search::winner(trials, same_bits);
+    searches_.add(trials, winner, same_bits, skipped);
+    if (!plans.empty()) entry.plan = attention_search::chosen_plan(plans, winner);
+  }
+
+  // Milliseconds of plan i's kTimedRuns runs; negative if one failed.
+  float plan_ms(fe::graph::Graph& g, Pack& pack, void* workspace, int64_t i, cudaEvent_t start,
+                cudaEvent_t stop) {
+    check(cudaEventRecord(start, ops_.stream()), "cudaEventRecord");
+    for (int r = 0; r < attention_search::kTimedRuns; ++r) {
+      if (g.execute_plan_at_index(handle_, pack, workspace, i).is_bad()) {
+        cudaGetLastError();
+        check(cudaStreamSynchronize(ops_.stream()), "cudaStreamSynchronize");
+        return -1.0f;
+      }
+    }
+    check(cudaEventRecord(stop, ops_.stream()), "cudaEventRecord");
+    check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+    float ms = 0.0f;
+    check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+    return ms;
   }
 
   // Batches in flight per micro-batch: decoder self-attention, encoder
@@ -460,6 +577,8 @@ class CudnnAttention final : public FlashAttention {
   bool workspace_note_said_ = false;  // the line about a workspace over budget, once
   MetaEntry metas_[kMetaEntries];
   int next_meta_ = 0;
+  attention_search::Tally searches_;            // attention_plan=timed
+  unsigned long long* digest_total_ = nullptr;  // device, made on the first digest
 };
 
 }  // namespace

@@ -53,6 +53,9 @@ class FlashAttention {
                         const Ragged& ks, const AttentionConfig& cfg) = 0;
   // Why the last call returned false.
   virtual const std::string& refusal() const = 0;
+  // attention_plan=timed: what the graphs' plan searches found
+  // (attention_search::Tally::describe), or empty.
+  virtual std::string search_summary() const = 0;
   // Graphs held (prepared and built on first use; bounded).
   virtual int64_t graphs() const = 0;
   // Ops::prepare_attention: builds the graphs of the run's classes of

@@ -76,6 +76,10 @@ std::string CudaOps::gemm_search() const {
   return gemm_->timed_search_summary();
 }
 
+std::string CudaOps::attention_search() const {
+  return flash_ ? flash_->search_summary() : "";
+}
+
 std::string CudaOps::gemm_unfused() const {
   return gemm_->unfused_summary();
 }

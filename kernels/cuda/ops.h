@@ -77,6 +77,7 @@ class CudaOps final : public Ops {
   AttentionPath attention_path() const { return attention_path_; }
   std::string attention_kernels() const override;
   std::string gemm_search() const override;
+  std::string attention_search() const override;
   std::string gemm_unfused() const override;
   std::string kernel_choices() const override { return describe(switches_); }
   std::string candidate_calls() const override { return describe(candidate_calls_); }

@@ -428,6 +428,7 @@ std::string Bench::kernels_json() const {
          ", \"attention_fallbacks\": " + std::to_string(calls.fallbacks) +
          ", \"attention_graphs\": " + std::to_string(calls.graphs) + ", \"kernel_switches\": \"" +
          backend_->kernel_choices() + "\"" + text_field("gemm_search", backend_->gemm_search()) +
+         text_field("attention_search", backend_->attention_search()) +
          text_field("gemm_unfused", backend_->gemm_unfused()) +
          text_field("candidate_calls", backend_->candidate_calls());
 }

@@ -221,10 +221,11 @@ check "  the micro-timings reported" \
 check "  ... those the ops stage ran before it, not run again" \
   grep -q "^limit: kernel micro-timings: those the ops stage ran (ops.log)" "$summary"
 number='[0-9][0-9.]*'
-unmeasured=loss=pipelined,layernorm_backward=warp,dweight_stream=side
+unmeasured=loss=pipelined,layernorm_backward=warp,dweight_stream=side,attention_plan=timed
 for setting in present layernorm=block adamw=ranged layernorm_backward=warp loss=pipelined \
-  gemm=timed attention=dense dweight=split dweight_stream=side "$unmeasured" candidates \
-  deterministic=false gemm=timed,deterministic=false; do
+  gemm=timed attention=dense dweight=split dweight_stream=side attention_plan=timed "$unmeasured" \
+  candidates \
+  deterministic=false; do
   check "  B32 under $setting, with its target and profile" \
     grep -q "^\\(  (checked) \\)\\?limit: gpt2 B32 $setting: $number tok/s, mfu $number, step $number ms, .*; GEMM epilogues run unfused: 1 shape: BGRADB m 32 n 1 k 64 (target tokens_per_s >= 600000: \(met\|not met\)); ms per step: gemm $number, attention $number, layernorm $number, .*optimizer $number, other -*$number$" "$summary"
 done
@@ -233,7 +234,8 @@ for older in layernorm=block:layernorm adamw=ranged:optimizer; do
     grep -q "^\\(  (checked) \\)\\?limit: present against ${older%%:*} (the path it replaced), gpt2 B32: ${older#*:} $number -> $number ms per step (new/old $number); tok/s $number -> $number (new/old $number)$" "$summary"
 done
 for candidate in layernorm_backward=warp:layernorm loss=pipelined:loss gemm=timed:gemm \
-  attention=dense:attention dweight=split:gemm dweight_stream=side:gemm; do
+  attention=dense:attention dweight=split:gemm dweight_stream=side:gemm \
+  attention_plan=timed:attention; do
   check "  the candidate ${candidate%%:*} against the defaults" \
     grep -q "^\\(  (checked) \\)\\?limit: ${candidate%%:*} against present, gpt2 B32: ${candidate#*:} $number -> $number ms per step (new/old $number); tok/s $number -> $number (new/old $number)$" "$summary"
 done
@@ -242,8 +244,6 @@ for name in "candidates against present, gpt2 B32" "$unmeasured together against
   "$unmeasured against present, gpt2 B8"; do
   check "  $name" grep -q "^limit: $name: .*tok/s $number -> $number (new/old $number)$" "$summary"
 done
-check "  the GEMMs' search free of the bits against the defaults free of them" \
-  grep -q "^limit: gemm=timed against present, both --deterministic false (any bits), gpt2 B32: gemm $number -> $number ms per step" "$summary"
 check "  the loss family beside its target" \
   grep -q "^limit: loss family at gpt2 B32 (target <= 1.5 ms per step); present $number ms (\(met\|not met\)); loss=pipelined $number ms (\(met\|not met\)); $unmeasured $number ms" "$summary"
 for name in "gpt2 B8 present" "gpt2 B8 $unmeasured" "gpt2 B8 candidates" "gpt2 B64 candidates" \

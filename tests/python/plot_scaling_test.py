@@ -30,7 +30,7 @@ LINE = ('{{"model": "{model}", "device": "cpu", "ranks": {ranks}, "threads": 1, 
         '"blas_core": "Haswell"}}')
 # What only a GPU's line has (a CPU's line has the BLAS fields instead).
 GPU_ONLY = {"attention", "attention_calls_cudnn", "attention_calls_plain", "attention_fallbacks",
-            "attention_graphs", "kernel_switches", "gemm_search", "gemm_unfused",
+            "attention_graphs", "kernel_switches", "gemm_search", "attention_search", "gemm_unfused",
             "candidate_calls"}
 # Inside "profile_ms", with --profile.
 PROFILE_ONLY = {"profile_ms", "other"}
