@@ -10,9 +10,14 @@
 // operands (a graph met once costs nothing), and the fastest runs from
 // then on. As for the GEMMs (kernels/gemm_search.h), deterministic runs
 // keep the heuristic plan's bits: a plan whose outputs' digest differs
-// from the first's is set aside untimed.
+// from the first's is set aside untimed. A graph serves batches of many
+// lengths, and two plans may agree on one (every sequence within one of
+// their tiles, say) and not on another, so the winner's bits are checked
+// against the heuristic plan's once more on the first batch of other
+// lengths, and where they differ the graph goes back to the heuristic's.
 #pragma once
 
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -25,13 +30,15 @@ namespace mpiformer::attention_search {
 constexpr int kSearchOnCall = 2;
 // Each plan's timed runs, after an untimed one (whose outputs give the digest).
 constexpr int kTimedRuns = 3;
+// Graphs searched at most in a run; the rest keep the heuristic's plan.
+constexpr int kMostSearches = 64;
 
 using gemm_search::Trial;
 
 // The plan a searched graph runs: plans[winner], where trials[i] is the
 // trial of plans[i] (the heuristic's plan first); plans[0] where none won
 // (gemm_search::winner's -1).
-inline long long chosen_plan(const std::vector<long long>& plans, int winner) {
+inline int64_t chosen_plan(const std::vector<int64_t>& plans, int winner) {
   return winner >= 0 ? plans[static_cast<size_t>(winner)] : plans.front();
 }
 
@@ -39,21 +46,32 @@ inline long long chosen_plan(const std::vector<long long>& plans, int winner) {
 struct Tally {
   int graphs_timed = 0;    // graphs with more than one plan that ran, timed
   int single_plan = 0;     // graphs searched with one plan that ran: nothing to time
+  int failed = 0;          // searches where the heuristic's plan did not run or was not timed
   int first_kept = 0;      // of the timed graphs, those whose first plan won
   int plans = 0;           // the plans the timed graphs ran
   int other_bits = 0;      // of those, set aside for other bits
-  int over_workspace = 0;  // plans not run: more workspace than the reserved
-  double first_ms = 0.0;   // the timed graphs' first plans, kTimedRuns runs each, summed
+  int not_built = 0;       // plans not built, or with more workspace than the reserved
+  int rejected = 0;        // winners whose bits differed from the first's on a later batch
+  int past_most = 0;       // graphs past kMostSearches, not searched
+  int any_bits = 0;        // searches where the bits need not match (--deterministic false)
+  double first_ms = 0.0;   // the timed graphs' first plans, ms a run, summed
   double winner_ms = 0.0;  // their winners, the same way
 
+  int searches() const { return graphs_timed + single_plan + failed; }
+
   // One graph's search: its trials, the heuristic's plan first, and the
-  // winner (gemm_search::winner over them); skipped: plans it did not run
-  // for their workspace.
-  void add(const std::vector<Trial>& trials, int winner, bool same_bits, int skipped) {
-    over_workspace += skipped;
+  // winner (gemm_search::winner over them); not_built: plans it could
+  // not run for that.
+  void add(const std::vector<Trial>& trials, int winner, bool same_bits, int not_built_plans) {
+    not_built += not_built_plans;
     int ran = 0;
     for (const Trial& t : trials) ran += t.ran ? 1 : 0;
-    if (ran < 2 || winner < 0) {
+    if (trials.empty() || !trials[0].ran || trials[0].ms < 0.0f || winner < 0) {
+      ++failed;
+      return;
+    }
+    if (!same_bits) ++any_bits;
+    if (ran < 2) {
       ++single_plan;
       return;
     }
@@ -62,49 +80,50 @@ struct Tally {
     for (size_t i = 1; i < trials.size(); ++i)
       if (same_bits && gemm_search::other_bits(trials, i)) ++other_bits;
     if (winner == 0) ++first_kept;
-    first_ms += trials[0].ms;
-    winner_ms += trials[static_cast<size_t>(winner)].ms;
+    first_ms += trials[0].ms / kTimedRuns;
+    winner_ms += trials[static_cast<size_t>(winner)].ms / kTimedRuns;
   }
 
-  // "timed 4 cuDNN attention graphs of 11 plans in all, keeping the bits of
-  // each one's first plan (2 set aside for other bits); the first was
-  // fastest in 1; the winners 0.912 ms against the first plans' 1.004
-  // (0.908); 2 graphs had one plan; 1 plan over the reserved workspace"
-  // (", any bits" where they need not match), or empty when no graph was
-  // searched.
-  std::string describe(bool same_bits) const {
-    if (graphs_timed == 0 && single_plan == 0) return "";
+  // "timed 4 cuDNN attention graphs of 11 plans in all, keeping the bits
+  // of each one's first plan (2 set aside for other bits); the first was
+  // fastest in 1; the winners 0.304 ms a run against the first plans'
+  // 0.335 (0.908); 2 graphs had one plan" and, where there are any, the
+  // failed searches, the plans not built, the winners whose bits differed
+  // later, the graphs not searched; ", any bits" where the bits need not
+  // match; empty when no graph was searched.
+  std::string describe() const {
     std::string text;
-    char buf[256];
     if (graphs_timed > 0) {
-      std::snprintf(buf, sizeof buf, "timed %d cuDNN attention graph%s of %d plans in all",
-                    graphs_timed, graphs_timed == 1 ? "" : "s", plans);
-      text = buf;
-      if (same_bits) {
-        std::snprintf(buf, sizeof buf,
-                      ", keeping the bits of each one's first plan (%d set aside for other bits)",
-                      other_bits);
-        text += buf;
-      } else {
-        text += ", any bits";
-      }
+      text = "timed " + count(graphs_timed, "cuDNN attention graph") + " of " +
+             std::to_string(plans) + " plans in all";
+      text += any_bits > 0 ? ", any bits"
+                           : ", keeping the bits of each one's first plan (" +
+                                 std::to_string(other_bits) + " set aside for other bits)";
+      char buf[160];
       std::snprintf(buf, sizeof buf,
-                    "; the first was fastest in %d; the winners %.3f ms against the first plans' "
-                    "%.3f (%.3f)",
+                    "; the first was fastest in %d; the winners %.3f ms a run against the first "
+                    "plans' %.3f (%.3f)",
                     first_kept, winner_ms, first_ms, first_ms > 0 ? winner_ms / first_ms : 0.0);
       text += buf;
     }
-    if (single_plan > 0) {
-      std::snprintf(buf, sizeof buf, "%s%d cuDNN attention graph%s had one plan",
-                    text.empty() ? "" : "; ", single_plan, single_plan == 1 ? "" : "s");
-      text += buf;
-    }
-    if (over_workspace > 0) {
-      std::snprintf(buf, sizeof buf, "; %d plan%s over the reserved workspace", over_workspace,
-                    over_workspace == 1 ? "" : "s");
-      text += buf;
-    }
+    append(text, single_plan, count(single_plan, "cuDNN attention graph") + " had one plan");
+    append(text, failed,
+           count(failed, "search", "searches") + " failed (the heuristic's plan kept)");
+    append(text, not_built, count(not_built, "plan") + " not built or over the reserved workspace");
+    append(text, rejected,
+           count(rejected, "winner") +
+               " gave other bits on a later batch (the heuristic's plan back)");
+    append(text, past_most, count(past_most, "graph") + " past the most searches");
     return text;
+  }
+
+ private:
+  // "1 graph", "2 graphs" (plural: the noun's, where not noun + "s").
+  static std::string count(int n, const std::string& noun, const std::string& plural = "") {
+    return std::to_string(n) + " " + (n == 1 ? noun : plural.empty() ? noun + "s" : plural);
+  }
+  static void append(std::string& text, int n, const std::string& part) {
+    if (n > 0) text += (text.empty() ? "" : "; ") + part;
   }
 };
 

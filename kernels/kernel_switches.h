@@ -82,11 +82,11 @@ struct KernelSwitches {
   // idle). The same bits. A candidate.
   enum class DWeightStream { kMain, kSide } dweight_stream = DWeightStream::kMain;
   // cuDNN attention's execution plan per graph: heuristic (default), the
-  // first of its heuristics' plans that builds; timed, the fastest of the
+  // first of heuristic A's plans that builds; timed, the fastest of the
   // plans of heuristics A and B, timed once per graph on its second call:
-  // among those that give the first plan's bits (the same bits either
-  // way), or with --deterministic false among all. See
-  // kernels/attention_search.h. A candidate.
+  // among those that give the first plan's bits, checked again on a batch
+  // of other lengths (the same bits either way), or with --deterministic
+  // false among all. See kernels/attention_search.h. A candidate.
   enum class AttentionPlan { kHeuristic, kTimed } attention_plan = AttentionPlan::kHeuristic;
 };
 

@@ -1488,37 +1488,50 @@ AttentionWrites cudnn_attention_writes(Ops& ops, DType t, const std::vector<int3
 
 // attention_plan=timed: each cuDNN graph's plans are timed on its second
 // call, and from then on it runs the fastest of those that gave its first
-// plan's bits. So a run gives the heuristic plan's bits at every call,
-// before its search, at it and after (bf16 and fp16, ragged lengths across
-// cuDNN's tiles, forward and backward), and bench is told what was timed.
+// plan's bits, checked again on the first batch of other lengths. So a run
+// gives the heuristic plan's bits at every call, before its search, at it,
+// at the check and after (bf16 and fp16, ragged lengths across cuDNN's
+// tiles, two batches of one graph, forward and backward), and bench is
+// told what was timed.
 TEST(CudaKernelSwitches, TimedAttentionPlansGiveTheHeuristicPlansBits) {
   if (!gpu_present()) GTEST_SKIP() << "no GPU visible";
   if (!cuda::FlashAttention::built()) GTEST_SKIP() << "this build has no cuDNN frontend";
   std::mt19937 rng(29);
   const int H = 4, D = 64;
-  const std::vector<int32_t> offsets = offsets_of({300, 1, 129, 512, 64});
-  const size_t N = static_cast<size_t>(offsets.back()), C = H * D;
+  const size_t C = H * D;
+  // Two batches of one graph (8 slots, longest up to 512, 1024 rows).
+  const std::vector<std::vector<int32_t>> batches = {offsets_of({300, 1, 129, 512, 64}),
+                                                     offsets_of({400, 3, 129, 200, 64})};
   for (DType t : {DType::kBF16, DType::kF16}) {
     SCOPED_TRACE(to_string(t));
     std::unique_ptr<Ops> heuristic = make_cuda_ops(0), timed = make_cuda_ops(0);
     auto& searching = dynamic_cast<CudaOps&>(*timed);
     KernelSwitches switches;
+    dynamic_cast<CudaOps&>(*heuristic).set_kernel_switches(switches);
     switches.attention_plan = KernelSwitches::AttentionPlan::kTimed;
     searching.set_kernel_switches(switches);
     heuristic->set_attention_path(AttentionPath::kCudnn);
     timed->set_attention_path(AttentionPath::kCudnn);
-    const std::vector<unsigned char> qkv = random_stored(rng, t, N * 3 * C, 1.0f),
-                                     dout = random_stored(rng, t, N * C, 0.1f);
-    const AttentionWrites want = cudnn_attention_writes(*heuristic, t, offsets, H, D, qkv, dout);
-    for (int call = 1; call <= 3; ++call) {
-      const AttentionWrites got = cudnn_attention_writes(*timed, t, offsets, H, D, qkv, dout);
-      EXPECT_TRUE(got.out == want.out) << "out, call " << call;
-      EXPECT_TRUE(got.stats == want.stats) << "stats, call " << call;
-      EXPECT_TRUE(got.dqkv == want.dqkv) << "dq, dk, dv, call " << call;
+    std::vector<std::vector<unsigned char>> qkv, dout;
+    std::vector<AttentionWrites> want;
+    for (const std::vector<int32_t>& offsets : batches) {
+      const size_t N = static_cast<size_t>(offsets.back());
+      qkv.push_back(random_stored(rng, t, N * 3 * C, 1.0f));
+      dout.push_back(random_stored(rng, t, N * C, 0.1f));
+      want.push_back(cudnn_attention_writes(*heuristic, t, offsets, H, D, qkv.back(), dout.back()));
+    }
+    // Calls 1 and 2 (the search) on the first batch, 3 (the check) and 4 on the second.
+    for (int call = 1; call <= 4; ++call) {
+      const size_t b = call <= 2 ? 0 : 1;
+      const AttentionWrites got =
+          cudnn_attention_writes(*timed, t, batches[b], H, D, qkv[b], dout[b]);
+      EXPECT_TRUE(got.out == want[b].out) << "out, call " << call;
+      EXPECT_TRUE(got.stats == want[b].stats) << "stats, call " << call;
+      EXPECT_TRUE(got.dqkv == want[b].dqkv) << "dq, dk, dv, call " << call;
     }
     const CandidateCalls calls = searching.candidate_counts();
-    EXPECT_EQ(calls.asked[CandidateCalls::kAttentionPlan], 6) << "3 forward and 3 backward calls";
-    EXPECT_EQ(calls.ran[CandidateCalls::kAttentionPlan], 4) << "each graph's calls from its search";
+    EXPECT_EQ(calls.asked[CandidateCalls::kAttentionPlan], 8) << "4 forward and 4 backward calls";
+    EXPECT_EQ(calls.ran[CandidateCalls::kAttentionPlan], 6) << "each graph's calls from its search";
     EXPECT_EQ(heuristic->attention_search(), "") << "nothing searched without the switch";
     const std::string found = timed->attention_search();
     EXPECT_NE(found, "") << "the search told nothing";
@@ -1679,7 +1692,7 @@ TEST(KernelTiming, AdamWRangedAgainstVector) {
 }
 
 // GPT-2 small's B32 attention batch (32 x 1024, 12 heads of 64, causal,
-// bf16, fused QKV) in zeroed device buffers, for the cuDNN timings below.
+// bf16, fused QKV) in device buffers, for the cuDNN timings below.
 class Gpt2AttentionBatch {
  public:
   static constexpr int B = 32, L = 1024, H = 12, D = 64, C = H * D, N = B * L;
@@ -1690,11 +1703,19 @@ class Gpt2AttentionBatch {
     auto* device_offsets = static_cast<int32_t*>(buffers_.zeros(sizeof(int32_t) * (B + 1)));
     ops.device().copy_to_device(device_offsets, offsets_.data(), sizeof(int32_t) * (B + 1));
     rows_ = Ragged{offsets_.data(), device_offsets, B, N, L};
+    // Random q, k, v and dout: a plan whose bits differ shows on them.
     const DType t = DType::kBF16;
+    std::mt19937 rng(31);
+    const auto random_act = [&](size_t elements, float scale) {
+      const std::vector<unsigned char> host = random_stored(rng, t, elements, scale);
+      void* data = buffers_.zeros(host.size());
+      ops.device().copy_to_device(data, host.data(), host.size());
+      return Act(data, t);
+    };
+    qkv_ = random_act(static_cast<size_t>(N) * 3 * C, 1.0f);
+    dout_ = random_act(static_cast<size_t>(N) * C, 0.1f);
     const size_t row_bytes = static_cast<size_t>(N) * C * 2;
-    qkv_ = Act(buffers_.zeros(3 * row_bytes), t);
     out_ = Act(buffers_.zeros(row_bytes), t);
-    dout_ = Act(buffers_.zeros(row_bytes), t);
     dqkv_ = Act(buffers_.zeros(3 * row_bytes), t);
     stats_ = static_cast<float*>(buffers_.zeros(sizeof(float) * N * H));
   }

@@ -120,7 +120,7 @@ TEST(GemmSearchWinner, TiesRefusalsAndUntimedTrials) {
 
 TEST(AttentionPlanSearch, TheWinnersPlanOrTheFirstWhereNoneWon) {
   // The plans that ran, the heuristic's (plan 1: plan 0 did not build) first.
-  const std::vector<long long> plans = {1, 2, 5};
+  const std::vector<int64_t> plans = {1, 2, 5};
   const std::vector<search::Trial> trials = {trial(7, 1.0f), trial(3, 0.6f), trial(7, 0.8f)};
   EXPECT_EQ(attention_search::chosen_plan(plans, search::winner(trials, true)), 5)
       << "plan 2 gives other bits: set aside";
@@ -130,10 +130,11 @@ TEST(AttentionPlanSearch, TheWinnersPlanOrTheFirstWhereNoneWon) {
 
 TEST(AttentionPlanSearch, TheReportCountsGraphsPlansBitsAndTimes) {
   attention_search::Tally tally;
-  EXPECT_EQ(tally.describe(true), "") << "nothing searched: nothing said";
-  const std::vector<search::Trial> first = {trial(7, 1.0f), trial(3, 0.5f), trial(7, 0.75f)};
+  EXPECT_EQ(tally.describe(), "") << "nothing searched: nothing said";
+  // Milliseconds over kTimedRuns (3) runs: reported a run.
+  const std::vector<search::Trial> first = {trial(7, 3.0f), trial(3, 1.5f), trial(7, 2.25f)};
   tally.add(first, search::winner(first, true), true, 0);
-  const std::vector<search::Trial> second = {trial(1, 2.0f), trial(1, 2.5f)};
+  const std::vector<search::Trial> second = {trial(1, 6.0f), trial(1, 7.5f)};
   tally.add(second, search::winner(second, true), true, 1);
   tally.add({trial(4, 0.3f)}, 0, true, 0);  // one plan: nothing to time
   EXPECT_EQ(tally.graphs_timed, 2);
@@ -142,21 +143,35 @@ TEST(AttentionPlanSearch, TheReportCountsGraphsPlansBitsAndTimes) {
   EXPECT_EQ(tally.first_kept, 1);
   EXPECT_DOUBLE_EQ(tally.first_ms, 3.0);
   EXPECT_DOUBLE_EQ(tally.winner_ms, 2.75);
-  EXPECT_EQ(tally.describe(true),
+  EXPECT_EQ(tally.searches(), 3);
+  EXPECT_EQ(tally.describe(),
             "timed 2 cuDNN attention graphs of 5 plans in all, keeping the bits of each one's "
             "first plan (1 set aside for other bits); the first was fastest in 1; the winners "
-            "2.750 ms against the first plans' 3.000 (0.917); 1 cuDNN attention graph had one "
-            "plan; 1 plan over the reserved workspace");
+            "2.750 ms a run against the first plans' 3.000 (0.917); 1 cuDNN attention graph had "
+            "one plan; 1 plan not built or over the reserved workspace");
   attention_search::Tally any;
   any.add(first, search::winner(first, false), false, 0);
   EXPECT_EQ(any.other_bits, 0) << "bits need not match: none set aside";
-  EXPECT_EQ(any.describe(false),
+  EXPECT_EQ(any.describe(),
             "timed 1 cuDNN attention graph of 3 plans in all, any bits; the first was fastest in "
-            "0; the winners 0.500 ms against the first plans' 1.000 (0.500)");
-  attention_search::Tally single;
-  single.add({trial(4, 0.3f)}, 0, true, 2);
-  EXPECT_EQ(single.describe(true),
-            "1 cuDNN attention graph had one plan; 2 plans over the reserved workspace");
+            "0; the winners 0.500 ms a run against the first plans' 1.000 (0.500)");
+}
+
+TEST(AttentionPlanSearch, FailedSearchesLaterRejectionsAndTheCapAreTold) {
+  attention_search::Tally tally;
+  // The heuristic's plan did not run, or its timing failed: nothing compared.
+  tally.add({refused(), trial(2, 0.5f)}, -1, true, 0);
+  tally.add({trial(2, -1.0f), trial(2, 0.5f)},
+            search::winner({trial(2, -1.0f), trial(2, 0.5f)}, true), true, 2);
+  EXPECT_EQ(tally.failed, 2);
+  EXPECT_EQ(tally.graphs_timed, 0);
+  EXPECT_DOUBLE_EQ(tally.first_ms, 0.0) << "an untimed first plan adds no time";
+  tally.rejected = 1;
+  tally.past_most = 3;
+  EXPECT_EQ(tally.describe(),
+            "2 searches failed (the heuristic's plan kept); 2 plans not built or over the "
+            "reserved workspace; 1 winner gave other bits on a later batch (the heuristic's "
+            "plan back); 3 graphs past the most searches");
 }
 
 }  // namespace

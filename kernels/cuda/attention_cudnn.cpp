@@ -54,12 +54,16 @@ struct Entry {
   int64_t workspace = 0;
   std::string why;        // without a graph: what cuDNN said
   bool prepared = false;  // a class's graph, kept for the run
-  // attention_plan=timed (kernels/attention_search.h): the calls so far,
-  // whether its plans were searched, and the plan it runs since (-1: the
-  // frontend's, the first that built in the heuristic's order).
+  // attention_plan=timed (kernels/attention_search.h): the calls so far;
+  // whether its plans were searched; the plan it runs since and its
+  // workspace (-1: the frontend's, the first that built in the heuristic's
+  // order, untimed); the heuristic's plan, whose bits the chosen one's
+  // must equal, checked again (verified) on the first batch of other
+  // lengths than the search's.
   int calls = 0;
-  bool searched = false;
-  int64_t plan = -1;
+  bool searched = false, verified = false;
+  int64_t plan = -1, plan_workspace = 0, heuristic_plan = -1;
+  uint64_t searched_lengths = 0;
 };
 
 // Graphs of unprepared calls kept at most; past it they are dropped and
@@ -106,11 +110,14 @@ class CudnnAttention final : public FlashAttention {
     if (!entry) return false;
     const Act q_used = fold_queries(q, q_stride, qs, ks, cfg);
     const size_t C = static_cast<size_t>(cfg.heads) * cfg.head_dim;
-    const std::vector<DigestSpan> outputs = {
-        {out.data, static_cast<size_t>(qs.total) * C * dtype_bytes(out.dtype), 0},
-        {stats, static_cast<size_t>(qs.total) * cfg.heads * sizeof(float),
-         gemm_search::kOutputStride}};
-    run(*entry, pack_of(q_used, k, v, out, stats, qs, ks, key), "forward", outputs);
+    std::vector<DigestSpan> outputs;
+    if (plans_timed()) {
+      outputs = {{out.data, static_cast<size_t>(qs.total) * C * dtype_bytes(out.dtype), 0},
+                 {stats, static_cast<size_t>(qs.total) * cfg.heads * sizeof(float),
+                  gemm_search::kOutputStride}};
+    }
+    run(*entry, pack_of(q_used, k, v, out, stats, qs, ks, key), "forward", outputs,
+        batch_lengths(qs, ks));
     return true;
   }
 
@@ -135,18 +142,21 @@ class CudnnAttention final : public FlashAttention {
     Pack pack = pack_of(q_used, k, v, out, stats_used, qs, ks, key);
     pack.insert({{kDO, dout.data}, {kDQ, dq_used.data}, {kDK, dk.data}, {kDV, dv.data}});
     const size_t bytes = dtype_bytes(dq.dtype);
-    const std::vector<DigestSpan> outputs = {
-        {dq_used.data, rows_span(qs.total, folded ? C : q_stride, C) * bytes, 0},
-        {dk.data, rows_span(ks.total, kv_stride, C) * bytes, gemm_search::kOutputStride},
-        {dv.data, rows_span(ks.total, kv_stride, C) * bytes, 2 * gemm_search::kOutputStride}};
-    run(*entry, std::move(pack), "backward", outputs);
+    std::vector<DigestSpan> outputs;
+    if (plans_timed()) {
+      outputs = {
+          {dq_used.data, rows_span(qs.total, folded ? C : q_stride, C) * bytes, 0},
+          {dk.data, rows_span(ks.total, kv_stride, C) * bytes, gemm_search::kOutputStride},
+          {dv.data, rows_span(ks.total, kv_stride, C) * bytes, 2 * gemm_search::kOutputStride}};
+    }
+    run(*entry, std::move(pack), "backward", outputs, batch_lengths(qs, ks));
     // dL/dq = f * dL/dq' into the caller's q layout.
     if (folded) launch_scale_queries(dq, q_stride, dq_used, C, qs, ks, cfg, ops_.stream());
     return true;
   }
 
   const std::string& refusal() const override { return refusal_; }
-  std::string search_summary() const override { return searches_.describe(ops_.deterministic()); }
+  std::string search_summary() const override { return searches_.describe(); }
   int64_t graphs() const override { return static_cast<int64_t>(graphs_.size()); }
 
   AttentionPreparation prepare(const std::vector<AttentionCase>& cases, DType dtype,
@@ -380,17 +390,24 @@ class CudnnAttention final : public FlashAttention {
 
   std::shared_ptr<fe::graph::Graph> build(const GraphKey& key, int64_t* workspace,
                                           std::string* why) {
-    // attention_plan=timed: the plans of heuristics A and B, more to time;
-    // where that fails, A's as without the search.
-    if (plans_timed()) {
+    std::shared_ptr<fe::graph::Graph> g = build_with(key, {fe::HeurMode_t::A}, workspace, why);
+    // attention_plan=timed: where heuristic A takes the key, the plans of
+    // A and B, more to time (A's first, so its first that builds leads, as
+    // in A's alone); otherwise A's.
+    if (g && plans_timed()) {
       std::string unused;
-      if (auto g = build_with(key, {fe::HeurMode_t::A, fe::HeurMode_t::B}, workspace, &unused))
-        return g;
+      int64_t wider_workspace = 0;
+      if (auto wider =
+              build_with(key, {fe::HeurMode_t::A, fe::HeurMode_t::B}, &wider_workspace, &unused)) {
+        *workspace = wider_workspace;
+        return wider;
+      }
     }
-    return build_with(key, {fe::HeurMode_t::A}, workspace, why);
+    return g;
   }
 
-  // The graph of a key, its heuristics' first plan that builds built.
+  // The graph of a key, its heuristics' first plan that builds built;
+  // null, with *why, where none does.
   std::shared_ptr<fe::graph::Graph> build_with(const GraphKey& key,
                                                const std::vector<fe::HeurMode_t>& modes,
                                                int64_t* workspace, std::string* why) {
@@ -477,15 +494,23 @@ class CudnnAttention final : public FlashAttention {
   }
 
   // Runs the graph's plan: the frontend's, or the one its search chose.
-  // attention_plan=timed: the graph's kSearchOnCall-th call searches first.
-  // outputs: what the call writes, for the search's digest.
-  void run(Entry& entry, Pack pack, const char* what, const std::vector<DigestSpan>& outputs) {
+  // attention_plan=timed: the graph's kSearchOnCall-th call searches
+  // first, and the first call after it on a batch of other lengths checks
+  // the chosen plan's bits against the heuristic's again. outputs: what
+  // the call writes (given under attention_plan=timed alone); lengths:
+  // batch_lengths of the call's batch.
+  void run(Entry& entry, Pack pack, const char* what, const std::vector<DigestSpan>& outputs,
+           uint64_t lengths) {
     if (plans_timed()) {
       if (!entry.searched && ++entry.calls >= attention_search::kSearchOnCall)
-        search(entry, pack, outputs);
-      ops_.count_candidate(CandidateCalls::kAttentionPlan, entry.searched);
+        search(entry, pack, outputs, lengths);
+      else if (entry.plan != entry.heuristic_plan && !entry.verified &&
+               lengths != entry.searched_lengths)
+        verify(entry, pack, outputs);
+      ops_.count_candidate(CandidateCalls::kAttentionPlan, entry.plan >= 0);
     }
-    void* workspace = ops_.scratch(CudaOps::kAttentionScores, entry.workspace + 16);
+    void* workspace = ops_.scratch(CudaOps::kAttentionScores,
+                                   std::max(entry.workspace, entry.plan_workspace) + 16);
     fe::error_t status =
         entry.plan >= 0 ? entry.graph->execute_plan_at_index(handle_, pack, workspace, entry.plan)
                         : entry.graph->execute(handle_, pack, workspace);
@@ -499,49 +524,141 @@ class CudnnAttention final : public FlashAttention {
     return ops_.kernel_switches().attention_plan == KernelSwitches::AttentionPlan::kTimed;
   }
 
+  // What tells one batch's lengths from another's for the check of a
+  // chosen plan's bits (a hash: a collision only skips the check).
+  static uint64_t batch_lengths(const Ragged& qs, const Ragged& ks) {
+    uint64_t h = 0;
+    for (const int64_t n : {int64_t{qs.batch}, int64_t{qs.total}, int64_t{qs.max_len},
+                            int64_t{ks.total}, int64_t{ks.max_len}})
+      h = h * 0x100000001b3ull ^ static_cast<uint64_t>(n);
+    return h;
+  }
+
   // The timed search of a graph's plans on this call's operands (each run
   // writes the outputs; the call's own run follows and writes them again):
-  // every plan its heuristics offer that builds, and whose workspace fits
-  // in what is reserved, the first (the frontend's) leading.
-  void search(Entry& entry, Pack& pack, const std::vector<DigestSpan>& outputs) {
+  // the heuristic's plan first, then every other plan its heuristics offer
+  // that builds, whose workspace fits in what is reserved, and whose name
+  // no earlier one had. Where the heuristic's plan does not run here, the
+  // graph keeps it untimed (plan -1).
+  void search(Entry& entry, Pack& pack, const std::vector<DigestSpan>& outputs, uint64_t lengths) {
     entry.searched = true;
+    if (searches_.searches() >= attention_search::kMostSearches) {
+      ++searches_.past_most;
+      return;
+    }
     ops_.finish_side_stream();  // nothing else on the GPU while it times
     fe::graph::Graph& g = *entry.graph;
-    // A graph built with the heuristic's plan alone builds the others now.
-    if (g.build_plans(fe::BuildPlanPolicy_t::ALL).is_bad()) return;
-    const bool same_bits = ops_.deterministic();
+    const int64_t first = built_plan(g);  // the frontend's: the one plan built so far
     const size_t limit = std::max(reserved_, static_cast<size_t>(entry.workspace));
+    int not_built = 0;
+    const std::vector<int64_t> plans = plans_to_try(g, first, limit, &not_built);
     void* workspace = ops_.scratch(CudaOps::kAttentionScores, limit + 16);
+    const bool same_bits = ops_.deterministic();
+    const std::vector<attention_search::Trial> trials =
+        time_plans(g, plans, pack, workspace, same_bits ? &outputs : nullptr);
+    const int winner = gemm_search::winner(trials, same_bits);
+    searches_.add(trials, winner, same_bits, not_built);
+    if (trials.empty() || !trials[0].ran) return;  // the heuristic's plan stays, untimed
+    entry.heuristic_plan = first;
+    entry.plan = attention_search::chosen_plan(plans, winner);
+    entry.searched_lengths = lengths;
+    entry.verified = !same_bits;  // any bits: nothing to check
+    if (g.get_workspace_size_plan_at_index(entry.plan, entry.plan_workspace).is_bad())
+      entry.plan_workspace = static_cast<int64_t>(limit);  // it ran within the limit
+  }
+
+  // The index of the first built plan of g, or -1.
+  static int64_t built_plan(const fe::graph::Graph& g) {
+    for (int64_t i = 0; i < g.get_execution_plan_count(); ++i) {
+      int64_t bytes = 0;
+      if (g.get_workspace_size_plan_at_index(i, bytes).is_good()) return i;
+    }
+    return -1;
+  }
+
+  // The plans a search runs: `first`, then each other name the heuristics
+  // offer once, where it builds with at most `limit` bytes of workspace
+  // (*not_built counts the others). Empty where `first` is -1.
+  static std::vector<int64_t> plans_to_try(fe::graph::Graph& g, int64_t first, size_t limit,
+                                           int* not_built) {
+    if (first < 0) return {};
+    std::vector<int64_t> plans = {first};
+    std::vector<std::string> names(1);
+    if (g.get_plan_name_at_index(first, names[0]).is_bad()) return {first};
+    for (int64_t i = 0; i < g.get_execution_plan_count(); ++i) {
+      std::string name;
+      if (i != first && g.get_plan_name_at_index(i, name).is_good() &&
+          std::find(names.begin(), names.end(), name) == names.end()) {
+        names.push_back(name);
+        plans.push_back(i);
+      }
+    }
+    // Builds the rest, none whose workspace is over the limit; the
+    // frontend's choice stays its candidate.
+    g.deselect_workspace_greater_than(static_cast<int64_t>(limit));
+    if (g.build_plans(fe::BuildPlanPolicy_t::ALL).is_bad()) return {first};
+    std::vector<int64_t> built = {first};
+    for (size_t p = 1; p < plans.size(); ++p) {
+      int64_t bytes = 0;
+      if (g.get_workspace_size_plan_at_index(plans[p], bytes).is_good() &&
+          static_cast<size_t>(bytes) <= limit)
+        built.push_back(plans[p]);
+    }
+    *not_built = static_cast<int>(plans.size() - built.size());
+    return built;
+  }
+
+  // One trial per plan of `plans`: a run (whose outputs' digest, where
+  // `outputs` is given, must match the first's to be timed), then the
+  // timed runs. A plan that fails is not run again.
+  std::vector<attention_search::Trial> time_plans(fe::graph::Graph& g,
+                                                  const std::vector<int64_t>& plans, Pack& pack,
+                                                  void* workspace,
+                                                  const std::vector<DigestSpan>* outputs) {
     cudaEvent_t start = nullptr, stop = nullptr;
     check(cudaEventCreate(&start), "cudaEventCreate");
     check(cudaEventCreate(&stop), "cudaEventCreate");
     std::vector<attention_search::Trial> trials;
-    std::vector<long long> plans;
-    int skipped = 0;
-    for (int64_t i = 0; i < g.get_execution_plan_count(); ++i) {
-      int64_t bytes = 0;
-      if (g.get_workspace_size_plan_at_index(i, bytes).is_bad()) continue;  // not built
-      if (static_cast<size_t>(bytes) > limit) {
-        ++skipped;
-        continue;
-      }
+    for (const int64_t plan : plans) {
       attention_search::Trial trial;
-      trial.ran = g.execute_plan_at_index(handle_, pack, workspace, i).is_good();
-      if (!trial.ran) {
-        cudaGetLastError();  // a plan that will not run is passed over
-        continue;
-      }
-      if (same_bits) trial.digest = spans_digest(outputs, &digest_total_, ops_.stream());
+      trial.ran = g.execute_plan_at_index(handle_, pack, workspace, plan).is_good();
+      if (!trial.ran) cudaGetLastError();  // a plan that will not run is passed over
+      if (trial.ran && outputs)
+        trial.digest = spans_digest(*outputs, &digest_total_, ops_.stream());
       trials.push_back(trial);
-      plans.push_back(i);
-      if (same_bits && gemm_search::other_bits(trials, trials.size() - 1)) continue;  // untimed
-      trials.back().ms = plan_ms(g, pack, workspace, i, start, stop);
+      if (!trials[0].ran) break;  // the heuristic's plan failed: nothing to compare with
+      const bool set_aside = outputs && gemm_search::other_bits(trials, trials.size() - 1);
+      if (trial.ran && !set_aside)
+        trials.back().ms = plan_ms(g, pack, workspace, plan, start, stop);
     }
     check(cudaEventDestroy(stop), "cudaEventDestroy");
     check(cudaEventDestroy(start), "cudaEventDestroy");
-    const int winner = gemm_search::winner(trials, same_bits);
-    searches_.add(trials, winner, same_bits, skipped);
-    if (!plans.empty()) entry.plan = attention_search::chosen_plan(plans, winner);
+    return trials;
+  }
+
+  // The check of a chosen plan's bits on a second batch, of other lengths
+  // than the search's: the heuristic's plan, then the chosen one, each
+  // run and digested; where they differ the graph goes back to the
+  // heuristic's plan (a plan whose bits differ only where a sequence
+  // spans more tiles, say, than the search's batch had).
+  void verify(Entry& entry, Pack& pack, const std::vector<DigestSpan>& outputs) {
+    entry.verified = true;
+    void* workspace = ops_.scratch(CudaOps::kAttentionScores,
+                                   std::max(entry.workspace, entry.plan_workspace) + 16);
+    uint64_t digests[2] = {};
+    const int64_t plans[2] = {entry.heuristic_plan, entry.plan};
+    for (int i = 0; i < 2; ++i) {
+      if (entry.graph->execute_plan_at_index(handle_, pack, workspace, plans[i]).is_bad()) {
+        cudaGetLastError();
+        digests[i] = ~uint64_t{0} - i;  // not run: counts as other bits
+        continue;
+      }
+      digests[i] = spans_digest(outputs, &digest_total_, ops_.stream());
+    }
+    if (digests[0] == digests[1]) return;
+    entry.plan = entry.heuristic_plan;
+    entry.plan_workspace = entry.workspace;
+    ++searches_.rejected;
   }
 
   // Milliseconds of plan i's kTimedRuns runs; negative if one failed.
