@@ -52,9 +52,10 @@ struct KernelSwitches {
   // cuDNN's attention on a batch of equal lengths: ragged (default), the
   // packed layout with per-sequence offsets and a padding mask, as every
   // batch; dense, the plain (b, s, h, d) layout without them. A candidate:
-  // faster, but a prepared run takes it only for a class of one batch
-  // shape, which only bench's synthetic batch makes, so as the default it
-  // would speed up bench and not train.
+  // faster, but a prepared run takes it only for a uniform class's full
+  // batches (SideBound::one_length): bench's synthetic batch, and train's
+  // buckets whose sequences all have one length (an image classifier's);
+  // a ragged bucket's batches keep the ragged layout.
   enum class Attention { kRagged, kDense } attention = Attention::kRagged;
   // The exact gradient sum (src/parallel/gradient_reducer.h): buffered, its
   // int64 buffer zeroed every step and each contribution added, then read

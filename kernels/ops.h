@@ -110,10 +110,13 @@ struct SideBound {
   int sequences = 0;   // at most this many sequences
   int longest = 0;     // none longer
   int64_t tokens = 0;  // at most this many rows in all
-  // Every batch of the class is this very one: `sequences` sequences of
-  // `longest` tokens each (a benchmark's one batch of equal lengths), so a
-  // layout made for that shape alone serves it (attention=dense).
-  bool uniform = false;
+  // > 0: every sequence of the class has this many tokens (at most
+  // `longest`), and its full batches are `sequences` of them (a benchmark's
+  // one batch of equal lengths, a bucket of one length:
+  // src/data/shard_source.cpp), so a layout made for that shape alone
+  // serves those (attention=dense); a batch of another count takes the
+  // class's ragged layout. 0: lengths differ.
+  int one_length = 0;
 };
 
 // One attention call of a model at the largest batch of one class: queries

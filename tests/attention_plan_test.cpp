@@ -197,14 +197,15 @@ TEST(AttentionGraphShapes, CrossAttentionClassesFollowBothSides) {
   EXPECT_EQ(entry->shape.max_kv, 32);
 }
 
-// attention=dense: only a class whose batches are all one shape of equal
-// lengths (a benchmark's one batch) has a dense graph prepared, and only a
-// batch of that very shape takes it. A bucket's batches vary in count, so
-// a graph of their own would be built mid-step, one per count.
+// attention=dense: only a class of one length (a benchmark's one batch, a
+// bucket whose sequences all have one length) has a dense graph prepared,
+// for its full batches, and only a batch of that very shape takes it. A
+// ragged bucket's equal-length batches vary in length and count, so a
+// graph of their own would be built mid-step, one per shape.
 TEST(AttentionGraphShapes, OnlyAUniformClassHasADenseGraph) {
   const GraphLayout causal{12, 64, 3 * 768, 3 * 768, true};
   PlannedShapes planned;
-  const SideBound one_batch{32, 1024, 32 * 1024, true};
+  const SideBound one_batch{32, 1024, 32 * 1024, 1024};
   const SideBound bucket{288, 113, 288 * 113};
   planned.add_uniform(causal, bucket, bucket);
   EXPECT_TRUE(planned.uniform().empty()) << "a bucket's bound is no uniform class";
@@ -221,15 +222,26 @@ TEST(AttentionGraphShapes, OnlyAUniformClassHasADenseGraph) {
   const GraphLayout bidirectional{12, 64, 3 * 768, 3 * 768, false};
   EXPECT_FALSE(planned.holds_uniform(bidirectional, dense_shape(same.ragged(), same.ragged())));
 
+  // A bucket of boundary 128 whose sequences all have 65 tokens: its full
+  // batches of 40.
+  const SideBound images{40, 128, 40 * 128, 65};
+  planned.add_uniform(bidirectional, images, images);
+  ASSERT_EQ(planned.uniform().size(), 2u);
+  EXPECT_EQ(planned.uniform()[1].shape, (GraphShape{40, 65, 65, 40 * 65, 40 * 65}));
+  const Lengths full(std::vector<int>(40, 65)), partial(std::vector<int>(7, 65));
+  EXPECT_TRUE(planned.holds_uniform(bidirectional, dense_shape(full.ragged(), full.ragged())));
+  EXPECT_FALSE(
+      planned.holds_uniform(bidirectional, dense_shape(partial.ragged(), partial.ragged())));
+
   // Cross-attention: both sides uniform, the same sequences; each side its
   // own length.
   const GraphLayout cross{8, 64, 512, 1024, false};
-  const SideBound targets{64, 40, 64 * 40, true}, sources{64, 24, 64 * 24, true};
+  const SideBound targets{64, 40, 64 * 40, 40}, sources{64, 24, 64 * 24, 24};
   planned.add_uniform(cross, targets, SideBound{64, 24, 64 * 24});
-  planned.add_uniform(cross, targets, SideBound{32, 24, 32 * 24, true});
-  EXPECT_EQ(planned.uniform().size(), 1u) << "one side not uniform, or other sequences";
+  planned.add_uniform(cross, targets, SideBound{32, 24, 32 * 24, 24});
+  EXPECT_EQ(planned.uniform().size(), 2u) << "one side not uniform, or other sequences";
   planned.add_uniform(cross, targets, sources);
-  ASSERT_EQ(planned.uniform().size(), 2u);
+  ASSERT_EQ(planned.uniform().size(), 3u);
   const Lengths t(std::vector<int>(64, 40)), s(std::vector<int>(64, 24));
   EXPECT_TRUE(planned.holds_uniform(cross, dense_shape(t.ragged(), s.ragged())));
   EXPECT_FALSE(planned.holds_uniform(cross, dense_shape(s.ragged(), t.ragged())));

@@ -628,7 +628,7 @@ TEST_P(CudaOpsTest, PreparedDenseAttentionBuildsNoGraphInAStep) {
   b_->gpu->set_attention_path(AttentionPath::kCudnn);
   const int H = 2, D = 64, C = H * D;
   const AttentionConfig cfg{H, D, true, AttentionScale::kStandard, 64.0f};
-  const SideBound one_batch{4, 128, 4 * 128, true}, bucket{8, 128, 8 * 128};
+  const SideBound one_batch{4, 128, 4 * 128, 128}, bucket{8, 128, 8 * 128};
   const AttentionPreparation done =
       b_->gpu->prepare_attention({AttentionCase{cfg, 3 * C, 3 * C, one_batch, one_batch},
                                   AttentionCase{cfg, 3 * C, 3 * C, bucket, bucket}},

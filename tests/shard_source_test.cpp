@@ -498,6 +498,51 @@ TEST(ShardSource, BucketBoundsHoldEveryBatchAndABucketTakesOneClass) {
   }
 }
 
+// A bucket whose sequences all have one length (an image classifier's
+// patches, or data of one length) is a uniform class (SideBound::one_length):
+// its bound says that length, and its full batches are exactly that shape,
+// so that the graph attention=dense makes for it serves them (a batch of
+// another count takes the bucket's ragged class). A bucket of several
+// lengths is not (the default boundaries give the short lengths a bucket
+// each, so those are classes of one length, wherever they are).
+TEST(ShardSource, ABucketOfOneLengthIsAUniformClass) {
+  for (ModelKind kind : kKinds) {
+    for (const bool equal : {true, false}) {
+      SCOPED_TRACE(std::string(to_string(kind)) + (equal ? ", one length" : ", lengths 34..44"));
+      TempDir dir;
+      SetSpec spec;
+      spec.kind = shard_kind(kind);
+      spec.lengths = equal ? Lengths{17, 17} : Lengths{34, 44};
+      write_set(dir, spec);
+      ShardSource src(config_for(dir, kind, 64, 300), 0, 1);
+      const std::vector<BatchSource::BucketBound> bounds = src.bucket_bounds();
+      ASSERT_FALSE(bounds.empty());
+      const auto one_length = [&](const BatchSource::BucketBound& bound) {
+        return bound.decoder.one_length > 0 &&
+               (kind != ModelKind::kSeq2seq || bound.encoder.one_length > 0);
+      };
+      if (!equal) {
+        EXPECT_FALSE(std::all_of(bounds.begin(), bounds.end(), one_length));
+        continue;
+      }
+      EXPECT_TRUE(std::all_of(bounds.begin(), bounds.end(), one_length));
+      const SideBound& train = bounds.front().decoder;  // the train stream's one bucket
+      int full = 0;
+      Batch batch;
+      for (uint64_t g = 0; g < src.batches_per_epoch(); ++g) {
+        src.make_batch(BatchSource::kTrain, g, &batch);
+        for (int b = 0; b < batch.decoder.batch(); ++b)
+          EXPECT_EQ(batch.decoder.length(b), train.one_length);
+        EXPECT_LE(batch.decoder.batch(), train.sequences);
+        if (batch.decoder.batch() != train.sequences) continue;
+        ++full;
+        EXPECT_EQ(batch.decoder.total(), int64_t{train.sequences} * train.one_length);
+      }
+      EXPECT_GT(full, 0) << "no batch has the uniform class's shape";
+    }
+  }
+}
+
 TEST(ShardSource, CustomBucketsAreUsed) {
   TempDir dir;
   SetSpec spec;

@@ -220,12 +220,14 @@ class PlannedShapes {
     return best;
   }
 
-  // Adds a class whose batches are all one shape of equal lengths
-  // (SideBound::uniform on both sides) to those whose graph in the dense
-  // layout is prepared (attention=dense); any other class is left out.
+  // Adds the shape of the full batches of a class of one length on both
+  // sides (SideBound::one_length) to those whose graph in the dense layout
+  // is prepared (attention=dense); any other class is left out.
   void add_uniform(const GraphLayout& layout, const SideBound& q, const SideBound& k) {
-    if (!q.uniform || !k.uniform || q.sequences != k.sequences) return;
-    const Uniform u{layout, GraphShape{q.sequences, q.longest, k.longest, q.tokens, k.tokens}};
+    if (q.one_length <= 0 || k.one_length <= 0 || q.sequences != k.sequences) return;
+    const int64_t n = q.sequences;
+    const Uniform u{layout,
+                    GraphShape{n, q.one_length, k.one_length, n * q.one_length, n * k.one_length}};
     if (!holds_uniform(u.layout, u.shape)) uniform_.push_back(u);
   }
 

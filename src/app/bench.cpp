@@ -181,7 +181,7 @@ class StepBatches {
     if (source_) return source_->bucket_bounds();
     const auto side = [](const PackedSequences& p) {
       const bool uniform = p.total() == int64_t{p.batch()} * p.max_len();
-      return SideBound{p.batch(), p.max_len(), p.total(), uniform};
+      return SideBound{p.batch(), p.max_len(), p.total(), uniform ? p.max_len() : 0};
     };
     const Batch& b = micro_[0];
     return {BatchSource::BucketBound{side(b.decoder), side(b.encoder)}};

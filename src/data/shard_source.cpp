@@ -286,12 +286,22 @@ void ShardSource::plan_split(Split* split) {
   }
   std::vector<uint32_t> bucket_of(split->examples.size());   // (sequences)
   std::vector<uint64_t> length_key(split->examples.size());  // (sequences) decoder, then encoder
+  // Each bucket's one length per side: kUnseen until a sequence is seen, -1 once two differ.
+  constexpr int kUnseen = -2;
+  split->decoder_length.assign(cost.size(), kUnseen);
+  split->encoder_length.assign(cost.size(), kUnseen);
+  const auto see = [](int& common, int length) {
+    if (common == kUnseen) common = length;
+    if (common != length) common = -1;
+  };
   for (size_t i = 0; i < split->examples.size(); ++i) {
     const Example& e = split->examples[i];
     const int t = bucket_index(boundaries_, layout_.decoder_length(e));
     bucket_of[i] = seq2seq ? bucket_index(boundaries_, layout_.encoder_length(e)) * n + t : t;
     length_key[i] =
         (static_cast<uint64_t>(layout_.decoder_length(e)) << 32) | layout_.encoder_length(e);
+    see(split->decoder_length[bucket_of[i]], layout_.decoder_length(e));
+    see(split->encoder_length[bucket_of[i]], layout_.encoder_length(e));
   }
   split->planner.emplace(bucket_of, cost, max_tokens_, max_sentences_, std::move(length_key),
                          kSortWindowBatches);
@@ -303,8 +313,11 @@ void ShardSource::plan_split(Split* split) {
 std::vector<BatchSource::BucketBound> ShardSource::bucket_bounds() const {
   const int n = static_cast<int>(boundaries_.size());
   const bool seq2seq = model_.kind == ModelKind::kSeq2seq;
-  const auto side = [](int sequences, int longest) {
-    return SideBound{sequences, longest, static_cast<int64_t>(sequences) * longest};
+  // A side of a bucket: sequences of at most its boundary, all of one
+  // length where `common` is one (> 0).
+  const auto side = [](int sequences, int boundary, int common) {
+    return SideBound{sequences, boundary, static_cast<int64_t>(sequences) * boundary,
+                     std::max(common, 0)};
   };
   std::vector<BucketBound> bounds;
   for (const Split* split : {&train_, &eval_}) {
@@ -317,8 +330,8 @@ std::vector<BatchSource::BucketBound> ShardSource::bucket_bounds() const {
       const int sequences =
           static_cast<int>(std::min<uint64_t>(planner.capacity(b), planner.members(b)));
       BucketBound bound;
-      bound.decoder = side(sequences, boundaries_[seq2seq ? b % n : b]);
-      if (seq2seq) bound.encoder = side(sequences, boundaries_[b / n]);
+      bound.decoder = side(sequences, boundaries_[seq2seq ? b % n : b], split->decoder_length[b]);
+      if (seq2seq) bound.encoder = side(sequences, boundaries_[b / n], split->encoder_length[b]);
       bounds.push_back(bound);
     }
   }

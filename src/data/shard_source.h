@@ -115,6 +115,10 @@ class ShardSource : public BatchSource {
     std::vector<Shard> shards;
     std::vector<Example> examples;  // (sequences) kept, in file order: the ids of bucketing.h
     std::optional<BatchPlanner> planner;
+    // (buckets) the one length every sequence of a bucket has on each side,
+    // or -1 where they differ: a bucket of one length is a uniform class
+    // of batches (SideBound::one_length).
+    std::vector<int> decoder_length, encoder_length;
     LoadStats stats;
   };
 
