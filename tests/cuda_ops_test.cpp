@@ -1824,6 +1824,175 @@ TEST(KernelTiming, CudnnAttentionPlansOnGpt2B32) {
   std::printf("; search: %s\n", found.empty() ? "none" : found.c_str());
 }
 
+// GPT-2 small's B32 GEMMs as matmul.cu hands them to cuBLASLt (random bf16
+// operands, cuBLASLt's first suggestion), each under the epilogue it takes
+// and the others it could: what a fused epilogue costs over the GEMM
+// alone, so that a GPU run tells whether taking the bias gradients or
+// GELU out of cuBLASLt (or GELU's gradient together with fc1's bias
+// gradient, DGELU_BGRAD) could pay. A report.
+class Gpt2Gemms {
+ public:
+  static constexpr int N = 32768, C = 768, F = 3072, kHeadRows = 10672, kVocab = 50256,
+                       kLogitsStride = 50304;
+
+  explicit Gpt2Gemms(CudaOps& cuda) : cuda_(cuda), buffers_(cuda), gemm_(cuda, false) {
+    const size_t logits = static_cast<size_t>(kHeadRows) * kLogitsStride;
+    const size_t widest = static_cast<size_t>(N) * F;
+    a_ = random_buffer(std::max(widest, static_cast<size_t>(kVocab) * C));
+    b_ = random_buffer(logits);
+    aux_ = random_buffer(widest);
+    bias_ = random_buffer(kLogitsStride);
+    d_ = buffers_.zeros(2 * logits);
+    bias_grad_ = buffers_.zeros(sizeof(float) * kLogitsStride);
+  }
+
+  // out^T (OC x rows) = W^T x^T, matmul_forward's call.
+  cuda::GemmCall forward(int rows, int IC, int OC, int ldo) const {
+    cuda::GemmCall c = common();
+    c.trans_a = true;
+    c.m = OC, c.n = rows, c.k = IC;
+    c.lda = IC, c.ldb = IC, c.ldd = ldo;
+    c.aux_ld = OC;
+    return c;
+  }
+  // dx^T (IC x rows) = W dout^T, input_gradient's call.
+  cuda::GemmCall input_gradient(int rows, int IC, int OC, int ldd) const {
+    cuda::GemmCall c = common();
+    c.m = IC, c.n = rows, c.k = OC;
+    c.lda = IC, c.ldb = ldd, c.ldd = IC;
+    c.aux_ld = IC;
+    return c;
+  }
+  // dW^T (IC x OC) += x^T dout in fp32, weight_gradient's call.
+  cuda::GemmCall weight_gradient(int rows, int IC, int OC, int ldd) const {
+    cuda::GemmCall c = common();
+    c.trans_b = true;
+    c.m = IC, c.n = OC, c.k = rows;
+    c.lda = IC, c.ldb = ldd, c.ldd = IC;
+    c.d_type = CUDA_R_32F;
+    c.beta = 1.0f;
+    return c;
+  }
+
+  // "GELU_AUX_BIAS 0.312 ms (620 TFLOP/s)": the call under `epilogue`
+  // (with its bias, or its gradient, in fp32 where fp32_bias), or
+  // "BIAS refused" where cuBLASLt has no algorithm for it.
+  std::string time(cuda::GemmCall c, cublasLtEpilogue_t epilogue, bool fp32_bias = false) {
+    c.epilogue = epilogue;
+    c.fp32_bias = fp32_bias;
+    const bool grad =
+        epilogue == CUBLASLT_EPILOGUE_BGRADB || epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD;
+    if (epilogue != CUBLASLT_EPILOGUE_DEFAULT && epilogue != CUBLASLT_EPILOGUE_DGELU &&
+        epilogue != CUBLASLT_EPILOGUE_GELU_AUX)
+      c.bias = grad ? bias_grad_ : bias_;
+    const bool aux = epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ||
+                     epilogue == CUBLASLT_EPILOGUE_DGELU ||
+                     epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD;
+    if (!aux) c.aux = nullptr, c.aux_ld = 0;
+    std::string name = epilogue == CUBLASLT_EPILOGUE_DEFAULT ? "none" : epilogue_label(epilogue);
+    if (fp32_bias) name += " (fp32 bias)";
+    bool ran = true;
+    const double ms = milliseconds_per_call(cuda_, 20, [&] { ran = ran && gemm_.fused(c); });
+    if (!ran) return name + " refused";
+    char text[160];
+    std::snprintf(text, sizeof text, "%s %.3f ms (%.0f TFLOP/s)", name.c_str(), ms,
+                  2.0 * c.m * double(c.n) * c.k / ms * 1e-9);
+    return text;
+  }
+
+ private:
+  static const char* epilogue_label(cublasLtEpilogue_t e) {
+    switch (e) {
+      case CUBLASLT_EPILOGUE_BIAS:
+        return "BIAS";
+      case CUBLASLT_EPILOGUE_GELU_AUX_BIAS:
+        return "GELU_AUX_BIAS";
+      case CUBLASLT_EPILOGUE_DGELU:
+        return "DGELU";
+      case CUBLASLT_EPILOGUE_DGELU_BGRAD:
+        return "DGELU_BGRAD";
+      case CUBLASLT_EPILOGUE_BGRADB:
+        return "BGRADB";
+      default:
+        return "other";
+    }
+  }
+  cuda::GemmCall common() const {
+    cuda::GemmCall c;
+    c.a = a_, c.b = b_, c.d = d_, c.aux = aux_;
+    c.ab_type = c.d_type = CUDA_R_16BF;
+    return c;
+  }
+  // A bf16 buffer of `elements` random values (one random block repeated:
+  // the values, not their order, set the tensor cores' power).
+  void* random_buffer(size_t elements) {
+    constexpr size_t kBlock = size_t{1} << 20;
+    std::mt19937 rng(7);
+    const std::vector<unsigned char> block = random_stored(rng, DType::kBF16, kBlock, 1.0f);
+    auto* data = static_cast<unsigned char*>(buffers_.zeros(2 * elements));
+    for (size_t at = 0; at < elements; at += kBlock)
+      cuda_.device().copy_to_device(data + 2 * at, block.data(),
+                                    2 * std::min(kBlock, elements - at));
+    return data;
+  }
+
+  CudaOps& cuda_;
+  TimingBuffers buffers_;
+  cuda::Gemm gemm_;
+  void* a_ = nullptr;  // W or x
+  void* b_ = nullptr;  // x or dout, up to a logits chunk
+  void* d_ = nullptr;  // out, dx or dW
+  void* aux_ = nullptr;
+  void* bias_ = nullptr;
+  void* bias_grad_ = nullptr;  // fp32
+};
+
+TEST(KernelTiming, CublasLtEpiloguesOnGpt2B32) {
+  if (!gpu_present()) GTEST_SKIP() << "no GPU visible";
+  using G = Gpt2Gemms;
+  std::unique_ptr<Ops> ops = make_cuda_ops(0);
+  G gemms(dynamic_cast<CudaOps&>(*ops));
+  const auto report = [](const char* name, const cuda::GemmCall& c,
+                         const std::vector<std::string>& timings) {
+    std::printf("kernel timing: GEMM %s (bf16, m %d n %d k %d):", name, c.m, c.n, c.k);
+    const char* separator = " ";
+    for (const std::string& t : timings)
+      std::printf("%s%s", separator, t.c_str()), separator = ", ";
+    std::printf("\n");
+  };
+  const cublasLtEpilogue_t kNone = CUBLASLT_EPILOGUE_DEFAULT, kBias = CUBLASLT_EPILOGUE_BIAS,
+                           kBiasGrad = CUBLASLT_EPILOGUE_BGRADB;
+  struct Linear {
+    const char* name;
+    int rows, IC, OC, stride;
+  };
+  const Linear layers[] = {{"qkv", G::N, G::C, 3 * G::C, 3 * G::C},
+                           {"attention projection", G::N, G::C, G::C, G::C},
+                           {"fc1", G::N, G::C, G::F, G::F},
+                           {"fc2", G::N, G::F, G::C, G::C},
+                           {"LM head chunk", G::kHeadRows, G::C, G::kVocab, G::kLogitsStride}};
+  for (const Linear& l : layers) {
+    const std::string name(l.name);
+    const cuda::GemmCall f = gemms.forward(l.rows, l.IC, l.OC, l.stride);
+    if (name == "fc1")
+      report("fc1 forward", f,
+             {gemms.time(f, CUBLASLT_EPILOGUE_GELU_AUX_BIAS), gemms.time(f, kBias),
+              gemms.time(f, kNone)});
+    else
+      report((name + " forward").c_str(), f, {gemms.time(f, kBias), gemms.time(f, kNone)});
+    const cuda::GemmCall dx = gemms.input_gradient(l.rows, l.IC, l.OC, l.stride);
+    if (name == "fc2")
+      report("fc2 dx", dx,
+             {gemms.time(dx, CUBLASLT_EPILOGUE_DGELU), gemms.time(dx, kNone),
+              gemms.time(dx, CUBLASLT_EPILOGUE_DGELU_BGRAD),
+              gemms.time(dx, CUBLASLT_EPILOGUE_DGELU_BGRAD, true)});
+    else
+      report((name + " dx").c_str(), dx, {gemms.time(dx, kNone)});
+    const cuda::GemmCall dw = gemms.weight_gradient(l.rows, l.IC, l.OC, l.stride);
+    report((name + " dW").c_str(), dw, {gemms.time(dw, kBiasGrad), gemms.time(dw, kNone)});
+  }
+}
+
 // ---- attention timing -----------------------------------------------------
 
 // Milliseconds of one forward and backward of causal self-attention on the

@@ -32,6 +32,8 @@ const char* epilogue_name(cublasLtEpilogue_t epilogue) {
       return "DGELU";
     case CUBLASLT_EPILOGUE_BGRADB:
       return "BGRADB";
+    case CUBLASLT_EPILOGUE_DGELU_BGRAD:
+      return "DGELU_BGRAD";
     default:
       return "epilogue";
   }
@@ -154,7 +156,8 @@ cudaDataType_t cuda_type(DType t) {
 struct PlanKey {
   // accumulate (beta != 0): the timed search checked the bits under one of
   // the two, and an algorithm's order of sums may keep them under one alone.
-  int trans_a, trans_b, m, n, k, lda, ldb, ldd, ab_type, d_type, epilogue, aux_ld, accumulate;
+  int trans_a, trans_b, m, n, k, lda, ldb, ldd, ab_type, d_type, epilogue, aux_ld, accumulate,
+      fp32_bias;
   int batch, stride_a, stride_b, stride_d, bias_stride;
   int align_a, align_b, align_d, align_bias, align_aux;
   std::string text() const {
@@ -264,6 +267,7 @@ Gemm::Plan* Gemm::plan_for(const GemmCall& c) {
                     static_cast<int>(c.epilogue),
                     c.aux_ld,
                     c.beta != 0.0f,
+                    c.fp32_bias,
                     c.batch,
                     c.stride_a,
                     c.stride_b,
@@ -305,8 +309,9 @@ void Gemm::make_descriptors(const GemmCall& c, Plan& plan) {
   set(CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b);
   set(CUBLASLT_MATMUL_DESC_EPILOGUE, &c.epilogue, sizeof c.epilogue);
   if (c.bias) {
-    // The bias (or its gradient) has D's type, as cuBLASLt requires outside fp8.
-    const cudaDataType_t bias_type = c.d_type;
+    // The bias (or its gradient) has D's type, as cuBLASLt requires outside
+    // fp8, unless the call asks for fp32 (where cuBLASLt has an algorithm).
+    const cudaDataType_t bias_type = c.fp32_bias ? CUDA_R_32F : c.d_type;
     set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type);
     set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, &c.bias, sizeof c.bias);
     if (c.batch > 1) {
@@ -463,10 +468,17 @@ float Gemm::trial_ms(const GemmCall& c, const Plan& plan, const cublasLtMatmulAl
 uint64_t Gemm::outputs_digest(const GemmCall& c, const void* out) {
   const size_t bytes = element_bytes(c.d_type);
   std::vector<DigestSpan> spans = {{out, d_span(c) * bytes, 0}};
-  // The other outputs an epilogue writes: the bias gradient (n elements of
-  // D's type, summed over k: its order may differ too) and GELU's input.
+  // The other outputs an epilogue writes: the bias gradient (BGRADB: n
+  // elements, summed over k; DGELU_BGRAD: m, summed over n; its order may
+  // differ too) and GELU's input.
+  const size_t bias_bytes = c.fp32_bias ? 4 : bytes;
   if (c.epilogue == CUBLASLT_EPILOGUE_BGRADB)
-    spans.push_back({c.bias, (size_t(c.bias_stride) * size_t(c.batch - 1) + size_t(c.n)) * bytes,
+    spans.push_back({c.bias,
+                     (size_t(c.bias_stride) * size_t(c.batch - 1) + size_t(c.n)) * bias_bytes,
+                     gemm_search::kOutputStride});
+  if (c.epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD)
+    spans.push_back({c.bias,
+                     (size_t(c.bias_stride) * size_t(c.batch - 1) + size_t(c.m)) * bias_bytes,
                      gemm_search::kOutputStride});
   if (c.epilogue == CUBLASLT_EPILOGUE_GELU_AUX || c.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS)
     spans.push_back({c.aux, span(c.aux_ld, c.m, c.n) * bytes, 2 * gemm_search::kOutputStride});

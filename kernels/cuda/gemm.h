@@ -71,7 +71,8 @@ struct GemmCall {
   cudaDataType_t d_type = CUDA_R_32F;
   float beta = 0.0f;
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
-  const void* bias = nullptr;  // BIAS / GELU_AUX_BIAS: input; BGRADB: output
+  const void* bias = nullptr;  // BIAS / GELU_AUX_BIAS: input; BGRADB / DGELU_BGRAD: output
+  bool fp32_bias = false;      // the bias (or its gradient) in fp32 rather than D's type
   void* aux = nullptr;         // GELU_AUX*: output; DGELU: input
   int aux_ld = 0;
   int batch = 1;
