@@ -13,10 +13,12 @@
 // from the first's is set aside untimed. A graph serves batches of many
 // lengths, and two plans may agree on one (every sequence within one of
 // their tiles, say) and not on another, so the winner's bits are checked
-// against the heuristic plan's once more on the first batch of other
-// lengths, and where they differ the graph goes back to the heuristic's.
+// against the heuristic plan's again on the first batch of other lengths
+// and on each batch longer than any before, and where they differ the
+// graph goes back to the heuristic's.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -40,6 +42,55 @@ using gemm_search::Trial;
 // (gemm_search::winner's -1).
 inline int64_t chosen_plan(const std::vector<int64_t>& plans, int winner) {
   return winner >= 0 ? plans[static_cast<size_t>(winner)] : plans.front();
+}
+
+// A batch's lengths, as far as a plan's bits may depend on them: a hash of
+// its counts and longest sequences (a collision only skips a check), and
+// its longest sequence.
+struct BatchLengths {
+  uint64_t hash = 0;
+  int longest = 0;
+};
+
+// When a searched graph that runs another plan than the heuristic's checks
+// its bits against the heuristic plan's again (deterministic runs): on the
+// first batch of other lengths than the search's, and on every batch
+// longer than all those seen so far (a sequence over more tiles than any
+// before is where two plans' orders of summing part).
+class BitsChecks {
+ public:
+  // The search's batch; same_bits false: the bits need not match, and no
+  // check is ever due.
+  void searched(const BatchLengths& batch, bool same_bits) {
+    needed_ = same_bits;
+    searched_hash_ = batch.hash;
+    other_lengths_seen_ = false;
+    longest_seen_ = batch.longest;
+  }
+  bool due(const BatchLengths& batch) const {
+    return needed_ && ((!other_lengths_seen_ && batch.hash != searched_hash_) ||
+                       batch.longest > longest_seen_);
+  }
+  // A batch whose check passed.
+  void passed(const BatchLengths& batch) {
+    other_lengths_seen_ = other_lengths_seen_ || batch.hash != searched_hash_;
+    longest_seen_ = std::max(longest_seen_, batch.longest);
+  }
+  // The heuristic's plan is back: nothing more to check.
+  void stop() { needed_ = false; }
+
+ private:
+  bool needed_ = false;
+  uint64_t searched_hash_ = 0;
+  bool other_lengths_seen_ = false;
+  int longest_seen_ = 0;
+};
+
+// Whether a graph's search failed, and the graph keeps the heuristic's
+// plan: that plan did not run, or was not timed (a run failed), or no plan
+// qualified (trials[i] as for chosen_plan).
+inline bool search_failed(const std::vector<Trial>& trials, int winner) {
+  return trials.empty() || !trials[0].ran || trials[0].ms < 0.0f || winner < 0;
 }
 
 // Every search of a run, for bench's "attention_search".
@@ -66,7 +117,7 @@ struct Tally {
     not_built += not_built_plans;
     int ran = 0;
     for (const Trial& t : trials) ran += t.ran ? 1 : 0;
-    if (trials.empty() || !trials[0].ran || trials[0].ms < 0.0f || winner < 0) {
+    if (search_failed(trials, winner)) {
       ++failed;
       return;
     }

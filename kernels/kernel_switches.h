@@ -86,8 +86,8 @@ struct KernelSwitches {
   // first of heuristic A's plans that builds; timed, the fastest of the
   // plans of heuristics A and B, timed once per graph on its second call:
   // among those that give the first plan's bits, checked again on a batch
-  // of other lengths (the same bits either way), or with --deterministic
-  // false among all. See kernels/attention_search.h. A candidate.
+  // of other lengths and on longer ones (the same bits either way), or
+  // with --deterministic false among all. See kernels/attention_search.h. A candidate.
   enum class AttentionPlan { kHeuristic, kTimed } attention_plan = AttentionPlan::kHeuristic;
 };
 

@@ -1488,20 +1488,22 @@ AttentionWrites cudnn_attention_writes(Ops& ops, DType t, const std::vector<int3
 
 // attention_plan=timed: each cuDNN graph's plans are timed on its second
 // call, and from then on it runs the fastest of those that gave its first
-// plan's bits, checked again on the first batch of other lengths. So a run
-// gives the heuristic plan's bits at every call, before its search, at it,
-// at the check and after (bf16 and fp16, ragged lengths across cuDNN's
-// tiles, two batches of one graph, forward and backward), and bench is
-// told what was timed.
+// plan's bits, checked again on the first batch of other lengths and on
+// longer ones. So a run gives the heuristic plan's bits at every call,
+// before its search, at it, at the checks and after (bf16 and fp16, ragged
+// lengths across cuDNN's tiles, three batches of one graph, forward and
+// backward), and bench is told what was timed.
 TEST(CudaKernelSwitches, TimedAttentionPlansGiveTheHeuristicPlansBits) {
   if (!gpu_present()) GTEST_SKIP() << "no GPU visible";
   if (!cuda::FlashAttention::built()) GTEST_SKIP() << "this build has no cuDNN frontend";
   std::mt19937 rng(29);
   const int H = 4, D = 64;
   const size_t C = H * D;
-  // Two batches of one graph (8 slots, longest up to 512, 1024 rows).
-  const std::vector<std::vector<int32_t>> batches = {offsets_of({300, 1, 129, 512, 64}),
-                                                     offsets_of({400, 3, 129, 200, 64})};
+  // Three batches of one graph (8 slots, longest up to 512, 1024 rows):
+  // the search's, one of other lengths, one longer than both.
+  const std::vector<std::vector<int32_t>> batches = {offsets_of({300, 1, 129, 200, 64}),
+                                                     offsets_of({290, 3, 129, 200, 64}),
+                                                     offsets_of({512, 1, 129, 64, 64})};
   for (DType t : {DType::kBF16, DType::kF16}) {
     SCOPED_TRACE(to_string(t));
     std::unique_ptr<Ops> heuristic = make_cuda_ops(0), timed = make_cuda_ops(0);
@@ -1520,9 +1522,11 @@ TEST(CudaKernelSwitches, TimedAttentionPlansGiveTheHeuristicPlansBits) {
       dout.push_back(random_stored(rng, t, N * C, 0.1f));
       want.push_back(cudnn_attention_writes(*heuristic, t, offsets, H, D, qkv.back(), dout.back()));
     }
-    // Calls 1 and 2 (the search) on the first batch, 3 (the check) and 4 on the second.
-    for (int call = 1; call <= 4; ++call) {
-      const size_t b = call <= 2 ? 0 : 1;
+    // Calls 1 and 2 (the search) on the first batch, 3 (a check: other
+    // lengths) on the second, 4 (a check: longer) and 5 on the third.
+    const size_t batch_of_call[] = {0, 0, 0, 1, 2, 2};
+    for (int call = 1; call <= 5; ++call) {
+      const size_t b = batch_of_call[call];
       const AttentionWrites got =
           cudnn_attention_writes(*timed, t, batches[b], H, D, qkv[b], dout[b]);
       EXPECT_TRUE(got.out == want[b].out) << "out, call " << call;
@@ -1530,8 +1534,8 @@ TEST(CudaKernelSwitches, TimedAttentionPlansGiveTheHeuristicPlansBits) {
       EXPECT_TRUE(got.dqkv == want[b].dqkv) << "dq, dk, dv, call " << call;
     }
     const CandidateCalls calls = searching.candidate_counts();
-    EXPECT_EQ(calls.asked[CandidateCalls::kAttentionPlan], 8) << "4 forward and 4 backward calls";
-    EXPECT_EQ(calls.ran[CandidateCalls::kAttentionPlan], 6) << "each graph's calls from its search";
+    EXPECT_EQ(calls.asked[CandidateCalls::kAttentionPlan], 10) << "5 forward and 5 backward calls";
+    EXPECT_EQ(calls.ran[CandidateCalls::kAttentionPlan], 8) << "each graph's calls from its search";
     EXPECT_EQ(heuristic->attention_search(), "") << "nothing searched without the switch";
     const std::string found = timed->attention_search();
     EXPECT_NE(found, "") << "the search told nothing";

@@ -174,5 +174,38 @@ TEST(AttentionPlanSearch, FailedSearchesLaterRejectionsAndTheCapAreTold) {
             "plan back); 3 graphs past the most searches");
 }
 
+TEST(AttentionPlanSearch, ChecksOnOtherLengthsAndEachLongerBatch) {
+  using attention_search::BatchLengths;
+  attention_search::BitsChecks checks;
+  EXPECT_FALSE(checks.due({5, 900})) << "nothing searched: nothing to check";
+  checks.searched({1, 512}, true);
+  EXPECT_FALSE(checks.due({1, 512})) << "the search's own lengths";
+  EXPECT_TRUE(checks.due({2, 300})) << "the first batch of other lengths";
+  checks.passed({2, 300});
+  EXPECT_FALSE(checks.due({3, 400})) << "other lengths, checked once, within the longest seen";
+  EXPECT_TRUE(checks.due({1, 700})) << "longer than any before (a hash collision as well)";
+  checks.passed({1, 700});
+  EXPECT_FALSE(checks.due({4, 700}));
+  EXPECT_TRUE(checks.due({4, 701}));
+  checks.stop();
+  EXPECT_FALSE(checks.due({4, 2000})) << "the heuristic's plan is back: nothing to check";
+  checks.searched({1, 512}, false);
+  EXPECT_FALSE(checks.due({2, 2000})) << "any bits: never checked";
+  // A check passed on a longer batch with the search's hash leaves the
+  // other lengths unchecked.
+  checks.searched({1, 512}, true);
+  checks.passed({1, 600});
+  EXPECT_TRUE(checks.due({2, 100}));
+}
+
+TEST(AttentionPlanSearch, AFailedSearchKeepsTheHeuristicsPlan) {
+  EXPECT_TRUE(attention_search::search_failed({}, -1));
+  EXPECT_TRUE(attention_search::search_failed({refused(), trial(2, 0.5f)}, 1))
+      << "the heuristic's plan did not run";
+  EXPECT_TRUE(attention_search::search_failed({trial(2, -1.0f), trial(2, 0.5f)}, 1))
+      << "its timing failed: a winner among the others is not taken";
+  EXPECT_FALSE(attention_search::search_failed({trial(2, 1.0f), trial(2, 0.5f)}, 1));
+}
+
 }  // namespace
 }  // namespace mpiformer

@@ -58,12 +58,11 @@ struct Entry {
   // whether its plans were searched; the plan it runs since and its
   // workspace (-1: the frontend's, the first that built in the heuristic's
   // order, untimed); the heuristic's plan, whose bits the chosen one's
-  // must equal, checked again (verified) on the first batch of other
-  // lengths than the search's.
+  // must equal, and when they are checked again.
   int calls = 0;
-  bool searched = false, verified = false;
+  bool searched = false;
   int64_t plan = -1, plan_workspace = 0, heuristic_plan = -1;
-  uint64_t searched_lengths = 0;
+  attention_search::BitsChecks checks;
 };
 
 // Graphs of unprepared calls kept at most; past it they are dropped and
@@ -394,7 +393,8 @@ class CudnnAttention final : public FlashAttention {
     // attention_plan=timed: where heuristic A takes the key, the plans of
     // A and B, more to time (A's first, so its first that builds leads, as
     // in A's alone); otherwise A's.
-    if (g && plans_timed()) {
+    if (!g || !plans_timed()) return g;
+    try {
       std::string unused;
       int64_t wider_workspace = 0;
       if (auto wider =
@@ -402,6 +402,7 @@ class CudnnAttention final : public FlashAttention {
         *workspace = wider_workspace;
         return wider;
       }
+    } catch (const std::exception&) {  // A's graph, which built, serves the key
     }
     return g;
   }
@@ -495,18 +496,17 @@ class CudnnAttention final : public FlashAttention {
 
   // Runs the graph's plan: the frontend's, or the one its search chose.
   // attention_plan=timed: the graph's kSearchOnCall-th call searches
-  // first, and the first call after it on a batch of other lengths checks
-  // the chosen plan's bits against the heuristic's again. outputs: what
-  // the call writes (given under attention_plan=timed alone); lengths:
-  // batch_lengths of the call's batch.
+  // first, and later calls check the chosen plan's bits against the
+  // heuristic's again where entry.checks says. outputs: what the call
+  // writes (given under attention_plan=timed alone); lengths: the call's
+  // batch_lengths.
   void run(Entry& entry, Pack pack, const char* what, const std::vector<DigestSpan>& outputs,
-           uint64_t lengths) {
+           const attention_search::BatchLengths& lengths) {
     if (plans_timed()) {
       if (!entry.searched && ++entry.calls >= attention_search::kSearchOnCall)
         search(entry, pack, outputs, lengths);
-      else if (entry.plan != entry.heuristic_plan && !entry.verified &&
-               lengths != entry.searched_lengths)
-        verify(entry, pack, outputs);
+      else if (entry.plan != entry.heuristic_plan && entry.checks.due(lengths))
+        verify(entry, pack, outputs, lengths);
       ops_.count_candidate(CandidateCalls::kAttentionPlan, entry.plan >= 0);
     }
     void* workspace = ops_.scratch(CudaOps::kAttentionScores,
@@ -524,23 +524,25 @@ class CudnnAttention final : public FlashAttention {
     return ops_.kernel_switches().attention_plan == KernelSwitches::AttentionPlan::kTimed;
   }
 
-  // What tells one batch's lengths from another's for the check of a
-  // chosen plan's bits (a hash: a collision only skips the check).
-  static uint64_t batch_lengths(const Ragged& qs, const Ragged& ks) {
+  // What tells one batch's lengths from another's for the checks of a
+  // chosen plan's bits.
+  static attention_search::BatchLengths batch_lengths(const Ragged& qs, const Ragged& ks) {
     uint64_t h = 0;
     for (const int64_t n : {int64_t{qs.batch}, int64_t{qs.total}, int64_t{qs.max_len},
                             int64_t{ks.total}, int64_t{ks.max_len}})
       h = h * 0x100000001b3ull ^ static_cast<uint64_t>(n);
-    return h;
+    return {h, std::max(qs.max_len, ks.max_len)};
   }
 
   // The timed search of a graph's plans on this call's operands (each run
   // writes the outputs; the call's own run follows and writes them again):
   // the heuristic's plan first, then every other plan its heuristics offer
   // that builds, whose workspace fits in what is reserved, and whose name
-  // no earlier one had. Where the heuristic's plan does not run here, the
-  // graph keeps it untimed (plan -1).
-  void search(Entry& entry, Pack& pack, const std::vector<DigestSpan>& outputs, uint64_t lengths) {
+  // no earlier one had. From here on the graph runs a plan by its index
+  // (building another makes it the frontend's choice): the heuristic's
+  // where the search fails.
+  void search(Entry& entry, Pack& pack, const std::vector<DigestSpan>& outputs,
+              const attention_search::BatchLengths& lengths) {
     entry.searched = true;
     if (searches_.searches() >= attention_search::kMostSearches) {
       ++searches_.past_most;
@@ -549,20 +551,21 @@ class CudnnAttention final : public FlashAttention {
     ops_.finish_side_stream();  // nothing else on the GPU while it times
     fe::graph::Graph& g = *entry.graph;
     const int64_t first = built_plan(g);  // the frontend's: the one plan built so far
+    if (first < 0) return;
+    entry.plan = entry.heuristic_plan = first;
+    entry.plan_workspace = entry.workspace;
     const size_t limit = std::max(reserved_, static_cast<size_t>(entry.workspace));
-    int not_built = 0;
-    const std::vector<int64_t> plans = plans_to_try(g, first, limit, &not_built);
-    void* workspace = ops_.scratch(CudaOps::kAttentionScores, limit + 16);
     const bool same_bits = ops_.deterministic();
+    int not_built = 0;
+    const std::vector<int64_t> plans = plans_to_try(g, first, limit, same_bits, &not_built);
+    void* workspace = ops_.scratch(CudaOps::kAttentionScores, limit + 16);
     const std::vector<attention_search::Trial> trials =
         time_plans(g, plans, pack, workspace, same_bits ? &outputs : nullptr);
     const int winner = gemm_search::winner(trials, same_bits);
     searches_.add(trials, winner, same_bits, not_built);
-    if (trials.empty() || !trials[0].ran) return;  // the heuristic's plan stays, untimed
-    entry.heuristic_plan = first;
+    if (attention_search::search_failed(trials, winner)) return;
     entry.plan = attention_search::chosen_plan(plans, winner);
-    entry.searched_lengths = lengths;
-    entry.verified = !same_bits;  // any bits: nothing to check
+    entry.checks.searched(lengths, same_bits);
     if (g.get_workspace_size_plan_at_index(entry.plan, entry.plan_workspace).is_bad())
       entry.plan_workspace = static_cast<int64_t>(limit);  // it ran within the limit
   }
@@ -576,36 +579,34 @@ class CudnnAttention final : public FlashAttention {
     return -1;
   }
 
-  // The plans a search runs: `first`, then each other name the heuristics
-  // offer once, where it builds with at most `limit` bytes of workspace
-  // (*not_built counts the others). Empty where `first` is -1.
+  // The plans a search runs: `first` (built), then each other name the
+  // heuristics offer once, built where it builds with at most `limit`
+  // bytes of workspace and, where the bits must match, where cuDNN does
+  // not call it nondeterministic (one that adds into dQ atomically can
+  // agree with the first wherever each sum has one term); *not_built
+  // counts the others.
   static std::vector<int64_t> plans_to_try(fe::graph::Graph& g, int64_t first, size_t limit,
-                                           int* not_built) {
-    if (first < 0) return {};
+                                           bool same_bits, int* not_built) {
     std::vector<int64_t> plans = {first};
     std::vector<std::string> names(1);
-    if (g.get_plan_name_at_index(first, names[0]).is_bad()) return {first};
+    if (g.get_plan_name_at_index(first, names[0]).is_bad()) return plans;
+    g.deselect_workspace_greater_than(static_cast<int64_t>(limit));
+    if (same_bits) g.deselect_numeric_notes({fe::NumericalNote_t::NONDETERMINISTIC});
     for (int64_t i = 0; i < g.get_execution_plan_count(); ++i) {
       std::string name;
-      if (i != first && g.get_plan_name_at_index(i, name).is_good() &&
-          std::find(names.begin(), names.end(), name) == names.end()) {
-        names.push_back(name);
-        plans.push_back(i);
-      }
-    }
-    // Builds the rest, none whose workspace is over the limit; the
-    // frontend's choice stays its candidate.
-    g.deselect_workspace_greater_than(static_cast<int64_t>(limit));
-    if (g.build_plans(fe::BuildPlanPolicy_t::ALL).is_bad()) return {first};
-    std::vector<int64_t> built = {first};
-    for (size_t p = 1; p < plans.size(); ++p) {
+      if (i == first || g.get_plan_name_at_index(i, name).is_bad() ||
+          std::find(names.begin(), names.end(), name) != names.end())
+        continue;
+      names.push_back(name);
       int64_t bytes = 0;
-      if (g.get_workspace_size_plan_at_index(plans[p], bytes).is_good() &&
+      if (g.build_plan_at_index(i).is_good() &&
+          g.get_workspace_size_plan_at_index(i, bytes).is_good() &&
           static_cast<size_t>(bytes) <= limit)
-        built.push_back(plans[p]);
+        plans.push_back(i);
+      else
+        ++*not_built;
     }
-    *not_built = static_cast<int>(plans.size() - built.size());
-    return built;
+    return plans;
   }
 
   // One trial per plan of `plans`: a run (whose outputs' digest, where
@@ -615,9 +616,7 @@ class CudnnAttention final : public FlashAttention {
                                                   const std::vector<int64_t>& plans, Pack& pack,
                                                   void* workspace,
                                                   const std::vector<DigestSpan>* outputs) {
-    cudaEvent_t start = nullptr, stop = nullptr;
-    check(cudaEventCreate(&start), "cudaEventCreate");
-    check(cudaEventCreate(&stop), "cudaEventCreate");
+    const TimingEvents events;
     std::vector<attention_search::Trial> trials;
     for (const int64_t plan : plans) {
       attention_search::Trial trial;
@@ -629,20 +628,18 @@ class CudnnAttention final : public FlashAttention {
       if (!trials[0].ran) break;  // the heuristic's plan failed: nothing to compare with
       const bool set_aside = outputs && gemm_search::other_bits(trials, trials.size() - 1);
       if (trial.ran && !set_aside)
-        trials.back().ms = plan_ms(g, pack, workspace, plan, start, stop);
+        trials.back().ms = plan_ms(g, pack, workspace, plan, events.start, events.stop);
     }
-    check(cudaEventDestroy(stop), "cudaEventDestroy");
-    check(cudaEventDestroy(start), "cudaEventDestroy");
     return trials;
   }
 
-  // The check of a chosen plan's bits on a second batch, of other lengths
-  // than the search's: the heuristic's plan, then the chosen one, each
-  // run and digested; where they differ the graph goes back to the
-  // heuristic's plan (a plan whose bits differ only where a sequence
-  // spans more tiles, say, than the search's batch had).
-  void verify(Entry& entry, Pack& pack, const std::vector<DigestSpan>& outputs) {
-    entry.verified = true;
+  // The check of a chosen plan's bits on a later batch (entry.checks):
+  // the heuristic's plan, then the chosen one, each run and digested;
+  // where they differ the graph goes back to the heuristic's plan (a plan
+  // whose bits differ only where a sequence spans more tiles, say, than
+  // the search's batch had).
+  void verify(Entry& entry, Pack& pack, const std::vector<DigestSpan>& outputs,
+              const attention_search::BatchLengths& lengths) {
     void* workspace = ops_.scratch(CudaOps::kAttentionScores,
                                    std::max(entry.workspace, entry.plan_workspace) + 16);
     uint64_t digests[2] = {};
@@ -655,7 +652,11 @@ class CudnnAttention final : public FlashAttention {
       }
       digests[i] = spans_digest(outputs, &digest_total_, ops_.stream());
     }
-    if (digests[0] == digests[1]) return;
+    if (digests[0] == digests[1]) {
+      entry.checks.passed(lengths);
+      return;
+    }
+    entry.checks.stop();
     entry.plan = entry.heuristic_plan;
     entry.plan_workspace = entry.workspace;
     ++searches_.rejected;

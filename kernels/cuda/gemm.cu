@@ -140,6 +140,19 @@ uint64_t spans_digest(const std::vector<DigestSpan>& spans, unsigned long long**
   return sum;
 }
 
+TimingEvents::TimingEvents() {
+  check(cudaEventCreate(&start), "cudaEventCreate");
+  if (const cudaError_t status = cudaEventCreate(&stop); status != cudaSuccess) {
+    cudaEventDestroy(start);  // no destructor runs after a constructor throws
+    check(status, "cudaEventCreate");
+  }
+}
+
+TimingEvents::~TimingEvents() {
+  if (stop) cudaEventDestroy(stop);
+  if (start) cudaEventDestroy(start);
+}
+
 cudaDataType_t cuda_type(DType t) {
   switch (t) {
     case DType::kF32:
@@ -410,9 +423,7 @@ int Gemm::time_candidates(const GemmCall& c, const Plan& plan,
   }
   if (stand_in) ops_.cuda_device().count_workspace(out_bytes);
   point_at(plan, c);
-  cudaEvent_t start = nullptr, stop = nullptr;
-  check(cudaEventCreate(&start), "cudaEventCreate");
-  check(cudaEventCreate(&stop), "cudaEventCreate");
+  const TimingEvents events;
   std::vector<gemm_search::Trial> trials;
   for (size_t i = 0; i < algos.size(); ++i) {
     gemm_search::Trial trial;
@@ -427,11 +438,9 @@ int Gemm::time_candidates(const GemmCall& c, const Plan& plan,
     if (same_bits_ && gemm_search::other_bits(trials, i))
       ++other_bits_;  // set aside, untimed
     else if (trial.ran)
-      trials[i].ms = trial_ms(c, plan, algos[i], out, start, stop);
+      trials[i].ms = trial_ms(c, plan, algos[i], out, events.start, events.stop);
   }
   suggestions_ += static_cast<int>(trials.size());
-  check(cudaEventDestroy(stop), "cudaEventDestroy");
-  check(cudaEventDestroy(start), "cudaEventDestroy");
   if (stand_in) {
     // Trials may still be running when a candidate failed after others queued.
     check(cudaStreamSynchronize(ops_.stream()), "cudaStreamSynchronize");

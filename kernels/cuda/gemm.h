@@ -52,6 +52,17 @@ struct DigestSpan {
 uint64_t spans_digest(const std::vector<DigestSpan>& spans, unsigned long long** total,
                       cudaStream_t stream);
 
+// The two events a timed search records around its runs, destroyed with
+// it (an exception on the way included). Throws std::runtime_error where
+// CUDA cannot make them.
+struct TimingEvents {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  TimingEvents();
+  ~TimingEvents();
+  TimingEvents(const TimingEvents&) = delete;
+  TimingEvents& operator=(const TimingEvents&) = delete;
+};
+
 // D (m x n, ld ldd) = op(A) op(B) + beta * D, A (ld lda) and B (ld ldb) in
 // ab_type, D in d_type, fp32 accumulation; with an epilogue, also bias
 // (m or n elements, see cuBLASLt), aux (ld aux_ld) as cuBLASLt defines them.
