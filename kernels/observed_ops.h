@@ -33,6 +33,14 @@ struct OpCall {
 // "matmul_forward (bf16; N 8192, IC 768, OC 2304)".
 std::string describe(const OpCall& call);
 
+// The floating-point operations of a call where its sizes tell them: a
+// GEMM's 2 N IC OC per product (matmul_backward's dx and dW), attention's
+// 4 B Lq Lk H D forward on a batch of equal lengths, halved where causal
+// (the masked half not counted), and 2.5 times that backward (the
+// conventions of the TFLOP/s figures in docs/GPU_RESULTS.md); 0 for other
+// ops and for a ragged batch, whose products its totals do not tell.
+double call_flops(const OpCall& call);
+
 class ObservedOps : public Ops {
  public:
   // inner's ops, on inner's device.

@@ -37,12 +37,14 @@ class ProfiledOps : public ObservedOps {
   }
 
   // The op calls since the last reset, the same op on the same sizes taken
-  // together ("matmul_backward (bf16; N 8192, IC 768, OC 50257)"), the
-  // costliest first (waits for the device).
+  // together ("matmul_backward (bf16; N 8192, IC 768, OC 50257)", with
+  // their operations where the sizes tell them), the costliest first
+  // (waits for the device).
   struct CallTotal {
     std::string call;
     double ms = 0.0;
     long long count = 0;
+    double flops = 0.0;  // call_flops over the calls; 0 where the sizes do not tell
   };
   std::vector<CallTotal> call_totals() {
     const std::vector<double> spans = timer_->span_milliseconds();
@@ -52,6 +54,7 @@ class ProfiledOps : public ObservedOps {
       total.call = calls_[i].description;
       total.ms += spans[i];
       ++total.count;
+      total.flops += calls_[i].flops;
     }
     std::vector<CallTotal> totals;
     for (auto& [call, total] : by_call) totals.push_back(total);
@@ -64,13 +67,14 @@ class ProfiledOps : public ObservedOps {
   void begin(const OpCall&) override { timer_->begin(); }
   void end(const OpCall& call) override {
     timer_->end();
-    calls_.push_back({call.family, describe(call)});
+    calls_.push_back({call.family, describe(call), call_flops(call)});
   }
 
  private:
   struct TimedCall {
     OpFamily family;
     std::string description;
+    double flops;
   };
   std::unique_ptr<OpTimer> timer_;
   std::vector<TimedCall> calls_;  // each timed span's call, in order

@@ -1,6 +1,7 @@
 #include "src/app/profile_table.h"
 
 #include <cstdio>
+#include <string>
 
 namespace mpiformer {
 
@@ -8,6 +9,14 @@ double outside_ops_ms(const std::vector<double>& ms, double step_ms) {
   double ops_ms = 0.0;
   for (double m : ms) ops_ms += m;
   return step_ms - ops_ms;
+}
+
+std::string call_rate(const ProfiledOps::CallTotal& total) {
+  if (total.flops <= 0.0 || total.ms <= 0.0) return "";
+  const double tflops = total.flops / total.ms * 1e-9;
+  char text[48];
+  std::snprintf(text, sizeof text, tflops >= 100.0 ? ": %.0f TFLOP/s" : ": %.3g TFLOP/s", tflops);
+  return text;
 }
 
 void print_profile(const std::vector<double>& ms, const std::vector<ProfiledOps::CallTotal>& calls,
@@ -26,9 +35,9 @@ void print_profile(const std::vector<double>& ms, const std::vector<ProfiledOps:
   std::fprintf(stderr, "costliest op calls (per step: ms, calls, share):\n");
   for (size_t i = 0; i < calls.size() && i < kTopCalls; ++i) {
     const double per_step = steps > 0 ? calls[i].ms / steps : 0.0;
-    std::fprintf(stderr, "  %9.3f ms %6.1f  %5.1f%%  %s\n", per_step,
+    std::fprintf(stderr, "  %9.3f ms %6.1f  %5.1f%%  %s%s\n", per_step,
                  steps > 0 ? static_cast<double>(calls[i].count) / steps : 0.0, share(per_step),
-                 calls[i].call.c_str());
+                 calls[i].call.c_str(), call_rate(calls[i]).c_str());
   }
   std::fflush(stderr);
 }
