@@ -23,6 +23,7 @@ constexpr Family kFamilies[] = {
     {"attention", {"ragged", "dense"}},   {"exact", {"buffered", "direct"}},
     {"adamw", {"ranged", "vector"}},      {"dweight", {"whole", "split"}},
     {"dweight_stream", {"main", "side"}}, {"attention_plan", {"heuristic", "timed"}},
+    {"dbias", {"epilogue", "columns"}},
 };
 
 // The index of path `p` in family `f`, or -1.
@@ -56,6 +57,7 @@ void set(KernelSwitches& s, int f, int p) {
   if (f == 7) s.dweight = static_cast<KernelSwitches::DWeight>(p);
   if (f == 8) s.dweight_stream = static_cast<KernelSwitches::DWeightStream>(p);
   if (f == 9) s.attention_plan = static_cast<KernelSwitches::AttentionPlan>(p);
+  if (f == 10) s.dbias = static_cast<KernelSwitches::DBias>(p);
 }
 
 int path_of(const KernelSwitches& s, int f) {
@@ -68,7 +70,8 @@ int path_of(const KernelSwitches& s, int f) {
   if (f == 6) return static_cast<int>(s.adamw);
   if (f == 7) return static_cast<int>(s.dweight);
   if (f == 8) return static_cast<int>(s.dweight_stream);
-  return static_cast<int>(s.attention_plan);
+  if (f == 9) return static_cast<int>(s.attention_plan);
+  return static_cast<int>(s.dbias);
 }
 
 void apply(KernelSwitches& s, const std::string& text, const std::string& part) {

@@ -89,6 +89,15 @@ struct KernelSwitches {
   // of other lengths and on longer ones (the same bits either way), or
   // with --deterministic false among all. See kernels/attention_search.h. A candidate.
   enum class AttentionPlan { kHeuristic, kTimed } attention_plan = AttentionPlan::kHeuristic;
+  // A layer's bias gradient (the sum over tokens of dout): epilogue
+  // (default), from the weight gradient's GEMM (cuBLASLt's BGRADB);
+  // columns, the GEMM alone and then a pass over dout that sums its
+  // columns, 16 bytes a load, each column's tokens in order
+  // (kernels/cuda/column_sums_kernels.cuh), for where the epilogue costs
+  // the GEMM more than the pass (KernelTiming.CublasLtEpiloguesOnGpt2B32
+  // times each GPT-2 GEMM with BGRADB and without). Other bits, as
+  // deterministic. A candidate.
+  enum class DBias { kEpilogue, kColumns } dbias = DBias::kEpilogue;
 };
 
 // How often each family's newer path ran, of the calls that asked for it;
@@ -111,6 +120,7 @@ struct CandidateCalls {
     kDWeight,
     kDWeightStream,
     kAttentionPlan,
+    kDBias,
     kFamilies
   };
   long long asked[kFamilies] = {};
@@ -130,7 +140,7 @@ KernelSwitches kernel_switches_from_environment();
 
 // "layernorm=warp,layernorm_backward=block,loss=reread,gemm=heuristic,
 // attention=ragged,exact=direct,adamw=vector,dweight=whole,dweight_stream=main,
-// attention_plan=heuristic"
+// attention_plan=heuristic,dbias=epilogue"
 // (the defaults):
 // every family, for start lines and bench's JSON.
 std::string describe(const KernelSwitches& switches);

@@ -1486,6 +1486,45 @@ AttentionWrites cudnn_attention_writes(Ops& ops, DType t, const std::vector<int3
   return got;
 }
 
+// dbias=columns: the bias gradient from column sums of dout after the GEMM
+// alone, not from cuBLASLt's BGRADB; each column's tokens in order, so the
+// same bits on every call (and under dweight=split, whose parts then carry
+// no bias gradient). dx is untouched; dW comes from the GEMM without its
+// epilogue, which cuBLASLt may run another way (close, not equal).
+TEST(CudaKernelSwitches, ColumnSumBiasGradientsAgreeWithTheEpilogues) {
+  if (!gpu_present()) GTEST_SKIP() << "no GPU visible";
+  std::unique_ptr<Ops> ops = make_cuda_ops(0);
+  const auto& cuda = dynamic_cast<const CudaOps&>(*ops);
+  std::mt19937 rng(41);
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+    // 16-byte rows (768, 3072: vector loads), rows of 1283 (one element a
+    // load, and a tail of 3 columns after the aligned 1280).
+    for (const auto& [N, IC, OC] :
+         {std::tuple{8192, 768, 768}, std::tuple{4097, 768, 3072}, std::tuple{8192, 768, 1283}}) {
+      SCOPED_TRACE(std::string(to_string(t)) + ", N " + std::to_string(N) + ", OC " +
+                   std::to_string(OC));
+      const LayerInputs in = random_layer(rng, t, N, IC, OC, 0, false, 0.25f);
+      const long long before = cuda.candidate_counts().ran[CandidateCalls::kDBias];
+      KernelSwitches epilogue, columns, split;
+      columns.dbias = split.dbias = KernelSwitches::DBias::kColumns;
+      split.dweight = KernelSwitches::DWeight::kSplit;
+      const WeightGradients got[] = {
+          weight_gradients(*ops, in, epilogue, true), weight_gradients(*ops, in, columns, true),
+          weight_gradients(*ops, in, columns, true), weight_gradients(*ops, in, split, true)};
+      EXPECT_TRUE(got[1].dx == got[0].dx) << "dx changed";
+      expect_close(got[1].dbias, got[0].dbias, 5e-5, "dbias, columns against the epilogue");
+      expect_close(got[1].dweight, got[0].dweight, 5e-5, "dweight, columns against the epilogue");
+      EXPECT_TRUE(got[1].dbias == got[2].dbias && got[1].dweight == got[2].dweight)
+          << "columns, a second call: other bits";
+      EXPECT_TRUE(got[3].dbias == got[1].dbias) << "columns under dweight=split: other bits";
+      EXPECT_NE(got[1].dbias[0], -0.5f) << "nothing was added";
+      // 3 calls, each of OC 1283 as its aligned 1280 and its tail of 3.
+      EXPECT_EQ(cuda.candidate_counts().ran[CandidateCalls::kDBias] - before, OC == 1283 ? 6 : 3)
+          << "the column sums did not run";
+    }
+  }
+}
+
 // attention_plan=timed: each cuDNN graph's plans are timed on its second
 // call, and from then on it runs the fastest of those that gave its first
 // plan's bits, checked again on the first batch of other lengths and on
@@ -1693,6 +1732,48 @@ TEST(KernelTiming, AdamWRangedAgainstVector) {
       "kernel timing: AdamW (%zu parameters, %zu ranges, bf16 copy): ranged %.3f ms (%.2f TB/s), "
       "vector %.3f ms (%.2f TB/s), vector/ranged %.2f\n",
       n, ranges.size(), ms[0], moved / ms[0] * tb, ms[1], moved / ms[1] * tb, ms[1] / ms[0]);
+}
+
+// GPT-2 small's B32 weight gradients with their bias gradients (each
+// layer's dW shape; the LM head's chunk, dout rows 50304 apart) under
+// dbias=epilogue and dbias=columns, the whole op: ms per call and per step
+// (12 layers, 3 chunks). A report.
+TEST(KernelTiming, BiasGradientEpilogueAgainstColumns) {
+  if (!gpu_present()) GTEST_SKIP() << "no GPU visible";
+  std::unique_ptr<Ops> ops = make_cuda_ops(0);
+  auto* cuda = dynamic_cast<CudaOps*>(ops.get());
+  TimingBuffers buffers(*ops);
+  const DType t = DType::kBF16;
+  struct Shape {
+    const char* name;
+    int N, IC, OC, ldd, per_step;
+  };
+  const Shape shapes[] = {{"qkv", 32768, 768, 2304, 2304, 12},
+                          {"projection", 32768, 768, 768, 768, 12},
+                          {"fc1", 32768, 768, 3072, 3072, 12},
+                          {"fc2", 32768, 3072, 768, 768, 12},
+                          {"LM head chunk", 10672, 768, 50257, 50304, 3}};
+  const Act x(buffers.zeros(size_t{32768} * 3072 * 2), t);
+  const Act dout(buffers.zeros(size_t{10672} * 50304 * 2), t);
+  auto* dw = static_cast<float*>(buffers.zeros(sizeof(float) * 50257 * 768));
+  auto* db = static_cast<float*>(buffers.zeros(sizeof(float) * 50304));
+  double step_ms[2] = {};
+  std::printf("kernel timing: weight and bias gradients (bf16):");
+  for (const Shape& s : shapes) {
+    double ms[2];
+    for (int columns = 0; columns < 2; ++columns) {
+      KernelSwitches switches;
+      if (columns) switches.dbias = KernelSwitches::DBias::kColumns;
+      cuda->set_kernel_switches(switches);
+      ms[columns] = milliseconds_per_call(*ops, 10, [&] {
+        ops->matmul_backward(Act(), dw, db, dout, x, x, s.N, s.IC, s.OC, true, {}, s.ldd);
+      });
+      step_ms[columns] += ms[columns] * s.per_step;
+    }
+    std::printf(" %s epilogue %.3f ms, columns %.3f ms;", s.name, ms[0], ms[1]);
+  }
+  std::printf(" a B32 step: epilogue %.2f ms, columns %.2f ms (%.3f)\n", step_ms[0], step_ms[1],
+              step_ms[1] / step_ms[0]);
 }
 
 // GPT-2 small's B32 attention batch (32 x 1024, 12 heads of 64, causal,

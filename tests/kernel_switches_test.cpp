@@ -15,7 +15,8 @@ namespace {
 
 constexpr const char* kDefaults =
     "layernorm=warp,layernorm_backward=block,loss=reread,gemm=heuristic,attention=ragged,"
-    "exact=direct,adamw=vector,dweight=whole,dweight_stream=main,attention_plan=heuristic";
+    "exact=direct,adamw=vector,dweight=whole,dweight_stream=main,attention_plan=heuristic,"
+    "dbias=epilogue";
 
 TEST(KernelSwitches, DefaultsUnlessNamed) {
   EXPECT_EQ(describe(KernelSwitches{}), kDefaults);
@@ -23,11 +24,12 @@ TEST(KernelSwitches, DefaultsUnlessNamed) {
   EXPECT_EQ(describe(parse_kernel_switches("layernorm=block")),
             "layernorm=block,layernorm_backward=block,loss=reread,gemm=heuristic,"
             "attention=ragged,exact=direct,adamw=vector,dweight=whole,dweight_stream=main,"
-            "attention_plan=heuristic");
+            "attention_plan=heuristic,dbias=epilogue");
   EXPECT_EQ(
       describe(parse_kernel_switches(",loss=pipelined,")),
       "layernorm=warp,layernorm_backward=block,loss=pipelined,gemm=heuristic,attention=ragged,"
-      "exact=direct,adamw=vector,dweight=whole,dweight_stream=main,attention_plan=heuristic");
+      "exact=direct,adamw=vector,dweight=whole,dweight_stream=main,attention_plan=heuristic,"
+      "dbias=epilogue");
   const KernelSwitches s = parse_kernel_switches("gemm=timed,layernorm_backward=warp");
   EXPECT_EQ(s.gemm, KernelSwitches::Gemm::kTimed);
   EXPECT_EQ(s.layernorm, KernelSwitches::LayerNorm::kWarp);
@@ -48,6 +50,8 @@ TEST(KernelSwitches, DefaultsUnlessNamed) {
   EXPECT_EQ(parse_kernel_switches("loss=pipelined").loss, KernelSwitches::Loss::kPipelined);
   EXPECT_EQ(parse_kernel_switches("attention_plan=timed").attention_plan,
             KernelSwitches::AttentionPlan::kTimed);
+  EXPECT_EQ(s.dbias, KernelSwitches::DBias::kEpilogue);
+  EXPECT_EQ(parse_kernel_switches("dbias=columns").dbias, KernelSwitches::DBias::kColumns);
   EXPECT_EQ(parse_kernel_switches("layernorm=block").layernorm_backward,
             KernelSwitches::LayerNorm::kBlock);
 }
@@ -55,15 +59,17 @@ TEST(KernelSwitches, DefaultsUnlessNamed) {
 TEST(KernelSwitches, CandidatesTurnsEveryFamilyAndLaterPartsWin) {
   EXPECT_EQ(describe(parse_kernel_switches("candidates")),
             "layernorm=warp,layernorm_backward=warp,loss=pipelined,gemm=timed,attention=dense,"
-            "exact=direct,adamw=vector,dweight=split,dweight_stream=side,attention_plan=timed");
+            "exact=direct,adamw=vector,dweight=split,dweight_stream=side,attention_plan=timed,"
+            "dbias=columns");
   EXPECT_EQ(describe(parse_kernel_switches("candidates,gemm=heuristic")),
             "layernorm=warp,layernorm_backward=warp,loss=pipelined,gemm=heuristic,attention=dense,"
-            "exact=direct,adamw=vector,dweight=split,dweight_stream=side,attention_plan=timed");
+            "exact=direct,adamw=vector,dweight=split,dweight_stream=side,attention_plan=timed,"
+            "dbias=columns");
   EXPECT_EQ(describe(parse_kernel_switches("loss=pipelined,loss=reread")), kDefaults);
   EXPECT_EQ(describe(parse_kernel_switches("exact=buffered,adamw=ranged,layernorm=block")),
             "layernorm=block,layernorm_backward=block,loss=reread,gemm=heuristic,"
             "attention=ragged,exact=buffered,adamw=ranged,dweight=whole,dweight_stream=main,"
-            "attention_plan=heuristic");
+            "attention_plan=heuristic,dbias=epilogue");
 }
 
 TEST(KernelSwitches, ARefusalNamesTheVariableThePartAndTheChoices) {
@@ -79,7 +85,8 @@ TEST(KernelSwitches, ARefusalNamesTheVariableThePartAndTheChoices) {
                     "layernorm_backward=block|warp, loss=reread|pipelined, gemm=heuristic|timed, "
                     "attention=ragged|dense, "
                     "exact=buffered|direct, adamw=ranged|vector, dweight=whole|split, "
-                    "dweight_stream=main|side, attention_plan=heuristic|timed, or candidates");
+                    "dweight_stream=main|side, attention_plan=heuristic|timed, "
+                    "dbias=epilogue|columns, or candidates");
     }
   }
 }
@@ -91,7 +98,8 @@ TEST(KernelSwitches, ReadFromTheEnvironment) {
   EXPECT_EQ(
       describe(kernel_switches_from_environment()),
       "layernorm=warp,layernorm_backward=block,loss=pipelined,gemm=heuristic,attention=ragged,"
-      "exact=direct,adamw=vector,dweight=whole,dweight_stream=main,attention_plan=heuristic");
+      "exact=direct,adamw=vector,dweight=whole,dweight_stream=main,attention_plan=heuristic,"
+      "dbias=epilogue");
   ::setenv("MPIFORMER_KERNELS", "loss=fast", 1);
   EXPECT_THROW(kernel_switches_from_environment(), std::invalid_argument);
   ::unsetenv("MPIFORMER_KERNELS");
@@ -115,10 +123,12 @@ TEST(KernelSwitches, CandidateCallsNameTheFamiliesAskedFor) {
   calls.count(CandidateCalls::kLayerNormBackward, false);
   calls.count(CandidateCalls::kDWeightStream, true);
   calls.count(CandidateCalls::kAttentionPlan, false);
+  calls.count(CandidateCalls::kDBias, true);
   EXPECT_EQ(describe(calls),
             "layernorm=warp 1 of 1 calls, layernorm_backward=warp 0 of 1 calls, loss=pipelined 1 "
             "of 1 calls, attention=dense 0 of 1 calls, adamw=vector 1 of 1 calls, dweight=split 1 "
-            "of 3 calls, dweight_stream=side 1 of 1 calls, attention_plan=timed 0 of 1 calls");
+            "of 3 calls, dweight_stream=side 1 of 1 calls, attention_plan=timed 0 of 1 calls, "
+            "dbias=columns 1 of 1 calls");
 }
 
 }  // namespace

@@ -41,7 +41,9 @@ TEST(ProfiledOps, GemmCallsCountTheirOperations) {
   std::unique_ptr<Ops> cpu = make_cpu_ops(1);
   ProfiledOps ops(*cpu, std::make_unique<FixedTimer>());
   constexpr int N = 4, IC = 3, OC = 5;
-  const auto zeros = [&](size_t n) { return std::make_unique<Buffer<float>>(*cpu, std::vector<float>(n)); };
+  const auto zeros = [&](size_t n) {
+    return std::make_unique<Buffer<float>>(*cpu, std::vector<float>(n));
+  };
   const auto x = zeros(N * IC), w = zeros(OC * IC), b = zeros(OC), out = zeros(N * OC),
              dx = zeros(N * IC), dw = zeros(OC * IC), db = zeros(OC), normed = zeros(N * OC),
              stats = zeros(2 * N);
@@ -52,20 +54,20 @@ TEST(ProfiledOps, GemmCallsCountTheirOperations) {
   ops.matmul_forward(act(out), act(x), act(w), act(b), N, IC, OC);
   ops.matmul_backward(act(dx), dw->get(), db->get(), act(out), act(x), act(w), N, IC, OC, false);
   ops.matmul_backward(Act(), dw->get(), db->get(), act(out), act(x), act(w), N, IC, OC, true);
-  ops.layernorm_forward(act(normed), stats->get(), stats->get() + N, act(out), act(b), act(b), N, OC,
-                        1e-5f);
+  ops.layernorm_forward(act(normed), stats->get(), stats->get() + N, act(out), act(b), act(b), N,
+                        OC, 1e-5f);
   const std::vector<ProfiledOps::CallTotal> totals = ops.call_totals();
   const double product = 2.0 * N * IC * OC;
   const ProfiledOps::CallTotal& forward = total_of(totals, "matmul_forward");
   EXPECT_EQ(forward.count, 2);
   EXPECT_DOUBLE_EQ(forward.flops, 2 * product) << "two calls, a product each";
-  EXPECT_DOUBLE_EQ(total_of(totals, "matmul_backward (fp32; N 4, IC 3, OC 5, dout_stride 0, dx 1")
-                       .flops,
-                   2 * product)
+  EXPECT_DOUBLE_EQ(
+      total_of(totals, "matmul_backward (fp32; N 4, IC 3, OC 5, dout_stride 0, dx 1").flops,
+      2 * product)
       << "dx and dW";
-  EXPECT_DOUBLE_EQ(total_of(totals, "matmul_backward (fp32; N 4, IC 3, OC 5, dout_stride 0, dx 0")
-                       .flops,
-                   product)
+  EXPECT_DOUBLE_EQ(
+      total_of(totals, "matmul_backward (fp32; N 4, IC 3, OC 5, dout_stride 0, dx 0").flops,
+      product)
       << "dW alone";
   const ProfiledOps::CallTotal& norm = total_of(totals, "layernorm_forward");
   EXPECT_EQ(norm.flops, 0.0) << "a memory-bound op: no operations counted";

@@ -8,6 +8,7 @@
 //   dx^T  (IC x N) = W dout^T:  A = W,              B = dout,   m IC, n N, k OC
 //   dW^T  (IC x OC) += x^T dout: A = x,             B = dout^T, m IC, n OC, k N
 // and the bias gradient of the dW GEMM (BGRADB) sums B over k: over tokens.
+#include "kernels/cuda/column_sums_kernels.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/dweight_split_kernels.cuh"
 #include "kernels/cuda/gemm.h"
@@ -23,9 +24,6 @@ using cuda::store;
 using cuda::typed;
 
 constexpr int kThreads = 256;
-// Rows per block of the column sums (bias gradients): partial sums per block
-// of rows, then across blocks in order, so the sum never depends on timing.
-constexpr int kRowBlock = 64;
 
 // out[r, c] += bias[c] (rows `ld` apart).  out: (N, OC), bias: (OC)
 template <typename T>
@@ -55,27 +53,6 @@ __global__ void activation_grad_kernel(T* dx, const T* pre, size_t n, bool gelu)
   }
 }
 
-// partial[b][c] = sum of src[r][c] over block b's rows.  src: (N, C) rows
-// ld apart, partial: (blocks, C)
-template <typename T>
-__global__ void column_partial_kernel(float* partial, const T* src, int N, int C, int ld) {
-  const int r0 = blockIdx.y * kRowBlock, r1 = min(N, r0 + kRowBlock);
-  for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < C; c += gridDim.x * blockDim.x) {
-    float sum = 0.0f;
-    for (int r = r0; r < r1; ++r) sum += load(src, static_cast<size_t>(r) * ld + c);
-    partial[static_cast<size_t>(blockIdx.y) * C + c] = sum;
-  }
-}
-
-// dst[c] += sum over blocks of partial[b][c], in block order.
-__global__ void column_total_kernel(float* dst, const float* partial, int blocks, int C) {
-  MPIFORMER_FOR_EACH(c, static_cast<size_t>(C)) {
-    float sum = 0.0f;
-    for (int b = 0; b < blocks; ++b) sum += partial[static_cast<size_t>(b) * C + c];
-    dst[c] += sum;
-  }
-}
-
 // dst += src.  dst, src: (n)
 __global__ void add_kernel(float* dst, const float* src, size_t n) {
   MPIFORMER_FOR_EACH(i, n) dst[i] += src[i];
@@ -96,15 +73,22 @@ int aligned_features(int OC) {
 
 void CudaOps::add_column_sums(float* dst, Act src, int N, int C, int stride) {
   if (N == 0 || C == 0) return;
-  const int blocks = (N + kRowBlock - 1) / kRowBlock;
+  namespace sums = cuda::column_sums;
+  const int blocks = (N + sums::kRowBlock - 1) / sums::kRowBlock;
   auto* partial =
       static_cast<float*>(scratch(kColumnSums, sizeof(float) * static_cast<size_t>(blocks) * C));
-  const dim3 grid((C + kThreads - 1) / kThreads, blocks);
   cuda::dispatch(src.dtype, [&](auto t) {
     using T = decltype(t);
-    column_partial_kernel<<<grid, kThreads, 0, stream_>>>(partial, typed<T>(src), N, C, stride);
+    constexpr int kVec = cuda::kVecSize<T>;
+    if (sums::vectorizable(typed<T>(src), C, stride)) {
+      sums::partial_kernel<T, kVec><<<sums::partial_grid(N, C, kVec), sums::kThreads, 0, stream_>>>(
+          partial, typed<T>(src), N, C, stride);
+    } else {
+      sums::partial_kernel<T, 1><<<sums::partial_grid(N, C, 1), sums::kThreads, 0, stream_>>>(
+          partial, typed<T>(src), N, C, stride);
+    }
   });
-  column_total_kernel<<<cuda::blocks_for(C), kThreads, 0, stream_>>>(dst, partial, blocks, C);
+  sums::total_kernel<<<cuda::blocks_for(C), kThreads, 0, stream_>>>(dst, partial, blocks, C);
   cuda::check(cudaGetLastError(), "column sums");
 }
 
@@ -284,16 +268,18 @@ cuda::GemmCall weight_gradient_call(Act dout, Act x, int N, int IC, int OC, int 
 
 void CudaOps::weight_gradient(float* dweight, float* dbias, Act dout, Act x, int N, int IC, int OC,
                               int ldd) {
+  if (dbias && bias_grad_apart()) count_candidate(CandidateCalls::kDBias, true);
   if (switches_.dweight == KernelSwitches::DWeight::kSplit) {
     const bool split = split_weight_gradient(dweight, dbias, dout, x, N, IC, OC, ldd);
     count_candidate(CandidateCalls::kDWeight, split);
     if (split) return;
   }
   // dW^T (IC x OC) += x^T dout, fp32, with the bias gradient (a sum over
-  // tokens of dout) from the same pass when cuBLASLt can fuse it.
+  // tokens of dout) from the same pass when cuBLASLt can fuse it, unless
+  // dbias=columns takes it from a pass of its own.
   cuda::GemmCall call = weight_gradient_call(dout, x, N, IC, OC, ldd, dweight);
   call.beta = 1.0f;
-  if (dbias) {
+  if (dbias && !bias_grad_apart()) {
     // BGRADB writes (=) the bias gradient: to scratch, then added.
     auto* grad = static_cast<float*>(scratch(kBiasGrad, sizeof(float) * OC));
     call.epilogue = CUBLASLT_EPILOGUE_BGRADB;
@@ -327,7 +313,7 @@ bool CudaOps::split_weight_gradient(float* dweight, float* dbias, Act dout, Act 
   call.stride_a = split.rows * IC, call.stride_b = split.rows * ldd;
   call.stride_d = static_cast<int>(count);
   bool bias_fused = false;
-  if (dbias) {
+  if (dbias && !bias_grad_apart()) {
     cuda::GemmCall with_bias = call;
     with_bias.epilogue = CUBLASLT_EPILOGUE_BGRADB;
     with_bias.bias = bias_parts, with_bias.bias_stride = static_cast<int>(bias_stride);

@@ -180,7 +180,8 @@ class CudaOps final : public Ops {
   // The side stream and its two events, all made or none.
   void make_side_stream();
   // matmul_backward's dW (+=) and dbias (+=): one GEMM with the bias
-  // gradient fused where cuBLASLt can, or split (below).
+  // gradient fused where cuBLASLt can, or split (below); under
+  // dbias=columns the bias gradient from column sums of dout.
   void weight_gradient(float* dweight, float* dbias, Act dout, Act x, int N, int IC, int OC,
                        int ldd);
   // matmul_backward's dW (+=) and dbias (+=) under dweight=split
@@ -190,6 +191,10 @@ class CudaOps final : public Ops {
   // where the shape takes no split or cuBLASLt has no batched algorithm.
   bool split_weight_gradient(float* dweight, float* dbias, Act dout, Act x, int N, int IC, int OC,
                              int ldd);
+  // dbias=columns: the bias gradients come from column sums, not BGRADB.
+  bool bias_grad_apart() const {
+    return switches_.dbias == KernelSwitches::DBias::kColumns;
+  }
   // Whether the warp kernels are asked for (layernorm=warp, or for the
   // backward layernorm_backward=warp) and take rows of C in these buffers
   // (counted).

@@ -221,9 +221,11 @@ check "  the micro-timings reported" \
 check "  ... those the ops stage ran before it, not run again" \
   grep -q "^limit: kernel micro-timings: those the ops stage ran (ops.log)" "$summary"
 number='[0-9][0-9.]*'
-unmeasured=loss=pipelined,layernorm_backward=warp,dweight_stream=side,attention_plan=timed
+unmeasured=loss=pipelined,layernorm_backward=warp,dweight_stream=side
+unmeasured+=,attention_plan=timed,dbias=columns
 for setting in present layernorm=block adamw=ranged layernorm_backward=warp loss=pipelined \
-  gemm=timed attention=dense dweight=split dweight_stream=side attention_plan=timed "$unmeasured" \
+  gemm=timed attention=dense dweight=split dweight_stream=side attention_plan=timed dbias=columns \
+  "$unmeasured" \
   candidates \
   deterministic=false; do
   check "  B32 under $setting, with its target and profile" \
@@ -235,7 +237,7 @@ for older in layernorm=block:layernorm adamw=ranged:optimizer; do
 done
 for candidate in layernorm_backward=warp:layernorm loss=pipelined:loss gemm=timed:gemm \
   attention=dense:attention dweight=split:gemm dweight_stream=side:gemm \
-  attention_plan=timed:attention; do
+  attention_plan=timed:attention dbias=columns:gemm; do
   check "  the candidate ${candidate%%:*} against the defaults" \
     grep -q "^\\(  (checked) \\)\\?limit: ${candidate%%:*} against present, gpt2 B32: ${candidate#*:} $number -> $number ms per step (new/old $number); tok/s $number -> $number (new/old $number)$" "$summary"
 done
