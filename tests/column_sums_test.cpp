@@ -5,9 +5,11 @@
 // element; every column summed once, rows `ld` apart, added into dst.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/cuda/column_sums_kernels.cuh"
@@ -24,13 +26,15 @@ std::vector<float> kernel_sums(const std::vector<T>& src, int N, int C, int ld, 
                                std::vector<float> dst) {
   const int blocks = (N + sums::kRowBlock - 1) / sums::kRowBlock;
   std::vector<float> partial(static_cast<size_t>(blocks) * C, std::nanf(""));
-  emulated::launch(sums::partial_grid(N, C, vec), sums::kThreads, nullptr, 0, [&] {
+  const sums::Launch partial_launch = sums::partial_launch(N, C, vec);
+  emulated::launch(partial_launch.grid, partial_launch.threads, nullptr, 0, [&] {
     if (vec == 1)
       sums::partial_kernel<T, 1>(partial.data(), src.data(), N, C, ld);
     else
       sums::partial_kernel<T, cuda::kVecSize<T>>(partial.data(), src.data(), N, C, ld);
   });
-  emulated::launch(dim3(2), 64, nullptr, 0,
+  const sums::Launch total_launch = sums::total_launch(C);
+  emulated::launch(total_launch.grid, total_launch.threads, nullptr, 0,
                    [&] { sums::total_kernel(dst.data(), partial.data(), blocks, C); });
   return dst;
 }
@@ -58,9 +62,11 @@ void check_shapes() {
   std::mt19937 rng(9);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   constexpr int kVec = cuda::kVecSize<T>;
-  // Rows over blocks (a last block part full), wide and narrow; ld past C.
+  // Rows over blocks (a last block part full), wide and narrow; ld past C;
+  // more vectors a row than a block has threads (blocks side by side).
   for (const auto& [N, C, ld] : {std::tuple{200, 3 * kVec, 4 * kVec}, std::tuple{64, kVec, kVec},
-                                 std::tuple{130, 33 * kVec, 40 * kVec}, std::tuple{5, 3, 7}}) {
+                                 std::tuple{130, 33 * kVec, 40 * kVec}, std::tuple{5, 3, 7},
+                                 std::tuple{70, 300 * kVec, 300 * kVec}}) {
     SCOPED_TRACE("N " + std::to_string(N) + ", C " + std::to_string(C) + ", ld " +
                  std::to_string(ld));
     std::vector<T> src(static_cast<size_t>(N) * ld);
@@ -87,9 +93,14 @@ TEST(ColumnSums, VectorsWhereEveryRowStartsAligned) {
   EXPECT_FALSE(sums::vectorizable(rows + 1, 8, 12)) << "a base off 16 bytes";
   EXPECT_FALSE(sums::vectorizable(rows, 8, 10)) << "rows 40 bytes apart";
   EXPECT_FALSE(sums::vectorizable(rows, 6, 12)) << "a partial vector at each row's end";
-  const std::vector<int> grid = {static_cast<int>(sums::partial_grid(32768, 3072, 8).x),
-                                 static_cast<int>(sums::partial_grid(32768, 3072, 8).y)};
-  EXPECT_EQ(grid, (std::vector<int>{2, 512})) << "384 threads of 8 columns, 64 rows a block";
+  const sums::Launch wide = sums::partial_launch(32768, 3072, 8),
+                     narrow = sums::partial_launch(32768, 768, 8);
+  EXPECT_EQ((std::vector<int>{int(wide.grid.x), int(wide.grid.y), wide.threads}),
+            (std::vector<int>{2, 512, 256}))
+      << "384 vectors of 8 columns: two blocks a row block, 64 rows each";
+  EXPECT_EQ((std::vector<int>{int(narrow.grid.x), narrow.threads}), (std::vector<int>{1, 96}))
+      << "96 vectors: one block of 96 threads";
+  EXPECT_EQ(sums::partial_launch(10, 3, 1).threads, 32) << "a warp at least";
 }
 
 }  // namespace

@@ -1486,11 +1486,32 @@ AttentionWrites cudnn_attention_writes(Ops& ops, DType t, const std::vector<int3
   return got;
 }
 
+// start + the column sums of dout (N, OC) in column_sums_kernels.cuh's
+// order: each column's rows in order within blocks of kRowBlock, the
+// blocks in order.
+std::vector<float> ordered_column_sums(const LayerInputs& in, float start) {
+  std::vector<float> dout(static_cast<size_t>(in.N) * in.OC), sums(in.OC, start);
+  widen(dout.data(), in.dout.data(), in.t, dout.size());
+  constexpr int kRows = 64;  // column_sums::kRowBlock (the header is device code)
+  for (int c = 0; c < in.OC; ++c) {
+    float total = 0.0f;
+    for (int r0 = 0; r0 < in.N; r0 += kRows) {
+      float block = 0.0f;
+      for (int r = r0; r < std::min(in.N, r0 + kRows); ++r)
+        block += dout[static_cast<size_t>(r) * in.OC + c];
+      total += block;
+    }
+    sums[c] += total;
+  }
+  return sums;
+}
+
 // dbias=columns: the bias gradient from column sums of dout after the GEMM
 // alone, not from cuBLASLt's BGRADB; each column's tokens in order, so the
-// same bits on every call (and under dweight=split, whose parts then carry
-// no bias gradient). dx is untouched; dW comes from the GEMM without its
-// epilogue, which cuBLASLt may run another way (close, not equal).
+// bits of that order on the host, on every call (and under dweight=split,
+// whose parts then carry no bias gradient). dx is untouched; dW comes from
+// the GEMM without its epilogue, which cuBLASLt may run another way (close,
+// not equal).
 TEST(CudaKernelSwitches, ColumnSumBiasGradientsAgreeWithTheEpilogues) {
   if (!gpu_present()) GTEST_SKIP() << "no GPU visible";
   std::unique_ptr<Ops> ops = make_cuda_ops(0);
@@ -1512,6 +1533,8 @@ TEST(CudaKernelSwitches, ColumnSumBiasGradientsAgreeWithTheEpilogues) {
           weight_gradients(*ops, in, epilogue, true), weight_gradients(*ops, in, columns, true),
           weight_gradients(*ops, in, columns, true), weight_gradients(*ops, in, split, true)};
       EXPECT_TRUE(got[1].dx == got[0].dx) << "dx changed";
+      EXPECT_TRUE(got[1].dbias == ordered_column_sums(in, -0.5f))
+          << "dbias: not the column sums' bits (did they run?)";
       expect_close(got[1].dbias, got[0].dbias, 5e-5, "dbias, columns against the epilogue");
       expect_close(got[1].dweight, got[0].dweight, 5e-5, "dweight, columns against the epilogue");
       EXPECT_TRUE(got[1].dbias == got[2].dbias && got[1].dweight == got[2].dweight)
@@ -1737,7 +1760,7 @@ TEST(KernelTiming, AdamWRangedAgainstVector) {
 // GPT-2 small's B32 weight gradients with their bias gradients (each
 // layer's dW shape; the LM head's chunk, dout rows 50304 apart) under
 // dbias=epilogue and dbias=columns, the whole op: ms per call and per step
-// (12 layers, 3 chunks). A report.
+// (12 layers; the head's 32768 rows at the chunk's rate). A report.
 TEST(KernelTiming, BiasGradientEpilogueAgainstColumns) {
   if (!gpu_present()) GTEST_SKIP() << "no GPU visible";
   std::unique_ptr<Ops> ops = make_cuda_ops(0);
@@ -1746,13 +1769,14 @@ TEST(KernelTiming, BiasGradientEpilogueAgainstColumns) {
   const DType t = DType::kBF16;
   struct Shape {
     const char* name;
-    int N, IC, OC, ldd, per_step;
+    int N, IC, OC, ldd;
+    double per_step;  // calls a B32 step makes, or their share of rows (the head's chunks)
   };
   const Shape shapes[] = {{"qkv", 32768, 768, 2304, 2304, 12},
                           {"projection", 32768, 768, 768, 768, 12},
                           {"fc1", 32768, 768, 3072, 3072, 12},
                           {"fc2", 32768, 3072, 768, 768, 12},
-                          {"LM head chunk", 10672, 768, 50257, 50304, 3}};
+                          {"LM head chunk", 10672, 768, 50257, 50304, 32768.0 / 10672}};
   const Act x(buffers.zeros(size_t{32768} * 3072 * 2), t);
   const Act dout(buffers.zeros(size_t{10672} * 50304 * 2), t);
   auto* dw = static_cast<float*>(buffers.zeros(sizeof(float) * 50257 * 768));

@@ -17,7 +17,8 @@
 namespace mpiformer::cuda::column_sums {
 
 constexpr int kRowBlock = 64;
-constexpr int kThreads = 256;
+constexpr int kThreads = 256;      // the most threads a block of either kernel has
+constexpr int kTotalThreads = 64;  // total_kernel's: more blocks, more SMs reading partials
 
 // Whether rows of C elements ld apart from `src` all start 16-byte aligned
 // and hold whole vectors: then kVecSize<T> columns go in one load.
@@ -28,10 +29,24 @@ bool vectorizable(const T* src, int C, int ld) {
          C % kVecSize<T> == 0;
 }
 
-// The grid of partial_kernel<T, kVec> over N rows of C columns.
-inline dim3 partial_grid(int N, int C, int vec) {
-  const int threads_per_row = (C / vec + kThreads - 1) / kThreads;
-  return dim3(threads_per_row, (N + kRowBlock - 1) / kRowBlock);
+// A launch's grid and threads a block.
+struct Launch {
+  dim3 grid;
+  int threads;
+};
+
+// partial_kernel<T, kVec> over N rows of C columns: a thread per `vec`
+// columns of a row block, blocks no wider than the row's vectors (rounded
+// to warps), so that narrow rows leave no idle threads.
+inline Launch partial_launch(int N, int C, int vec) {
+  const int vectors = C / vec;
+  const int threads = vectors < kThreads ? (vectors + 31) / 32 * 32 : kThreads;
+  return {dim3((vectors + threads - 1) / threads, (N + kRowBlock - 1) / kRowBlock), threads};
+}
+
+// total_kernel over C columns.
+inline Launch total_launch(int C) {
+  return {dim3((C + kTotalThreads - 1) / kTotalThreads), kTotalThreads};
 }
 
 // partial[y][c] = sum of src[r][c] over the block's rows r, in order.
@@ -64,7 +79,9 @@ __global__ void partial_kernel(float* partial, const T* src, int N, int C, int l
 __global__ void total_kernel(float* dst, const float* partial, int blocks, int C) {
   for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < C; c += gridDim.x * blockDim.x) {
     float sum = 0.0f;
-    for (int b = 0; b < blocks; ++b) sum += partial[static_cast<size_t>(b) * C + c];
+#pragma unroll 8
+    for (int b = 0; b < blocks; ++b)  // unrolled: 8 blocks' partials in flight
+      sum += partial[static_cast<size_t>(b) * C + c];
     dst[c] += sum;
   }
 }

@@ -81,14 +81,17 @@ void CudaOps::add_column_sums(float* dst, Act src, int N, int C, int stride) {
     using T = decltype(t);
     constexpr int kVec = cuda::kVecSize<T>;
     if (sums::vectorizable(typed<T>(src), C, stride)) {
-      sums::partial_kernel<T, kVec><<<sums::partial_grid(N, C, kVec), sums::kThreads, 0, stream_>>>(
-          partial, typed<T>(src), N, C, stride);
+      const sums::Launch l = sums::partial_launch(N, C, kVec);
+      sums::partial_kernel<T, kVec>
+          <<<l.grid, l.threads, 0, stream_>>>(partial, typed<T>(src), N, C, stride);
     } else {
-      sums::partial_kernel<T, 1><<<sums::partial_grid(N, C, 1), sums::kThreads, 0, stream_>>>(
-          partial, typed<T>(src), N, C, stride);
+      const sums::Launch l = sums::partial_launch(N, C, 1);
+      sums::partial_kernel<T, 1>
+          <<<l.grid, l.threads, 0, stream_>>>(partial, typed<T>(src), N, C, stride);
     }
   });
-  sums::total_kernel<<<cuda::blocks_for(C), kThreads, 0, stream_>>>(dst, partial, blocks, C);
+  const sums::Launch total = sums::total_launch(C);
+  sums::total_kernel<<<total.grid, total.threads, 0, stream_>>>(dst, partial, blocks, C);
   cuda::check(cudaGetLastError(), "column sums");
 }
 
