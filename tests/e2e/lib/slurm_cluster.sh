@@ -22,16 +22,20 @@ require_root_and() {
 # write_slurm_conf CTLD_HOST PORT NODE_LINE...: $work/slurm.conf for a
 # cluster whose controller is CTLD_HOST ("name(address)"), on ports from
 # PORT; each NODE_LINE is a NodeName= line. Per-node files (spool, pid,
-# log) carry the node's name (%n), so daemons on one machine do not meet.
+# log) carry the node's name (%n), so daemons on one machine do not meet;
+# so does TmpFS, where each node's step daemon makes the directory its
+# PMIx clients share (spmix_appdir_UID_JOB.STEP, named by the step alone):
+# in one /tmp the step's daemons on both nodes would make, fill and remove
+# the same one, as no two nodes of a cluster do.
 write_slurm_conf() {
   local controller=$1 port=$2
   shift 2
   export SLURM_CONF=$work/slurm.conf
-  mkdir -p "$work"/{state,spool,log}
+  mkdir -p "$work"/{state,spool,log,tmp}
   local line
   for line in "$@"; do
     line=${line#NodeName=}
-    mkdir -p "$work/spool/${line%% *}"
+    mkdir -p "$work/spool/${line%% *}" "$work/tmp/${line%% *}"
   done
   {
     cat <<EOF
@@ -53,6 +57,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 StateSaveLocation=$work/state
 SlurmdSpoolDir=$work/spool/%n
+TmpFS=$work/tmp/%n
 SlurmctldPidFile=$work/slurmctld.pid
 SlurmdPidFile=$work/slurmd-%n.pid
 SlurmctldLogFile=$work/log/slurmctld.log
