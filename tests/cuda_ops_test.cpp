@@ -1941,13 +1941,16 @@ TEST(KernelTiming, CudnnAttentionPlansOnGpt2B32) {
 // gradient, DGELU_BGRAD) could pay. A report.
 class Gpt2Gemms {
  public:
-  static constexpr int N = 32768, C = 768, F = 3072, kHeadRows = 10672, kVocab = 50256,
+  // kVocab is GPT-2's vocabulary, as the model runs it (rows of logits
+  // kLogitsStride apart); kLogitsStride also stands for that vocabulary
+  // padded to a multiple of 64, to tell what its odd size costs the GEMMs.
+  static constexpr int N = 32768, C = 768, F = 3072, kHeadRows = 10672, kVocab = 50257,
                        kLogitsStride = 50304;
 
   explicit Gpt2Gemms(CudaOps& cuda) : cuda_(cuda), buffers_(cuda), gemm_(cuda, false) {
     const size_t logits = static_cast<size_t>(kHeadRows) * kLogitsStride;
     const size_t widest = static_cast<size_t>(N) * F;
-    a_ = random_buffer(std::max(widest, static_cast<size_t>(kVocab) * C));
+    a_ = random_buffer(std::max(widest, static_cast<size_t>(kLogitsStride) * C));
     b_ = random_buffer(logits);
     aux_ = random_buffer(widest);
     bias_ = random_buffer(kLogitsStride);
@@ -2075,11 +2078,13 @@ TEST(KernelTiming, CublasLtEpiloguesOnGpt2B32) {
     const char* name;
     int rows, IC, OC, stride;
   };
-  const Linear layers[] = {{"qkv", G::N, G::C, 3 * G::C, 3 * G::C},
-                           {"attention projection", G::N, G::C, G::C, G::C},
-                           {"fc1", G::N, G::C, G::F, G::F},
-                           {"fc2", G::N, G::F, G::C, G::C},
-                           {"LM head chunk", G::kHeadRows, G::C, G::kVocab, G::kLogitsStride}};
+  const Linear layers[] = {
+      {"qkv", G::N, G::C, 3 * G::C, 3 * G::C},
+      {"attention projection", G::N, G::C, G::C, G::C},
+      {"fc1", G::N, G::C, G::F, G::F},
+      {"fc2", G::N, G::F, G::C, G::C},
+      {"LM head chunk", G::kHeadRows, G::C, G::kVocab, G::kLogitsStride},
+      {"LM head chunk, vocabulary padded", G::kHeadRows, G::C, G::kLogitsStride, G::kLogitsStride}};
   for (const Linear& l : layers) {
     const std::string name(l.name);
     const cuda::GemmCall f = gemms.forward(l.rows, l.IC, l.OC, l.stride);
