@@ -184,6 +184,7 @@ cat >"$limit_tree/device-bundle/run" <<SH
 # The build's mpiformer, GPT-2 shrunk, on the CPU; the op test a stand-in.
 if [[ \$1 == tests/cuda_ops_test ]]; then
   echo "kernel timing: adamw ranged 1.000 ms, vector 0.500 ms"
+  echo "switches: MPIFORMER_KERNELS=\${MPIFORMER_KERNELS:-(unset)}"
   echo "[==========] 2 tests from 1 test suite ran. (10 ms total)"
   echo "[  PASSED  ] 2 tests."
   exit 0
@@ -191,9 +192,13 @@ fi
 shift
 [[ \${MPIFORMER_KERNELS:-} == adamw=ranged && -z \${MPIFORMER_CUDA_CHECK:-} ]] && exit 1
 $shrink
-# bench's line as a GPU's names an epilogue cuBLASLt refused.
+# bench's line as a GPU's names an epilogue cuBLASLt refused; its rate and
+# GEMM time are set, so that dbias=columns alone wins.
+rate=1000 gemm=1
+[[ ,\${MPIFORMER_KERNELS:-}, == *,dbias=columns,* ]] && rate=2000 gemm=0.5
 set -o pipefail
-"$1" "\${args[@]}" | sed 's/}\$/, "gemm_unfused": "1 shape: BGRADB m 32 n 1 k 64"}/'
+"$1" "\${args[@]}" | sed "s/}\$/, \"gemm_unfused\": \"1 shape: BGRADB m 32 n 1 k 64\"}/;
+  s/\"tokens_per_s\": [0-9.e+-]*/\"tokens_per_s\": \$rate/; s/\"gemm\": [0-9.e+-]*/\"gemm\": \$gemm/"
 SH
 cat >"$work/limit-python" <<SH
 #!/usr/bin/env bash
@@ -204,7 +209,7 @@ SH
 chmod +x "$limit_tree/device-bundle/run" "$work/limit-python"
 rc=0
 PYTHON=$work/limit-python GPU_CHECK_SECONDS=300 "$limit_tree/scripts/gpu-check" ops limit \
-  >"$out" 2>"$err" || rc=$?
+  winners ops >"$out" 2>"$err" || rc=$?
 summary=$limit_tree/gpu-check-out/summary.txt
 check "limit on a CPU stand-in: exit 0 ($rc)" test "$rc" -eq 0
 check "  the failed bench ran again under the check switch" \
@@ -259,6 +264,22 @@ check "  B64's device memory beside its target" \
   grep -q "^limit: gpt2 B64 device memory (target below 25.9 GB); candidates $number B (met); activation $number B (met)$" "$summary"
 check "  the exact sum's two paths side by side" \
   grep -q "^limit: present against exact=buffered (the path it replaced), gpt2 B8 --grad-sum exact: optimizer $number -> $number ms" "$summary"
+check "  the winners: the candidate faster alone, and no other" \
+  grep -q "^limit: winners: dbias=columns (each candidate" "$summary"
+check "  ... written for the winners stage" test "$(cat "$limit_logs/winners.txt")" == dbias=columns
+for name in "gpt2 B32 winners" "gpt2 B8 winners" "gpt2-medium B16 winners"; do
+  check "  $name, under their switches" \
+    grep -q "^limit: $name: 2000 tok/s, .*; ms per step: gemm 0.5," "$summary"
+done
+for name in "winners against present, gpt2 B32" "winners against candidates, gpt2 B32" \
+  "winners against present, gpt2 B8"; do
+  check "  $name" grep -q "^limit: $name: tok/s [0-9]* -> 2000 (new/old [0-9.]*)$" "$summary"
+done
+check "  the winners stage: the stages after it on the winners" \
+  grep -q "^winners: dbias=columns; the stages after it run on MPIFORMER_KERNELS=dbias=columns$" \
+  "$summary"
+check "  ... the op test run after it under them" \
+  grep -q "^switches: MPIFORMER_KERNELS=dbias=columns$" "$limit_logs/ops.log"
 check "  PyTorch's baseline at B8 and B32 beside ours" \
   test "$(grep -c "^limit: pytorch bf16 compiled --sdpa gpt2 B\(8\|32\): $number tok/s .*; mpiformer present/pytorch $number$" "$summary")" -eq 2
 
