@@ -27,19 +27,22 @@ struct KernelSwitches {
   enum class LayerNorm { kBlock, kWarp } layernorm = LayerNorm::kWarp;
   // Layer norm's backward: block (default), 8 warps of two rows each, two
   // passes over a row; warp, a warp per row holding x and dout as stored
-  // in registers, the next row's loads started while one is worked on,
-  // dgamma and dbeta summed in shared memory, so that two blocks fit on an
-  // SM (a candidate: its first form, the row and the sums in fp32
-  // registers, one block per SM, was slower than block on an H200).
+  // in registers, the next row's loads started while one is worked on
+  // (and the next row's dx, where added to, brought into L2; a row's dx
+  // loaded before its sums where the registers allow), dgamma and dbeta
+  // summed in shared memory, so that two blocks fit on an SM (a candidate:
+  // its first form, the row and the sums in fp32 registers, one block per
+  // SM, was slower than block on an H200).
   LayerNorm layernorm_backward = LayerNorm::kBlock;
   // The fused cross entropy: reread (default), a block of 256 threads per
   // row, a second pass over the row (from L2 when it is still there);
   // pipelined, a block of 1024 threads per SM looping over rows, each row
-  // copied into shared memory (cp.async) while the one before is worked
-  // on, so that it is read from memory once and the copies overlap the
-  // arithmetic, with the max taken first rather than an online softmax and
-  // exp as the SFU's 2^x (kernels/cuda/cross_entropy_kernels.cuh). Other
-  // bits, as deterministic. A candidate.
+  // (its tail too) copied into shared memory (cp.async), and its target
+  // read, while the one before is worked on, so that it is read from memory once
+  // and the copies overlap the arithmetic, with the max and its first index
+  // taken first rather than an online softmax and exp as the SFU's 2^x
+  // (kernels/cuda/cross_entropy_kernels.cuh). Other bits, as
+  // deterministic. A candidate.
   enum class Loss { kReread, kPipelined } loss = Loss::kReread;
   // cuBLASLt's algorithm per GEMM shape: heuristic (default), its first
   // suggestion; timed, the fastest of its suggestions, timed once per

@@ -1015,10 +1015,11 @@ TEST(CudaFixedPoint, DirectWaysBitwiseTheCpuReference) {
 // ---- kernel switches -------------------------------------------------------
 
 // The cross entropy's results and gradient under `loss` (set on `cuda`):
-// the gradient's bytes, written over `stored`, and the loss sums.
+// the gradient's bytes, written over `stored` (with compute_grad; else the
+// logits as they are left), and the loss sums.
 std::pair<std::vector<unsigned char>, LossSums> cross_entropy_outcome(
     CudaOps& cuda, KernelSwitches::Loss loss, const std::vector<unsigned char>& stored, DType t,
-    const int32_t* target_ids, int N, int V, int stride) {
+    const int32_t* target_ids, int N, int V, int stride, bool compute_grad = true) {
   KernelSwitches switches;
   switches.loss = loss;
   cuda.set_kernel_switches(switches);
@@ -1028,7 +1029,7 @@ std::pair<std::vector<unsigned char>, LossSums> cross_entropy_outcome(
   dev.copy_to_device(x, stored.data(), stored.size());
   const LossSums zero{};
   dev.copy_to_device(sum, &zero, sizeof zero);
-  cuda.cross_entropy(Act(x, t), target_ids, N, V, 0.1f, 0, 0.5f, true, sum, stride);
+  cuda.cross_entropy(Act(x, t), target_ids, N, V, 0.1f, 0, 0.5f, compute_grad, sum, stride);
   std::pair<std::vector<unsigned char>, LossSums> got{std::vector<unsigned char>(stored.size()),
                                                       {}};
   dev.copy_to_host(got.first.data(), x, stored.size());
@@ -1044,7 +1045,8 @@ std::pair<std::vector<unsigned char>, LossSums> cross_entropy_outcome(
 // do not fit and take the reread kernel), fewer rows than SMs and more (a
 // block works through several, each copied while the one before is worked
 // on), rows with a tail of fewer than a vector, and rows that start
-// unaligned (the reread kernel).
+// unaligned (the reread kernel); and without the gradient (eval), the same
+// results, the logits left as they were.
 TEST(CudaKernelSwitches, PipelinedCrossEntropyAgreesWithRereadAndRepeatsItsBits) {
   if (!gpu_present()) GTEST_SKIP() << "no GPU visible";
   std::unique_ptr<Ops> ops = make_cuda_ops(0);
@@ -1076,14 +1078,19 @@ TEST(CudaKernelSwitches, PipelinedCrossEntropyAgreesWithRereadAndRepeatsItsBits)
       // The pipelined kernel takes rows that start 16-byte aligned, two of
       // which fit in a block's shared memory (with 1 KiB of its own).
       const size_t e = dtype_bytes(t), span = (V * e + 15) / 16 * 16;
-      if (stride * e % 16 == 0 && 2 * span + 1024 <= static_cast<size_t>(optin)) expected_ran += 2;
+      if (stride * e % 16 == 0 && 2 * span + 1024 <= static_cast<size_t>(optin)) expected_ran += 3;
       const auto reread =
           cross_entropy_outcome(*cuda, kReread, stored, t, target_ids, N, V, stride);
       const auto pipelined =
           cross_entropy_outcome(*cuda, kPipelined, stored, t, target_ids, N, V, stride);
       const auto again =
           cross_entropy_outcome(*cuda, kPipelined, stored, t, target_ids, N, V, stride);
+      const auto eval =
+          cross_entropy_outcome(*cuda, kPipelined, stored, t, target_ids, N, V, stride, false);
       dev.release(target_ids);
+      EXPECT_TRUE(eval.first == stored) << "eval wrote over the logits";
+      EXPECT_EQ(eval.second.loss, pipelined.second.loss) << "eval's loss, against training's";
+      EXPECT_EQ(eval.second.correct, pipelined.second.correct);
       EXPECT_TRUE(pipelined.first == again.first) << "the pipelined gradient changed";
       EXPECT_EQ(pipelined.second.loss, again.second.loss);
       std::vector<float> a(logits.size()), b(logits.size());
@@ -1098,9 +1105,9 @@ TEST(CudaKernelSwitches, PipelinedCrossEntropyAgreesWithRereadAndRepeatsItsBits)
       EXPECT_GE(pipelined.second.correct, 1) << "row 0's largest logit is its target";
     }
   }
-  // Two calls each of 3 precisions and 4 shapes; on an H100 or H200 fp32's
-  // GPT-2 rows and the unaligned rows took the reread kernel (14 ran).
-  EXPECT_EQ(cuda->candidate_counts().asked[CandidateCalls::kLoss], 24);
+  // Three calls each of 3 precisions and 4 shapes; on an H100 or H200
+  // fp32's GPT-2 rows and the unaligned rows took the reread kernel.
+  EXPECT_EQ(cuda->candidate_counts().asked[CandidateCalls::kLoss], 36);
   EXPECT_EQ(cuda->candidate_counts().ran[CandidateCalls::kLoss], expected_ran);
   EXPECT_GT(expected_ran, 0);
 }
@@ -1631,6 +1638,18 @@ class TimingBuffers {
     ops_.device().copy_to_device(owned_.back(), zero.data(), bytes);
     return owned_.back();
   }
+  // `elements` random bf16 values of about `scale`: one random block
+  // repeated (the values, not their order, set what the kernels do).
+  void* random_bf16(size_t elements, float scale) {
+    constexpr size_t kBlock = size_t{1} << 20;
+    std::mt19937 rng(7);
+    const std::vector<unsigned char> block = random_stored(rng, DType::kBF16, kBlock, scale);
+    auto* data = static_cast<unsigned char*>(zeros(2 * elements));
+    for (size_t at = 0; at < elements; at += kBlock)
+      ops_.device().copy_to_device(data + 2 * at, block.data(),
+                                   2 * std::min(kBlock, elements - at));
+    return data;
+  }
 
  private:
   Ops& ops_;
@@ -1691,7 +1710,7 @@ TEST(KernelTiming, CrossEntropyRereadAgainstPipelined) {
   std::unique_ptr<Ops> ops = make_cuda_ops(0);
   auto* cuda = dynamic_cast<CudaOps*>(ops.get());
   TimingBuffers buffers(*ops);
-  const Act logits(buffers.zeros(static_cast<size_t>(N) * stride * 2), t);
+  const Act logits(buffers.random_bf16(static_cast<size_t>(N) * stride, 2.0f), t);
   std::vector<int32_t> targets(N);
   for (int r = 0; r < N; ++r) targets[r] = 1 + r % (V - 1);
   auto* target_ids = static_cast<int32_t*>(buffers.zeros(sizeof(int32_t) * N));
@@ -2035,18 +2054,9 @@ class Gpt2Gemms {
     c.ab_type = c.d_type = CUDA_R_16BF;
     return c;
   }
-  // A bf16 buffer of `elements` random values (one random block repeated:
-  // the values, not their order, set the tensor cores' power).
-  void* random_buffer(size_t elements) {
-    constexpr size_t kBlock = size_t{1} << 20;
-    std::mt19937 rng(7);
-    const std::vector<unsigned char> block = random_stored(rng, DType::kBF16, kBlock, 1.0f);
-    auto* data = static_cast<unsigned char*>(buffers_.zeros(2 * elements));
-    for (size_t at = 0; at < elements; at += kBlock)
-      cuda_.device().copy_to_device(data + 2 * at, block.data(),
-                                    2 * std::min(kBlock, elements - at));
-    return data;
-  }
+  // A bf16 buffer of `elements` random values (the tensor cores' power
+  // depends on the values).
+  void* random_buffer(size_t elements) { return buffers_.random_bf16(elements, 1.0f); }
 
   CudaOps& cuda_;
   TimingBuffers buffers_;

@@ -80,6 +80,23 @@ __device__ __forceinline__ void copy_async_16(void* shared_dst, const void* glob
   *static_cast<uint4*>(shared_dst) = *static_cast<const uint4*>(global_src);
 #endif
 }
+// copy_async_16 of a tail: the first `bytes` (0 to 16) of the 16 at
+// global_src, the rest of the 16 in shared memory zeroed (cp.async's zero
+// fill), so that a row's last elements of fewer than a vector come with
+// its vectors, without a read past them.
+__device__ __forceinline__ void copy_async_16_zero_fill(void* shared_dst, const void* global_src,
+                                                        int bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(shared_dst));
+  const size_t src = __cvta_generic_to_global(global_src);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes)
+               : "memory");
+#else
+  auto* d = static_cast<unsigned char*>(shared_dst);
+  const auto* from = static_cast<const unsigned char*>(global_src);
+  for (int i = 0; i < 16; ++i) d[i] = i < bytes ? from[i] : 0;
+#endif
+}
 __device__ __forceinline__ void copy_async_commit() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -89,6 +106,14 @@ template <int N>
 __device__ __forceinline__ void copy_async_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+// A hint that the 128-byte line at p be brought into L2 (it cannot fault,
+// and changes no value): a later load of it waits on L2, not on memory.
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+#if defined(__CUDA_ARCH__)
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(__cvta_generic_to_global(p)));
 #endif
 }
 

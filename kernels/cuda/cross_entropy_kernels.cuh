@@ -34,12 +34,11 @@ struct RowState {
   int first;
 };
 
-// block_merge's scratch (at namespace scope, where the CPU emulation of
-// the kernels also finds one per block).
+// block_merge's and block_top_sum's scratch (at namespace scope, where the
+// CPU emulation of the kernels also finds one per block).
 static __shared__ RowState merge_scratch[32];
-// The pipelined kernel's (row_state's) block reductions' scratch.
+// The pipelined kernel's (row_state's) sum of exponentials' scratch.
 static __shared__ float sum_scratch[32];
-static __shared__ int index_scratch[32];
 
 __device__ __forceinline__ void absorb(RowState& s, float x, int j) {
   if (x > s.top) {
@@ -161,9 +160,11 @@ __global__ void cross_entropy_kernel(T* logits, const int32_t* targets, RowResul
 // The pipelined kernel's block (MPIFORMER_KERNELS=loss=pipelined).
 constexpr int kPipelinedThreads = 1024;
 
-// Starts copying row x into `buffer` (shared): its 16-byte vectors with
-// cp.async, as one group of this thread's copies, and the tail of fewer
-// than a vector with plain loads. x and buffer are 16-byte aligned.
+// Starts copying row x into `buffer` (shared) with cp.async, as one group
+// of this thread's copies: its 16-byte vectors, and the tail of fewer than
+// a vector (the block's last thread, which has the fewest vectors) with
+// the rest of its vector zeroed, so that no thread waits on a plain load.
+// x and buffer are 16-byte aligned; buffer holds V rounded up to a vector.
 // buffer, x: (V)
 template <typename T>
 __device__ void prefetch_row(T* buffer, const T* x, int V) {
@@ -171,8 +172,10 @@ __device__ void prefetch_row(T* buffer, const T* x, int V) {
   const int vectorized = V / kVec * kVec;
   for (int j0 = threadIdx.x * kVec; j0 < vectorized; j0 += blockDim.x * kVec)
     cuda::copy_async_16(buffer + j0, x + j0);
+  if (vectorized < V && threadIdx.x == blockDim.x - 1)
+    cuda::copy_async_16_zero_fill(buffer + vectorized, x + vectorized,
+                                  static_cast<int>((V - vectorized) * sizeof(T)));
   cuda::copy_async_commit();
-  for (int j = vectorized + threadIdx.x; j < V; j += blockDim.x) buffer[j] = x[j];
 }
 
 constexpr float kLog2e = 1.4426950408889634f;
@@ -183,45 +186,58 @@ __device__ __forceinline__ float shifted_exp2(float x, float shift) {
   return cuda::exp2_ftz(fmaf(x, kLog2e, -shift));
 }
 
-// The first index of `top` among a thread's elements of the row (INT_MAX
-// where it has none). A thread's elements rise with its loop, so the first
-// it meets is its least.  row: (V)
-template <typename T>
-__device__ int first_index_of(const T* row, int V, float top) {
-  constexpr int kVec = cuda::kVecSize<T>;
-  const int vectorized = V / kVec * kVec;
-  for (int j0 = threadIdx.x * kVec; j0 < vectorized; j0 += blockDim.x * kVec) {
-    float v[kVec];
-    cuda::load_vec(row + j0, v);
-    for (int k = 0; k < kVec; ++k)
-      if (v[k] == top) return j0 + k;
+// The largest of the block's `top`, the least `first` among the threads
+// that hold it, and the sum of `sum`: merged as block_sum merges (the same
+// tree, so the same bits for the sum), in one pair of barriers.  shared:
+// 32 states
+__device__ RowState block_top_sum(float top, int first, float sum, RowState* shared) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int warps = (blockDim.x + 31) / 32;
+  for (int round = 0; round < 2; ++round) {
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      const float other_top = __shfl_xor_sync(0xffffffffu, top, offset);
+      const int other_first = __shfl_xor_sync(0xffffffffu, first, offset);
+      sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+      first = top > other_top ? first : other_top > top ? other_first : min(first, other_first);
+      top = fmaxf(top, other_top);
+    }
+    if (round == 1) break;
+    __syncthreads();  // shared may still be read from an earlier call
+    if (lane == 0) shared[warp] = RowState{top, 0.0f, sum, first};
+    __syncthreads();
+    const RowState s = lane < warps ? shared[lane] : RowState{-INFINITY, 0.0f, 0.0f, INT_MAX};
+    top = s.top, first = s.first, sum = s.sum;
   }
-  for (int j = vectorized + threadIdx.x; j < V; j += blockDim.x)
-    if (load(row, j) == top) return j;
-  return INT_MAX;
+  return RowState{top, 0.0f, sum, first};
 }
 
 // The pipelined kernel's figures of a row in shared memory: its largest
-// logit and plain sum; then the sum of exp(x - top) (shifted_exp2) and the
-// first index holding the largest, which only the threads whose own
-// largest it is look for. Each reduced over the block in a fixed tree.
-// row: (V)
+// logit, the first index holding it (each thread's own as it reads, its
+// indices rising; NaN never counts, as in absorb) and its plain sum; then
+// the sum of exp(x - top) (shifted_exp2). Each reduced over the block in a
+// fixed tree.  row: (V)
 template <typename T>
-__device__ RowState row_state(const T* row, int V, float* scratch, int* index_scratch) {
+__device__ RowState row_state(const T* row, int V, RowState* top_scratch, float* sum_scratch) {
   constexpr int kVec = cuda::kVecSize<T>;
   const int vectorized = V / kVec * kVec;
   float mine = -INFINITY, sum = 0.0f;
+  int first = INT_MAX;
   for (int j0 = threadIdx.x * kVec; j0 < vectorized; j0 += blockDim.x * kVec) {
     float v[kVec];
     cuda::load_vec(row + j0, v);
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) mine = fmaxf(mine, v[k]), sum += v[k];
+    for (int k = 0; k < kVec; ++k) {
+      if (v[k] > mine) mine = v[k], first = j0 + k;
+      sum += v[k];
+    }
   }
-  for (int j = vectorized + threadIdx.x; j < V; j += blockDim.x)
-    mine = fmaxf(mine, load(row, j)), sum += load(row, j);
-  const float top = cuda::block_max(mine, scratch);
-  sum = cuda::block_sum(sum, scratch);
-  const float shift = top * kLog2e;
+  for (int j = vectorized + threadIdx.x; j < V; j += blockDim.x) {
+    const float v = load(row, j);
+    if (v > mine) mine = v, first = j;
+    sum += v;
+  }
+  RowState state = block_top_sum(mine, first, sum, top_scratch);
+  const float shift = state.top * kLog2e;
   float sum_exp = 0.0f;
   for (int j0 = threadIdx.x * kVec; j0 < vectorized; j0 += blockDim.x * kVec) {
     float v[kVec];
@@ -231,9 +247,8 @@ __device__ RowState row_state(const T* row, int V, float* scratch, int* index_sc
   }
   for (int j = vectorized + threadIdx.x; j < V; j += blockDim.x)
     sum_exp += shifted_exp2(load(row, j), shift);
-  const int first = mine == top ? first_index_of(row, V, top) : INT_MAX;
-  return RowState{top, cuda::block_sum(sum_exp, scratch), sum,
-                  cuda::block_min(first, index_scratch)};
+  state.sum_exp = cuda::block_sum(sum_exp, sum_scratch);
+  return state;
 }
 
 // cross_entropy_kernel's results and gradient, a block of kPipelinedThreads
@@ -252,23 +267,28 @@ __global__ void __launch_bounds__(kPipelinedThreads)
                                    double constant, int pad_id, float grad_scale,
                                    bool compute_grad) {
   T* buffers = reinterpret_cast<T*>(staged_rows);
-  if (blockIdx.x < static_cast<unsigned>(N))
+  // Each row's target is read with its copy, a row ahead.
+  int target = 0;
+  if (blockIdx.x < static_cast<unsigned>(N)) {
     prefetch_row(buffers, logits + static_cast<size_t>(blockIdx.x) * stride, V);
+    target = targets[blockIdx.x];
+  }
   int parity = 0;
   for (size_t r = blockIdx.x; r < static_cast<size_t>(N); r += gridDim.x, parity ^= 1) {
     const T* row = buffers + parity * span;
     const size_t next = r + gridDim.x;
+    int next_target = 0;
     if (next < static_cast<size_t>(N)) {
       prefetch_row(buffers + (parity ^ 1) * span, logits + next * stride, V);
+      next_target = targets[next];
       cuda::copy_async_wait<1>();  // all but the group just started: row r's
     } else {
       cuda::copy_async_wait<0>();
     }
     __syncthreads();  // every thread's copies of row r have landed
     T* x = logits + r * stride;
-    const int target = targets[r];
     if (!pad_row(x, rows + r, target, pad_id, V, compute_grad)) {
-      const RowState state = row_state(row, V, sum_scratch, index_scratch);
+      const RowState state = row_state(row, V, merge_scratch, sum_scratch);
       write_row_result(rows + r, state, load(row, target), target, on_target, off_target, constant);
       const float shift = state.top * kLog2e;
       if (compute_grad)
@@ -277,6 +297,7 @@ __global__ void __launch_bounds__(kPipelinedThreads)
                        [shift](float v) { return shifted_exp2(v, shift); });
     }
     __syncthreads();  // row r's buffer is free for the copy of row r + 2 gridDim.x
+    target = next_target;
   }
 }
 

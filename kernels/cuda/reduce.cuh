@@ -42,19 +42,4 @@ __device__ inline T block_max(T x, T* shared) {
   return warp_max(x);
 }
 
-// The least of an int over the block.  shared: at least 32 ints.
-__device__ inline int block_min(int x, int* shared) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int warps = (blockDim.x + 31) / 32;
-  for (int offset = 16; offset > 0; offset >>= 1)
-    x = min(x, __shfl_xor_sync(0xffffffffu, x, offset));
-  __syncthreads();
-  if (lane == 0) shared[warp] = x;
-  __syncthreads();
-  x = lane < warps ? shared[lane] : shared[0];
-  for (int offset = 16; offset > 0; offset >>= 1)
-    x = min(x, __shfl_xor_sync(0xffffffffu, x, offset));
-  return x;
-}
-
 }  // namespace mpiformer::cuda

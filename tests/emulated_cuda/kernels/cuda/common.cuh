@@ -184,6 +184,9 @@ inline int vectorized_prefix(const T* p, int n) {
   return aligned16(p) ? n / kVecSize<T> * kVecSize<T> : 0;
 }
 
+// L2's prefetch: a hint, nothing to emulate.
+inline void prefetch_l2(const void*) {}
+
 // The SFU's 2^x, subnormal results flushed to 0 as the GPU's
 // ex2.approx.ftz flushes them (its last bits are the GPU's own).
 inline float exp2_ftz(float x) {
@@ -196,17 +199,28 @@ inline float exp2_ftz(float x) {
 // read of a buffer before its wait sees what was there before; or, with
 // emulated::copies_land_at_issue, at once (the earliest), so that a copy
 // into a buffer that another thread still reads spoils what it reads.
+// A copy of 16 bytes into shared memory, its first `bytes` from src and
+// the rest zeroed (copy_async_16_zero_fill's tail).
 struct PendingCopy {
   void* dst;
   const void* src;
+  int bytes;
+  void land() const {
+    std::memcpy(dst, src, bytes);
+    std::memset(static_cast<unsigned char*>(dst) + bytes, 0, 16 - bytes);
+  }
 };
 inline thread_local std::vector<std::vector<PendingCopy>> pending_groups;
 inline thread_local std::vector<PendingCopy> open_group;
-inline void copy_async_16(void* shared_dst, const void* global_src) {
+inline void copy_async_16_zero_fill(void* shared_dst, const void* global_src, int bytes) {
+  const PendingCopy copy{shared_dst, global_src, bytes};
   if (emulated::copies_land_at_issue)
-    std::memcpy(shared_dst, global_src, 16);
+    copy.land();
   else
-    open_group.push_back({shared_dst, global_src});
+    open_group.push_back(copy);
+}
+inline void copy_async_16(void* shared_dst, const void* global_src) {
+  copy_async_16_zero_fill(shared_dst, global_src, 16);
 }
 inline void copy_async_commit() {
   pending_groups.push_back(std::move(open_group));
@@ -215,7 +229,7 @@ inline void copy_async_commit() {
 template <int N>
 inline void copy_async_wait() {
   while (pending_groups.size() > N) {
-    for (const PendingCopy& c : pending_groups.front()) std::memcpy(c.dst, c.src, 16);
+    for (const PendingCopy& c : pending_groups.front()) c.land();
     pending_groups.erase(pending_groups.begin());
   }
 }
