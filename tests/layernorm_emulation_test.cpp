@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <iterator>
 #include <random>
 #include <string>
@@ -250,6 +251,35 @@ class LayerNormEmulation : public ::testing::Test {
 
 using Types = ::testing::Types<float, __nv_bfloat16>;
 TYPED_TEST_SUITE(LayerNormEmulation, Types);
+
+// dgamma and dbeta from 300 blocks' partials (each thread row's loads in
+// flight twice over, then a tail) of 100 columns (the last block of
+// columns part full), added to what they held: the order of layernorm.cu's
+// reduction, bit for bit.
+TEST(LayerNormParamGrads, AddsThePartialsInTheBlockKernelsOrder) {
+  constexpr int kBlocks = 300, C = 100;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> partial(static_cast<size_t>(kBlocks) * 2 * C);
+  for (float& p : partial) p = normal(rng);
+  std::vector<float> grads(2 * C);  // dgamma then dbeta
+  for (float& g : grads) g = normal(rng);
+  std::vector<float> want = grads;
+  for (int c = 0; c < 2 * C; ++c) {
+    float row_sums[kernels::kParamRows] = {};
+    for (int y = 0; y < kernels::kParamRows; ++y)
+      for (int b = y; b < kBlocks; b += kernels::kParamRows)
+        row_sums[y] += partial[static_cast<size_t>(b) * 2 * C + c];
+    float total = 0.0f;
+    for (float s : row_sums) total += s;
+    want[c] += total;
+  }
+  const unsigned column_blocks = (2 * C + kernels::kParamColumns - 1) / kernels::kParamColumns;
+  emulated::launch(dim3(column_blocks), kernels::kParamThreads, nullptr, 0, [&] {
+    kernels::param_grads_kernel(grads.data(), grads.data() + C, partial.data(), kBlocks, C);
+  });
+  EXPECT_EQ(0, std::memcmp(grads.data(), want.data(), grads.size() * sizeof(float)));
+}
 
 // 70 rows: a forward's last block of 6 rows, a backward's of 6. Lanes hold
 // 1 vector (fp32 C 96, bf16 C 64: some lanes none), 3 (bf16 768), 4 (bf16

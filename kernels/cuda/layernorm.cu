@@ -240,17 +240,16 @@ void CudaOps::layernorm_backward(Act dx, float* dgamma, float* dbeta, Act dout, 
                                  const float* mean, const float* rstd, int N, int C,
                                  bool accumulate) {
   if (N == 0) return;
-  int blocks = 0;
-  float* partial = nullptr;
   if (warp_layernorm(true, dx.dtype, C, {dx.data, dout.data, x.data, gamma.data})) {
-    blocks = layernorm_rows::backward_blocks(N);
-    partial = static_cast<float*>(
-        scratch(kColumnSums, sizeof(float) * 2 * static_cast<size_t>(blocks) * C));
-    cuda::layernorm_warp_backward(stream_, dx, partial, dout, x, gamma, mean, rstd, N, C,
-                                  accumulate);
-  } else {
-    partial = block_layernorm_backward(dx, dout, x, gamma, mean, rstd, N, C, accumulate, &blocks);
+    const size_t blocks = layernorm_rows::backward_blocks(N);
+    auto* partial = static_cast<float*>(scratch(kColumnSums, sizeof(float) * 2 * blocks * C));
+    cuda::layernorm_warp_backward(stream_, dx, dgamma, dbeta, partial, dout, x, gamma, mean, rstd,
+                                  N, C, accumulate);
+    return;
   }
+  int blocks = 0;
+  float* partial =
+      block_layernorm_backward(dx, dout, x, gamma, mean, rstd, N, C, accumulate, &blocks);
   layernorm_param_grads_kernel<<<(2 * C + 31) / 32, dim3(32, 8), 0, stream_>>>(dgamma, dbeta,
                                                                                partial, blocks, C);
   cuda::check(cudaGetLastError(), "layernorm_backward (gamma, beta)");

@@ -42,9 +42,9 @@ void layernorm_warp_forward(cudaStream_t stream, Act sum, Act out, float* mean, 
         y.data ? "residual_layernorm_forward (warp)" : "layernorm_forward (warp)");
 }
 
-void layernorm_warp_backward(cudaStream_t stream, Act dx, float* partial, Act dout, Act x,
-                             Act gamma, const float* mean, const float* rstd, int N, int C,
-                             bool accumulate) {
+void layernorm_warp_backward(cudaStream_t stream, Act dx, float* dgamma, float* dbeta,
+                             float* partial, Act dout, Act x, Act gamma, const float* mean,
+                             const float* rstd, int N, int C, bool accumulate) {
   dispatch(dx.dtype, [&](auto t) {
     using T = decltype(t);
     with_slots(rows::lane_slots(C, kVecSize<T>), [&](auto slots) {
@@ -62,6 +62,11 @@ void layernorm_warp_backward(cudaStream_t stream, Act dx, float* partial, Act do
     });
   });
   check(cudaGetLastError(), "layernorm_backward (warp)");
+  const unsigned column_blocks =
+      (2 * C + layernorm_warp::kParamColumns - 1) / layernorm_warp::kParamColumns;
+  layernorm_warp::param_grads_kernel<<<column_blocks, layernorm_warp::kParamThreads, 0, stream>>>(
+      dgamma, dbeta, partial, rows::backward_blocks(N), C);
+  check(cudaGetLastError(), "layernorm_backward (warp: gamma, beta)");
 }
 
 }  // namespace mpiformer::cuda

@@ -23,11 +23,12 @@ bool layernorm_warp_takes(DType dtype, int C, std::initializer_list<const void*>
 void layernorm_warp_forward(cudaStream_t stream, Act sum, Act out, float* mean, float* rstd, Act s,
                             Act y, const Dropout& d, Act gamma, Act beta, int N, int C, float eps);
 
-// dx (= or +=) of each row, and each block's sums of dgamma and dbeta in
-// `partial` (layernorm_rows::backward_blocks(N) blocks), for layernorm.cu's
-// fixed-order reduction. dx, dout, x: (N, C); partial: (blocks, 2, C)
-void layernorm_warp_backward(cudaStream_t stream, Act dx, float* partial, Act dout, Act x,
-                             Act gamma, const float* mean, const float* rstd, int N, int C,
-                             bool accumulate);
+// dx (= or +=) of each row, and dgamma and dbeta += their sums over the
+// rows: each block's sums in `partial` (layernorm_rows::backward_blocks(N)
+// blocks), then added in layernorm.cu's fixed order, many loads in flight.
+// dx, dout, x: (N, C); partial: (blocks, 2, C); dgamma, dbeta: (C)
+void layernorm_warp_backward(cudaStream_t stream, Act dx, float* dgamma, float* dbeta,
+                             float* partial, Act dout, Act x, Act gamma, const float* mean,
+                             const float* rstd, int N, int C, bool accumulate);
 
 }  // namespace mpiformer::cuda

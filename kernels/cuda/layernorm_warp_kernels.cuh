@@ -296,6 +296,54 @@ __global__ void __launch_bounds__(kThreads, kSlots <= 4 ? 2 : 1)
   }
 }
 
+// The reduction of the backward's partials into dgamma and dbeta: blocks
+// of kParamColumns columns by kParamRows rows of threads.
+constexpr int kParamColumns = 32, kParamRows = 8, kParamThreads = kParamColumns * kParamRows;
+// Loads of partials each thread keeps in flight before it adds them.
+constexpr int kParamLoadsInFlight = 16;
+// param_grads_kernel's sums of its thread rows (at namespace scope, where
+// the CPU emulation of the kernels also finds one per block).
+static __shared__ float param_row_sums[kParamRows][kParamColumns + 1];
+
+// dgamma[c] += the sum over blocks of partial[b][0][c], dbeta likewise
+// ([b][1][c]), in the order of layernorm.cu's reduction: thread row y
+// (threadIdx.x / 32) sums blocks y, y + 8, ... in order, then row 0 the 8
+// rows' sums in order: the same bits. Each thread loads
+// kParamLoadsInFlight partials before adding them in that order, so that
+// it waits on memory once per kParamLoadsInFlight partials rather than
+// about once per partial (the grid is 2C / 32 blocks: 48 for GPT-2, fewer
+// than the SMs, so the loads each keeps in flight set the rate).
+// partial: (blocks, 2, C); kParamThreads threads; grid ceil(2C / 32)
+__global__ void __launch_bounds__(kParamThreads)
+    param_grads_kernel(float* dgamma, float* dbeta, const float* partial, int blocks, int C) {
+  const int column = threadIdx.x % kParamColumns, y = threadIdx.x / kParamColumns;
+  const int c = blockIdx.x * kParamColumns + column;
+  const size_t step = static_cast<size_t>(2) * C;
+  float sum = 0.0f;
+  if (c < 2 * C) {
+    constexpr int kStride = kParamRows * kParamLoadsInFlight;
+    int b = y;
+    for (; b + kStride - kParamRows < blocks; b += kStride) {
+      float loaded[kParamLoadsInFlight];
+#pragma unroll
+      for (int i = 0; i < kParamLoadsInFlight; ++i)
+        loaded[i] = partial[static_cast<size_t>(b + i * kParamRows) * step + c];
+#pragma unroll
+      for (int i = 0; i < kParamLoadsInFlight; ++i) sum += loaded[i];
+    }
+    for (; b < blocks; b += kParamRows) sum += partial[static_cast<size_t>(b) * step + c];
+  }
+  param_row_sums[y][column] = sum;
+  __syncthreads();
+  if (y != 0 || c >= 2 * C) return;
+  float total = 0.0f;
+  for (int r = 0; r < kParamRows; ++r) total += param_row_sums[r][column];
+  if (c < C)
+    dgamma[c] += total;
+  else
+    dbeta[c - C] += total;
+}
+
 // Calls fn(std::integral_constant<int, slots>{}) for the instance that
 // holds `slots` vectors per lane (rows::lane_slots).
 template <typename Fn>
