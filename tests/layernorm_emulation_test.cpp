@@ -252,11 +252,11 @@ class LayerNormEmulation : public ::testing::Test {
 using Types = ::testing::Types<float, __nv_bfloat16>;
 TYPED_TEST_SUITE(LayerNormEmulation, Types);
 
-// dgamma and dbeta from 300 blocks' partials (each thread row's loads in
+// dgamma and dbeta from 300 blocks' partials (the warp path's 16 loads in
 // flight twice over, then a tail) of 100 columns (the last block of
-// columns part full), added to what they held: the order of layernorm.cu's
-// reduction, bit for bit.
-TEST(LayerNormParamGrads, AddsThePartialsInTheBlockKernelsOrder) {
+// columns part full), added to what they held: the documented order, bit
+// for bit, with 16 loads in flight and with the block path's 1.
+TEST(LayerNormParamGrads, AddsThePartialsInOneOrderHoweverManyLoadsInFlight) {
   constexpr int kBlocks = 300, C = 100;
   std::mt19937 rng(3);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -275,10 +275,17 @@ TEST(LayerNormParamGrads, AddsThePartialsInTheBlockKernelsOrder) {
     want[c] += total;
   }
   const unsigned column_blocks = (2 * C + kernels::kParamColumns - 1) / kernels::kParamColumns;
-  emulated::launch(dim3(column_blocks), kernels::kParamThreads, nullptr, 0, [&] {
-    kernels::param_grads_kernel(grads.data(), grads.data() + C, partial.data(), kBlocks, C);
-  });
-  EXPECT_EQ(0, std::memcmp(grads.data(), want.data(), grads.size() * sizeof(float)));
+  const auto run = [&](auto in_flight) {
+    std::vector<float> got = grads;
+    emulated::launch(dim3(column_blocks), kernels::kParamThreads, nullptr, 0, [&] {
+      kernels::param_grads_kernel<decltype(in_flight)::value>(got.data(), got.data() + C,
+                                                              partial.data(), kBlocks, C);
+    });
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)))
+        << decltype(in_flight)::value << " loads in flight";
+  };
+  run(std::integral_constant<int, kernels::kParamLoadsInFlight>{});
+  run(std::integral_constant<int, 1>{});
 }
 
 // 70 rows: a forward's last block of 6 rows, a backward's of 6. Lanes hold

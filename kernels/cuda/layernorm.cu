@@ -167,29 +167,6 @@ __global__ void layernorm_backward_kernel(T* dx, float* partial, const T* dout, 
   }
 }
 
-// dgamma[c] += sum over blocks of partial[b][0][c], dbeta likewise. Each
-// block takes 32 columns; its 8 rows of threads sum every 8th partial in
-// order, then row 0 sums the 8 in order: a fixed order for any timing.
-// partial: (blocks, 2, C); threads (32, 8), grid (ceil(2C / 32))
-__global__ void layernorm_param_grads_kernel(float* dgamma, float* dbeta, const float* partial,
-                                             int blocks, int C) {
-  __shared__ float sums[8][33];
-  const int c = blockIdx.x * 32 + threadIdx.x;
-  float sum = 0.0f;
-  if (c < 2 * C)
-    for (int b = threadIdx.y; b < blocks; b += 8)
-      sum += partial[static_cast<size_t>(b) * 2 * C + c];
-  sums[threadIdx.y][threadIdx.x] = sum;
-  __syncthreads();
-  if (threadIdx.y != 0 || c >= 2 * C) return;
-  float total = 0.0f;
-  for (int y = 0; y < 8; ++y) total += sums[y][threadIdx.x];
-  if (c < C)
-    dgamma[c] += total;
-  else
-    dbeta[c - C] += total;
-}
-
 }  // namespace
 
 bool CudaOps::warp_layernorm(bool backward, DType dtype, int C,
@@ -250,9 +227,8 @@ void CudaOps::layernorm_backward(Act dx, float* dgamma, float* dbeta, Act dout, 
   int blocks = 0;
   float* partial =
       block_layernorm_backward(dx, dout, x, gamma, mean, rstd, N, C, accumulate, &blocks);
-  layernorm_param_grads_kernel<<<(2 * C + 31) / 32, dim3(32, 8), 0, stream_>>>(dgamma, dbeta,
-                                                                               partial, blocks, C);
-  cuda::check(cudaGetLastError(), "layernorm_backward (gamma, beta)");
+  // One load in flight a thread: the block path as it was measured.
+  cuda::layernorm_param_grads(stream_, dgamma, dbeta, partial, blocks, C, 1);
 }
 
 // The block backward, the default (a warp per row, two passes over it):

@@ -62,11 +62,23 @@ void layernorm_warp_backward(cudaStream_t stream, Act dx, float* dgamma, float* 
     });
   });
   check(cudaGetLastError(), "layernorm_backward (warp)");
-  const unsigned column_blocks =
-      (2 * C + layernorm_warp::kParamColumns - 1) / layernorm_warp::kParamColumns;
-  layernorm_warp::param_grads_kernel<<<column_blocks, layernorm_warp::kParamThreads, 0, stream>>>(
-      dgamma, dbeta, partial, rows::backward_blocks(N), C);
-  check(cudaGetLastError(), "layernorm_backward (warp: gamma, beta)");
+  layernorm_param_grads(stream, dgamma, dbeta, partial, rows::backward_blocks(N), C,
+                        layernorm_warp::kParamLoadsInFlight);
+}
+
+void layernorm_param_grads(cudaStream_t stream, float* dgamma, float* dbeta, const float* partial,
+                           int blocks, int C, int loads_in_flight) {
+  using layernorm_warp::kParamColumns;
+  using layernorm_warp::kParamThreads;
+  using layernorm_warp::param_grads_kernel;
+  const unsigned column_blocks = (2 * C + kParamColumns - 1) / kParamColumns;
+  if (loads_in_flight == 1)
+    param_grads_kernel<1>
+        <<<column_blocks, kParamThreads, 0, stream>>>(dgamma, dbeta, partial, blocks, C);
+  else
+    param_grads_kernel<layernorm_warp::kParamLoadsInFlight>
+        <<<column_blocks, kParamThreads, 0, stream>>>(dgamma, dbeta, partial, blocks, C);
+  check(cudaGetLastError(), "layernorm_backward (gamma, beta)");
 }
 
 }  // namespace mpiformer::cuda

@@ -31,4 +31,11 @@ void layernorm_warp_backward(cudaStream_t stream, Act dx, float* dgamma, float* 
                              float* partial, Act dout, Act x, Act gamma, const float* mean,
                              const float* rstd, int N, int C, bool accumulate);
 
+// dgamma and dbeta += the sums over blocks of either backward's partials,
+// in one fixed order (layernorm_warp_kernels.cuh's param_grads_kernel),
+// each thread keeping loads_in_flight (1 or 16) loads of partials in
+// flight: the same bits either way.  partial: (blocks, 2, C)
+void layernorm_param_grads(cudaStream_t stream, float* dgamma, float* dbeta, const float* partial,
+                           int blocks, int C, int loads_in_flight);
+
 }  // namespace mpiformer::cuda

@@ -296,24 +296,27 @@ __global__ void __launch_bounds__(kThreads, kSlots <= 4 ? 2 : 1)
   }
 }
 
-// The reduction of the backward's partials into dgamma and dbeta: blocks
-// of kParamColumns columns by kParamRows rows of threads.
+// The reduction of either backward's partials into dgamma and dbeta
+// (layernorm_param_grads): blocks of kParamColumns columns by kParamRows
+// rows of threads.
 constexpr int kParamColumns = 32, kParamRows = 8, kParamThreads = kParamColumns * kParamRows;
-// Loads of partials each thread keeps in flight before it adds them.
+// Loads of partials each thread of the warp path keeps in flight before
+// it adds them (the block path keeps 1, as it was measured).
 constexpr int kParamLoadsInFlight = 16;
 // param_grads_kernel's sums of its thread rows (at namespace scope, where
 // the CPU emulation of the kernels also finds one per block).
 static __shared__ float param_row_sums[kParamRows][kParamColumns + 1];
 
 // dgamma[c] += the sum over blocks of partial[b][0][c], dbeta likewise
-// ([b][1][c]), in the order of layernorm.cu's reduction: thread row y
+// ([b][1][c]), in one fixed order for any timing: thread row y
 // (threadIdx.x / 32) sums blocks y, y + 8, ... in order, then row 0 the 8
-// rows' sums in order: the same bits. Each thread loads
-// kParamLoadsInFlight partials before adding them in that order, so that
-// it waits on memory once per kParamLoadsInFlight partials rather than
-// about once per partial (the grid is 2C / 32 blocks: 48 for GPT-2, fewer
-// than the SMs, so the loads each keeps in flight set the rate).
+// rows' sums in order. Each thread loads kInFlight partials before adding
+// them in that order, so that it waits on memory once per kInFlight
+// partials: the same bits for any kInFlight (the grid is 2C / 32 blocks,
+// 48 for GPT-2, fewer than the SMs, so the loads each keeps in flight set
+// the rate).
 // partial: (blocks, 2, C); kParamThreads threads; grid ceil(2C / 32)
+template <int kInFlight>
 __global__ void __launch_bounds__(kParamThreads)
     param_grads_kernel(float* dgamma, float* dbeta, const float* partial, int blocks, int C) {
   const int column = threadIdx.x % kParamColumns, y = threadIdx.x / kParamColumns;
@@ -321,15 +324,15 @@ __global__ void __launch_bounds__(kParamThreads)
   const size_t step = static_cast<size_t>(2) * C;
   float sum = 0.0f;
   if (c < 2 * C) {
-    constexpr int kStride = kParamRows * kParamLoadsInFlight;
+    constexpr int kStride = kParamRows * kInFlight;
     int b = y;
     for (; b + kStride - kParamRows < blocks; b += kStride) {
-      float loaded[kParamLoadsInFlight];
+      float loaded[kInFlight];
 #pragma unroll
-      for (int i = 0; i < kParamLoadsInFlight; ++i)
+      for (int i = 0; i < kInFlight; ++i)
         loaded[i] = partial[static_cast<size_t>(b + i * kParamRows) * step + c];
 #pragma unroll
-      for (int i = 0; i < kParamLoadsInFlight; ++i) sum += loaded[i];
+      for (int i = 0; i < kInFlight; ++i) sum += loaded[i];
     }
     for (; b < blocks; b += kParamRows) sum += partial[static_cast<size_t>(b) * step + c];
   }
