@@ -288,6 +288,34 @@ TEST(LayerNormParamGrads, AddsThePartialsInOneOrderHoweverManyLoadsInFlight) {
   run(std::integral_constant<int, 1>{});
 }
 
+// The backward's L2 hint for the next row's dx: the 32 lanes ask for
+// every 128-byte line the row touches, once, and for no other, whether
+// the row starts on a line or 16 to 112 bytes into one, and for rows of
+// more lines than lanes (fp32 4096: 128).
+TEST(LayerNormPrefetch, AsksForEveryLineOfTheRowOnce) {
+  constexpr uintptr_t kLine = 128;
+  alignas(128) static float buffer[3 * 4096 + 64];
+  std::vector<uintptr_t> asked;
+  emulated::prefetched = &asked;
+  for (int C : {4, 96, 384, 768, 4096}) {
+    for (int offset : {0, 4, 12, 28}) {  // floats: 0, 16, 48 and 112 bytes
+      for (int r : {0, 2}) {
+        asked.clear();
+        for (int lane = 0; lane < rows::kLanes; ++lane)
+          kernels::prefetch_row_l2(buffer + offset, r, C, lane);
+        const auto begin = reinterpret_cast<uintptr_t>(buffer + offset + r * C);
+        const auto end = begin + C * sizeof(float);
+        std::vector<uintptr_t> want;
+        for (uintptr_t line = begin / kLine * kLine; line < end; line += kLine)
+          want.push_back(line);
+        std::sort(asked.begin(), asked.end());
+        EXPECT_EQ(asked, want) << "C " << C << ", offset " << offset << ", row " << r;
+      }
+    }
+  }
+  emulated::prefetched = nullptr;
+}
+
 // 70 rows: a forward's last block of 6 rows, a backward's of 6. Lanes hold
 // 1 vector (fp32 C 96, bf16 C 64: some lanes none), 3 (bf16 768), 4 (bf16
 // 1024), 6 (fp32 768), 8 (fp32 1024).

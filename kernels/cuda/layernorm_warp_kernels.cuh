@@ -185,12 +185,18 @@ __device__ __forceinline__ void load_raw_row(RawRow<kSlots>& raw, const T* x, co
 template <int kSlots>
 constexpr bool kEarlyPrior = kSlots <= 3;
 
-// A lane's hint that dx's row r (C elements) be brought into L2, a line of
-// 128 bytes per lane, for the += of its row a row ahead.  dx: (N, C)
+// A lane's hint that dx's row r (C elements) be brought into L2, for the
+// += of its row a row ahead: the 128-byte lines the row touches, from the
+// line its first byte is in (a row starts on 16 bytes, not on a line), a
+// line per lane in turn.  dx: (N, C)
 template <typename T>
 __device__ __forceinline__ void prefetch_row_l2(const T* dx, int r, int C, int lane) {
-  constexpr int kLine = 128 / sizeof(T);
-  if (lane * kLine < C) prefetch_l2(dx + static_cast<size_t>(r) * C + lane * kLine);
+  constexpr uintptr_t kLine = 128;
+  const T* row = dx + static_cast<size_t>(r) * C;
+  const uintptr_t first = reinterpret_cast<uintptr_t>(row) / kLine * kLine;
+  const uintptr_t end = reinterpret_cast<uintptr_t>(row + C);
+  for (uintptr_t line = first + lane * kLine; line < end; line += rows::kLanes * kLine)
+    prefetch_l2(reinterpret_cast<const void*>(line));
 }
 
 // One row's dx (= or +=) from its raw slots, its dgamma and dbeta added

@@ -64,7 +64,10 @@ struct Index {
 inline thread_local Index thread_index, block_index;
 inline dim3 block_dim, grid_dim;
 inline std::barrier<>* block_barrier = nullptr;
-inline bool copies_land_at_issue = false;                           // cp.async (below)
+inline bool copies_land_at_issue = false;  // cp.async (below)
+// prefetch_l2's addresses, where a test collects them (from one thread,
+// outside a launch); null: none kept.
+inline std::vector<uintptr_t>* prefetched = nullptr;
 inline std::vector<std::unique_ptr<std::barrier<>>> warp_barriers;  // one per warp
 inline float shuffle_buffer[32][32];                                // [warp][lane]
 
@@ -184,8 +187,11 @@ inline int vectorized_prefix(const T* p, int n) {
   return aligned16(p) ? n / kVecSize<T> * kVecSize<T> : 0;
 }
 
-// L2's prefetch: a hint, nothing to emulate.
-inline void prefetch_l2(const void*) {}
+// L2's prefetch: a hint, nothing to emulate; the addresses asked for are
+// kept where a test collects them (emulated::prefetched).
+inline void prefetch_l2(const void* p) {
+  if (::emulated::prefetched) ::emulated::prefetched->push_back(reinterpret_cast<uintptr_t>(p));
+}
 
 // The SFU's 2^x, subnormal results flushed to 0 as the GPU's
 // ex2.approx.ftz flushes them (its last bits are the GPU's own).
