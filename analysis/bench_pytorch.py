@@ -35,7 +35,7 @@ class LmModel(nn.Module):
                                            activation="gelu", batch_first=True, norm_first=True)
         self.blocks = nn.TransformerEncoder(layer, a.layers)
         self.norm = nn.LayerNorm(a.d_model)
-        self.bias = nn.Parameter(torch.zeros(a.vocab))
+        self.bias = output_bias(a)
 
     def forward(self, ids, pad_mask):
         T = ids.shape[1]
@@ -77,7 +77,7 @@ class SdpaLmModel(nn.Module):
         self.positions = nn.Embedding(max(a.seq, a.max_len), a.d_model)
         self.blocks = nn.ModuleList(SdpaBlock(a.d_model, a.heads, a.d_ff) for _ in range(a.layers))
         self.norm = nn.LayerNorm(a.d_model)
-        self.bias = nn.Parameter(torch.zeros(a.vocab))
+        self.bias = output_bias(a)
 
     def forward(self, ids):
         x = self.tokens(ids) + self.positions(torch.arange(ids.shape[1], device=ids.device))
@@ -96,7 +96,7 @@ class Seq2seqModel(nn.Module):
         self.transformer = nn.Transformer(a.d_model, a.heads, a.enc_layers, a.dec_layers, a.d_ff,
                                           dropout=0.0, activation="gelu", batch_first=True,
                                           norm_first=True)
-        self.bias = nn.Parameter(torch.zeros(a.vocab))
+        self.bias = output_bias(a)
 
     def embed(self, ids):
         return self.tokens(ids) + self.positions(torch.arange(ids.shape[1], device=ids.device))
@@ -108,6 +108,12 @@ class Seq2seqModel(nn.Module):
                              src_key_padding_mask=src_pad, tgt_key_padding_mask=tgt_pad,
                              memory_key_padding_mask=src_pad)
         return F.linear(x, self.tokens.weight, self.bias)
+
+
+def output_bias(a):
+    """The vocabulary projection's bias, or None with --output-bias false
+    (GPT-2 has none)."""
+    return nn.Parameter(torch.zeros(a.vocab)) if a.output_bias == "true" else None
 
 
 def padded_batch(lengths, vocab, generator):
@@ -138,6 +144,8 @@ def parse_args(argv=None):
     p.add_argument("--warmup-steps", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--label-smoothing", type=float, default=0.1)
+    p.add_argument("--output-bias", choices=["true", "false"], default="true",
+                   help="a bias on the vocabulary projection, as mpiformer's flag (false: GPT-2's)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",

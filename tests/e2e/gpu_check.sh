@@ -232,6 +232,12 @@ for setting in present layernorm=block adamw=ranged layernorm_backward=warp loss
   check "  B32 under $setting, with its target and profile" \
     grep -q "^\\(  (checked) \\)\\?limit: gpt2 B32 $setting: $number tok/s, mfu $number, step $number ms, .*; GEMM epilogues run unfused: 1 shape: BGRADB m 32 n 1 k 64 (target tokens_per_s >= 600000: \(met\|not met\)); ms per step: gemm $number, attention $number, layernorm $number, .*optimizer $number, other -*$number$" "$summary"
 done
+check "  GPT-2's head without a bias, against one with a bias" \
+  grep -q "^\\(  (checked) \\)\\?limit: GPT-2's head (no bias) against one with a bias (up to 2026-11-29), gpt2 B32: gemm $number -> $number ms per step (new/old $number); tok/s $number -> $number (new/old $number)$" "$summary"
+check "  ... the defaults without the bias, the other run with it" \
+  test "$(grep -c "^== present (MPIFORMER_KERNELS unset): mpiformer bench .* --output-bias \(false\|true\) --batch 32 " "$limit_logs/limit.log")" -eq 2
+check "  ... PyTorch's baseline without it too" \
+  test "$(grep -c "^== pytorch --sdpa B[0-9]*: analysis/bench_pytorch.py .* --output-bias false --batch " "$limit_logs/limit.log")" -eq 2
 for older in layernorm=block:layernorm adamw=ranged:optimizer; do
   check "  the defaults against ${older%%:*}, the path they replaced" \
     grep -q "^\\(  (checked) \\)\\?limit: present against ${older%%:*} (the path it replaced), gpt2 B32: ${older#*:} $number -> $number ms per step (new/old $number); tok/s $number -> $number (new/old $number)$" "$summary"

@@ -3,7 +3,7 @@ scaled_dot_product_attention compute causal attention as written out by
 hand (float64), hold as many parameters as the masked lm, and a tiny CPU run
 prints its JSON line with "attention": "sdpa" ("mask" without the flag);
 --sdpa is refused in one line for seq2seq, for lengths that vary and on a
-PyTorch without SDPA.
+PyTorch without SDPA; --output-bias false drops the vocabulary's bias alone.
 
 Runs on the Python with torch: this one, else MPIFORMER_TORCH_PYTHON, else
 .deps/torch-venv (scripts/setup --tests); everything is skipped without one.
@@ -124,6 +124,29 @@ class Sdpa(unittest.TestCase):
             self.assertGreater(line["tokens_per_s"], 0)
             lines[attention] = line
         self.assertEqual(lines["sdpa"].keys(), lines["mask"].keys())
+
+
+@unittest.skipIf(torch is None, "no Python with torch")
+class OutputBias(unittest.TestCase):
+    """--output-bias false (GPT-2's head, as mpiformer's flag): the models
+    lose the vocabulary's bias and nothing else, and a run still steps."""
+
+    def test_false_drops_the_vocabulary_bias_alone(self):
+        models = [(bench_pytorch.LmModel, []), (bench_pytorch.Seq2seqModel, ["--model", "seq2seq"])]
+        if HAS_SDPA:
+            models.append((bench_pytorch.SdpaLmModel, ["--sdpa"]))
+        for model, flags in models:
+            counts = {}
+            for bias in ("true", "false"):
+                built = model(bench_pytorch.parse_args(TINY + flags + ["--output-bias", bias]))
+                counts[bias] = sum(p.numel() for p in built.parameters())
+                self.assertEqual(built.bias is None, bias == "false", model.__name__)
+            self.assertEqual(counts["true"] - counts["false"], 100, model.__name__)
+
+    def test_a_run_without_it_prints_its_line(self):
+        run = bench(*TINY, "--output-bias", "false")
+        self.assertEqual(run.returncode, 0, run.stderr)
+        self.assertGreater(json.loads(run.stdout.strip().splitlines()[-1])["tokens_per_s"], 0)
 
 
 if __name__ == "__main__":
