@@ -110,8 +110,8 @@ __device__ __forceinline__ void copy_async_wait() {
 }
 
 // A hint that the 128-byte line at p be brought into L2 (it changes no
-// value; callers pass addresses of their operands): a later load of it
-// waits on L2, not on memory.
+// value; callers pass an address in a line of their operands): a later
+// load of it waits on L2, not on memory.
 __device__ __forceinline__ void prefetch_l2(const void* p) {
 #if defined(__CUDA_ARCH__)
   asm volatile("prefetch.global.L2 [%0];" ::"l"(__cvta_generic_to_global(p)));
