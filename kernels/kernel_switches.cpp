@@ -23,7 +23,7 @@ constexpr Family kFamilies[] = {
     {"attention", {"ragged", "dense"}},   {"exact", {"buffered", "direct"}},
     {"adamw", {"ranged", "vector"}},      {"dweight", {"whole", "split"}},
     {"dweight_stream", {"main", "side"}}, {"attention_plan", {"heuristic", "timed"}},
-    {"dbias", {"epilogue", "columns"}},
+    {"dbias", {"epilogue", "columns"}},   {"dbias_out", {"gemm", "norm"}},
 };
 
 // The index of path `p` in family `f`, or -1.
@@ -58,6 +58,7 @@ void set(KernelSwitches& s, int f, int p) {
   if (f == 8) s.dweight_stream = static_cast<KernelSwitches::DWeightStream>(p);
   if (f == 9) s.attention_plan = static_cast<KernelSwitches::AttentionPlan>(p);
   if (f == 10) s.dbias = static_cast<KernelSwitches::DBias>(p);
+  if (f == 11) s.dbias_out = static_cast<KernelSwitches::DBiasOut>(p);
 }
 
 int path_of(const KernelSwitches& s, int f) {
@@ -71,7 +72,8 @@ int path_of(const KernelSwitches& s, int f) {
   if (f == 7) return static_cast<int>(s.dweight);
   if (f == 8) return static_cast<int>(s.dweight_stream);
   if (f == 9) return static_cast<int>(s.attention_plan);
-  return static_cast<int>(s.dbias);
+  if (f == 10) return static_cast<int>(s.dbias);
+  return static_cast<int>(s.dbias_out);
 }
 
 void apply(KernelSwitches& s, const std::string& text, const std::string& part) {

@@ -102,6 +102,16 @@ struct KernelSwitches {
   // times each GPT-2 GEMM with BGRADB and without). Other bits, as
   // deterministic. A candidate.
   enum class DBias { kEpilogue, kColumns } dbias = DBias::kEpilogue;
+  // The bias gradient of a pre-norm sublayer's output projection (the
+  // attention's, the MLP's second layer), the sum over tokens of the
+  // residual stream's gradient: gemm (default), from that projection's
+  // weight gradient, as dbias says; norm, summed by the sublayer's layer
+  // norm backward, which reads that gradient anyway as the dx it adds to
+  // (Ops::layernorm_backward's dx_sums), so that two of a block's four
+  // weight gradients run without BGRADB and nothing is read again (without
+  // dropout on the sublayer's output; with it, gemm). Other bits, as
+  // deterministic. A candidate.
+  enum class DBiasOut { kGemm, kNorm } dbias_out = DBiasOut::kGemm;
 };
 
 // How often each family's newer path ran, of the calls that asked for it;
@@ -125,6 +135,7 @@ struct CandidateCalls {
     kDWeightStream,
     kAttentionPlan,
     kDBias,
+    kDBiasOut,
     kFamilies
   };
   long long asked[kFamilies] = {};
@@ -144,7 +155,7 @@ KernelSwitches kernel_switches_from_environment();
 
 // "layernorm=warp,layernorm_backward=block,loss=reread,gemm=heuristic,
 // attention=ragged,exact=direct,adamw=vector,dweight=whole,dweight_stream=main,
-// attention_plan=heuristic,dbias=epilogue"
+// attention_plan=heuristic,dbias=epilogue,dbias_out=gemm"
 // (the defaults):
 // every family, for start lines and bench's JSON.
 std::string describe(const KernelSwitches& switches);

@@ -56,4 +56,19 @@ MPIFORMER_HOST_DEVICE constexpr int backward_blocks(int N) {
   return (N + kBackwardRowsPerBlock - 1) / kBackwardRowsPerBlock;
 }
 
+// The column sums a layer norm backward adds to (+=): dgamma and dbeta,
+// and, where not null, dx_sums, the sums of dx as it came in (accumulate
+// only: Ops::layernorm_backward's dx_sums). A block's partials are
+// count() rows of C: dgamma's, dbeta's, then dx_sums'.  each: (C)
+struct Sums {
+  float* dgamma = nullptr;
+  float* dbeta = nullptr;
+  float* dx_sums = nullptr;
+  MPIFORMER_HOST_DEVICE constexpr int count() const { return dx_sums ? 3 : 2; }
+  // Where column sum j (0 <= j < count() C) goes.
+  MPIFORMER_HOST_DEVICE float* target(int j, int C) const {
+    return j < C ? dgamma + j : j < 2 * C ? dbeta + (j - C) : dx_sums + (j - 2 * C);
+  }
+};
+
 }  // namespace mpiformer::layernorm_rows

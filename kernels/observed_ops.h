@@ -64,6 +64,7 @@ class ObservedOps : public Ops {
   std::string kernel_choices() const override { return inner_.kernel_choices(); }
   std::string candidate_calls() const override { return inner_.candidate_calls(); }
   bool direct_exact_sum() const override { return inner_.direct_exact_sum(); }
+  bool bias_grad_in_norm() const override { return inner_.bias_grad_in_norm(); }
   AttentionCalls attention_calls() const override { return inner_.attention_calls(); }
   AttentionPreparation prepare_attention(const std::vector<AttentionCase>& cases, DType dtype,
                                          bool backward) override {

@@ -67,11 +67,15 @@ MPIFORMER_OP(residual_layernorm_forward, kNorm, out.dtype, ({{"N", N}, {"C", C}}
              (Act sum, Act out, float* mean, float* rstd, Act s, Act y, const Dropout& d, Act gamma,
               Act beta, int N, int C, float eps),
              (sum, out, mean, rstd, s, y, d, gamma, beta, N, C, eps))
-// dx (= or += with accumulate): (N, C), dgamma, dbeta (+=): (C)
+// dx (= or += with accumulate): (N, C), dgamma, dbeta (+=): (C).
+// dx_sums (+=, with accumulate; null to skip): (C), the sums over rows of
+// dx as it came in, before the add: where dx is the residual stream's
+// gradient, the bias gradient of the sublayer whose output it is, from
+// the pass that reads it anyway (dbias_out=norm: src/model/blocks.cpp).
 MPIFORMER_OP(layernorm_backward, kNorm, dx.dtype, ({{"N", N}, {"C", C}}),
              (Act dx, float* dgamma, float* dbeta, Act dout, Act x, Act gamma, const float* mean,
-              const float* rstd, int N, int C, bool accumulate),
-             (dx, dgamma, dbeta, dout, x, gamma, mean, rstd, N, C, accumulate))
+              const float* rstd, int N, int C, bool accumulate, float* dx_sums = nullptr),
+             (dx, dgamma, dbeta, dout, x, gamma, mean, rstd, N, C, accumulate, dx_sums))
 
 // ---- GEMM -------------------------------------------------------------
 // out = act(x @ weight^T + bias); with an activation, fused.pre (N, OC)

@@ -274,6 +274,11 @@ class Ops {
   // contribution in place (src/parallel/gradient_reducer.h; the same bits
   // either way). The CPU does; a GPU unless MPIFORMER_KERNELS=exact=buffered.
   virtual bool direct_exact_sum() const { return true; }
+  // Whether the model hands a pre-norm sublayer's output-projection bias
+  // gradient to the layer norm backward after it (layernorm_backward's
+  // dx_sums) rather than to that projection's matmul_backward: a GPU under
+  // MPIFORMER_KERNELS=dbias_out=norm. The CPU sums it beside the GEMM.
+  virtual bool bias_grad_in_norm() const { return false; }
   // Prepares the attention kernels for every batch shape a run will make,
   // before its first step, so that no step waits for it: cuDNN builds a
   // graph per case (rounded shapes) and reserves the largest workspace of

@@ -424,18 +424,24 @@ void CudaOpsTest::layernorm_case(int N, int C) {
   compare(sum, n, elementwise_tolerance(t()), "residual_layernorm_forward sum");
   compare(out, n, reduction_tolerance(t()), "residual_layernorm_forward out");
 
-  for (bool accumulate : {false, true}) {
+  // dx =, dx +=, and dx += with the sums of dx as it came (dx_sums)
+  for (const auto& [accumulate, with_sums] :
+       {std::pair{false, false}, std::pair{true, false}, std::pair{true, true}}) {
     const std::vector<float> dx0 = random(n);
     const Pair dout = b_->acts(random(n), t()), dx = b_->acts(dx0, t());
-    const FloatPair dgamma = b_->floats(random(C)), dbeta = b_->floats(random(C));
+    const FloatPair dgamma = b_->floats(random(C)), dbeta = b_->floats(random(C)),
+                    dx_sums = b_->floats(random(C));
     b_->gpu->layernorm_backward(dx.gpu, dgamma.gpu, dbeta.gpu, dout.gpu, sum.gpu, gamma.gpu,
-                                mean.gpu, rstd.gpu, N, C, accumulate);
+                                mean.gpu, rstd.gpu, N, C, accumulate,
+                                with_sums ? dx_sums.gpu : nullptr);
     b_->cpu->layernorm_backward(dx.cpu, dgamma.cpu, dbeta.cpu, dout.cpu, sum.cpu, gamma.cpu,
-                                mean.cpu, rstd.cpu, N, C, accumulate);
-    const std::string how = accumulate ? " (+=)" : " (=)";
+                                mean.cpu, rstd.cpu, N, C, accumulate,
+                                with_sums ? dx_sums.cpu : nullptr);
+    const std::string how = !accumulate ? " (=)" : with_sums ? " (+=, dx_sums)" : " (+=)";
     compare(dx, n, reduction_tolerance(t()), "layernorm_backward dx" + how);
     compare(dgamma, C, kFp32Tolerance, "layernorm_backward dgamma" + how);
     compare(dbeta, C, kFp32Tolerance, "layernorm_backward dbeta" + how);
+    compare(dx_sums, C, kFp32Tolerance, "layernorm_backward dx_sums" + how);
   }
 }
 
@@ -1672,8 +1678,8 @@ TEST(KernelTiming, LayerNormBlockAgainstWarp) {
       dout(buffers.zeros(row_bytes), t), dx(buffers.zeros(row_bytes), t);
   const Act gamma(buffers.zeros(C * 2), t), beta(buffers.zeros(C * 2), t);
   auto* stats = static_cast<float*>(buffers.zeros(sizeof(float) * 2 * N));
-  auto* grads = static_cast<float*>(buffers.zeros(sizeof(float) * 2 * C));
-  double forward[2], backward[2];
+  auto* grads = static_cast<float*>(buffers.zeros(sizeof(float) * 3 * C));
+  double forward[2], backward[2], with_sums[2];
   for (int warp = 0; warp < 2; ++warp) {
     KernelSwitches switches;
     switches.layernorm = switches.layernorm_backward =
@@ -1686,6 +1692,11 @@ TEST(KernelTiming, LayerNormBlockAgainstWarp) {
     backward[warp] = milliseconds_per_call(*ops, 50, [&] {
       ops->layernorm_backward(dx, grads, grads + C, dout, sum, gamma, stats, stats + N, N, C, true);
     });
+    // dbias_out=norm's: the sums of dx as it came, too
+    with_sums[warp] = milliseconds_per_call(*ops, 50, [&] {
+      ops->layernorm_backward(dx, grads, grads + C, dout, sum, gamma, stats, stats + N, N, C, true,
+                              grads + 2 * C);
+    });
   }
   // forward: s, y read, sum, out written; backward (+=): dout, x, dx read, dx written
   const double moved = 4.0 * row_bytes, tb = 1e-9;
@@ -1696,6 +1707,11 @@ TEST(KernelTiming, LayerNormBlockAgainstWarp) {
       N, C, forward[0], moved / forward[0] * tb, forward[1], moved / forward[1] * tb,
       forward[1] / forward[0], backward[0], moved / backward[0] * tb, backward[1],
       moved / backward[1] * tb, backward[1] / backward[0]);
+  std::printf(
+      "kernel timing: layer norm backward (+=) with dx_sums (dbias_out=norm; bf16, N %d, C %d): "
+      "block %.4f ms (%.2f TB/s, %.2f of without), warp %.4f ms (%.2f TB/s, %.2f of without)\n",
+      N, C, with_sums[0], moved / with_sums[0] * tb, with_sums[0] / backward[0], with_sums[1],
+      moved / with_sums[1] * tb, with_sums[1] / backward[1]);
 }
 
 // The fused cross entropy on GPT-2 small's B32 logits chunk (10672 x 50257

@@ -16,7 +16,7 @@ namespace {
 constexpr const char* kDefaults =
     "layernorm=warp,layernorm_backward=block,loss=reread,gemm=heuristic,attention=ragged,"
     "exact=direct,adamw=vector,dweight=whole,dweight_stream=main,attention_plan=heuristic,"
-    "dbias=epilogue";
+    "dbias=epilogue,dbias_out=gemm";
 
 TEST(KernelSwitches, DefaultsUnlessNamed) {
   EXPECT_EQ(describe(KernelSwitches{}), kDefaults);
@@ -24,12 +24,12 @@ TEST(KernelSwitches, DefaultsUnlessNamed) {
   EXPECT_EQ(describe(parse_kernel_switches("layernorm=block")),
             "layernorm=block,layernorm_backward=block,loss=reread,gemm=heuristic,"
             "attention=ragged,exact=direct,adamw=vector,dweight=whole,dweight_stream=main,"
-            "attention_plan=heuristic,dbias=epilogue");
+            "attention_plan=heuristic,dbias=epilogue,dbias_out=gemm");
   EXPECT_EQ(
       describe(parse_kernel_switches(",loss=pipelined,")),
       "layernorm=warp,layernorm_backward=block,loss=pipelined,gemm=heuristic,attention=ragged,"
       "exact=direct,adamw=vector,dweight=whole,dweight_stream=main,attention_plan=heuristic,"
-      "dbias=epilogue");
+      "dbias=epilogue,dbias_out=gemm");
   const KernelSwitches s = parse_kernel_switches("gemm=timed,layernorm_backward=warp");
   EXPECT_EQ(s.gemm, KernelSwitches::Gemm::kTimed);
   EXPECT_EQ(s.layernorm, KernelSwitches::LayerNorm::kWarp);
@@ -52,6 +52,8 @@ TEST(KernelSwitches, DefaultsUnlessNamed) {
             KernelSwitches::AttentionPlan::kTimed);
   EXPECT_EQ(s.dbias, KernelSwitches::DBias::kEpilogue);
   EXPECT_EQ(parse_kernel_switches("dbias=columns").dbias, KernelSwitches::DBias::kColumns);
+  EXPECT_EQ(s.dbias_out, KernelSwitches::DBiasOut::kGemm);
+  EXPECT_EQ(parse_kernel_switches("dbias_out=norm").dbias_out, KernelSwitches::DBiasOut::kNorm);
   EXPECT_EQ(parse_kernel_switches("layernorm=block").layernorm_backward,
             KernelSwitches::LayerNorm::kBlock);
 }
@@ -60,16 +62,16 @@ TEST(KernelSwitches, CandidatesTurnsEveryFamilyAndLaterPartsWin) {
   EXPECT_EQ(describe(parse_kernel_switches("candidates")),
             "layernorm=warp,layernorm_backward=warp,loss=pipelined,gemm=timed,attention=dense,"
             "exact=direct,adamw=vector,dweight=split,dweight_stream=side,attention_plan=timed,"
-            "dbias=columns");
+            "dbias=columns,dbias_out=norm");
   EXPECT_EQ(describe(parse_kernel_switches("candidates,gemm=heuristic")),
             "layernorm=warp,layernorm_backward=warp,loss=pipelined,gemm=heuristic,attention=dense,"
             "exact=direct,adamw=vector,dweight=split,dweight_stream=side,attention_plan=timed,"
-            "dbias=columns");
+            "dbias=columns,dbias_out=norm");
   EXPECT_EQ(describe(parse_kernel_switches("loss=pipelined,loss=reread")), kDefaults);
   EXPECT_EQ(describe(parse_kernel_switches("exact=buffered,adamw=ranged,layernorm=block")),
             "layernorm=block,layernorm_backward=block,loss=reread,gemm=heuristic,"
             "attention=ragged,exact=buffered,adamw=ranged,dweight=whole,dweight_stream=main,"
-            "attention_plan=heuristic,dbias=epilogue");
+            "attention_plan=heuristic,dbias=epilogue,dbias_out=gemm");
 }
 
 TEST(KernelSwitches, ARefusalNamesTheVariableThePartAndTheChoices) {
@@ -86,7 +88,7 @@ TEST(KernelSwitches, ARefusalNamesTheVariableThePartAndTheChoices) {
                     "attention=ragged|dense, "
                     "exact=buffered|direct, adamw=ranged|vector, dweight=whole|split, "
                     "dweight_stream=main|side, attention_plan=heuristic|timed, "
-                    "dbias=epilogue|columns, or candidates");
+                    "dbias=epilogue|columns, dbias_out=gemm|norm, or candidates");
     }
   }
 }
@@ -99,7 +101,7 @@ TEST(KernelSwitches, ReadFromTheEnvironment) {
       describe(kernel_switches_from_environment()),
       "layernorm=warp,layernorm_backward=block,loss=pipelined,gemm=heuristic,attention=ragged,"
       "exact=direct,adamw=vector,dweight=whole,dweight_stream=main,attention_plan=heuristic,"
-      "dbias=epilogue");
+      "dbias=epilogue,dbias_out=gemm");
   ::setenv("MPIFORMER_KERNELS", "loss=fast", 1);
   EXPECT_THROW(kernel_switches_from_environment(), std::invalid_argument);
   ::unsetenv("MPIFORMER_KERNELS");
@@ -124,11 +126,13 @@ TEST(KernelSwitches, CandidateCallsNameTheFamiliesAskedFor) {
   calls.count(CandidateCalls::kDWeightStream, true);
   calls.count(CandidateCalls::kAttentionPlan, false);
   calls.count(CandidateCalls::kDBias, true);
+  calls.count(CandidateCalls::kDBiasOut, true);
+  calls.count(CandidateCalls::kDBiasOut, false);
   EXPECT_EQ(describe(calls),
             "layernorm=warp 1 of 1 calls, layernorm_backward=warp 0 of 1 calls, loss=pipelined 1 "
             "of 1 calls, attention=dense 0 of 1 calls, adamw=vector 1 of 1 calls, dweight=split 1 "
             "of 3 calls, dweight_stream=side 1 of 1 calls, attention_plan=timed 0 of 1 calls, "
-            "dbias=columns 1 of 1 calls");
+            "dbias=columns 1 of 1 calls, dbias_out=norm 1 of 2 calls");
 }
 
 }  // namespace

@@ -4,7 +4,9 @@
 // for the CUDA built-ins (threads, barriers, warp shuffles). The kernels are
 // launched as layernorm_warp.cu launches them and checked against layer
 // norm in double precision: out, mean, rstd, the stored residual sum (bit
-// for bit), dx (= and +=), and the blocks' dgamma and dbeta partials.
+// for bit), dx (= and +=), and the blocks' dgamma and dbeta partials (and
+// with +=, dx_sums': the sums of dx as it came in); so is the block
+// backward (layernorm_block_kernels.cuh, the default).
 // Also the layout itself (kernels/layernorm_rows.h): every column held by
 // one lane, every row taken by one warp. fp16 and the CUDA intrinsics need
 // a GPU (cuda_ops_test).
@@ -19,12 +21,19 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/cuda/layernorm_block_kernels.cuh"
 #include "kernels/cuda/layernorm_warp_kernels.cuh"
 
 namespace mpiformer::cuda::layernorm_warp {
 // The backward's dynamic shared memory (a launch's, on a GPU).
-alignas(16) float warp_shared[1 << 15];
+// (kWarps, 3, sum_span) of every instance, bf16's 8 slots too.
+alignas(16) float warp_shared[1 << 16];
 }  // namespace mpiformer::cuda::layernorm_warp
+
+namespace mpiformer::cuda::layernorm_block {
+// The block backward's: (8 warps, 3, C) up to C 1024.
+alignas(16) float accumulators[8 * 3 * 1024];
+}  // namespace mpiformer::cuda::layernorm_block
 
 namespace mpiformer {
 namespace {
@@ -117,20 +126,38 @@ void forward(int N, int C, T* sum, T* out, float* mean, float* rstd, const T* s,
   });
 }
 
-template <typename T>
+// What layernorm_warp.cu launches: the backward keeping kSums column sums.
+template <int kSums, typename T>
 void backward(int N, int C, T* dx, float* partial, const T* dout, const T* x, const T* gamma,
               const float* mean, const float* rstd, bool accumulate) {
   kernels::with_slots(rows::lane_slots(C, cuda::kVecSize<T>), [&](auto slots) {
     constexpr int kSlots = decltype(slots)::value;
     const size_t shared =
-        static_cast<size_t>(rows::kWarps) * 2 * kernels::sum_span<kSlots, cuda::kVecSize<T>>();
+        static_cast<size_t>(rows::kWarps) * kSums * kernels::sum_span<kSlots, cuda::kVecSize<T>>();
     ASSERT_LE(shared, std::size(kernels::warp_shared));
     emulated::launch(dim3(rows::backward_blocks(N)), kernels::kThreads, kernels::warp_shared,
                      shared, [&] {
-                       kernels::backward_kernel<T, kSlots>(dx, partial, dout, x, gamma, mean, rstd,
-                                                           N, C, accumulate);
+                       kernels::backward_kernel<T, kSlots, kSums>(dx, partial, dout, x, gamma, mean,
+                                                                  rstd, N, C, accumulate);
                      });
   });
+}
+
+// What layernorm.cu launches for the block backward (layernorm_backward=
+// block, the default): 8 warps of two rows each where dgamma's and dbeta's
+// accumulators fit in 48 KiB, kSums column sums. Returns the blocks.
+template <int kSums, typename T>
+int block_backward(int N, int C, T* dx, float* partial, const T* dout, const T* x, const T* gamma,
+                   const float* mean, const float* rstd, bool accumulate) {
+  const int warps = std::clamp<int>((48 << 10) / (8 * C), 1, 8), rows_per_block = 2 * warps;
+  const int blocks = (N + rows_per_block - 1) / rows_per_block;
+  const size_t shared = static_cast<size_t>(warps) * kSums * C;
+  EXPECT_LE(shared, std::size(cuda::layernorm_block::accumulators));
+  emulated::launch(dim3(blocks), 32 * warps, cuda::layernorm_block::accumulators, shared, [&] {
+    cuda::layernorm_block::backward_kernel<T>(dx, partial, dout, x, gamma, mean, rstd, N, C,
+                                              rows_per_block, accumulate, kSums);
+  });
+  return blocks;
 }
 
 // The layer norm of the rows of v in double: out, and each row's mean and
@@ -223,26 +250,84 @@ class LayerNormEmulation : public ::testing::Test {
 
   void check_backward(int N, int C, const std::vector<T>& x, const std::vector<T>& gamma,
                       const std::vector<float>& mean, const std::vector<float>& rstd) {
+    for (bool block : {false, true}) {
+      SCOPED_TRACE(block ? "block backward" : "warp backward");
+      for (bool accumulate : {false, true}) {
+        SCOPED_TRACE(accumulate ? "dx +=" : "dx =");
+        check_backward<2>(N, C, x, gamma, mean, rstd, accumulate, block);
+      }
+      SCOPED_TRACE("dx += with dx_sums");
+      check_backward<3>(N, C, x, gamma, mean, rstd, true, block);
+    }
+  }
+
+  // The block backward alone on rows the warp kernels do not take, from
+  // mean and rstd in double.
+  void check_block_backward(int N, int C) {
+    SCOPED_TRACE("N " + std::to_string(N) + ", C " + std::to_string(C));
     const size_t n = static_cast<size_t>(N) * C;
+    const std::vector<T> x = random_stored<T>(n, 3.0f, rng_),
+                         gamma = random_stored<T>(C, 1.0f, rng_);
+    std::vector<double> out, mean64, rstd64;
+    reference_forward(widened_all(x), widened_all(gamma), std::vector<double>(C, 0.0), N, C, out,
+                      mean64, rstd64);
+    const std::vector<float> mean(mean64.begin(), mean64.end()), rstd(rstd64.begin(), rstd64.end());
     for (bool accumulate : {false, true}) {
       SCOPED_TRACE(accumulate ? "dx +=" : "dx =");
-      const std::vector<T> dout = random_stored<T>(n, 1.0f, rng_);
-      std::vector<T> dx = random_stored<T>(n, 1.0f, rng_);
-      const std::vector<double> dx0 = accumulate ? widened_all(dx) : std::vector<double>(n, 0.0);
-      std::vector<float> partial(static_cast<size_t>(rows::backward_blocks(N)) * 2 * C, NAN);
-      backward(N, C, dx.data(), partial.data(), dout.data(), x.data(), gamma.data(), mean.data(),
-               rstd.data(), accumulate);
-      const Backward want = reference_backward(widened_all(x), widened_all(dout),
-                                               widened_all(gamma), mean, rstd, dx0, N, C);
-      expect_close(widened_all(dx), want.dx, tolerance(), "dx");
-      std::vector<double> dgamma(C, 0.0), dbeta(C, 0.0);
-      for (int b = 0; b < rows::backward_blocks(N); ++b)
-        for (int c = 0; c < C; ++c) {
-          dgamma[c] += partial[static_cast<size_t>(b) * 2 * C + c];
-          dbeta[c] += partial[static_cast<size_t>(b) * 2 * C + C + c];
-        }
-      expect_close(dgamma, want.dgamma, 2e-5, "dgamma");
-      expect_close(dbeta, want.dbeta, 2e-5, "dbeta");
+      check_backward<2>(N, C, x, gamma, mean, rstd, accumulate, true);
+    }
+    SCOPED_TRACE("dx += with dx_sums");
+    check_backward<3>(N, C, x, gamma, mean, rstd, true, true);
+  }
+
+  // The warp or block backward keeping kSums column sums: its blocks'
+  // partials, (blocks, kSums, C), and how many blocks.
+  template <int kSums>
+  int run_backward(bool block, int N, int C, std::vector<T>& dx, std::vector<float>& partial,
+                   const std::vector<T>& dout, const std::vector<T>& x, const std::vector<T>& gamma,
+                   const std::vector<float>& mean, const std::vector<float>& rstd,
+                   bool accumulate) {
+    partial.assign(static_cast<size_t>(N) * kSums * C, NAN);  // at most a block a row
+    if (block)
+      return block_backward<kSums>(N, C, dx.data(), partial.data(), dout.data(), x.data(),
+                                   gamma.data(), mean.data(), rstd.data(), accumulate);
+    backward<kSums>(N, C, dx.data(), partial.data(), dout.data(), x.data(), gamma.data(),
+                    mean.data(), rstd.data(), accumulate);
+    return rows::backward_blocks(N);
+  }
+
+  // The backward keeping kSums column sums (3: dx_sums too) against double
+  // precision: dx, and each sum over the blocks' partials. The same dx,
+  // bit for bit, whatever the sums kept.
+  template <int kSums>
+  void check_backward(int N, int C, const std::vector<T>& x, const std::vector<T>& gamma,
+                      const std::vector<float>& mean, const std::vector<float>& rstd,
+                      bool accumulate, bool block) {
+    const size_t n = static_cast<size_t>(N) * C;
+    const std::vector<T> dout = random_stored<T>(n, 1.0f, rng_),
+                         dx_in = random_stored<T>(n, 1.0f, rng_);
+    const std::vector<double> dx0 = accumulate ? widened_all(dx_in) : std::vector<double>(n, 0.0);
+    std::vector<T> dx = dx_in;
+    std::vector<float> partial;
+    const int blocks =
+        run_backward<kSums>(block, N, C, dx, partial, dout, x, gamma, mean, rstd, accumulate);
+    const Backward want = reference_backward(widened_all(x), widened_all(dout), widened_all(gamma),
+                                             mean, rstd, dx0, N, C);
+    expect_close(widened_all(dx), want.dx, tolerance(), "dx");
+    std::vector<std::vector<double>> sums(kSums, std::vector<double>(C, 0.0));
+    for (int b = 0; b < blocks; ++b)
+      for (int j = 0; j < kSums; ++j)
+        for (int c = 0; c < C; ++c)
+          sums[j][c] += partial[(static_cast<size_t>(b) * kSums + j) * C + c];
+    expect_close(sums[0], want.dgamma, 2e-5, "dgamma");
+    expect_close(sums[1], want.dbeta, 2e-5, "dbeta");
+    if constexpr (kSums == 3) {
+      std::vector<double> want_dx_sums(C, 0.0);
+      for (size_t i = 0; i < n; ++i) want_dx_sums[i % C] += dx0[i];
+      expect_close(sums[2], want_dx_sums, 2e-5, "dx_sums");
+      std::vector<T> dx_two = dx_in;
+      run_backward<2>(block, N, C, dx_two, partial, dout, x, gamma, mean, rstd, accumulate);
+      EXPECT_EQ(0, std::memcmp(dx.data(), dx_two.data(), n * sizeof(T))) << "dx with dx_sums";
     }
   }
 
@@ -252,40 +337,45 @@ class LayerNormEmulation : public ::testing::Test {
 using Types = ::testing::Types<float, __nv_bfloat16>;
 TYPED_TEST_SUITE(LayerNormEmulation, Types);
 
-// dgamma and dbeta from 300 blocks' partials (the warp path's 16 loads in
-// flight twice over, then a tail) of 100 columns (the last block of
-// columns part full), added to what they held: the documented order, bit
-// for bit, with 16 loads in flight and with the block path's 1.
+// dgamma and dbeta (and dx_sums, where kept) from 300 blocks' partials
+// (the warp path's 16 loads in flight twice over, then a tail) of 100
+// columns (the last block of columns part full), added to what they held:
+// the documented order, bit for bit, with 16 loads in flight and with the
+// block path's 1.
 TEST(LayerNormParamGrads, AddsThePartialsInOneOrderHoweverManyLoadsInFlight) {
   constexpr int kBlocks = 300, C = 100;
   std::mt19937 rng(3);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> partial(static_cast<size_t>(kBlocks) * 2 * C);
-  for (float& p : partial) p = normal(rng);
-  std::vector<float> grads(2 * C);  // dgamma then dbeta
-  for (float& g : grads) g = normal(rng);
-  std::vector<float> want = grads;
-  for (int c = 0; c < 2 * C; ++c) {
-    float row_sums[kernels::kParamRows] = {};
-    for (int y = 0; y < kernels::kParamRows; ++y)
-      for (int b = y; b < kBlocks; b += kernels::kParamRows)
-        row_sums[y] += partial[static_cast<size_t>(b) * 2 * C + c];
-    float total = 0.0f;
-    for (float s : row_sums) total += s;
-    want[c] += total;
+  for (int count : {2, 3}) {
+    SCOPED_TRACE(std::to_string(count) + " sums");
+    std::vector<float> partial(static_cast<size_t>(kBlocks) * count * C);
+    for (float& p : partial) p = normal(rng);
+    std::vector<float> grads(count * C);  // dgamma, dbeta, then dx_sums
+    for (float& g : grads) g = normal(rng);
+    std::vector<float> want = grads;
+    for (int c = 0; c < count * C; ++c) {
+      float row_sums[kernels::kParamRows] = {};
+      for (int y = 0; y < kernels::kParamRows; ++y)
+        for (int b = y; b < kBlocks; b += kernels::kParamRows)
+          row_sums[y] += partial[static_cast<size_t>(b) * count * C + c];
+      float total = 0.0f;
+      for (float s : row_sums) total += s;
+      want[c] += total;
+    }
+    const unsigned column_blocks =
+        (count * C + kernels::kParamColumns - 1) / kernels::kParamColumns;
+    const auto run = [&](auto in_flight) {
+      std::vector<float> got = grads;
+      const rows::Sums sums{got.data(), got.data() + C, count == 3 ? got.data() + 2 * C : nullptr};
+      emulated::launch(dim3(column_blocks), kernels::kParamThreads, nullptr, 0, [&] {
+        kernels::param_grads_kernel<decltype(in_flight)::value>(sums, partial.data(), kBlocks, C);
+      });
+      EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)))
+          << decltype(in_flight)::value << " loads in flight";
+    };
+    run(std::integral_constant<int, kernels::kParamLoadsInFlight>{});
+    run(std::integral_constant<int, 1>{});
   }
-  const unsigned column_blocks = (2 * C + kernels::kParamColumns - 1) / kernels::kParamColumns;
-  const auto run = [&](auto in_flight) {
-    std::vector<float> got = grads;
-    emulated::launch(dim3(column_blocks), kernels::kParamThreads, nullptr, 0, [&] {
-      kernels::param_grads_kernel<decltype(in_flight)::value>(got.data(), got.data() + C,
-                                                              partial.data(), kBlocks, C);
-    });
-    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)))
-        << decltype(in_flight)::value << " loads in flight";
-  };
-  run(std::integral_constant<int, kernels::kParamLoadsInFlight>{});
-  run(std::integral_constant<int, 1>{});
 }
 
 // The backward's L2 hint for the next row's dx: the 32 lanes ask for
@@ -322,6 +412,13 @@ TEST(LayerNormPrefetch, AsksForEveryLineOfTheRowOnce) {
 TYPED_TEST(LayerNormEmulation, AgainstDoublePrecision) {
   const bool fp32 = std::is_same_v<TypeParam, float>;
   for (int C : {fp32 ? 96 : 64, 768, 1024}) this->check(70, C);
+}
+
+// The block backward on rows the warp kernels leave to it: C 102 (not a
+// multiple of 4: every column in its scalar loop) and 1040 (past 1024: 5
+// warps a block, their accumulators within 48 KiB).
+TYPED_TEST(LayerNormEmulation, BlockBackwardOfOtherWidths) {
+  for (int C : {102, 1040}) this->check_block_backward(45, C);
 }
 
 }  // namespace

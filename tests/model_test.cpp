@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/observed_ops.h"
 #include "src/model/blocks.h"
 #include "tests/test_batches.h"
 
@@ -423,6 +424,77 @@ TEST(Recompute, ClassifyGradientsAreTheSameBits) {
     return batch;
   };
   expect_recompute_same_bits(m, labelled({6, 11, 2}, 31), labelled({4, 9}, 32));
+}
+
+// The CPU's ops, asking the model for the output projections' bias
+// gradients from the layer norm backward after them (as a GPU does under
+// MPIFORMER_KERNELS=dbias_out=norm), counting the calls that sum them there.
+class BiasGradInNorm : public ObservedOps {
+ public:
+  using ObservedOps::ObservedOps;
+  bool bias_grad_in_norm() const override { return true; }
+  void layernorm_backward(Act dx, float* dgamma, float* dbeta, Act dout, Act x, Act gamma,
+                          const float* mean, const float* rstd, int N, int C, bool accumulate,
+                          float* dx_sums) override {
+    if (dx_sums) ++summed;
+    ObservedOps::layernorm_backward(dx, dgamma, dbeta, dout, x, gamma, mean, rstd, N, C, accumulate,
+                                    dx_sums);
+  }
+  int summed = 0;
+};
+
+// Two micro-batches' gradients with the output projections' bias
+// gradients summed by the layer norm backward: on the CPU, the same
+// column sums of the same gradient as the projection's, so the same bits
+// as without, in fp32 and bf16; `want_summed` the calls that took them
+// (a pre-norm sub-layer's without dropout, per micro-batch; none with it).
+void expect_bias_grad_in_norm_same_bits(const ModelConfig& m, DType compute, const Batch& a,
+                                        const Batch& b, int want_summed) {
+  std::vector<std::vector<float>> grads;
+  int summed = -1;
+  for (bool in_norm : {false, true}) {
+    std::unique_ptr<Ops> cpu = make_cpu_ops(1);
+    BiasGradInNorm asking(*cpu);
+    Ops& ops = in_norm ? static_cast<Ops&>(asking) : *cpu;
+    std::unique_ptr<Model> model = model_with(ops, m, Recompute::kNone, compute);
+    model->parameters().zero_grads();
+    model->forward_backward(a, 0.1f, 0.01f, PassId{3, 2, 0});
+    model->forward_backward(b, 0.1f, 0.01f, PassId{3, 2, 1});
+    const ParameterSet& p = model->parameters();
+    grads.emplace_back(p.grads(), p.grads() + p.count());
+    if (in_norm) summed = asking.summed;
+  }
+  EXPECT_EQ(summed, want_summed);
+  ASSERT_EQ(grads[0].size(), grads[1].size());
+  EXPECT_EQ(0, std::memcmp(grads[0].data(), grads[1].data(), grads[0].size() * sizeof(float)))
+      << "gradients differ";
+}
+
+TEST(BiasGradInNorm, LmGradientsAreTheSameBits) {
+  ModelConfig m = tiny(ModelKind::kLm);
+  m.layers = 3;
+  m.dropout = 0.0f;
+  const Batch a = random_batch(m, {5, 2, 9}, {}, 41), b = random_batch(m, {12, 4}, {}, 42);
+  for (DType compute : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(to_string(compute));
+    // 3 layers of attention and MLP, 2 micro-batches
+    expect_bias_grad_in_norm_same_bits(m, compute, a, b, 3 * 2 * 2);
+  }
+  m.dropout = 0.1f;  // dy is then the dropped gradient, not the stream's
+  expect_bias_grad_in_norm_same_bits(m, DType::kF32, a, b, 0);
+  m.dropout = 0.0f;
+  m.pre_norm = false;  // post-norm: the norm comes before the sub-layer's backward
+  expect_bias_grad_in_norm_same_bits(m, DType::kF32, a, b, 0);
+}
+
+TEST(BiasGradInNorm, Seq2seqGradientsAreTheSameBits) {
+  ModelConfig m = tiny(ModelKind::kSeq2seq);
+  m.enc_layers = 2;
+  m.dec_layers = 2;
+  m.dropout = 0.0f;
+  // encoder 2 x (attention, MLP), decoder 2 x (self-, cross-attention, MLP); 2 micro-batches
+  expect_bias_grad_in_norm_same_bits(m, DType::kF32, random_batch(m, {4, 7, 1}, {6, 2, 9}, 43),
+                                     random_batch(m, {8}, {3}, 44), (2 * 2 + 2 * 3) * 2);
 }
 
 TEST(Recompute, MeasureCountsWhatEachModeAllocates) {

@@ -603,6 +603,37 @@ TEST_F(OpsTest, LayerNormBackwardMatchesFiniteDifferences) {
   }
 }
 
+// dx_sums: with +=, the sums over rows of dx as it came in, added to what
+// they held (the bias gradient the model takes from here under
+// dbias_out=norm); dx, dgamma and dbeta the same bits as without them;
+// with = (nothing came in) left alone.
+TEST_F(OpsTest, LayerNormBackwardSumsTheDxItAddsTo) {
+  const int N = 37, C = 24;
+  const Vec x = random_vec(N * C, 40), gamma = random_vec(C, 41), beta = random_vec(C, 42);
+  const Vec dout = random_vec(N * C, 43), dx_before = random_vec(N * C, 44),
+            sums_before = random_vec(C, 45);
+  Vec out(N * C), mean(N), rstd(N);
+  ops->layernorm_forward(act(out), mean.data(), rstd.data(), act(x), act(gamma), act(beta), N, C,
+                         1e-5f);
+  for (bool accumulate : {false, true}) {
+    SCOPED_TRACE(accumulate ? "accumulate" : "overwrite");
+    Vec dx = dx_before, dgamma(C), dbeta(C), sums = sums_before;
+    ops->layernorm_backward(act(dx), dgamma.data(), dbeta.data(), act(dout), act(x), act(gamma),
+                            mean.data(), rstd.data(), N, C, accumulate, sums.data());
+    Vec plain_dx = dx_before, plain_dgamma(C), plain_dbeta(C);
+    ops->layernorm_backward(act(plain_dx), plain_dgamma.data(), plain_dbeta.data(), act(dout),
+                            act(x), act(gamma), mean.data(), rstd.data(), N, C, accumulate);
+    EXPECT_EQ(dx, plain_dx);
+    EXPECT_EQ(dgamma, plain_dgamma);
+    EXPECT_EQ(dbeta, plain_dbeta);
+    for (int c = 0; c < C; ++c) {
+      double want = sums_before[c];
+      for (int i = 0; accumulate && i < N; ++i) want += dx_before[static_cast<size_t>(i) * C + c];
+      EXPECT_NEAR(sums[c], want, 1e-5) << "column " << c;
+    }
+  }
+}
+
 // Parameter-gradient sums are reduced in a fixed order: the same bits for
 // any thread count. (Sizes are above the threading threshold.)
 TEST_F(OpsTest, LayerNormBackwardIndependentOfThreadCount) {

@@ -118,14 +118,15 @@ void CpuOps::residual_layernorm_forward(Act sum, Act out, float* mean, float* rs
 }
 
 void CpuOps::layernorm_backward(Act dx, float* dgamma, float* dbeta, Act dout, Act x, Act gamma,
-                                const float* mean, const float* rstd, int N, int C,
-                                bool accumulate) {
+                                const float* mean, const float* rstd, int N, int C, bool accumulate,
+                                float* dx_sums) {
   Fp32 f(*this);
   const size_t n = static_cast<size_t>(N) * C;
   const float* dy = f.in(dout, n);
   const float* xf = f.in(x, n);
   const float* g = f.in(gamma, C);
   float* d = accumulate ? f.inout(dx, n) : f.out(dx, n);
+  if (accumulate && dx_sums) cpu::add_column_sums(dx_sums, d, N, C, C);
   layernorm_backward_f32(d, dgamma, dbeta, dy, xf, g, mean, rstd, N, C, accumulate);
 }
 

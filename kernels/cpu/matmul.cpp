@@ -7,9 +7,6 @@
 namespace mpiformer {
 namespace {
 
-// Columns per task of the bias-gradient reduction.
-constexpr int kColumnBlock = 64;
-
 // out (N, OC) rows ldo apart = x (N, IC) @ weight^T + bias, all fp32.
 // batch_invariant: each row on cpu::row_gemm, the same bits in any batch
 // (packed: the weight as cpu::pack_weights laid it out, or null).
@@ -42,6 +39,28 @@ void matmul_forward_f32(float* out, int ldo, const float* x, const float* weight
 }
 
 }  // namespace
+
+namespace cpu {
+
+void add_column_sums(float* sums, const float* rows, int N, int C, int ld) {
+  constexpr int kColumnBlock = 64;  // columns per task
+  const int blocks = (C + kColumnBlock - 1) / kColumnBlock;
+  const bool threaded = worth_threading(static_cast<size_t>(N) * C);
+#pragma omp parallel for schedule(static) if (threaded)
+  for (int block = 0; block < blocks; ++block) {
+    const int c0 = block * kColumnBlock;
+    const int c1 = std::min(C, c0 + kColumnBlock);
+    float block_sums[kColumnBlock] = {};
+    for (int i = 0; i < N; ++i) {
+      const float* row = rows + static_cast<size_t>(i) * ld;  // row: (C)
+#pragma omp simd
+      for (int c = c0; c < c1; ++c) block_sums[c - c0] += row[c];
+    }
+    for (int c = c0; c < c1; ++c) sums[c] += block_sums[c - c0];
+  }
+}
+
+}  // namespace cpu
 
 // What decoding may keep: packing a weight costs a pass over it on every
 // call, as much as multiplying a few rows by it.
@@ -143,23 +162,7 @@ void CpuOps::matmul_backward_f32(float* dx, float* dweight, float* dbias, const 
     // dweight (OC, IC) += dout^T (OC, N) @ x (N, IC)
     cpu::sgemm(true, false, OC, IC, N, 1.0f, dout, ldd, x, IC, 1.0f, dweight, IC);
   }
-  if (dbias != nullptr) {
-    // Column sums of dout: threads split the columns, rows are summed in order.
-    const int blocks = (OC + kColumnBlock - 1) / kColumnBlock;
-    const bool threaded = cpu::worth_threading(static_cast<size_t>(N) * OC);
-#pragma omp parallel for schedule(static) if (threaded)
-    for (int block = 0; block < blocks; ++block) {
-      const int c0 = block * kColumnBlock;
-      const int c1 = std::min(OC, c0 + kColumnBlock);
-      float sums[kColumnBlock] = {};
-      for (int i = 0; i < N; ++i) {
-        const float* row = dout + static_cast<size_t>(i) * ldd;  // row: (OC)
-#pragma omp simd
-        for (int c = c0; c < c1; ++c) sums[c - c0] += row[c];
-      }
-      for (int c = c0; c < c1; ++c) dbias[c] += sums[c - c0];
-    }
-  }
+  if (dbias != nullptr) cpu::add_column_sums(dbias, dout, N, OC, ldd);
 }
 
 }  // namespace mpiformer

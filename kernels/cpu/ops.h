@@ -31,6 +31,12 @@ inline bool worth_threading(size_t work) {
   return work >= (size_t{1} << 15);
 }
 
+// sums[c] += the sum over rows of rows[i * ld + c], each column's rows in
+// order (threads split the columns: the same bits for any thread count).
+// A bias gradient (matmul.cpp), or layer norm's dx_sums (layernorm.cpp).
+// sums: (C), rows: (N, C) rows ld apart
+void add_column_sums(float* sums, const float* rows, int N, int C, int ld);
+
 // Elementwise fp32 kernels shared by the op families (elementwise.cpp).
 // out = act(x); out may alias x.  out, x: (n)
 void activation_forward(float* out, const float* x, size_t n, Activation act);

@@ -42,43 +42,59 @@ void layernorm_warp_forward(cudaStream_t stream, Act sum, Act out, float* mean, 
         y.data ? "residual_layernorm_forward (warp)" : "layernorm_forward (warp)");
 }
 
-void layernorm_warp_backward(cudaStream_t stream, Act dx, float* dgamma, float* dbeta,
-                             float* partial, Act dout, Act x, Act gamma, const float* mean,
-                             const float* rstd, int N, int C, bool accumulate) {
+namespace {
+
+// The backward's instance for rows of `slots` vectors a lane keeping
+// `count` column sums (layernorm_rows::Sums), launched.
+template <typename T, int kSlots, int kSums>
+void launch_backward(cudaStream_t stream, Act dx, float* partial, Act dout, Act x, Act gamma,
+                     const float* mean, const float* rstd, int N, int C, bool accumulate) {
+  auto* kernel = backward_kernel<T, kSlots, kSums>;
+  const size_t shared =
+      sizeof(float) * rows::kWarps * kSums * layernorm_warp::sum_span<kSlots, kVecSize<T>>();
+  if (shared > (size_t{48} << 10))
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(shared)),
+          "cudaFuncSetAttribute (layernorm_backward, warp)");
+  kernel<<<rows::backward_blocks(N), kThreads, shared, stream>>>(
+      typed<T>(dx), partial, typed<T>(dout), typed<T>(x), typed<T>(gamma), mean, rstd, N, C,
+      accumulate);
+}
+
+}  // namespace
+
+void layernorm_warp_backward(cudaStream_t stream, Act dx, const rows::Sums& sums, float* partial,
+                             Act dout, Act x, Act gamma, const float* mean, const float* rstd,
+                             int N, int C, bool accumulate) {
   dispatch(dx.dtype, [&](auto t) {
     using T = decltype(t);
     with_slots(rows::lane_slots(C, kVecSize<T>), [&](auto slots) {
       constexpr int kSlots = decltype(slots)::value;
-      auto* kernel = backward_kernel<T, kSlots>;
-      const size_t shared =
-          sizeof(float) * rows::kWarps * 2 * layernorm_warp::sum_span<kSlots, kVecSize<T>>();
-      if (shared > (size_t{48} << 10))
-        check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   static_cast<int>(shared)),
-              "cudaFuncSetAttribute (layernorm_backward, warp)");
-      kernel<<<rows::backward_blocks(N), kThreads, shared, stream>>>(
-          typed<T>(dx), partial, typed<T>(dout), typed<T>(x), typed<T>(gamma), mean, rstd, N, C,
-          accumulate);
+      if (sums.count() == 3)
+        launch_backward<T, kSlots, 3>(stream, dx, partial, dout, x, gamma, mean, rstd, N, C,
+                                      accumulate);
+      else
+        launch_backward<T, kSlots, 2>(stream, dx, partial, dout, x, gamma, mean, rstd, N, C,
+                                      accumulate);
     });
   });
   check(cudaGetLastError(), "layernorm_backward (warp)");
-  layernorm_param_grads(stream, dgamma, dbeta, partial, rows::backward_blocks(N), C,
+  layernorm_param_grads(stream, sums, partial, rows::backward_blocks(N), C,
                         layernorm_warp::kParamLoadsInFlight);
 }
 
-void layernorm_param_grads(cudaStream_t stream, float* dgamma, float* dbeta, const float* partial,
+void layernorm_param_grads(cudaStream_t stream, const rows::Sums& sums, const float* partial,
                            int blocks, int C, int loads_in_flight) {
   using layernorm_warp::kParamColumns;
   using layernorm_warp::kParamThreads;
   using layernorm_warp::param_grads_kernel;
-  const unsigned column_blocks = (2 * C + kParamColumns - 1) / kParamColumns;
+  const unsigned column_blocks = (sums.count() * C + kParamColumns - 1) / kParamColumns;
   if (loads_in_flight == 1)
-    param_grads_kernel<1>
-        <<<column_blocks, kParamThreads, 0, stream>>>(dgamma, dbeta, partial, blocks, C);
+    param_grads_kernel<1><<<column_blocks, kParamThreads, 0, stream>>>(sums, partial, blocks, C);
   else
     param_grads_kernel<layernorm_warp::kParamLoadsInFlight>
-        <<<column_blocks, kParamThreads, 0, stream>>>(dgamma, dbeta, partial, blocks, C);
-  check(cudaGetLastError(), "layernorm_backward (gamma, beta)");
+        <<<column_blocks, kParamThreads, 0, stream>>>(sums, partial, blocks, C);
+  check(cudaGetLastError(), "layernorm_backward (column sums)");
 }
 
 }  // namespace mpiformer::cuda

@@ -8,6 +8,7 @@
 
 #include <cuda_runtime.h>
 
+#include "kernels/layernorm_rows.h"
 #include "kernels/ops.h"
 
 namespace mpiformer::cuda {
@@ -23,19 +24,19 @@ bool layernorm_warp_takes(DType dtype, int C, std::initializer_list<const void*>
 void layernorm_warp_forward(cudaStream_t stream, Act sum, Act out, float* mean, float* rstd, Act s,
                             Act y, const Dropout& d, Act gamma, Act beta, int N, int C, float eps);
 
-// dx (= or +=) of each row, and dgamma and dbeta += their sums over the
-// rows: each block's sums in `partial` (layernorm_rows::backward_blocks(N)
-// blocks), then added by layernorm_param_grads below, 16 loads in flight.
-// dx, dout, x: (N, C); partial: (blocks, 2, C); dgamma, dbeta: (C)
-void layernorm_warp_backward(cudaStream_t stream, Act dx, float* dgamma, float* dbeta,
+// dx (= or +=) of each row, and the column sums added to: each block's
+// sums in `partial` (layernorm_rows::backward_blocks(N) blocks), then
+// added by layernorm_param_grads below, 16 loads in flight.
+// dx, dout, x: (N, C); partial: (blocks, sums.count(), C) (layernorm_rows::Sums)
+void layernorm_warp_backward(cudaStream_t stream, Act dx, const layernorm_rows::Sums& sums,
                              float* partial, Act dout, Act x, Act gamma, const float* mean,
                              const float* rstd, int N, int C, bool accumulate);
 
-// dgamma and dbeta += the sums over blocks of either backward's partials,
+// The column sums += the sums over blocks of either backward's partials,
 // in one fixed order (layernorm_warp_kernels.cuh's param_grads_kernel),
 // each thread keeping loads_in_flight (1 or 16) loads of partials in
-// flight: the same bits either way.  partial: (blocks, 2, C)
-void layernorm_param_grads(cudaStream_t stream, float* dgamma, float* dbeta, const float* partial,
-                           int blocks, int C, int loads_in_flight);
+// flight: the same bits either way.  partial: (blocks, sums.count(), C)
+void layernorm_param_grads(cudaStream_t stream, const layernorm_rows::Sums& sums,
+                           const float* partial, int blocks, int C, int loads_in_flight);
 
 }  // namespace mpiformer::cuda

@@ -27,7 +27,8 @@ namespace rows = layernorm_rows;
 
 constexpr int kThreads = rows::kWarps * rows::kLanes;
 
-// The backward's dynamic shared memory: (kWarps, 2, sum_span) floats.
+// The backward's dynamic shared memory: (kWarps, sums, sum_span) floats,
+// sums the column sums it keeps (layernorm_rows::Sums::count()).
 extern __shared__ float warp_shared[];
 
 // x rounded to T and widened again: the value a store then a load gives.
@@ -144,7 +145,8 @@ __device__ __forceinline__ void widen_slot(const uint4& raw, float (&v)[kVecSize
 // The backward's per-warp sums of dgamma and dbeta in shared memory, lane
 // by lane: element k of a lane's slot i sits at (i kVec + k) 32 + lane, so
 // that a warp's 32 lanes touch 32 consecutive floats (no bank conflicts).
-// Each of the two arrays takes sum_span floats.
+// Each array (dgamma's, dbeta's, and dx_sums' where kept) takes sum_span
+// floats.
 template <int kSlots, int kVec>
 __host__ __device__ constexpr int sum_span() {
   return kSlots * kVec * rows::kLanes;
@@ -199,10 +201,11 @@ __device__ __forceinline__ void prefetch_row_l2(const T* dx, int r, int C, int l
     prefetch_l2(reinterpret_cast<const void*>(line));
 }
 
-// One row's dx (= or +=) from its raw slots, its dgamma and dbeta added
-// into the warp's sums in shared memory (each lane its own columns, in row
-// order).  gamma: (kSlots) raw; sums: (2, sum_span) lane by lane; dx: (N, C)
-template <typename T, int kSlots>
+// One row's dx (= or +=) from its raw slots, its dgamma and dbeta (and
+// with kSums 3 the dx it adds to) added into the warp's sums in shared
+// memory (each lane its own columns, in row order).
+// gamma: (kSlots) raw; sums: (kSums, sum_span) lane by lane; dx: (N, C)
+template <typename T, int kSlots, int kSums>
 __device__ void backward_row(float* sums, const uint4 (&gamma)[kSlots], const RawRow<kSlots>& row,
                              T* dx, size_t base, int lane, int C, bool accumulate) {
   constexpr int kVec = kVecSize<T>, kSpan = sum_span<kSlots, kVec>();
@@ -245,6 +248,8 @@ __device__ void backward_row(float* sums, const uint4 (&gamma)[kSlots], const Ra
     for (int k = 0; k < kVec; ++k) {
       const float xhat = (xv[k] - m) * s;
       const float d = s * (dv[k] * g[k] - gd_mean - xhat * gd_xhat_mean);
+      if (kSums == 3 && accumulate)  // dx as it came
+        sums[2 * kSpan + sum_index<kVec>(lane, i, k)] += out[k];
       out[k] = accumulate ? out[k] + d : d;
       sums[sum_index<kVec>(lane, i, k)] += dv[k] * xhat;
       sums[kSpan + sum_index<kVec>(lane, i, k)] += dv[k];
@@ -255,25 +260,27 @@ __device__ void backward_row(float* sums, const uint4 (&gamma)[kSlots], const Ra
 
 // Block b takes rows [32 b, 32 b + 32): warp w rows 32 b + w + 8 k, each
 // row's loads started while the row before is worked on. Each warp sums
-// its rows' dgamma and dbeta in its shared memory, each lane its own
-// columns; the block then adds its warps in order into its partial. Up to
-// 4 slots (C <= 1024 in bf16 and fp16, 512 in fp32) the registers leave
-// room for two blocks on an SM (bf16's 4 slots spill a few bytes).
-// dx, dout, x: (N, C); partial: (blocks, 2, C);
-// shared: (kWarps, 2, sum_span) lane by lane
-template <typename T, int kSlots>
+// its rows' dgamma and dbeta (kSums 2), and the dx they add to (kSums 3,
+// accumulate only), in its shared memory, each lane its own columns; the
+// block then adds its warps in order into its partial. Up to 4 slots
+// (C <= 1024 in bf16 and fp16, 512 in fp32) the registers leave room for
+// two blocks on an SM (bf16's 4 slots spill a few bytes).
+// dx, dout, x: (N, C); partial: (blocks, kSums, C);
+// shared: (kWarps, kSums, sum_span) lane by lane
+template <typename T, int kSlots, int kSums = 2>
 __global__ void __launch_bounds__(kThreads, kSlots <= 4 ? 2 : 1)
     backward_kernel(T* dx, float* partial, const T* dout, const T* x, const T* gamma,
                     const float* mean, const float* rstd, int N, int C, bool accumulate) {
   constexpr int kVec = kVecSize<T>, kSpan = sum_span<kSlots, kVec>();
   const int lane = threadIdx.x % rows::kLanes, warp = threadIdx.x / rows::kLanes;
   const int vectors = rows::row_vectors(C, kVec);
-  float* sums = warp_shared + static_cast<size_t>(warp) * 2 * kSpan;
+  float* sums = warp_shared + static_cast<size_t>(warp) * kSums * kSpan;
 #pragma unroll
   for (int i = 0; i < kSlots; ++i)
 #pragma unroll
     for (int k = 0; k < kVec; ++k)
-      sums[sum_index<kVec>(lane, i, k)] = sums[kSpan + sum_index<kVec>(lane, i, k)] = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kSums; ++j) sums[j * kSpan + sum_index<kVec>(lane, i, k)] = 0.0f;
   uint4 g[kSlots] = {};
   load_raw_slots<T, kSlots>(g, gamma, lane, vectors);
   int row = rows::backward_first_row(blockIdx.x, warp);
@@ -287,22 +294,23 @@ __global__ void __launch_bounds__(kThreads, kSlots <= 4 ? 2 : 1)
       load_raw_row<T, kSlots>(next, x, dout, mean, rstd, after, C, lane, vectors);
       if (accumulate) prefetch_row_l2(dx, after, C, lane);
     }
-    backward_row<T, kSlots>(sums, g, current, dx, static_cast<size_t>(row) * C, lane, C,
-                            accumulate);
+    backward_row<T, kSlots, kSums>(sums, g, current, dx, static_cast<size_t>(row) * C, lane, C,
+                                   accumulate);
     current = next;
   }
   __syncthreads();
-  float* block_partial = partial + static_cast<size_t>(blockIdx.x) * 2 * C;
-  for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) {
-    const int at = (c < C ? 0 : kSpan) + sum_index_of_column<kVec>(c < C ? c : c - C);
+  float* block_partial = partial + static_cast<size_t>(blockIdx.x) * kSums * C;
+  for (int c = threadIdx.x; c < kSums * C; c += blockDim.x) {
+    const int array = c / C;
+    const int at = array * kSpan + sum_index_of_column<kVec>(c - array * C);
     float total = 0.0f;
     for (int w = 0; w < rows::kWarps; ++w)
-      total += warp_shared[static_cast<size_t>(w) * 2 * kSpan + at];
+      total += warp_shared[static_cast<size_t>(w) * kSums * kSpan + at];
     block_partial[c] = total;
   }
 }
 
-// The reduction of either backward's partials into dgamma and dbeta
+// The reduction of either backward's partials into their column sums
 // (layernorm_param_grads): blocks of kParamColumns columns by kParamRows
 // rows of threads.
 constexpr int kParamColumns = 32, kParamRows = 8, kParamThreads = kParamColumns * kParamRows;
@@ -314,22 +322,24 @@ constexpr int kParamLoadsInFlight = 16;
 static __shared__ float param_row_sums[kParamRows][kParamColumns + 1];
 
 // dgamma[c] += the sum over blocks of partial[b][0][c], dbeta likewise
-// ([b][1][c]), in one fixed order for any timing: thread row y
+// ([b][1][c]), and dx_sums where kept ([b][2][c]: layernorm_rows::Sums),
+// in one fixed order for any timing: thread row y
 // (threadIdx.x / 32) sums blocks y, y + 8, ... in order, then row 0 the 8
 // rows' sums in order. Each thread loads kInFlight partials before adding
 // them in that order, so that it waits on memory once per kInFlight
 // partials: the same bits for any kInFlight (the grid is 2C / 32 blocks,
 // 48 for GPT-2, fewer than the SMs, so the loads each keeps in flight set
 // the rate).
-// partial: (blocks, 2, C); kParamThreads threads; grid ceil(2C / 32)
+// partial: (blocks, sums.count(), C); kParamThreads threads;
+// grid ceil(sums.count() C / 32)
 template <int kInFlight>
 __global__ void __launch_bounds__(kParamThreads)
-    param_grads_kernel(float* dgamma, float* dbeta, const float* partial, int blocks, int C) {
+    param_grads_kernel(rows::Sums sums, const float* partial, int blocks, int C) {
   const int column = threadIdx.x % kParamColumns, y = threadIdx.x / kParamColumns;
-  const int c = blockIdx.x * kParamColumns + column;
-  const size_t step = static_cast<size_t>(2) * C;
+  const int c = blockIdx.x * kParamColumns + column, columns = sums.count() * C;
+  const size_t step = static_cast<size_t>(columns);
   float sum = 0.0f;
-  if (c < 2 * C) {
+  if (c < columns) {
     constexpr int kStride = kParamRows * kInFlight;
     int b = y;
     for (; b + kStride - kParamRows < blocks; b += kStride) {
@@ -344,13 +354,10 @@ __global__ void __launch_bounds__(kParamThreads)
   }
   param_row_sums[y][column] = sum;
   __syncthreads();
-  if (y != 0 || c >= 2 * C) return;
+  if (y != 0 || c >= columns) return;
   float total = 0.0f;
   for (int r = 0; r < kParamRows; ++r) total += param_row_sums[r][column];
-  if (c < C)
-    dgamma[c] += total;
-  else
-    dbeta[c - C] += total;
+  *sums.target(c, C) += total;
 }
 
 // Calls fn(std::integral_constant<int, slots>{}) for the instance that

@@ -84,6 +84,9 @@ class CudaOps final : public Ops {
   bool direct_exact_sum() const override {
     return switches_.exact == KernelSwitches::Exact::kDirect;
   }
+  bool bias_grad_in_norm() const override {
+    return switches_.dbias_out == KernelSwitches::DBiasOut::kNorm;
+  }
   AttentionCalls attention_calls() const override;
   AttentionPreparation prepare_attention(const std::vector<AttentionCase>& cases, DType dtype,
                                          bool backward) override;
@@ -147,9 +150,10 @@ class CudaOps final : public Ops {
   // A call cuDNN did not take: an error with --attention cudnn, else counted.
   void refused_by_cudnn(const char* what);
   // layer norm's block backward, the default (layernorm.cu): dx and the
-  // partial sums of dgamma and dbeta it returns, *blocks of them (N, C)
+  // partial column sums it returns (`sums` of them: dgamma's, dbeta's and
+  // where 3 dx_sums', as layernorm_rows::Sums), *blocks of them. (N, C)
   // rows.
-  float* block_layernorm_backward(Act dx, Act dout, Act x, Act gamma, const float* mean,
+  float* block_layernorm_backward(Act dx, int sums, Act dout, Act x, Act gamma, const float* mean,
                                   const float* rstd, int N, int C, bool accumulate, int* blocks);
   // Column sums of a (N, C) gradient added into fp32 sums (+=) in a fixed
   // order: bias gradients. dst: (C), src: (N, C) rows `stride` apart.

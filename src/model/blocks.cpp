@@ -68,10 +68,11 @@ void LayerNorm::forward(BlockContext& ctx, Act x, int N, Act into) {
                              ctx.params->weight(beta), N, ctx.config->d_model, ctx.config->ln_eps);
 }
 
-void LayerNorm::backward(BlockContext& ctx, Act dx, Act dout, Act x, int N, bool accumulate) {
+void LayerNorm::backward(BlockContext& ctx, Act dx, Act dout, Act x, int N, bool accumulate,
+                         float* dx_sums) {
   ctx.ops->layernorm_backward(dx, ctx.params->grad(gamma), ctx.params->grad(beta), dout, x,
                               ctx.params->weight(gamma), mean, rstd, N, ctx.config->d_model,
-                              accumulate);
+                              accumulate, dx_sums);
 }
 
 // ---- scratch --------------------------------------------------------------
@@ -306,13 +307,13 @@ Act Sublayer::residual_forward(BlockContext& ctx, BlockScratch& scratch, Act s, 
 
 void Sublayer::inner_backward(BlockContext& ctx, BlockScratch& scratch, Act du, bool accumulate,
                               Act dy, Act u, const Ragged& rows, Act memory, Act dmemory,
-                              const Ragged& memory_rows) {
+                              const Ragged& memory_rows, float* out_bias_grad) {
   Ops& ops = *ctx.ops;
   ParameterSet& p = *ctx.params;
   const int C = ctx.config->d_model, F = ctx.config->d_ff, N = rows.total;
   switch (kind_) {
     case Kind::kSelfAttention:
-      ops.matmul_backward(scratch.datt, p.grad(w_out_), p.grad(b_out_), dy, att_, p.weight(w_out_),
+      ops.matmul_backward(scratch.datt, p.grad(w_out_), out_bias_grad, dy, att_, p.weight(w_out_),
                           N, C, C, false);
       ops.attention_backward(scratch.dqkv, scratch.dqkv + C, scratch.dqkv + 2 * C, scratch.datt,
                              att_, stats_, qkv_, 3 * C, qkv_ + C, qkv_ + 2 * C, 3 * C, rows, rows,
@@ -321,7 +322,7 @@ void Sublayer::inner_backward(BlockContext& ctx, BlockScratch& scratch, Act du, 
                           3 * C, accumulate);
       break;
     case Kind::kCrossAttention:
-      ops.matmul_backward(scratch.datt, p.grad(w_out_), p.grad(b_out_), dy, att_, p.weight(w_out_),
+      ops.matmul_backward(scratch.datt, p.grad(w_out_), out_bias_grad, dy, att_, p.weight(w_out_),
                           N, C, C, false);
       // dq lands in dqkv's first N*C elements (dense, stride C)
       ops.attention_backward(scratch.dqkv, scratch.dkv, scratch.dkv + C, scratch.datt, att_, stats_,
@@ -338,7 +339,7 @@ void Sublayer::inner_backward(BlockContext& ctx, BlockScratch& scratch, Act du, 
         ops.activation_forward(scratch.act, ff_, static_cast<size_t>(N) * F,
                                ctx.config->activation);
       // dff = act'(ff_) * (dy @ W_proj): the activation's backward fused
-      ops.matmul_backward(scratch.dff, p.grad(w_out_), p.grad(b_out_), dy, activation(scratch),
+      ops.matmul_backward(scratch.dff, p.grad(w_out_), out_bias_grad, dy, activation(scratch),
                           p.weight(w_out_), N, F, C, false,
                           FusedActivation{ctx.config->activation, ff_});
       ops.matmul_backward(du, p.grad(w_in_), p.grad(b_in_), scratch.dff, u, p.weight(w_in_), N, C,
@@ -375,12 +376,20 @@ void Sublayer::backward(BlockContext& ctx, BlockScratch& scratch, Act& dstream, 
       norm_.forward(ctx, s, N, scratch.y);
       u = scratch.y;
     }
-    // ds = dsum + LN'(f'(dy)); dstream already holds dsum
-    inner_backward(ctx, scratch, scratch.du, false, dy, u, rows, memory, dmemory, memory_rows);
-    norm_.backward(ctx, dstream, scratch.du, s, N, true);
+    // ds = dsum + LN'(f'(dy)); dstream already holds dsum. The output
+    // projection's bias gradient is the sum of dy over tokens: without
+    // dropout dy is dsum, which the norm's backward reads anyway as the dx
+    // it adds to, so where the backend asks (dbias_out=norm) it sums it
+    // there rather than in the projection's weight gradient.
+    float* out_bias_grad = ctx.params->grad(b_out_);
+    const bool in_norm = dy.data == dstream.data && ops.bias_grad_in_norm();
+    inner_backward(ctx, scratch, scratch.du, false, dy, u, rows, memory, dmemory, memory_rows,
+                   in_norm ? nullptr : out_bias_grad);
+    norm_.backward(ctx, dstream, scratch.du, s, N, true, in_norm ? out_bias_grad : nullptr);
   } else {
     // ds = dsum + f'(dy), accumulated into dsum (= spare), which becomes the stream
-    inner_backward(ctx, scratch, dsum, true, dy, s, rows, memory, dmemory, memory_rows);
+    inner_backward(ctx, scratch, dsum, true, dy, s, rows, memory, dmemory, memory_rows,
+                   ctx.params->grad(b_out_));
     std::swap(dstream, spare);
   }
 }

@@ -76,8 +76,11 @@ struct LayerNorm {
             const LayerNorm* shared = nullptr, bool own_out = true);
   // out (or `into`, when given) = LN(x).  x: (N, C)
   void forward(BlockContext& ctx, Act x, int N, Act into = Act());
-  // dx (= or +=): (N, C), dout: (N, C), x: the forward input (N, C)
-  void backward(BlockContext& ctx, Act dx, Act dout, Act x, int N, bool accumulate);
+  // dx (= or +=): (N, C), dout: (N, C), x: the forward input (N, C);
+  // dx_sums (+=, accumulate only; null to skip): (C), the sums over rows of
+  // dx as it came in (Ops::layernorm_backward)
+  void backward(BlockContext& ctx, Act dx, Act dout, Act x, int N, bool accumulate,
+                float* dx_sums = nullptr);
 };
 
 // Scratch gradients shared by all sub-layers of a model (backward runs one
@@ -166,10 +169,12 @@ class Sublayer {
   size_t first_offset(const ParameterSet& params) const;
 
  private:
-  // f's backward: dy -> du (= or += with accumulate).
+  // f's backward: dy -> du (= or += with accumulate); the output
+  // projection's bias gradient into out_bias_grad (+=; null: summed
+  // elsewhere, by the norm's backward).
   void inner_backward(BlockContext& ctx, BlockScratch& scratch, Act du, bool accumulate, Act dy,
-                      Act u, const Ragged& rows, Act memory, Act dmemory,
-                      const Ragged& memory_rows);
+                      Act u, const Ragged& rows, Act memory, Act dmemory, const Ragged& memory_rows,
+                      float* out_bias_grad);
 
   Kind kind_ = Kind::kMlp;
   uint64_t site_ = 0;

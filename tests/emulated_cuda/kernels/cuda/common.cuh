@@ -130,6 +130,11 @@ inline void __syncthreads() {
   emulated::block_barrier->arrive_and_wait();
 }
 
+// Every lane of the warp takes part.
+inline void __syncwarp() {
+  emulated::warp_barriers[threadIdx.x / 32]->arrive_and_wait();
+}
+
 // Every lane of the warp takes part (the kernels' shuffles are all full).
 inline float __shfl_xor_sync(unsigned mask, float x, int lanes) {
   if (mask != 0xffffffffu) std::abort();
