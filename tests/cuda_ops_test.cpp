@@ -390,7 +390,7 @@ TEST_P(CudaOpsTest, LayerNormFusedWithTheResidual) {
     layernorm_case(N, C);
   }
   // Where asked for, the warp kernels ran each call of C 96, 768 and 1024
-  // (2 forward and 2 backward a case) and left 1040's to the block kernels.
+  // (2 forward and 4 backward a case) and left 1040's to the block kernels.
   const CandidateCalls& calls = b_->cuda->candidate_counts();
   const KernelSwitches& switches = b_->cuda->kernel_switches();
   constexpr auto kWarp = KernelSwitches::LayerNorm::kWarp;
@@ -424,9 +424,10 @@ void CudaOpsTest::layernorm_case(int N, int C) {
   compare(sum, n, elementwise_tolerance(t()), "residual_layernorm_forward sum");
   compare(out, n, reduction_tolerance(t()), "residual_layernorm_forward out");
 
-  // dx =, dx +=, and dx += with the sums of dx as it came (dx_sums)
-  for (const auto& [accumulate, with_sums] :
-       {std::pair{false, false}, std::pair{true, false}, std::pair{true, true}}) {
+  // dx = and +=, each without and with dx_sums: with +=, the sums of dx as
+  // it came; with =, left alone (nothing came)
+  for (const auto& [accumulate, with_sums] : {std::pair{false, false}, std::pair{false, true},
+                                              std::pair{true, false}, std::pair{true, true}}) {
     const std::vector<float> dx0 = random(n);
     const Pair dout = b_->acts(random(n), t()), dx = b_->acts(dx0, t());
     const FloatPair dgamma = b_->floats(random(C)), dbeta = b_->floats(random(C)),
@@ -437,7 +438,8 @@ void CudaOpsTest::layernorm_case(int N, int C) {
     b_->cpu->layernorm_backward(dx.cpu, dgamma.cpu, dbeta.cpu, dout.cpu, sum.cpu, gamma.cpu,
                                 mean.cpu, rstd.cpu, N, C, accumulate,
                                 with_sums ? dx_sums.cpu : nullptr);
-    const std::string how = !accumulate ? " (=)" : with_sums ? " (+=, dx_sums)" : " (+=)";
+    const std::string how =
+        std::string(accumulate ? " (+=" : " (=") + (with_sums ? ", dx_sums)" : ")");
     compare(dx, n, reduction_tolerance(t()), "layernorm_backward dx" + how);
     compare(dgamma, C, kFp32Tolerance, "layernorm_backward dgamma" + how);
     compare(dbeta, C, kFp32Tolerance, "layernorm_backward dbeta" + how);

@@ -24,10 +24,9 @@ extern __shared__ float accumulators[];
 // warps, ... of them.
 // dx (= or +=), dout, x: (N, C); partial: (blocks, sums, C)
 template <typename T>
-__global__ void backward_kernel(T* dx, float* partial, const T* dout, const T* x,
-                                          const T* gamma, const float* mean, const float* rstd,
-                                          int N, int C, int rows_per_block, bool accumulate,
-                                          int sums) {
+__global__ void backward_kernel(T* dx, float* partial, const T* dout, const T* x, const T* gamma,
+                                const float* mean, const float* rstd, int N, int C,
+                                int rows_per_block, bool accumulate, int sums) {
   constexpr int kVec = kVecSize<T>;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   float* warp_dgamma = accumulators + static_cast<size_t>(warp) * sums * C;
@@ -42,8 +41,12 @@ __global__ void backward_kernel(T* dx, float* partial, const T* dout, const T* x
     T* dxr = dx + base;
     const float m = mean[r], s = rstd[r];
     // (C % 4: the accumulators' float4 accesses stay aligned too)
-    const bool aligned = C % 4 == 0 && aligned16(xr) && aligned16(dr) &&
-                         aligned16(dxr) && aligned16(gamma);
+    const bool aligned =
+        C % 4 == 0 && aligned16(xr) && aligned16(dr) && aligned16(dxr) && aligned16(gamma);
+    // A row that is not (rows of C % 8 == 4 in bf16 alternate) gives its
+    // columns to other lanes than its neighbours do: the accumulators'
+    // writes are ordered across lanes on either side of it.
+    if (!aligned) __syncwarp();
     const int vectorized = aligned ? C / kVec * kVec : 0;
     // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dout * gamma
     float g_sum = 0.0f, g_xhat_sum = 0.0f;
@@ -109,6 +112,7 @@ __global__ void backward_kernel(T* dx, float* partial, const T* dout, const T* x
       warp_dbeta[c] += dy;
       if (warp_dx_in) warp_dx_in[c] += prior;
     }
+    if (!aligned) __syncwarp();
   }
   __syncthreads();
   float* block_partial = partial + static_cast<size_t>(blockIdx.x) * sums * C;

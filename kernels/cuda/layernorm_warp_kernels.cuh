@@ -328,8 +328,8 @@ static __shared__ float param_row_sums[kParamRows][kParamColumns + 1];
 // rows' sums in order. Each thread loads kInFlight partials before adding
 // them in that order, so that it waits on memory once per kInFlight
 // partials: the same bits for any kInFlight (the grid is 2C / 32 blocks,
-// 48 for GPT-2, fewer than the SMs, so the loads each keeps in flight set
-// the rate).
+// 48 for GPT-2, 72 with dx_sums, fewer than the SMs, so the loads each
+// keeps in flight set the rate).
 // partial: (blocks, sums.count(), C); kParamThreads threads;
 // grid ceil(sums.count() C / 32)
 template <int kInFlight>
