@@ -24,6 +24,7 @@ constexpr Family kFamilies[] = {
     {"adamw", {"ranged", "vector"}},      {"dweight", {"whole", "split"}},
     {"dweight_stream", {"main", "side"}}, {"attention_plan", {"heuristic", "timed"}},
     {"dbias", {"epilogue", "columns"}},   {"dbias_out", {"gemm", "norm"}},
+    {"dbias_in", {"gemm", "dgelu"}},
 };
 
 // The index of path `p` in family `f`, or -1.
@@ -59,6 +60,7 @@ void set(KernelSwitches& s, int f, int p) {
   if (f == 9) s.attention_plan = static_cast<KernelSwitches::AttentionPlan>(p);
   if (f == 10) s.dbias = static_cast<KernelSwitches::DBias>(p);
   if (f == 11) s.dbias_out = static_cast<KernelSwitches::DBiasOut>(p);
+  if (f == 12) s.dbias_in = static_cast<KernelSwitches::DBiasIn>(p);
 }
 
 int path_of(const KernelSwitches& s, int f) {
@@ -73,7 +75,8 @@ int path_of(const KernelSwitches& s, int f) {
   if (f == 8) return static_cast<int>(s.dweight_stream);
   if (f == 9) return static_cast<int>(s.attention_plan);
   if (f == 10) return static_cast<int>(s.dbias);
-  return static_cast<int>(s.dbias_out);
+  if (f == 11) return static_cast<int>(s.dbias_out);
+  return static_cast<int>(s.dbias_in);
 }
 
 void apply(KernelSwitches& s, const std::string& text, const std::string& part) {

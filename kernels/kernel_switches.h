@@ -112,6 +112,17 @@ struct KernelSwitches {
   // dropout on the sublayer's output; with it, gemm). Other bits, as
   // deterministic. A candidate.
   enum class DBiasOut { kGemm, kNorm } dbias_out = DBiasOut::kGemm;
+  // The bias gradient of an MLP's first layer (the sum over tokens of the
+  // gradient at its pre-activation): gemm (default), from that layer's
+  // weight gradient, as dbias says; dgelu, from the second layer's dx
+  // GEMM, whose epilogue writes that gradient through GELU's backward and
+  // sums it as it goes (cuBLASLt's DGELU_BGRAD, the sums in fp32;
+  // FusedActivation::pre_bias_grad), so that the first layer's weight
+  // gradient runs without BGRADB and nothing is read again (where cuBLASLt
+  // has no such algorithm, or the activation is not GELU, a column-sum
+  // pass over the gradient instead). Other bits, as deterministic: the
+  // epilogue sums the gradient before it is rounded to bf16. A candidate.
+  enum class DBiasIn { kGemm, kDGelu } dbias_in = DBiasIn::kGemm;
 };
 
 // How often each family's newer path ran, of the calls that asked for it;
@@ -136,6 +147,7 @@ struct CandidateCalls {
     kAttentionPlan,
     kDBias,
     kDBiasOut,
+    kDBiasIn,
     kFamilies
   };
   long long asked[kFamilies] = {};
@@ -155,7 +167,7 @@ KernelSwitches kernel_switches_from_environment();
 
 // "layernorm=warp,layernorm_backward=block,loss=reread,gemm=heuristic,
 // attention=ragged,exact=direct,adamw=vector,dweight=whole,dweight_stream=main,
-// attention_plan=heuristic,dbias=epilogue,dbias_out=gemm"
+// attention_plan=heuristic,dbias=epilogue,dbias_out=gemm,dbias_in=gemm"
 // (the defaults):
 // every family, for start lines and bench's JSON.
 std::string describe(const KernelSwitches& switches);

@@ -65,6 +65,7 @@ class ObservedOps : public Ops {
   std::string candidate_calls() const override { return inner_.candidate_calls(); }
   bool direct_exact_sum() const override { return inner_.direct_exact_sum(); }
   bool bias_grad_in_norm() const override { return inner_.bias_grad_in_norm(); }
+  bool bias_grad_in_activation() const override { return inner_.bias_grad_in_activation(); }
   AttentionCalls attention_calls() const override { return inner_.attention_calls(); }
   AttentionPreparation prepare_attention(const std::vector<AttentionCase>& cases, DType dtype,
                                          bool backward) override {

@@ -96,7 +96,9 @@ MPIFORMER_OP(matmul_forward, kGemm, out.dtype,
 // (OC, IC), dbias (+=, null to skip): (OC), dout: (N, OC) rows dout_stride
 // apart (0: OC). With an activation (fused.pre: (N, IC), the forward's
 // pre-activation of x), dx = act'(pre) * (dout @ weight): the gradient at
-// the pre-activation (accumulate must be false).
+// the pre-activation (accumulate must be false); with fused.pre_bias_grad
+// (dx not null) also its sums over rows, += into it (dbias_in=dgelu:
+// src/model/blocks.cpp).
 MPIFORMER_OP(matmul_backward, kGemm, dout.dtype,
              ({{"N", N},
                {"IC", IC},

@@ -147,10 +147,14 @@ struct Dropout {
 };
 
 // An activation fused into a GEMM (see matmul_forward and matmul_backward).
-// A null `pre` means no activation.
+// A null `pre` means no activation. pre_bias_grad, in matmul_backward
+// with `pre` only: where not null, the sums over rows of the dx it writes
+// (the gradient at pre) are added to it (+=, (IC)), the bias gradient of
+// the layer that made pre.
 struct FusedActivation {
   Activation act = Activation::kGelu;
   Act pre;
+  float* pre_bias_grad = nullptr;
 };
 
 // Sums over the weighted rows of a batch; divisions happen once, at the end.
@@ -279,6 +283,12 @@ class Ops {
   // dx_sums) rather than to that projection's matmul_backward: a GPU under
   // MPIFORMER_KERNELS=dbias_out=norm. The CPU sums it beside the GEMM.
   virtual bool bias_grad_in_norm() const { return false; }
+  // Whether the model hands an MLP's first-layer bias gradient to the
+  // second layer's matmul_backward (FusedActivation::pre_bias_grad), whose
+  // activation backward writes the gradient it sums, rather than to the
+  // first layer's: a GPU under MPIFORMER_KERNELS=dbias_in=dgelu. The CPU
+  // sums it beside the first layer's GEMM.
+  virtual bool bias_grad_in_activation() const { return false; }
   // Prepares the attention kernels for every batch shape a run will make,
   // before its first step, so that no step waits for it: cuDNN builds a
   // graph per case (rounded shapes) and reserves the largest workspace of

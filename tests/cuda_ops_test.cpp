@@ -503,6 +503,27 @@ TEST_P(CudaOpsTest, MatmulWithEpilogues) {
     compare(dx, no, reduction_tolerance(t()), "matmul_backward through " + name);
     compare(dw, static_cast<size_t>(IC) * OC, kFp32Tolerance, "matmul_backward dweight, " + name);
     compare(db, IC, kFp32Tolerance, "matmul_backward dbias, " + name);
+
+    // With the pre-activation's bias gradient (dbias_in=dgelu): GELU's from
+    // cuBLASLt's DGELU_BGRAD where it has it (fp32 sums of dx before it is
+    // rounded: the CPU sums it as stored), ReLU's from a pass over dx.
+    const CandidateCalls before = b_->cuda->candidate_counts();
+    const FloatPair pre_sums = b_->floats(random(OC, 0.1f));
+    b_->gpu->matmul_backward(dx.gpu, dw.gpu, db.gpu, dout.gpu, y.gpu, w2.gpu, N, OC, IC, false,
+                             {act, pre.gpu, pre_sums.gpu});
+    b_->cpu->matmul_backward(dx.cpu, dw.cpu, db.cpu, dout.cpu, y.cpu, w2.cpu, N, OC, IC, false,
+                             {act, pre.cpu, pre_sums.cpu});
+    compare(dx, no, reduction_tolerance(t()), "matmul_backward through " + name + ", summed");
+    compare(pre_sums, OC, reduction_tolerance(t()), "pre_bias_grad through " + name);
+    const CandidateCalls& after = b_->cuda->candidate_counts();
+    EXPECT_EQ(after.asked[CandidateCalls::kDBiasIn] - before.asked[CandidateCalls::kDBiasIn], 1);
+    const long long fused =
+        after.ran[CandidateCalls::kDBiasIn] - before.ran[CandidateCalls::kDBiasIn];
+    if (act == Activation::kRelu) {
+      EXPECT_EQ(fused, 0) << "no epilogue sums through a ReLU";
+    }
+    std::printf("pre_bias_grad through %s (%s): %s\n", name.c_str(), to_string(t()),
+                fused ? "DGELU_BGRAD" : "a column pass");
   }
 
   // Plain backward with accumulation into dx, and dout with a padded stride.
@@ -2265,9 +2286,13 @@ std::vector<float> step_gradients(Ops& ops, const ModelConfig& m, DType t, const
   return grads;
 }
 
-void check_model(ModelConfig m, DType t) {
+// Under `switches` (MPIFORMER_KERNELS's syntax; "": as the environment
+// says). Returns how often the GPU's newer paths ran.
+CandidateCalls check_model(ModelConfig m, DType t, const char* switches = "") {
   m.d_model = 128, m.heads = 2, m.d_ff = 256, m.max_len = 160, m.vocab = 200;
-  std::unique_ptr<Ops> gpu = checked_if_asked(make_cuda_ops(0)), cpu = make_cpu_ops(2);
+  CudaOps* cuda = nullptr;
+  std::unique_ptr<Ops> gpu = cuda_backend(&cuda), cpu = make_cpu_ops(2);
+  if (*switches) cuda->set_kernel_switches(parse_kernel_switches(switches));
   const std::vector<int> lengths = {3, 150, 64, 1, 77};
   const std::vector<int> src_lengths = {10, 120, 64, 5, 1};
   const Batch a = testing::random_batch(m, lengths, src_lengths, 5);
@@ -2299,10 +2324,25 @@ void check_model(ModelConfig m, DType t) {
           << " of the largest gradient off fp32";
     }
   }
+  return cuda->candidate_counts();
 }
 
 TEST_P(CudaModelTest, LmStep) {
   check_model(testing::tiny(ModelKind::kLm), GetParam());
+}
+
+// The bias gradients moved out of the weight gradients' GEMMs: the output
+// projections' from the layer norm backward after them (dbias_out=norm),
+// the MLPs' first layers' from the second layers' dx GEMMs
+// (dbias_in=dgelu): the step against the CPU as LmStep, each asked for on
+// every sub-layer it takes (lm of 2 layers, 2 micro-batches), and whether
+// DGELU_BGRAD ran (where cuBLASLt has no algorithm, a column pass sums).
+TEST_P(CudaModelTest, LmStepWithTheBiasGradientsMoved) {
+  const CandidateCalls calls =
+      check_model(testing::tiny(ModelKind::kLm), GetParam(), "dbias_out=norm,dbias_in=dgelu");
+  EXPECT_EQ(calls.asked[CandidateCalls::kDBiasIn], 2 * 2);
+  EXPECT_EQ(calls.ran[CandidateCalls::kDBiasOut], 2 * 2 * 2);
+  std::printf("%s (%s)\n", describe(calls).c_str(), to_string(GetParam()));
 }
 
 TEST_P(CudaModelTest, Seq2seqStepLogLengthPostNorm) {

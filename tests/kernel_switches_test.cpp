@@ -16,7 +16,7 @@ namespace {
 constexpr const char* kDefaults =
     "layernorm=warp,layernorm_backward=block,loss=reread,gemm=heuristic,attention=ragged,"
     "exact=direct,adamw=vector,dweight=whole,dweight_stream=main,attention_plan=heuristic,"
-    "dbias=epilogue,dbias_out=gemm";
+    "dbias=epilogue,dbias_out=gemm,dbias_in=gemm";
 
 TEST(KernelSwitches, DefaultsUnlessNamed) {
   EXPECT_EQ(describe(KernelSwitches{}), kDefaults);
@@ -24,12 +24,12 @@ TEST(KernelSwitches, DefaultsUnlessNamed) {
   EXPECT_EQ(describe(parse_kernel_switches("layernorm=block")),
             "layernorm=block,layernorm_backward=block,loss=reread,gemm=heuristic,"
             "attention=ragged,exact=direct,adamw=vector,dweight=whole,dweight_stream=main,"
-            "attention_plan=heuristic,dbias=epilogue,dbias_out=gemm");
+            "attention_plan=heuristic,dbias=epilogue,dbias_out=gemm,dbias_in=gemm");
   EXPECT_EQ(
       describe(parse_kernel_switches(",loss=pipelined,")),
       "layernorm=warp,layernorm_backward=block,loss=pipelined,gemm=heuristic,attention=ragged,"
       "exact=direct,adamw=vector,dweight=whole,dweight_stream=main,attention_plan=heuristic,"
-      "dbias=epilogue,dbias_out=gemm");
+      "dbias=epilogue,dbias_out=gemm,dbias_in=gemm");
   const KernelSwitches s = parse_kernel_switches("gemm=timed,layernorm_backward=warp");
   EXPECT_EQ(s.gemm, KernelSwitches::Gemm::kTimed);
   EXPECT_EQ(s.layernorm, KernelSwitches::LayerNorm::kWarp);
@@ -54,6 +54,8 @@ TEST(KernelSwitches, DefaultsUnlessNamed) {
   EXPECT_EQ(parse_kernel_switches("dbias=columns").dbias, KernelSwitches::DBias::kColumns);
   EXPECT_EQ(s.dbias_out, KernelSwitches::DBiasOut::kGemm);
   EXPECT_EQ(parse_kernel_switches("dbias_out=norm").dbias_out, KernelSwitches::DBiasOut::kNorm);
+  EXPECT_EQ(s.dbias_in, KernelSwitches::DBiasIn::kGemm);
+  EXPECT_EQ(parse_kernel_switches("dbias_in=dgelu").dbias_in, KernelSwitches::DBiasIn::kDGelu);
   EXPECT_EQ(parse_kernel_switches("layernorm=block").layernorm_backward,
             KernelSwitches::LayerNorm::kBlock);
 }
@@ -62,16 +64,16 @@ TEST(KernelSwitches, CandidatesTurnsEveryFamilyAndLaterPartsWin) {
   EXPECT_EQ(describe(parse_kernel_switches("candidates")),
             "layernorm=warp,layernorm_backward=warp,loss=pipelined,gemm=timed,attention=dense,"
             "exact=direct,adamw=vector,dweight=split,dweight_stream=side,attention_plan=timed,"
-            "dbias=columns,dbias_out=norm");
+            "dbias=columns,dbias_out=norm,dbias_in=dgelu");
   EXPECT_EQ(describe(parse_kernel_switches("candidates,gemm=heuristic")),
             "layernorm=warp,layernorm_backward=warp,loss=pipelined,gemm=heuristic,attention=dense,"
             "exact=direct,adamw=vector,dweight=split,dweight_stream=side,attention_plan=timed,"
-            "dbias=columns,dbias_out=norm");
+            "dbias=columns,dbias_out=norm,dbias_in=dgelu");
   EXPECT_EQ(describe(parse_kernel_switches("loss=pipelined,loss=reread")), kDefaults);
   EXPECT_EQ(describe(parse_kernel_switches("exact=buffered,adamw=ranged,layernorm=block")),
             "layernorm=block,layernorm_backward=block,loss=reread,gemm=heuristic,"
             "attention=ragged,exact=buffered,adamw=ranged,dweight=whole,dweight_stream=main,"
-            "attention_plan=heuristic,dbias=epilogue,dbias_out=gemm");
+            "attention_plan=heuristic,dbias=epilogue,dbias_out=gemm,dbias_in=gemm");
 }
 
 TEST(KernelSwitches, ARefusalNamesTheVariableThePartAndTheChoices) {
@@ -88,7 +90,8 @@ TEST(KernelSwitches, ARefusalNamesTheVariableThePartAndTheChoices) {
                     "attention=ragged|dense, "
                     "exact=buffered|direct, adamw=ranged|vector, dweight=whole|split, "
                     "dweight_stream=main|side, attention_plan=heuristic|timed, "
-                    "dbias=epilogue|columns, dbias_out=gemm|norm, or candidates");
+                    "dbias=epilogue|columns, dbias_out=gemm|norm, dbias_in=gemm|dgelu, or "
+                    "candidates");
     }
   }
 }
@@ -101,7 +104,7 @@ TEST(KernelSwitches, ReadFromTheEnvironment) {
       describe(kernel_switches_from_environment()),
       "layernorm=warp,layernorm_backward=block,loss=pipelined,gemm=heuristic,attention=ragged,"
       "exact=direct,adamw=vector,dweight=whole,dweight_stream=main,attention_plan=heuristic,"
-      "dbias=epilogue,dbias_out=gemm");
+      "dbias=epilogue,dbias_out=gemm,dbias_in=gemm");
   ::setenv("MPIFORMER_KERNELS", "loss=fast", 1);
   EXPECT_THROW(kernel_switches_from_environment(), std::invalid_argument);
   ::unsetenv("MPIFORMER_KERNELS");
@@ -128,11 +131,13 @@ TEST(KernelSwitches, CandidateCallsNameTheFamiliesAskedFor) {
   calls.count(CandidateCalls::kDBias, true);
   calls.count(CandidateCalls::kDBiasOut, true);
   calls.count(CandidateCalls::kDBiasOut, false);
+  calls.count(CandidateCalls::kDBiasIn, true);
   EXPECT_EQ(describe(calls),
             "layernorm=warp 1 of 1 calls, layernorm_backward=warp 0 of 1 calls, loss=pipelined 1 "
             "of 1 calls, attention=dense 0 of 1 calls, adamw=vector 1 of 1 calls, dweight=split 1 "
             "of 3 calls, dweight_stream=side 1 of 1 calls, attention_plan=timed 0 of 1 calls, "
-            "dbias=columns 1 of 1 calls, dbias_out=norm 1 of 2 calls");
+            "dbias=columns 1 of 1 calls, dbias_out=norm 1 of 2 calls, dbias_in=dgelu 1 of 1 "
+            "calls");
 }
 
 }  // namespace

@@ -443,31 +443,55 @@ class BiasGradInNorm : public ObservedOps {
   int summed = 0;
 };
 
-// Two micro-batches' gradients with the output projections' bias
-// gradients summed by the layer norm backward: on the CPU, the same
-// column sums of the same gradient as the projection's, so the same bits
-// as without, in fp32 and bf16; `want_summed` the calls that took them
-// (a pre-norm sub-layer's without dropout, per micro-batch; none with it).
-void expect_bias_grad_in_norm_same_bits(const ModelConfig& m, DType compute, const Batch& a,
-                                        const Batch& b, int want_summed) {
+// The CPU's ops, asking the model for the MLPs' first-layer bias gradients
+// from the second layer's matmul_backward (as a GPU does under
+// MPIFORMER_KERNELS=dbias_in=dgelu), counting the calls that sum them there.
+class BiasGradInActivation : public ObservedOps {
+ public:
+  using ObservedOps::ObservedOps;
+  bool bias_grad_in_activation() const override { return true; }
+  void matmul_backward(Act dx, float* dweight, float* dbias, Act dout, Act x, Act weight, int N,
+                       int IC, int OC, bool accumulate, const FusedActivation& fused,
+                       int dout_stride) override {
+    if (fused.pre_bias_grad) ++summed;
+    ObservedOps::matmul_backward(dx, dweight, dbias, dout, x, weight, N, IC, OC, accumulate, fused,
+                                 dout_stride);
+  }
+  int summed = 0;
+};
+
+// Two micro-batches' gradients with some bias gradients summed where
+// Asking (above) asks for them: on the CPU, the same column sums of the
+// same gradient as the layer's own weight gradient takes, so the same bits
+// as without, in fp32 and bf16; `want_summed` the calls that took them.
+template <class Asking>
+void expect_asked_bias_grads_same_bits(const ModelConfig& m, DType compute, const Batch& a,
+                                       const Batch& b, int want_summed) {
   std::vector<std::vector<float>> grads;
   int summed = -1;
-  for (bool in_norm : {false, true}) {
+  for (bool asked : {false, true}) {
     std::unique_ptr<Ops> cpu = make_cpu_ops(1);
-    BiasGradInNorm asking(*cpu);
-    Ops& ops = in_norm ? static_cast<Ops&>(asking) : *cpu;
+    Asking asking(*cpu);
+    Ops& ops = asked ? static_cast<Ops&>(asking) : *cpu;
     std::unique_ptr<Model> model = model_with(ops, m, Recompute::kNone, compute);
     model->parameters().zero_grads();
     model->forward_backward(a, 0.1f, 0.01f, PassId{3, 2, 0});
     model->forward_backward(b, 0.1f, 0.01f, PassId{3, 2, 1});
     const ParameterSet& p = model->parameters();
     grads.emplace_back(p.grads(), p.grads() + p.count());
-    if (in_norm) summed = asking.summed;
+    if (asked) summed = asking.summed;
   }
   EXPECT_EQ(summed, want_summed);
   ASSERT_EQ(grads[0].size(), grads[1].size());
   EXPECT_EQ(0, std::memcmp(grads[0].data(), grads[1].data(), grads[0].size() * sizeof(float)))
       << "gradients differ";
+}
+
+// The output projections' (a pre-norm sub-layer's without dropout, per
+// micro-batch; none with it).
+void expect_bias_grad_in_norm_same_bits(const ModelConfig& m, DType compute, const Batch& a,
+                                        const Batch& b, int want_summed) {
+  expect_asked_bias_grads_same_bits<BiasGradInNorm>(m, compute, a, b, want_summed);
 }
 
 TEST(BiasGradInNorm, LmGradientsAreTheSameBits) {
@@ -495,6 +519,31 @@ TEST(BiasGradInNorm, Seq2seqGradientsAreTheSameBits) {
   // encoder 2 x (attention, MLP), decoder 2 x (self-, cross-attention, MLP); 2 micro-batches
   expect_bias_grad_in_norm_same_bits(m, DType::kF32, random_batch(m, {4, 7, 1}, {6, 2, 9}, 43),
                                      random_batch(m, {8}, {3}, 44), (2 * 2 + 2 * 3) * 2);
+}
+
+// The MLPs' first-layer bias gradients from the second layer's backward:
+// one call per MLP and micro-batch, with dropout and post-norm too (nothing
+// comes between the activation and the second layer), in lm's fp32 and
+// bf16 and in seq2seq's encoder and decoder; with a ReLU (the GPU's column
+// pass rather than its GELU epilogue) too.
+TEST(BiasGradInActivation, GradientsAreTheSameBits) {
+  ModelConfig m = tiny(ModelKind::kLm);
+  m.layers = 3;
+  const Batch a = random_batch(m, {5, 2, 9}, {}, 51), b = random_batch(m, {12, 4}, {}, 52);
+  for (DType compute : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(to_string(compute));
+    expect_asked_bias_grads_same_bits<BiasGradInActivation>(m, compute, a, b, 3 * 2);
+  }
+  m.dropout = 0.1f;
+  m.pre_norm = false;
+  m.activation = Activation::kRelu;
+  expect_asked_bias_grads_same_bits<BiasGradInActivation>(m, DType::kF32, a, b, 3 * 2);
+  ModelConfig s = tiny(ModelKind::kSeq2seq);
+  s.enc_layers = 2;
+  s.dec_layers = 2;
+  expect_asked_bias_grads_same_bits<BiasGradInActivation>(
+      s, DType::kF32, random_batch(s, {4, 7, 1}, {6, 2, 9}, 53), random_batch(s, {8}, {3}, 54),
+      (2 + 2) * 2);
 }
 
 TEST(Recompute, MeasureCountsWhatEachModeAllocates) {

@@ -853,6 +853,35 @@ TEST_F(OpsTest, MatmulWithFusedActivation) {
   }
 }
 
+// pre_bias_grad: the sums over rows of the gradient at the pre-activation
+// added to what it held, the bits the layer before's bias gradient takes
+// from that gradient (dbias_in=dgelu); dx and dweight the same bits as
+// without it.
+TEST_F(OpsTest, MatmulBackwardSumsTheGradientAtThePreActivation) {
+  const int N = 37, IC = 24, OC = 10;
+  for (Activation act_kind : {Activation::kGelu, Activation::kRelu}) {
+    SCOPED_TRACE(act_kind == Activation::kGelu ? "gelu" : "relu");
+    const Vec pre = random_vec(N * IC, 80), y = random_vec(N * IC, 81), w = random_vec(OC * IC, 82);
+    const Vec dout = random_vec(N * OC, 83), sums_before = random_vec(IC, 84);
+    Vec dx(N * IC), dw(OC * IC), sums = sums_before;
+    ops->matmul_backward(act(dx), dw.data(), nullptr, act(dout), act(y), act(w), N, IC, OC, false,
+                         {act_kind, act(pre), sums.data()});
+    Vec plain_dx(N * IC), plain_dw(OC * IC);
+    ops->matmul_backward(act(plain_dx), plain_dw.data(), nullptr, act(dout), act(y), act(w), N, IC,
+                         OC, false, {act_kind, act(pre)});
+    EXPECT_EQ(dx, plain_dx);
+    EXPECT_EQ(dw, plain_dw);
+    // The layer before's bias gradient from the same dx (its weight
+    // gradient's GEMM on any input: only its bias is compared).
+    Vec want = sums_before, unused_dw(IC * 3);
+    const Vec x_before = random_vec(N * 3, 85);
+    ops->matmul_backward(Act(), unused_dw.data(), want.data(), act(dx), act(x_before),
+                         act(random_vec(IC * 3, 86)), N, 3, IC, false);
+    EXPECT_EQ(sums, want);
+    EXPECT_NE(sums, sums_before);
+  }
+}
+
 // ---- softmax --------------------------------------------------------------
 
 // The row kernels of attention (kernels/cpu/softmax_row.h), which lost

@@ -132,16 +132,24 @@ void CpuOps::matmul_backward(Act dx, float* dweight, float* dbias, Act dout, Act
                              int N, int IC, int OC, bool accumulate, const FusedActivation& fused,
                              int dout_stride) {
   if (N == 0) return;
-  Fp32 f(*this);
   const size_t nx = static_cast<size_t>(N) * IC;
-  const int ldd = dout_stride > 0 ? dout_stride : OC;
-  const float* dy = f.in(dout, N, ldd, OC);
-  const float* xf = f.in(x, nx);
-  const float* w = f.in(weight, static_cast<size_t>(OC) * IC);
-  const float* pre = f.in(fused.pre, nx);
-  float* d = !dx ? nullptr : (accumulate ? f.inout(dx, nx) : f.out(dx, nx));
-  matmul_backward_f32(d, dweight, dbias, dy, ldd, xf, w, N, IC, OC, accumulate);
-  if (d && pre) cpu::activation_backward(d, d, pre, nx, fused.act);
+  {
+    Fp32 f(*this);
+    const int ldd = dout_stride > 0 ? dout_stride : OC;
+    const float* dy = f.in(dout, N, ldd, OC);
+    const float* xf = f.in(x, nx);
+    const float* w = f.in(weight, static_cast<size_t>(OC) * IC);
+    const float* pre = f.in(fused.pre, nx);
+    float* d = !dx ? nullptr : (accumulate ? f.inout(dx, nx) : f.out(dx, nx));
+    matmul_backward_f32(d, dweight, dbias, dy, ldd, xf, w, N, IC, OC, accumulate);
+    if (d && pre) cpu::activation_backward(d, d, pre, nx, fused.act);
+  }
+  if (fused.pre_bias_grad && dx) {
+    // The sums of dx as stored (rounded, in bf16), as the previous layer's
+    // weight gradient would take them from it: the same bits either way.
+    Fp32 f(*this);
+    cpu::add_column_sums(fused.pre_bias_grad, f.in(dx, nx), N, IC, IC);
+  }
 }
 
 void CpuOps::matmul_backward_f32(float* dx, float* dweight, float* dbias, const float* dout,

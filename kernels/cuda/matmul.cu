@@ -71,12 +71,12 @@ int aligned_features(int OC) {
 
 }  // namespace
 
-void CudaOps::add_column_sums(float* dst, Act src, int N, int C, int stride) {
+void CudaOps::add_column_sums(float* dst, Act src, int N, int C, int stride, Slot partials) {
   if (N == 0 || C == 0) return;
   namespace sums = cuda::column_sums;
   const int blocks = (N + sums::kRowBlock - 1) / sums::kRowBlock;
   auto* partial =
-      static_cast<float*>(scratch(kColumnSums, sizeof(float) * static_cast<size_t>(blocks) * C));
+      static_cast<float*>(scratch(partials, sizeof(float) * static_cast<size_t>(blocks) * C));
   cuda::dispatch(src.dtype, [&](auto t) {
     using T = decltype(t);
     constexpr int kVec = cuda::kVecSize<T>;
@@ -191,18 +191,40 @@ void CudaOps::input_gradient(Act dx, Act dout, Act weight, int N, int IC, int OC
   call.d = dx.data, call.ldd = IC;
   call.ab_type = call.d_type = cuda::cuda_type(dout.dtype);
   call.beta = accumulate ? 1.0f : 0.0f;
-  bool done = false;
-  if (fused.pre && fused.act == Activation::kGelu && !accumulate) {
+  const bool gelu = fused.pre && fused.act == Activation::kGelu && !accumulate;
+  if (gelu) {
     call.epilogue = CUBLASLT_EPILOGUE_DGELU;
     call.aux = fused.pre.data, call.aux_ld = IC;
-    done = gemm_->fused(call);
-  } else if (!fused.pre) {
-    done = gemm_->fused(call);
   }
-  if (done) return;
+  bool summed = false;
+  if (gelu && fused.pre_bias_grad) {
+    // DGELU_BGRAD also writes (=) the sums over tokens of the gradient it
+    // makes, in fp32 before dx is rounded: to scratch, then added.
+    cuda::GemmCall with_sums = call;
+    with_sums.epilogue = CUBLASLT_EPILOGUE_DGELU_BGRAD;
+    with_sums.bias = scratch(kPreBiasGrad, sizeof(float) * IC);
+    with_sums.fp32_bias = true;
+    summed = gemm_->fused(with_sums);
+    if (summed) {
+      add_kernel<<<cuda::blocks_for(IC), kThreads, 0, stream_>>>(
+          fused.pre_bias_grad, static_cast<const float*>(with_sums.bias), IC);
+      cuda::check(cudaGetLastError(), "matmul_backward (the pre-activation's bias gradient)");
+    }
+  }
+  if (fused.pre_bias_grad) count_candidate(CandidateCalls::kDBiasIn, summed);
+  if (summed) return;
+  const bool fusable = gelu || !fused.pre;  // an epilogue cuBLASLt has, or none
+  if (!fusable || !gemm_->fused(call)) plain_input_gradient(dx, call, fused);
+  // Where no epilogue summed it: a pass over dx as stored, on scratch of
+  // its own (a side stream's weight gradient may be summing its dout).
+  if (fused.pre_bias_grad) add_column_sums(fused.pre_bias_grad, dx, N, IC, IC, kPreColumnSums);
+}
+
+void CudaOps::plain_input_gradient(Act dx, const cuda::GemmCall& call,
+                                   const FusedActivation& fused) {
   gemm_->plain(call);
   if (!fused.pre) return;
-  const size_t n = static_cast<size_t>(N) * IC;
+  const size_t n = static_cast<size_t>(call.n) * call.m;
   cuda::dispatch(dx.dtype, [&](auto t) {
     using T = decltype(t);
     activation_grad_kernel<<<cuda::blocks_for(n), kThreads, 0, stream_>>>(

@@ -88,8 +88,9 @@ void* CudaOps::scratch(Slot slot, size_t bytes) {
   if (scratch_bytes_[slot] < bytes) {
     if (scratch_[slot]) {
       // On the side stream (dweight_stream=side) this also waits for the
-      // main stream's work before the fork, and the main stream queues none
-      // that uses scratch until the join (matmul.cu's SideStream).
+      // main stream's work before the fork; until the join the main
+      // stream's work (the dx GEMM's) uses slots of its own, kPreBiasGrad
+      // and kPreColumnSums (matmul.cu's SideStream).
       cuda::check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
       cuda::check(cudaFree(scratch_[slot]), "cudaFree");
       gpu_->uncount_workspace(scratch_bytes_[slot]);

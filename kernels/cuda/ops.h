@@ -47,6 +47,7 @@ inline unsigned blocks_for(size_t n, unsigned threads = 256) {
 }
 
 class Gemm;            // gemm.cu
+struct GemmCall;       // gemm.h
 class FlashAttention;  // attention_cudnn.cpp
 
 }  // namespace cuda
@@ -86,6 +87,9 @@ class CudaOps final : public Ops {
   }
   bool bias_grad_in_norm() const override {
     return switches_.dbias_out == KernelSwitches::DBiasOut::kNorm;
+  }
+  bool bias_grad_in_activation() const override {
+    return switches_.dbias_in == KernelSwitches::DBiasIn::kDGelu;
   }
   AttentionCalls attention_calls() const override;
   AttentionPreparation prepare_attention(const std::vector<AttentionCase>& cases, DType dtype,
@@ -127,6 +131,8 @@ class CudaOps final : public Ops {
     kAttentionStats,      // cuDNN's dense backward: the stats packed (B, H, S)
     kColumnSums,          // partial column sums (bias and layer-norm gradients)
     kBiasGrad,            // a GEMM epilogue's bias gradient before it is added
+    kPreBiasGrad,         // the same for dx's epilogue (dbias_in=dgelu), beside a side-stream dW
+    kPreColumnSums,       // the same for its column sums where that epilogue cannot run
     kWeightGradParts,     // dweight=split: each token range's dW before they are added
     kRowResults,          // cross entropy's and ZLPR's per-row results
     kReduce,              // block partial sums
@@ -156,12 +162,16 @@ class CudaOps final : public Ops {
   float* block_layernorm_backward(Act dx, int sums, Act dout, Act x, Act gamma, const float* mean,
                                   const float* rstd, int N, int C, bool accumulate, int* blocks);
   // Column sums of a (N, C) gradient added into fp32 sums (+=) in a fixed
-  // order: bias gradients. dst: (C), src: (N, C) rows `stride` apart.
-  void add_column_sums(float* dst, Act src, int N, int C, int stride);
+  // order: bias gradients. dst: (C), src: (N, C) rows `stride` apart; the
+  // blocks' partial sums in scratch `partials`.
+  void add_column_sums(float* dst, Act src, int N, int C, int stride, Slot partials = kColumnSums);
   // matmul_backward's dx (= or +=): its GEMM, with GELU's backward fused
-  // where cuBLASLt can.
+  // where cuBLASLt can, and fused.pre_bias_grad's sums (+=) with it
+  // (DGELU_BGRAD) where it can, else from a column-sum pass over dx.
   void input_gradient(Act dx, Act dout, Act weight, int N, int IC, int OC, bool accumulate,
                       const FusedActivation& fused, int ldd);
+  // Its GEMM without an epilogue, then the activation's backward apart.
+  void plain_input_gradient(Act dx, const cuda::GemmCall& call, const FusedActivation& fused);
   // dweight_stream=side's fork and join: made, the side stream (made on
   // first use) waits for everything queued on the device's stream, and the
   // ops queue their work on it; to_main() queues them on the device's

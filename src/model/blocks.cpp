@@ -332,19 +332,26 @@ void Sublayer::inner_backward(BlockContext& ctx, BlockScratch& scratch, Act du, 
       ops.matmul_backward(du, p.grad(w_in_), p.grad(b_in_), scratch.dqkv, u, p.weight(w_in_), N, C,
                           C, accumulate);
       break;
-    case Kind::kMlp:
+    case Kind::kMlp: {
       // --recompute activation: act(ff_) again, from its stored (rounded)
       // copy; in fp32 the bits forward made.
       if (!ff_act_)
         ops.activation_forward(scratch.act, ff_, static_cast<size_t>(N) * F,
                                ctx.config->activation);
-      // dff = act'(ff_) * (dy @ W_proj): the activation's backward fused
+      // dff = act'(ff_) * (dy @ W_proj): the activation's backward fused,
+      // and where the backend asks (dbias_in=dgelu) with it the first
+      // layer's bias gradient, the sum of dff over tokens, which the
+      // first layer's weight gradient would otherwise read dff again for.
+      float* in_bias_grad = p.grad(b_in_);
+      const bool in_activation = ops.bias_grad_in_activation();
+      const FusedActivation fused{ctx.config->activation, ff_,
+                                  in_activation ? in_bias_grad : nullptr};
       ops.matmul_backward(scratch.dff, p.grad(w_out_), out_bias_grad, dy, activation(scratch),
-                          p.weight(w_out_), N, F, C, false,
-                          FusedActivation{ctx.config->activation, ff_});
-      ops.matmul_backward(du, p.grad(w_in_), p.grad(b_in_), scratch.dff, u, p.weight(w_in_), N, C,
-                          F, accumulate);
+                          p.weight(w_out_), N, F, C, false, fused);
+      ops.matmul_backward(du, p.grad(w_in_), in_activation ? nullptr : in_bias_grad, scratch.dff, u,
+                          p.weight(w_in_), N, C, F, accumulate);
       break;
+    }
   }
 }
 

@@ -228,7 +228,7 @@ check "  ... those the ops stage ran before it, not run again" \
 number='[0-9][0-9.]*'
 for setting in present layernorm=block adamw=ranged layernorm_backward=warp loss=pipelined \
   gemm=timed attention=dense dweight=split dweight_stream=side attention_plan=timed dbias=columns \
-  dbias_out=norm candidates deterministic=false; do
+  dbias_out=norm dbias_in=dgelu candidates deterministic=false; do
   check "  B32 under $setting, with its target and profile" \
     grep -q "^\\(  (checked) \\)\\?limit: gpt2 B32 $setting: $number tok/s, mfu $number, step $number ms, .*; GEMM epilogues run unfused: 1 shape: BGRADB m 32 n 1 k 64 (target tokens_per_s >= 600000: \(met\|not met\)); ms per step: gemm $number, attention $number, layernorm $number, .*optimizer $number, other -*$number$" "$summary"
 done
@@ -244,7 +244,7 @@ for older in layernorm=block:layernorm adamw=ranged:optimizer; do
 done
 for candidate in layernorm_backward=warp:layernorm loss=pipelined:loss gemm=timed:gemm \
   attention=dense:attention dweight=split:gemm dweight_stream=side:gemm \
-  attention_plan=timed:attention dbias=columns:gemm dbias_out=norm:gemm; do
+  attention_plan=timed:attention dbias=columns:gemm dbias_out=norm:gemm dbias_in=dgelu:gemm; do
   check "  the candidate ${candidate%%:*} against the defaults" \
     grep -q "^\\(  (checked) \\)\\?limit: ${candidate%%:*} against present, gpt2 B32: ${candidate#*:} $number -> $number ms per step (new/old $number); tok/s $number -> $number (new/old $number)$" "$summary"
 done
